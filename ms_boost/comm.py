@@ -1,0 +1,228 @@
+"""Communication layer of ms_boost.
+
+This is the only module that talks to :mod:`mindspore.communication`. It works the same over HCCL
+(Ascend), NCCL (GPU) and MCCL (CPU under ``msrun``): nothing here names a backend, a group literal
+or a device count. When communication has not been initialised (a plain single-process run) every
+collective is the identity, :func:`get_size` is 1 and :func:`get_rank` is 0, so algorithm code never
+branches on "distributed or not".
+
+Cells (usable inside ``construct`` in PyNative and Graph mode):
+
+* :class:`AllReduce` -- sum / max / min / prod over a group (``"mean"`` divides the sum by the group size).
+* :class:`AllGather` -- concatenation along axis 0 in rank order.
+* :class:`Broadcast` -- the root's tensor on every rank.
+* :class:`GradReducer` -- data-parallel reduction of a tuple of gradients.
+
+Functions (Python side, at build time): :func:`is_initialized`, :func:`get_rank`, :func:`get_size`,
+:func:`world_group`, :func:`create_group`, :func:`server_groups`, :func:`barrier`,
+:func:`data_parallel_reduce_config`.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Optional, Sequence
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+from mindspore.communication import management as _mgmt
+
+__all__ = [
+    "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_groups",
+    "barrier", "data_parallel_reduce_config", "AllReduce", "AllGather", "Broadcast", "GradReducer",
+]
+
+_CREATED_GROUPS: dict = {}
+
+
+def is_initialized() -> bool:
+    """Whether ``mindspore.communication.init()`` has run in this process."""
+    return bool(getattr(_mgmt.GlobalComm, "INITED", False))
+
+
+def world_group() -> str:
+    """Name of the group holding every rank (backend specific, read from MindSpore)."""
+    return _mgmt.GlobalComm.WORLD_COMM_GROUP
+
+
+def get_rank(group: Optional[str] = None) -> int:
+    """Rank of this process in ``group`` (world by default); 0 without communication."""
+    if not is_initialized():
+        return 0
+    return int(_mgmt.get_rank(group or world_group()))
+
+
+def get_size(group: Optional[str] = None) -> int:
+    """Number of ranks in ``group`` (world by default); 1 without communication."""
+    if not is_initialized():
+        return 1
+    return int(_mgmt.get_group_size(group or world_group()))
+
+
+def create_group(rank_ids: Sequence[int], prefix: str = "ms_boost") -> str:
+    """Create (once) a communication group over ``rank_ids`` and return its name.
+
+    The name is derived from the rank list, so every rank that asks for the same ranks gets the
+    same group, and asking twice does not create it twice. A group equal to the whole world is
+    answered with the world group itself.
+
+    Args:
+        rank_ids: world ranks of the group, any order (sorted internally); must hold this rank.
+        prefix: readable prefix of the generated name.
+
+    Raises:
+        ValueError: empty or duplicated ``rank_ids``, or ranks outside ``[0, world size)``.
+    """
+    ranks = sorted(int(r) for r in rank_ids)
+    size = get_size()
+    if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0 or ranks[-1] >= size:
+        raise ValueError(f"create_group: rank_ids={list(rank_ids)} must be distinct ranks in [0, {size}).")
+    if not is_initialized() or len(ranks) == size:
+        return world_group()
+    digest = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:10]
+    name = f"{prefix}_{len(ranks)}_{digest}"
+    if name not in _CREATED_GROUPS:
+        _mgmt.create_group(name, ranks)
+        _CREATED_GROUPS[name] = tuple(ranks)
+    return name
+
+
+def server_groups(device_number: int) -> tuple:
+    """Split the world into servers of ``device_number`` consecutive ranks.
+
+    Ranks ``[s*device_number, (s+1)*device_number)`` form server ``s`` (the layout of HCCL rank
+    tables and of ``msrun`` node ranks). Only the group of this rank's own server is created.
+
+    Args:
+        device_number: devices per server (``common.device_number``); must divide the world size.
+
+    Returns:
+        ``(my_group_name, servers)`` where ``servers`` is the list of rank lists of every server.
+
+    Raises:
+        ValueError: ``device_number`` < 1 or not a divisor of the world size.
+    """
+    size = get_size()
+    if not isinstance(device_number, int) or device_number < 1 or size % device_number:
+        raise ValueError(
+            f"common.device_number={device_number!r} must be a positive divisor of the number of ranks ({size}).")
+    servers = [list(range(s, s + device_number)) for s in range(0, size, device_number)]
+    mine = servers[get_rank() // device_number]
+    if device_number == 1:
+        return None, servers
+    return create_group(mine, prefix="ms_boost_server"), servers
+
+
+def data_parallel_reduce_config() -> tuple:
+    """Whether gradients must be reduced across ranks, and how, from MindSpore's parallel context.
+
+    Returns:
+        ``(reduce, mean, degree)``: ``reduce`` is True in data/hybrid parallel mode with more than one
+        rank; ``mean`` is the context's ``gradients_mean``; ``degree`` the context's device number
+        (the world size when unset).
+    """
+    mode = ms.get_auto_parallel_context("parallel_mode")
+    reduce = is_initialized() and get_size() > 1 and mode in ("data_parallel", "hybrid_parallel")
+    mean = bool(ms.get_auto_parallel_context("gradients_mean"))
+    degree = int(ms.get_auto_parallel_context("device_num") or 0) if reduce else 0
+    # device_num defaults to 1 when the user did not set it: the world size is the degree then
+    return reduce, mean, degree if degree > 1 else get_size()
+
+
+_REDUCE_OPS = {"sum": ops.ReduceOp.SUM, "max": ops.ReduceOp.MAX, "min": ops.ReduceOp.MIN,
+               "prod": ops.ReduceOp.PROD, "mean": ops.ReduceOp.SUM}
+
+
+class AllReduce(nn.Cell):
+    """All-reduce one tensor over ``group``; identity on a single rank.
+
+    Args:
+        op: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"prod"``.
+        group: group name from :func:`create_group`/:func:`server_groups`; ``None`` is the world.
+    """
+
+    def __init__(self, op: str = "sum", group: Optional[str] = None):
+        super().__init__()
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"AllReduce: op={op!r} is not one of {sorted(_REDUCE_OPS)}.")
+        self.size = get_size(group)
+        self.active = self.size > 1
+        self.mean = op == "mean"
+        if self.active:
+            self.reduce = ops.AllReduce(_REDUCE_OPS[op], group or world_group())
+
+    def construct(self, x):
+        if self.active:
+            y = self.reduce(x)
+            if self.mean:
+                y = y / self.size
+            return y
+        return x
+
+
+class AllGather(nn.Cell):
+    """Concatenate each rank's tensor along axis 0, in rank order; identity on a single rank."""
+
+    def __init__(self, group: Optional[str] = None):
+        super().__init__()
+        self.active = get_size(group) > 1
+        if self.active:
+            self.gather = ops.AllGather(group or world_group())
+
+    def construct(self, x):
+        if self.active:
+            return self.gather(x)
+        return x
+
+
+class Broadcast(nn.Cell):
+    """Send the tensor of ``root`` (rank within ``group``) to every rank; identity on a single rank."""
+
+    def __init__(self, root: int = 0, group: Optional[str] = None):
+        super().__init__()
+        self.active = get_size(group) > 1
+        if self.active:
+            self.bcast = ops.Broadcast(int(root), group or world_group())
+
+    def construct(self, x):
+        if self.active:
+            return self.bcast((x,))[0]
+        return x
+
+
+class GradReducer(nn.Cell):
+    """Data-parallel reduction of a gradient tuple: sum over ``group``, divided by ``degree`` if ``mean``.
+
+    Args:
+        parameters: the parameters the gradients belong to (their count sizes the fused reduction).
+        mean: divide by ``degree`` after summing.
+        degree: number of ranks summed (defaults to the group size).
+        group: ``None`` for the world.
+        enabled: False makes the cell the identity (e.g. stand-alone mode with communication initialised).
+    """
+
+    def __init__(self, parameters, mean: bool = True, degree: Optional[int] = None, group: Optional[str] = None,
+                 enabled: bool = True):
+        super().__init__()
+        size = get_size(group)
+        self.active = bool(enabled) and size > 1
+        if self.active:
+            self.reducer = nn.DistributedGradReducer(parameters, mean, degree or size, group=group or world_group())
+
+    def construct(self, grads):
+        if self.active:
+            return self.reducer(grads)
+        return grads
+
+
+def barrier(group: Optional[str] = None) -> None:
+    """Block until every rank of ``group`` reaches this point (no-op on one rank).
+
+    Implemented with a tiny all-reduce, which every backend supports and which, unlike polling a
+    file, cannot miss a rank: a rank that never arrives makes the collective time out with the
+    backend's error instead of hanging silently forever.
+    """
+    if get_size(group) <= 1:
+        return
+    token = Tensor([1.0], ms.float32)
+    out = ops.AllReduce(ops.ReduceOp.SUM, group or world_group())(token)
+    out.asnumpy()

@@ -1,0 +1,163 @@
+"""Drop-in ``Model`` honouring ``boost_level`` / ``boost_config_dict``, and ``build_train_network``.
+
+``ms_boost.Model`` has exactly the signature of ``mindspore.train.Model``; ``train``, ``eval``,
+``predict``, callbacks and checkpoints are MindSpore's own. What differs:
+
+* the boost plan is parsed and validated once (:class:`~ms_boost.config.AutoBoost`) and applied whether
+  or not ``metrics``/``eval_network`` are given (upstream silently skipped boost without them);
+* the train network is an ms_boost train cell, so every loss-scale manager (fixed, dynamic, group)
+  works on CPU too, and overflow steps are always skipped whole;
+* the plan's summary is logged when training starts.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Optional
+
+from mindspore import Tensor, nn
+from mindspore.train import Model as _MsModel
+from mindspore.train import amp as _amp
+from mindspore.train.loss_scale_manager import LossScaleManager
+
+from ms_boost import comm
+from ms_boost.config import AutoBoost, BoostConfigError, resolve
+from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
+
+logger = logging.getLogger("ms_boost")
+
+__all__ = ["Model", "build_train_network"]
+
+_AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
+_AMP_KWARGS = ("cast_model_type", "keep_batchnorm_fp32", "loss_scale_manager")
+
+
+def _is_group_manager(obj: Any) -> bool:
+    return callable(getattr(obj, "unscale_and_update", None))
+
+
+def _amp_config(level: str, kwargs: dict) -> dict:
+    if not isinstance(level, str) or level not in _AMP_LEVELS:
+        raise ValueError(f"amp_level={level!r} is not allowed; allowed: {list(_AMP_LEVELS)}.")
+    for key in kwargs:
+        if key not in _AMP_KWARGS:
+            raise ValueError(f"build_train_network: unknown argument {key!r}; allowed: {list(_AMP_KWARGS)} "
+                             f"(plus boost_config_dict).")
+    lsm = kwargs.get("loss_scale_manager")
+    if lsm is not None and not isinstance(lsm, LossScaleManager) and not _is_group_manager(lsm):
+        raise TypeError(f"loss_scale_manager must be a mindspore LossScaleManager or an ms_boost "
+                        f"GroupLossScaleManager, got {type(lsm).__name__}.")
+    kbf = kwargs.get("keep_batchnorm_fp32")
+    if kbf is not None and not isinstance(kbf, bool):
+        raise TypeError(f"keep_batchnorm_fp32 must be a bool, got {kbf!r}.")
+    return dict(_amp._config_level[level], **kwargs)  # pylint: disable=protected-access
+
+
+def _train_cell(network: nn.Cell, optimizer, boost: AutoBoost, loss_scale_manager) -> nn.Cell:
+    """Wrap a loss network into the right ms_boost train cell."""
+    if boost.enabled("loss_scale_group") and not _is_group_manager(loss_scale_manager):
+        raise BoostConfigError(
+            "boost.loss_scale_group is enabled but loss_scale_manager is "
+            f"{type(loss_scale_manager).__name__ if loss_scale_manager is not None else 'None'}; pass "
+            "loss_scale_manager=ms_boost.GroupLossScaleManager(init_loss_scale, loss_scale_groups).")
+    if loss_scale_manager is None:
+        return BoostTrainOneStepCell(network, optimizer, boost_config=boost).set_train()
+    if _is_group_manager(loss_scale_manager):
+        scale_sense = loss_scale_manager
+    else:
+        scale_sense = loss_scale_manager.get_update_cell()
+        if scale_sense is None:  # FixedLossScaleManager(drop_overflow_update=False): a fixed scale
+            scale_sense = Tensor(float(loss_scale_manager.get_loss_scale()))
+    return BoostTrainOneStepWithLossScaleCell(network, optimizer, scale_sense, boost_config=boost).set_train()
+
+
+def _build(network, optimizer, loss_fn, level: str, boost: AutoBoost, kwargs: dict) -> nn.Cell:
+    config = _amp_config(level, kwargs)
+    network = _amp._auto_mixed_precision_process(network, config, level)  # pylint: disable=protected-access
+    if loss_fn is not None:
+        network = _amp._add_loss_network(network, loss_fn, config["cast_model_type"])  # pylint: disable=protected-access
+    return _train_cell(network, optimizer, boost, config["loss_scale_manager"])
+
+
+def build_train_network(network: nn.Cell, optimizer, loss_fn: Optional[nn.Cell] = None, level: str = "O0",
+                        boost_level: str = "O0", **kwargs) -> nn.Cell:
+    """Build a boosted, mixed-precision training cell (ms_boost's ``mindspore.amp.build_train_network``).
+
+    Args:
+        network: the backbone (or a loss network when ``loss_fn`` is None).
+        optimizer: the optimizer.
+        loss_fn: loss function added on top of ``network``.
+        level: amp level, one of ``O0``, ``O1``, ``O2``, ``O3``, ``auto``.
+        boost_level: ``O0``, ``O1`` or ``O2`` (or an :class:`AutoBoost`).
+        **kwargs: ``boost_config_dict`` (dict or YAML/JSON path), ``loss_scale_manager``,
+            ``keep_batchnorm_fp32``, ``cast_model_type``.
+
+    Returns:
+        The training cell (``BoostTrainOneStepCell`` or ``BoostTrainOneStepWithLossScaleCell``).
+    """
+    boost = resolve(boost_level, kwargs.pop("boost_config_dict", None))
+    network, optimizer = boost.network_auto_process_train(network, optimizer)
+    return _build(network, optimizer, loss_fn, level, boost, kwargs)
+
+
+class Model(_MsModel):
+    """``mindspore.train.Model`` with ms_boost's boost pipeline.
+
+    Same arguments as ``mindspore.train.Model``: ``network, loss_fn=None, optimizer=None, metrics=None,
+    eval_network=None, eval_indexes=None, amp_level="O0", boost_level="O0", **kwargs`` with kwargs
+    ``loss_scale_manager``, ``keep_batchnorm_fp32``, ``boost_config_dict`` (dict or YAML/JSON path).
+
+    Attributes:
+        boost: the resolved :class:`~ms_boost.config.AutoBoost` plan (``model.boost.summary()``).
+    """
+
+    def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None, eval_indexes=None,
+                 amp_level="O0", boost_level="O0", **kwargs):
+        if "acc_level" in kwargs:
+            warnings.warn("'acc_level' is the old name of 'boost_level'; use boost_level.", DeprecationWarning,
+                          stacklevel=2)
+            boost_level = kwargs.pop("acc_level")
+        boost_config_dict = kwargs.pop("boost_config_dict", None)
+        self.boost = AutoBoost(boost_level, boost_config_dict)
+        self._plan_logged = False
+        super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,
+                         eval_indexes=eval_indexes, amp_level=amp_level, boost_level=boost_level, **kwargs)
+
+    # -- construction hooks of mindspore.train.Model ------------------------------------------------
+    def _build_boost_network(self, kwargs):
+        if not self.boost.is_active:
+            return
+        if self._optimizer is None:
+            raise BoostConfigError(f"boost_level={self.boost.level!r} enables {self._enabled()} which need an "
+                                   "optimizer; pass optimizer=... to Model or use boost_level='O0'.")
+        self._network, self._optimizer = self.boost.network_auto_process_train(self._network, self._optimizer)
+        if self._eval_network is not None:
+            self._eval_network = self.boost.network_auto_process_eval(self._eval_network)
+
+    def _build_train_network(self):
+        network = self._network
+        if not isinstance(network, nn.Cell):
+            raise TypeError(f"Model: network must be a mindspore.nn.Cell, got {type(network).__name__}.")
+        if self._loss_scale_manager is not None and self._optimizer is None:
+            raise ValueError("Model: 'optimizer' can not be None when 'loss_scale_manager' is set.")
+        if self._optimizer is None:
+            return nn.WithLossCell(network, self._loss_fn) if self._loss_fn else network
+        amp_kwargs = {}
+        if self._loss_scale_manager_set:
+            amp_kwargs["loss_scale_manager"] = self._loss_scale_manager
+        if self._keep_bn_fp32 is not None:
+            amp_kwargs["keep_batchnorm_fp32"] = self._keep_bn_fp32
+        return _build(network, self._optimizer, self._loss_fn, self._amp_level, self.boost, amp_kwargs)
+
+    def _enabled(self):
+        return [k for k, v in self.boost.boost_config.items() if v]
+
+    # -- training ------------------------------------------------------------------------------
+    def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
+        """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0)."""
+        if not self._plan_logged:
+            self._plan_logged = True
+            if comm.get_rank() == 0:
+                logger.info("%s", self.boost.summary())
+        return super().train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
+                             sink_size=sink_size, initial_epoch=initial_epoch)

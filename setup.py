@@ -1,0 +1,27 @@
+"""Install ms_boost (the library) and the model zoo's requirements."""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+
+setup(
+    name="ms_boost",
+    version="0.1.0",
+    description="Training acceleration for MindSpore: a reimplementation of mindspore.boost, plus THOR",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["ms_boost", "ms_boost.*", "model_zoo", "model_zoo.*"]),
+    package_data={"model_zoo": ["resnet/configs/*.yaml"]},
+    install_requires=[
+        "mindspore>=2.7",
+        # MindSpore 2.10's PyNative scalar ops raise "compiled using NumPy 1.x" under numpy 2
+        "numpy>=1.22,<2",
+        "scipy",
+        "pyyaml",
+        "pillow",
+    ],
+    extras_require={"test": ["pytest>=7", "ruff"]},
+    license="Apache-2.0",
+)

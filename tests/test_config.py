@@ -1,0 +1,189 @@
+"""AutoBoost: levels, modes, sections, aliases, files, exclusivity and one test per kind of mistake."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from ms_boost import AutoBoost
+from ms_boost.config import LEVELS, SWITCHES
+
+
+def on(cfg):
+    return sorted(k for k, v in cfg.boost_config.items() if v)
+
+
+@pytest.mark.parametrize("level,expected", [("O0", []), ("O1", ["grad_freeze", "less_bn"]),
+                                            ("O2", ["adasum", "grad_freeze", "less_bn"])])
+def test_levels_match_upstream(level, expected):
+    cfg = AutoBoost(level)
+    assert cfg.level == level and cfg.mode == "auto"
+    assert on(cfg) == expected
+    assert set(cfg.boost_config) == set(SWITCHES)
+
+
+def test_two_instances_coexist_no_singleton():
+    a = AutoBoost("O1")
+    b = AutoBoost("O2", {"common": {"device_number": 2}})
+    assert a.level == "O1" and b.level == "O2"
+    assert not a.enabled("adasum") and b.enabled("adasum")
+    assert a.common.device_number == 8 and b.common.device_number == 2
+    # the level table is never written to
+    assert LEVELS["O1"]["adasum"] is False
+
+
+def test_manual_mode_applies_switches_and_keeps_level_defaults():
+    cfg = AutoBoost("O0", {"boost": {"mode": "manual", "grad_accumulation": True},
+                           "grad_accumulation": {"grad_accumulation_step": 4}})
+    assert on(cfg) == ["grad_accumulation"]
+    assert cfg.grad_accumulation.grad_accumulation_step == 4
+    cfg = AutoBoost("O2", {"boost": {"mode": "manual", "less_bn": False, "grad_freeze": False, "adasum": True,
+                                     "grad_accumulation": False, "dim_reduce": False}})
+    assert on(cfg) == ["adasum"]
+
+
+def test_enable_all_and_disable_all():
+    assert on(AutoBoost("O0", {"boost": {"mode": "disable_all"}})) == []
+    cfg = AutoBoost("O0", {"boost": {"mode": "enable_all"}})
+    assert on(cfg) == ["adasum", "grad_accumulation", "grad_freeze", "less_bn"]
+
+
+def test_auto_mode_with_switches_warns_not_silent():
+    with pytest.warns(UserWarning, match="ignores the switches"):
+        cfg = AutoBoost("O1", {"boost": {"mode": "auto", "adasum": True}})
+    assert not cfg.enabled("adasum")
+
+
+def test_tutorial_dim_reduce_dict_with_upstream_sample_spellings():
+    cfg = AutoBoost("O1", {
+        "boost": {"mode": "manual", "dim_reduce": True},
+        "common": {"device_num": 8},
+        "dim_reduce": {"rho": 0.55, "gamma": 0.9, "alpha": 0.001, "sigma": 0.4, "n_component": 32,
+                       "pca_mat_path": None, "weight_load_dir": "./ckpt", "timeout": 1200}})
+    assert on(cfg) == ["dim_reduce"]  # runs alone: the O1 defaults were switched off
+    assert cfg.common.device_number == 8
+    assert cfg.dim_reduce.n_components == 32 and cfg.dim_reduce.timeout == 1200
+    assert cfg.dim_reduce.weight_load_dir == "./ckpt"
+    assert any("runs alone" in n for n in cfg.notes)
+
+
+def test_exclusivity_warns_naming_what_was_switched_off():
+    with pytest.warns(UserWarning, match=r"'dim_reduce' runs alone: switched off \['adasum'\]"):
+        cfg = AutoBoost("O0", {"boost": {"mode": "manual", "dim_reduce": True, "adasum": True}})
+    assert on(cfg) == ["dim_reduce"]
+    with pytest.warns(UserWarning, match=r"'thor' runs alone: switched off \['grad_accumulation'\]"):
+        cfg = AutoBoost("O0", {"boost": {"mode": "manual", "thor": True, "grad_accumulation": True}})
+    assert on(cfg) == ["thor"]
+
+
+def test_config_from_yaml_and_json_files(tmp_path):
+    y = tmp_path / "b.yaml"
+    y.write_text("boost:\n  mode: manual\n  grad_freeze: true\ngrad_freeze:\n  freeze_p: 0.5\n  param_groups: 4\n")
+    cfg = AutoBoost("O0", str(y))
+    assert on(cfg) == ["grad_freeze"] and cfg.grad_freeze.freeze_p == 0.5 and cfg.grad_freeze.param_groups == 4
+    j = tmp_path / "b.json"
+    j.write_text(json.dumps({"boost": {"mode": "manual", "adasum": True}, "common": {"device_number": 1}}))
+    cfg = AutoBoost("O0", j)
+    assert on(cfg) == ["adasum"] and cfg.common.device_number == 1
+
+
+def test_user_dict_is_not_modified():
+    d = {"boost": {"mode": "manual", "dim_reduce": True, "less_bn": True}, "dim_reduce": {"n_component": 4}}
+    snapshot = json.dumps(d, sort_keys=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        AutoBoost("O1", d)
+    assert json.dumps(d, sort_keys=True) == snapshot
+
+
+def test_summary_names_stages_and_values():
+    cfg = AutoBoost("O2", {"common": {"device_number": 4}, "grad_freeze": {"freeze_p": 0.25}})
+    text = cfg.summary()
+    assert "level=O2" in text and "adasum" in text and "freeze_p': 0.25" in text
+    assert "within server (4 devices)" in text
+    assert cfg.to_dict()["grad_freeze"]["freeze_p"] == 0.25
+
+
+# ---- one test per kind of mistake ---------------------------------------------------------------
+@pytest.mark.parametrize("level", ["O3", "o1", ""])
+def test_unknown_level(level):
+    with pytest.raises(ValueError, match="allowed: \\['O0', 'O1', 'O2'\\]"):
+        AutoBoost(level)
+
+
+def test_level_wrong_type():
+    with pytest.raises(TypeError, match="boost_level must be a str"):
+        AutoBoost(1)
+
+
+def test_unknown_mode():
+    with pytest.raises(ValueError, match="'boost.mode'='fast'.*allowed"):
+        AutoBoost("O1", {"boost": {"mode": "fast"}})
+
+
+def test_unknown_section():
+    with pytest.raises(ValueError, match="unknown boost config section.*'dimreduce'.*allowed sections"):
+        AutoBoost("O1", {"dimreduce": {}})
+
+
+def test_unknown_key_names_path_and_allowed():
+    with pytest.raises(ValueError, match=r"'dim_reduce.n_comp'.*allowed keys.*n_components"):
+        AutoBoost("O1", {"dim_reduce": {"n_comp": 3}})
+    with pytest.raises(ValueError, match=r"'boost.lessbn'"):
+        AutoBoost("O1", {"boost": {"mode": "manual", "lessbn": True}})
+
+
+def test_alias_and_canonical_given_twice():
+    with pytest.raises(ValueError, match="given twice"):
+        AutoBoost("O1", {"common": {"device_num": 8, "device_number": 8}})
+
+
+@pytest.mark.parametrize("section,key,value,kind", [
+    ("less_bn", "fn_flag", 1, TypeError),
+    ("grad_freeze", "param_groups", 2.5, TypeError),
+    ("grad_freeze", "param_groups", True, TypeError),
+    ("dim_reduce", "rho", "0.5", TypeError),
+    ("dim_reduce", "pca_mat_path", 3, TypeError),
+    ("common", "gradient_split_groups", "50", TypeError),
+    ("boost", "adasum", "yes", TypeError),
+])
+def test_wrong_type(section, key, value, kind):
+    d = {section: {key: value}}
+    if section == "boost":
+        d["boost"]["mode"] = "manual"
+    with pytest.raises(kind, match=f"'{section}.{key}"):
+        AutoBoost("O1", d)
+
+
+@pytest.mark.parametrize("section,key,value", [
+    ("grad_freeze", "freeze_p", 1.5), ("grad_freeze", "freeze_p", -0.1), ("grad_freeze", "param_groups", 0),
+    ("grad_freeze", "freeze_type", 2), ("grad_accumulation", "grad_accumulation_step", 0),
+    ("dim_reduce", "rho", 1.0), ("dim_reduce", "sigma", 0.0), ("dim_reduce", "n_components", 0),
+    ("dim_reduce", "timeout", 0), ("common", "device_number", 0), ("common", "gradient_split_groups", [100, 50]),
+    ("thor", "frequency", 0), ("thor", "damping", -1.0),
+])
+def test_out_of_range(section, key, value):
+    with pytest.raises(ValueError, match=f"'{section}.{key}.*(range|increasing)"):
+        AutoBoost("O1", {section: {key: value}})
+
+
+def test_section_wrong_type_and_dict_wrong_type():
+    with pytest.raises(TypeError, match="section 'grad_freeze' must be a dict"):
+        AutoBoost("O1", {"grad_freeze": [1, 2]})
+    with pytest.raises(TypeError, match="boost_config_dict must be a dict"):
+        AutoBoost("O1", 42)
+
+
+def test_missing_or_bad_config_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        AutoBoost("O1", str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON/YAML"):
+        AutoBoost("O1", str(bad))
+
+
+def test_enabled_unknown_name():
+    with pytest.raises(ValueError, match="unknown boost algorithm"):
+        AutoBoost("O1").enabled("turbo")

@@ -1,0 +1,134 @@
+"""ms_boost.Model and build_train_network: drop-in behaviour, loss scaling, overflow, bad input."""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+from mindspore.train import DynamicLossScaleManager, FixedLossScaleManager
+from mindspore.train import Model as MsModel
+
+from ms_boost import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell, Model, build_train_network
+from tests.helpers.nets import all_params, dataset, learnable_data, make_net, weights
+
+
+def ce():
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def test_o0_matches_mindspore_model_step_for_step(mode):
+    x, y = learnable_data(64)
+    results = []
+    for model_cls in (MsModel, Model):
+        net = make_net()
+        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+        model = model_cls(net, ce(), opt, metrics={"acc"})
+        model.train(2, dataset(x, y), dataset_sink_mode=False)
+        results.append(weights(net))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_o0_without_metrics_and_with_sink(mode):
+    x, y = learnable_data(64)
+    net = make_net()
+    model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    before = weights(net)
+    model.train(1, dataset(x, y), dataset_sink_mode=True)
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(before, weights(net)))
+
+
+@pytest.mark.parametrize("manager", ["dynamic", "fixed_drop", "fixed_nodrop"])
+def test_loss_scale_managers_work_on_cpu_and_match_unscaled(mode, manager):
+    """Every loss-scale manager trains on CPU; with no overflow, loss scaling changes nothing (1e-5)."""
+    x, y = learnable_data(32)
+    lsm = {"dynamic": DynamicLossScaleManager(2.0 ** 10, 2, 100),
+           "fixed_drop": FixedLossScaleManager(128.0, drop_overflow_update=True),
+           "fixed_nodrop": FixedLossScaleManager(128.0, drop_overflow_update=False)}[manager]
+    out = []
+    for kwargs in ({}, {"loss_scale_manager": lsm}):
+        net = make_net()
+        model = Model(net, ce(), nn.SGD(net.trainable_params(), 0.1), **kwargs)
+        model.train(1, dataset(x, y), dataset_sink_mode=False)
+        out.append(weights(net))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class _InfLoss(nn.Cell):
+    """Loss network whose loss becomes inf when the batch's first label is negative (injected overflow)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.ce = ce()
+
+    def construct(self, x, y):
+        factor = ms.ops.select(y[0] < 0, Tensor(float("inf"), ms.float32), Tensor(1.0, ms.float32))
+        y = ms.ops.abs(y)
+        return self.ce(self.net(x), y) * factor
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_injected_overflow_changes_no_weight_or_state(mode, dynamic):
+    x, y = learnable_data(16)
+    net = make_net()
+    opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    if dynamic:
+        scale = ms.nn.DynamicLossScaleUpdateCell(loss_scale_value=1024.0, scale_factor=2, scale_window=1000)
+    else:
+        scale = Tensor(1024.0)
+    cell = BoostTrainOneStepWithLossScaleCell(_InfLoss(net),
+                                              opt, scale_sense=scale)
+    cell.set_train()
+    xs, ys = Tensor(x), Tensor(y)
+    _, overflow, _ = cell(xs, ys)  # one good step: momentum state becomes non-zero
+    assert not bool(overflow.asnumpy())
+    before = all_params(cell)
+    y_bad = y.copy()
+    y_bad[0] = -1 - y[0]
+    loss, overflow, used_scale = cell(xs, Tensor(y_bad))
+    assert bool(overflow.asnumpy())
+    after = all_params(cell)
+    scale_machinery = ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")
+    for name, value in before.items():
+        if name in scale_machinery or name.startswith("overflow_shadow"):
+            continue
+        np.testing.assert_array_equal(value, after[name], err_msg=name)
+    if dynamic:
+        assert after["scale_sense"] == before["scale_sense"] / 2
+    # training goes on
+    _, overflow, _ = cell(xs, ys)
+    assert not bool(overflow.asnumpy())
+    assert np.abs(all_params(cell)["net.fc.weight"] - after["net.fc.weight"]).max() > 0
+
+
+def test_build_train_network_returns_boost_cells():
+    net = make_net()
+    cell = build_train_network(net, nn.SGD(net.trainable_params(), 0.1), ce(), level="O0", boost_level="O0")
+    assert isinstance(cell, BoostTrainOneStepCell) and not isinstance(cell, BoostTrainOneStepWithLossScaleCell)
+    net = make_net()
+    cell = build_train_network(net, nn.SGD(net.trainable_params(), 0.1), ce(), level="O0",
+                               loss_scale_manager=DynamicLossScaleManager())
+    assert isinstance(cell, BoostTrainOneStepWithLossScaleCell)
+
+
+def test_model_bad_inputs():
+    net = make_net()
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    with pytest.raises(ValueError, match="boost_level='O4'"):
+        Model(net, ce(), opt, boost_level="O4")
+    with pytest.raises(ValueError, match="'grad_freeze.freeze_p'"):
+        Model(net, ce(), opt, boost_level="O1", boost_config_dict={"grad_freeze": {"freeze_p": 2}})
+    with pytest.raises(ValueError, match="need an optimizer"):
+        Model(net, ce(), None, boost_level="O1")
+    with pytest.raises(ValueError, match="loss_scale_group is enabled but loss_scale_manager"):
+        Model(net, ce(), opt, boost_config_dict={"boost": {"mode": "manual", "loss_scale_group": True}})
+    with pytest.raises(ValueError, match="amp_level='O5'"):
+        build_train_network(net, opt, ce(), level="O5")
+    with pytest.raises(TypeError, match="loss_scale_manager must be"):
+        build_train_network(net, opt, ce(), loss_scale_manager=3)
+    with pytest.raises(TypeError, match="scale_sense must be"):
+        BoostTrainOneStepWithLossScaleCell(nn.WithLossCell(net, ce()), opt, scale_sense="big")
+    with pytest.raises(ValueError, match="positive finite"):
+        BoostTrainOneStepWithLossScaleCell(nn.WithLossCell(net, ce()), opt, scale_sense=Tensor(-1.0))
