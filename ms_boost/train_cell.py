@@ -98,6 +98,10 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
             scale of shape ``()`` or ``(1,)``, or a :class:`~ms_boost.loss_scale.GroupLossScaleManager`.
         boost_config: as :class:`BoostTrainOneStepCell`.
 
+    Gradients leave the cell divided by ``loss_scale / optimizer.loss_scale``: an optimizer built with
+    ``loss_scale=S`` (MindSpore's convention with ``FixedLossScaleManager(S, drop_overflow_update=False)``)
+    divides by ``S`` itself, and every combination of manager and optimizer ends with unscaled updates.
+
     Returns from ``construct``: ``(loss, overflow, loss_scale)`` like MindSpore's
     ``TrainOneStepWithLossScaleCell``. An overflow on any rank skips the update on every rank, whatever
     the manager's ``drop_overflow_update`` (ms_boost never writes non-finite values into weights).
@@ -130,6 +134,9 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         self.use_group = self.group_manager is not None
         self.use_update_cell = self.scale_update_cell is not None
         self.overflow_reduce = comm.AllReduce("max")
+        # An optimizer built with loss_scale=S divides the gradients by S itself (MindSpore's convention for
+        # FixedLossScaleManager(drop_overflow_update=False)); the cell leaves that share of the scale in.
+        self.optimizer_loss_scale = float(getattr(optimizer, "loss_scale", 1.0) or 1.0)
         # Buffers the forward pass writes (BatchNorm moving statistics): snapshotted before the step and
         # restored on overflow, so an overflow step leaves the network exactly as it was.
         self.buffers = ParameterTuple(p for p in network.get_parameters()
@@ -154,7 +161,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         if self.use_group:
             grads, overflow = self.group_manager.unscale_and_update(grads)
         else:
-            inv = ops.reciprocal(scaling_sens)
+            inv = ops.reciprocal(scaling_sens) * self.optimizer_loss_scale
             unscaled = ()
             for g in grads:
                 unscaled = unscaled + (g * ops.cast(inv, g.dtype),)

@@ -55,6 +55,22 @@ def test_loss_scale_managers_work_on_cpu_and_match_unscaled(mode, manager):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("manager_drop,opt_scale", [(False, 128.0), (True, 1.0), (True, 128.0)])
+def test_optimizer_loss_scale_convention(mode, manager_drop, opt_scale):
+    """Momentum(loss_scale=S) with FixedLossScaleManager(S, drop_overflow_update=False), the tutorials'
+    pairing, trains exactly like no loss scale; so does every other pairing."""
+    x, y = learnable_data(32)
+    out = []
+    for scaled in (False, True):
+        net = make_net()
+        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=opt_scale if scaled else 1.0)
+        kwargs = {"loss_scale_manager": FixedLossScaleManager(128.0, manager_drop)} if scaled else {}
+        Model(net, ce(), opt, **kwargs).train(1, dataset(x, y), dataset_sink_mode=False)
+        out.append(weights(net))
+    for a, b in zip(*out):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 class _InfLoss(nn.Cell):
     """Loss network whose loss becomes inf when the batch's first label is negative (injected overflow)."""
 

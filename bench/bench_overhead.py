@@ -1,0 +1,113 @@
+"""Step-time overhead of ms_boost.Model against mindspore.train.Model and upstream mindspore.boost.
+
+Ratios are measured side by side in one run, interleaving the contenders each repeat, and reported as
+medians over repeats:
+
+* ms_boost O0 / mindspore.train.Model O0   (target: <= 1.02)
+* ms_boost O1 / upstream mindspore.boost O1 (upstream's default O1 needs the Ascend-only Centralization
+  op; it is also run with ``gc_flag: False`` so a number exists)
+
+Usage: python bench/bench_overhead.py [--repeats 7] [--steps 20] [--batch 32]
+Writes bench/results/overhead.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mindspore as ms  # noqa: E402
+import mindspore.dataset as ds  # noqa: E402
+from mindspore import nn  # noqa: E402
+from mindspore.train import Model as MsModel  # noqa: E402
+
+from bench.common import BenchConvNet, environment, random_batches, write_results  # noqa: E402
+from ms_boost import Model as BoostModel  # noqa: E402
+
+CONTENDERS = {
+    "mindspore O0": (MsModel, "O0", None),
+    "ms_boost O0": (BoostModel, "O0", None),
+    "upstream O1": (MsModel, "O1", None),
+    "upstream O1 (gc off)": (MsModel, "O1", {"less_bn": {"gc_flag": False}}),
+    "ms_boost O1": (BoostModel, "O1", None),
+    "ms_boost O1 (gc off)": (BoostModel, "O1", {"less_bn": {"gc_flag": False}}),
+}
+RATIOS = [("ms_boost O0", "mindspore O0"), ("ms_boost O1", "upstream O1"),
+          ("ms_boost O1 (gc off)", "upstream O1 (gc off)")]
+
+
+def build(model_cls, level, cfg, x, y, batch):
+    ms.set_seed(0)
+    net = BenchConvNet()
+    opt = nn.Momentum(net.trainable_params(), 0.01, 0.9)
+    kwargs = {"boost_level": level, "metrics": {"acc"}}
+    if cfg:
+        kwargs["boost_config_dict"] = cfg
+    model = model_cls(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), opt, **kwargs)
+    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch, drop_remainder=True)
+    return model, data
+
+
+def time_epoch(model, data, steps):
+    import time
+
+    start = time.perf_counter()
+    model.train(1, data, dataset_sink_mode=False)
+    return (time.perf_counter() - start) / steps
+
+
+def run_mode(mode_name, repeats, steps, batch):
+    ms.set_context(mode=ms.GRAPH_MODE if mode_name == "graph" else ms.PYNATIVE_MODE)
+    x, y = random_batches(steps, batch)
+    built, errors = {}, {}
+    for name, (cls, level, cfg) in CONTENDERS.items():
+        try:
+            model, data = build(cls, level, cfg, x, y, batch)
+            time_epoch(model, data, steps)  # warm-up: compilation, first-step allocation
+            built[name] = (model, data)
+        except Exception as exc:  # noqa: BLE001 - a contender that fails is reported, not hidden
+            errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            traceback.print_exc(limit=1)
+    times = {name: [] for name in built}
+    for _ in range(repeats):
+        for name, (model, data) in built.items():  # interleaved: drift hits every contender alike
+            times[name].append(time_epoch(model, data, steps))
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return medians, times, errors
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=32)
+    args = parser.parse_args()
+    ms.set_device("CPU")
+    payload = {"env": environment(), "args": vars(args), "modes": {}}
+    lines = ["# Overhead: ms_boost.Model vs mindspore.train.Model and upstream mindspore.boost", "",
+             f"Small ResNet-like conv net (BatchNorm), batch {args.batch}, 3x32x32, CPU, {args.steps} steps per "
+             f"epoch, median of {args.repeats} interleaved repeats after one warm-up epoch. "
+             f"MindSpore {ms.__version__}. Command: `python bench/bench_overhead.py`.", ""]
+    for mode_name in ("pynative", "graph"):
+        medians, times, errors = run_mode(mode_name, args.repeats, args.steps, args.batch)
+        ratios = {f"{a} / {b}": medians[a] / medians[b] for a, b in RATIOS if a in medians and b in medians}
+        payload["modes"][mode_name] = {"median_step_s": medians, "times": times, "errors": errors, "ratios": ratios}
+        lines += [f"## {mode_name}", "", "| contender | median step (ms) |", "|---|---|"]
+        for name in CONTENDERS:
+            cell = f"{medians[name] * 1e3:.2f}" if name in medians else f"fails: `{errors.get(name, '?')}`"
+            lines.append(f"| {name} | {cell} |")
+        lines += ["", "| ratio | value |", "|---|---|"]
+        for a, b in RATIOS:
+            key = f"{a} / {b}"
+            lines.append(f"| {key} | {ratios[key]:.3f} |" if key in ratios else f"| {key} | n/a ({b} fails) |")
+        lines.append("")
+    write_results("overhead", payload, "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
