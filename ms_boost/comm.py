@@ -128,12 +128,15 @@ def data_parallel_reduce_config() -> tuple:
     return reduce, mean, degree if degree > 1 else get_size()
 
 
-_REDUCE_OPS = {"sum": ops.ReduceOp.SUM, "max": ops.ReduceOp.MAX, "min": ops.ReduceOp.MIN,
-               "prod": ops.ReduceOp.PROD, "mean": ops.ReduceOp.SUM}
+_REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 
 
 class AllReduce(nn.Cell):
     """All-reduce one tensor over ``group``; identity on a single rank.
+
+    ``"sum"`` and ``"mean"`` use the backend's AllReduce. ``"max"``, ``"min"`` and ``"prod"`` gather every
+    rank's tensor and reduce locally: MindSpore's CPU backend (MCCL) sums whatever reduce op it is given,
+    so this is the form that is right on every backend (meant for small tensors such as flags).
 
     Args:
         op: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"prod"``.
@@ -147,16 +150,28 @@ class AllReduce(nn.Cell):
         self.size = get_size(group)
         self.active = self.size > 1
         self.mean = op == "mean"
+        self.gathered = op in ("max", "min", "prod")
+        self.op = op
         if self.active:
-            self.reduce = ops.AllReduce(_REDUCE_OPS[op], group or world_group())
+            if self.gathered:
+                self.gather = ops.AllGather(group or world_group())
+            else:
+                self.reduce = ops.AllReduce(ops.ReduceOp.SUM, group or world_group())
 
     def construct(self, x):
-        if self.active:
-            y = self.reduce(x)
-            if self.mean:
-                y = y / self.size
-            return y
-        return x
+        if not self.active:
+            return x
+        if self.gathered:
+            stacked = self.gather(ops.expand_dims(x, 0))
+            if self.op == "max":
+                return stacked.max(axis=0)
+            if self.op == "min":
+                return stacked.min(axis=0)
+            return stacked.prod(axis=0)
+        y = self.reduce(x)
+        if self.mean:
+            y = y / self.size
+        return y
 
 
 class AllGather(nn.Cell):

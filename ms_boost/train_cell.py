@@ -133,7 +133,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         self.scale_sense = Parameter(Tensor(value, ms.float32), name="scale_sense")
         self.use_group = self.group_manager is not None
         self.use_update_cell = self.scale_update_cell is not None
-        self.overflow_reduce = comm.AllReduce("max")
+        self.overflow_reduce = comm.AllReduce("sum")  # count of ranks that overflowed
         # An optimizer built with loss_scale=S divides the gradients by S itself (MindSpore's convention for
         # FixedLossScaleManager(drop_overflow_update=False)); the cell leaves that share of the scale in.
         self.optimizer_loss_scale = float(getattr(optimizer, "loss_scale", 1.0) or 1.0)

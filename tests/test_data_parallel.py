@@ -35,3 +35,12 @@ def test_two_workers_mean_reducer_equals_concatenated_batch(exec_mode):
             np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[r][f"w{i}"])
     for i, w in enumerate(ref):
         np.testing.assert_allclose(ranks[0][f"w{i}"], w, rtol=0, atol=1e-5)
+
+
+@pytest.mark.msrun
+def test_overflow_on_one_rank_skips_the_step_on_every_rank():
+    ranks = run_msrun(Path(__file__).parent / "workers" / "overflow_one_rank.py", 2, args=["graph"])
+    for out in ranks:
+        assert not bool(out["of1"]) and bool(out["of2"])
+        assert float(out["changed"]) == 0.0
+    np.testing.assert_array_equal(ranks[0]["w"], ranks[1]["w"])

@@ -20,3 +20,16 @@ class PlainConvNet(nn.Cell):
 def make_plain_net(seed: int = 5) -> PlainConvNet:
     ms.set_seed(seed)
     return PlainConvNet()
+
+
+class InfOnNegativeLabel(nn.Cell):
+    """Loss network whose loss is inf when the batch's first label is negative (an injected overflow)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, x, y):
+        factor = ms.ops.select(y[0] < 0, ms.Tensor(float("inf"), ms.float32), ms.Tensor(1.0, ms.float32))
+        return self.ce(self.net(x), ms.ops.abs(y)) * factor
