@@ -160,12 +160,13 @@ class LessBNConfig:
 
 @dataclass(frozen=True)
 class GradFreezeConfig:
-    """``grad_freeze`` section.
+    """``grad_freeze`` section (upstream's schedules, seeded).
 
     Attributes:
         param_groups: number of parameter groups the network is split into (>= 1).
-        freeze_type: 0 = random groups, 1 = frozen from the input side ("layer-wise"), as upstream.
-        freeze_p: probability that a step freezes some groups, in [0, 1].
+        freeze_type: 0 = upstream's continuous schedule (``'00001234'``), 1 = its interval schedule
+            (``'01020304'``); both freeze groups from the input side.
+        freeze_p: share of steps on which every group trains, in [0, 1] (0.7: something is frozen on 30%).
         total_steps: the schedule's length; every group trains again before it ends.
         seed: seed of the schedule (ms_boost addition; upstream used unseeded numpy randomness).
     """

@@ -113,7 +113,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         self.group_manager = None
         self.scale_update_cell = None
         if callable(getattr(scale_sense, "unscale_and_update", None)):  # a GroupLossScaleManager
-            self.group_manager = scale_sense
+            self.group_manager = scale_sense.bind(self.weights)  # learns the order of the gradients
             value = 1.0
         elif isinstance(scale_sense, nn.Cell):
             self.scale_update_cell = scale_sense
@@ -139,8 +139,12 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         self.optimizer_loss_scale = float(getattr(optimizer, "loss_scale", 1.0) or 1.0)
         # Buffers the forward pass writes (BatchNorm moving statistics): snapshotted before the step and
         # restored on overflow, so an overflow step leaves the network exactly as it was.
+        # (A group manager's scales are excluded: their back-off on overflow must stick.)
+        manager_params = set() if self.group_manager is None else {
+            id(p) for p in self.group_manager.get_parameters()}
         self.buffers = ParameterTuple(p for p in network.get_parameters()
-                                      if not p.requires_grad and p.dtype in (ms.float32, ms.float16))
+                                      if not p.requires_grad and p.dtype in (ms.float32, ms.float16)
+                                      and id(p) not in manager_params)
         self.buffer_shadows = self.buffers.clone(prefix="overflow_shadow", init="same")
 
     def set_sense_scale(self, sens) -> None:

@@ -1,0 +1,133 @@
+"""Gradient accumulation: k micro-steps of batch b make one update, as one step on batch k*b.
+
+The gradients of ``k`` consecutive micro-batches are summed into accumulator Parameters; every
+``k``-th call applies the inner update with their mean
+
+.. math::
+
+    \\bar g = \\frac{1}{k} \\sum_{j=1}^{k} g_j
+
+and clears the accumulators. For a loss that is a mean over the batch and micro-batches of equal size,
+:math:`\\bar g` is exactly the gradient of the loss over the ``k*b`` samples, so e.g. SGD takes the same
+step as on the large batch (BatchNorm statistics, being per micro-batch, are the exception).
+
+State (the accumulators and the micro-step counter) lives in Parameters, so it lands in checkpoints.
+Steps the loss-scale cell drops for overflow never reach the stage and are not counted.
+"""
+from __future__ import annotations
+
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
+
+from ms_boost.update import OptimizerUpdate
+
+__all__ = ["AccumulateUpdate", "GradientAccumulation"]
+
+_add_into = C.MultitypeFuncGraph("ms_boost_add_into")
+_clear = C.MultitypeFuncGraph("ms_boost_clear")
+_scaled = C.MultitypeFuncGraph("ms_boost_scaled")
+
+
+@_add_into.register("Tensor", "Tensor")
+def _add_into_one(accumulator, grad):
+    """accumulator += grad (cast to the accumulator's dtype)."""
+    return ops.assign_add(accumulator, grad.astype(accumulator.dtype))
+
+
+@_clear.register("Tensor")
+def _clear_one(accumulator):
+    """accumulator = 0."""
+    return ops.assign(accumulator, ops.zeros_like(accumulator))
+
+
+@_scaled.register("Tensor", "Tensor")
+def _scaled_one(factor, total):
+    """The mean gradient from the accumulated sum: :math:`\\bar g = \\text{total} \\cdot (1/k)`."""
+    return total * factor.astype(total.dtype)
+
+
+def _check_steps(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"grad_accumulation: {name} must be an int >= 1, got {value!r} ({type(value).__name__}).")
+    if value < 1:
+        raise ValueError(f"grad_accumulation: {name}={value} is out of range; allowed: {name} >= 1.")
+    return value
+
+
+class AccumulateUpdate(nn.Cell):
+    """Update stage: accumulate ``k`` gradients, then run ``inner`` once with their mean.
+
+    Args:
+        inner: update stage with ``construct(self, loss, grads, *inputs)`` (e.g. ``OptimizerUpdate``).
+        weights: the parameters the gradients belong to, in gradient order.
+        k: micro-steps per update (``grad_accumulation.grad_accumulation_step``), ``>= 1``.
+
+    Inputs:
+        - **loss** (Tensor) - this micro-step's loss (passed on to ``inner``).
+        - **grads** (tuple[Tensor]) - this micro-step's gradients.
+        - **\\*inputs** - this micro-step's inputs (passed on to ``inner``).
+
+    Outputs:
+        Tensor, the micro-step counter after the call (0 right after an update), for ``ops.depend``.
+
+    Raises:
+        TypeError, ValueError: ``k`` is not an int >= 1.
+    """
+
+    def __init__(self, inner: nn.Cell, weights, k: int):
+        super().__init__(auto_prefix=False)
+        self.k = _check_steps("grad_accumulation_step", k)
+        self.inner = inner
+        weights = weights if isinstance(weights, ParameterTuple) else ParameterTuple(list(weights))
+        self.accumulators = weights.clone(prefix="grad_accumulation", init="zeros")
+        self.counter = Parameter(Tensor(0, mstype.int32), name="accumulation_step", requires_grad=False)
+        self.inv_k = Tensor(1.0 / self.k, mstype.float32)
+        self.hyper_map = C.HyperMap()
+
+    def construct(self, loss, grads, *inputs):
+        added = self.hyper_map(_add_into, self.accumulators, grads)
+        count = ops.depend(self.counter, added) + 1
+        done = ops.assign(self.counter, count)
+        if count >= self.k:
+            mean = self.hyper_map(F.partial(_scaled, self.inv_k), self.accumulators)
+            done = ops.depend(done, self.inner(loss, mean, *inputs))
+            done = ops.depend(done, self.hyper_map(_clear, self.accumulators))
+            done = ops.depend(done, ops.assign(self.counter, ops.zeros_like(count)))
+        return done
+
+
+class GradientAccumulation(nn.Cell):
+    """Upstream API: accumulate the gradients of ``max_accumulation_step`` steps, then call the optimizer.
+
+    Args:
+        max_accumulation_step: micro-steps per update, ``>= 1``.
+        optimizer: the optimizer (anything with ``parameters`` and ``__call__(grads)``).
+
+    Inputs:
+        - **loss** (Tensor) - the step's loss.
+        - **grads** (tuple[Tensor]) - the step's gradients, in ``optimizer.parameters`` order.
+
+    Outputs:
+        Tensor, ``loss`` (after the accumulation and, every ``max_accumulation_step`` calls, the update).
+
+    Example:
+        >>> accumulate = GradientAccumulation(4, optimizer)
+        >>> loss = accumulate(loss, grads)   # inside a train step; updates every 4th call
+    """
+
+    def __init__(self, max_accumulation_step: int, optimizer):
+        super().__init__(auto_prefix=False)
+        _check_steps("max_accumulation_step", max_accumulation_step)
+        if not hasattr(optimizer, "parameters"):
+            raise TypeError(f"GradientAccumulation: optimizer must expose 'parameters', got "
+                            f"{type(optimizer).__name__}.")
+        self._max_accumulation_step = max_accumulation_step
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.stage = AccumulateUpdate(OptimizerUpdate(optimizer), self.weights, max_accumulation_step)
+
+    def construct(self, loss, grads):
+        return ops.depend(loss, self.stage(loss, grads))
+

@@ -1,0 +1,379 @@
+"""Optimizer and parameter processing for boost: gradient centralization and parameter groups.
+
+Two upstream-compatible helper classes live here:
+
+* :class:`OptimizerProcess` rebuilds a user's optimizer with new parameter groups and, on request,
+  gradient centralization (GC) for the weights GC applies to.
+* :class:`ParameterProcess` maps parameter-group settings (``lr``, ``weight_decay`` ...) of an optimizer
+  onto a new parameter list, and assigns gradient-split (``comm_fusion``) groups.
+
+Gradient centralization (Yong et al., 2020) replaces the gradient of a weight of rank >= 2 by its
+centred version, the mean being taken over every axis except the output-channel axis 0:
+
+.. math::
+
+    \\hat g_{o,\\cdot} = g_{o,\\cdot} - \\frac{1}{|I|}\\sum_{i \\in I} g_{o,i}
+
+where ``I`` runs over all the other axes (input channels and kernel positions of a convolution
+``(C_out, C_in, k_h, k_w)``, input features of a dense weight ``(C_out, C_in)``).
+
+Upstream computes this with the Ascend-only ``Centralization`` operator, so the boost levels that turn
+GC on fail on CPU and GPU. Here :func:`centralize_gradient` uses ordinary operators, and the optimizer
+built by :meth:`OptimizerProcess.generate_new_optimizer` is an instance of a subclass of the user's
+optimizer class whose ``gradients_centralization`` method calls it; every MindSpore optimizer calls
+that method in its ``construct``, so the update is otherwise exactly the user's optimizer.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Dict, List, Optional, Sequence, Union
+
+from mindspore import Parameter, Tensor, nn
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
+
+logger = logging.getLogger("ms_boost")
+
+__all__ = [
+    "centralize_gradient", "gc_applies", "CentralizedGradients", "with_gradient_centralization",
+    "optimizer_params", "OptimizerProcess", "ParameterProcess",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# math
+# --------------------------------------------------------------------------------------------------
+def centralize_gradient(grad: Tensor) -> Tensor:
+    r"""Gradient centralization of one weight gradient.
+
+    .. math::
+
+        \hat g = g - \operatorname{mean}_{\text{axes } 1..r-1}(g)
+
+    with the mean kept broadcastable over axis 0 (output channels). A gradient of rank < 2 (a bias,
+    a BatchNorm scale) is returned unchanged: GC is defined for weight matrices and kernels only.
+
+    Args:
+        grad: gradient of shape ``(C_out, ...)``.
+
+    Returns:
+        The centred gradient, same shape and dtype.
+    """
+    rank = len(grad.shape)
+    if rank < 2:
+        return grad
+    return grad - grad.mean(axis=tuple(range(1, rank)), keep_dims=True)
+
+
+_centralize_where_flagged = C.MultitypeFuncGraph("ms_boost_centralize_where_flagged")
+
+
+@_centralize_where_flagged.register("Bool", "Tensor")
+def _centralize_one(flag, grad):
+    """Centralize ``grad`` when its parameter's ``grad_centralization`` flag is set."""
+    if flag:
+        return centralize_gradient(grad)
+    return grad
+
+
+def gc_applies(param: Parameter, owner: Optional[nn.Cell]) -> bool:
+    """Whether gradient centralization applies to ``param`` owned by the cell ``owner``.
+
+    GC applies to weights of rank >= 2, except those of grouped (e.g. depthwise) convolutions, whose
+    per-group kernels have too few inputs to centre, and that of the feature-normalised head
+    (:class:`ms_boost.less_bn.CommonHeadLastFN`), whose rows are normalised anyway -- the same
+    exclusions as upstream.
+
+    Args:
+        param: the parameter.
+        owner: the cell that directly holds ``param`` (None when unknown).
+    """
+    from ms_boost.less_bn import CommonHeadLastFN  # local: less_bn imports this module
+
+    if len(param.shape) < 2:
+        return False
+    if isinstance(owner, nn.Conv2d) and owner.group > 1:
+        return False
+    return not isinstance(owner, CommonHeadLastFN)
+
+
+# --------------------------------------------------------------------------------------------------
+# GC-enabled optimizer classes
+# --------------------------------------------------------------------------------------------------
+class CentralizedGradients:
+    """Mixin putting :func:`centralize_gradient` behind ``Optimizer.gradients_centralization``.
+
+    Placed before a MindSpore optimizer class in the bases (see :func:`with_gradient_centralization`),
+    it centralizes the gradients of the parameters whose group has ``grad_centralization: True``,
+    using ordinary operators (CPU, GPU and Ascend alike).
+    """
+
+    def gradients_centralization(self, gradients):
+        """Centralize the flagged gradients (see :func:`centralize_gradient`)."""
+        if self.is_group:
+            return self.map_(F.partial(_centralize_where_flagged), self.grad_centralization_flags, gradients)
+        return gradients
+
+
+def with_gradient_centralization(opt_class: type) -> type:
+    """The subclass of ``opt_class`` whose gradient centralization runs on every device.
+
+    The subclass keeps the class name, constructor and update rule of ``opt_class``; only
+    ``gradients_centralization`` differs. A class that already has it is returned unchanged.
+
+    Raises:
+        TypeError: ``opt_class`` is not a subclass of :class:`mindspore.nn.Optimizer`.
+    """
+    if not (isinstance(opt_class, type) and issubclass(opt_class, nn.Optimizer)):
+        raise TypeError(f"with_gradient_centralization: expected a mindspore.nn.Optimizer subclass, got "
+                        f"{opt_class!r}.")
+    if issubclass(opt_class, CentralizedGradients):
+        return opt_class
+    return type(opt_class.__name__, (CentralizedGradients, opt_class),
+                {"__module__": opt_class.__module__, "__doc__": opt_class.__doc__})
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+def _as_param_list(params, what: str) -> list:
+    """A non-empty list of Parameters or of group dicts, else a clear error."""
+    if params is None:
+        raise ValueError(f"{what}: the optimizer got an empty parameter list.")
+    items = list(params)
+    if not items:
+        raise ValueError(f"{what}: the optimizer got an empty parameter list.")
+    if all(isinstance(p, Parameter) for p in items) or all(isinstance(p, dict) for p in items):
+        return items
+    raise TypeError(f"{what}: parameters must be all Parameter or all dict (parameter groups), got "
+                    f"{sorted({type(p).__name__ for p in items})}.")
+
+
+def _group_settings(group: dict) -> dict:
+    """A group's settings without its parameter list (deep-copied so the caller's dict stays intact)."""
+    return {k: (v if k in ("lr", "weight_decay") else copy.deepcopy(v))
+            for k, v in group.items() if k not in ("params", "order_params")}
+
+
+def optimizer_params(opt: nn.Optimizer):
+    """The parameter argument ``opt`` was built with (list of Parameters or of group dicts).
+
+    Falls back to ``opt.parameters`` when the recorded argument is unusable (e.g. an exhausted generator).
+    """
+    raw = getattr(opt, "init_params", {}).get("params")
+    if isinstance(raw, (list, tuple)) and raw:
+        return list(raw)
+    # A generator given by the user is exhausted by now: fall back to the optimizer's own parameters.
+    return list(opt.parameters)
+
+
+# --------------------------------------------------------------------------------------------------
+# OptimizerProcess
+# --------------------------------------------------------------------------------------------------
+class OptimizerProcess:
+    """Rebuild an optimizer with new parameter groups and, optionally, gradient centralization.
+
+    Args:
+        opt: the user's optimizer (any :class:`mindspore.nn.Optimizer`, or :class:`mindspore.nn.LARS`
+            around one). It is not modified; :meth:`generate_new_optimizer` builds a new one of the same
+            class with the same hyper-parameters.
+
+    Attributes:
+        origin_params: the parameter argument for the new optimizer (list of Parameters or group dicts);
+            callers may replace it (e.g. with :meth:`ParameterProcess.generate_group_params`).
+
+    Example:
+        >>> process = OptimizerProcess(optimizer)
+        >>> process.add_grad_centralization(network)
+        >>> optimizer = process.generate_new_optimizer()
+
+    Raises:
+        TypeError: ``opt`` is not a MindSpore optimizer.
+    """
+
+    def __init__(self, opt: nn.Optimizer):
+        if not isinstance(opt, nn.Optimizer):
+            raise TypeError(f"OptimizerProcess: 'opt' must be a mindspore.nn.Optimizer, got {type(opt).__name__}.")
+        self.is_lars = isinstance(opt, nn.LARS)
+        inner = opt.opt if self.is_lars else opt
+        if not hasattr(inner, "init_args"):
+            raise TypeError(f"OptimizerProcess: optimizer {type(inner).__name__} does not record its constructor "
+                            f"arguments (build it with @opt_init_args_register), so it cannot be rebuilt.")
+        self.single_opt = inner
+        self.opt_class = type(inner)
+        self.opt_init_args = dict(inner.init_args)
+        self.lars_init_args = dict(opt.init_args) if self.is_lars else {}
+        self.learning_rate = getattr(inner, "init_learning_rate", None)
+        self.origin_params = optimizer_params(inner)
+
+    @staticmethod
+    def build_params_dict(network: nn.Cell) -> Dict[int, nn.Cell]:
+        """Map ``id(parameter)`` to the cell that directly holds it, for every parameter of ``network``."""
+        owners = {}
+        for _, cell in network.cells_and_names():
+            for param in cell.get_parameters(expand=False):
+                owners[id(param)] = cell
+        return owners
+
+    @staticmethod
+    def build_gc_params_group(params_dict: Dict[int, nn.Cell], parameters: Sequence) -> List[dict]:
+        """Split each parameter group into a GC part and a non-GC part.
+
+        Args:
+            params_dict: ``id(parameter) -> owner cell`` (from :meth:`build_params_dict`).
+            parameters: parameter groups (dicts with ``params``); an ``order_params`` group is kept as is.
+                A plain list of Parameters is treated as one group.
+
+        Returns:
+            New group dicts: for every input group, one with the parameters GC applies to
+            (:func:`gc_applies`) and ``grad_centralization: True``, and one with the others and
+            ``grad_centralization: False``; each keeps the input group's other settings. Empty parts are
+            left out. The parameter order of the optimizer is kept through an ``order_params`` group.
+        """
+        groups = _as_param_list(parameters, "build_gc_params_group")
+        if isinstance(groups[0], Parameter):
+            groups = [{"params": groups}]
+        out, order = [], None
+        for group in groups:
+            if "order_params" in group:
+                order = list(group["order_params"])
+                continue
+            settings = _group_settings(group)
+            centred = [p for p in group["params"] if gc_applies(p, params_dict.get(id(p)))]
+            centred_ids = {id(p) for p in centred}
+            plain = [p for p in group["params"] if id(p) not in centred_ids]
+            if centred:
+                out.append({**settings, "params": centred, "grad_centralization": True})
+            if plain:
+                out.append({**settings, "params": plain, "grad_centralization": False})
+        if order is None:
+            order = [p for group in groups if "params" in group for p in group["params"]]
+        out.append({"order_params": order})
+        return out
+
+    def add_grad_centralization(self, network: nn.Cell) -> None:
+        """Flag the parameters of :attr:`origin_params` that gradient centralization applies to.
+
+        Unlike upstream, a plain parameter list is accepted too (it is one group).
+        """
+        params_dict = OptimizerProcess.build_params_dict(network)
+        self.origin_params = OptimizerProcess.build_gc_params_group(params_dict, self.origin_params)
+
+    def generate_new_optimizer(self) -> nn.Optimizer:
+        """A new optimizer of the user's class and hyper-parameters over :attr:`origin_params`.
+
+        When a group asks for ``grad_centralization`` the class is
+        :func:`with_gradient_centralization` of the user's class, so GC runs on every device.
+        """
+        params = _as_param_list(self.origin_params, "generate_new_optimizer")
+        wants_gc = any(isinstance(g, dict) and g.get("grad_centralization") for g in params)
+        opt_class = with_gradient_centralization(self.opt_class) if wants_gc else self.opt_class
+        learning_rate = self.learning_rate if self.learning_rate is not None else self.single_opt.learning_rate
+        opt = opt_class(params, learning_rate=learning_rate, **self.opt_init_args)
+        if self.is_lars:
+            opt = nn.LARS(opt, **self.lars_init_args)
+        return opt
+
+
+# --------------------------------------------------------------------------------------------------
+# ParameterProcess
+# --------------------------------------------------------------------------------------------------
+class ParameterProcess:
+    """Parameter groups and gradient-split (``comm_fusion``) groups.
+
+    Example:
+        >>> process = ParameterProcess()
+        >>> params = process.assign_parameter_group(network.trainable_params(), [50, 100])
+        >>> groups = ParameterProcess.generate_group_params(params, optimizer.init_params["params"])
+    """
+
+    def __init__(self):
+        self._parameter_indices = 1
+
+    def assign_parameter_group(self, parameters: Sequence[Parameter],
+                               split_point: Union[int, Sequence[int], None] = None) -> Sequence[Parameter]:
+        """Give the parameters gradient all-reduce fusion groups split at ``split_point``.
+
+        Parameters ``[0, s_1)`` get fusion id ``k``, ``[s_1, s_2)`` get ``k + 1`` ... (``k`` continues from
+        the previous call on this object, starting at 1), so the gradient all-reduce is fused into one
+        communication per group. Split points at or beyond the number of parameters have no effect (the
+        upstream default ``[50, 100]`` is sized for ResNet-50). This sets ``comm_fusion`` on the
+        parameters, which is what it is for; nothing else is changed.
+
+        Args:
+            parameters: the parameters in network order.
+            split_point: an int, a list of ints, or None (one split in the middle).
+
+        Returns:
+            ``parameters`` (the same objects).
+
+        Raises:
+            TypeError: ``split_point`` is not an int, a list/tuple of ints or None.
+            ValueError: a split point is negative.
+        """
+        if not isinstance(parameters, (list, tuple)) or not parameters:
+            return parameters
+        if split_point is None or (isinstance(split_point, (list, tuple)) and not split_point):
+            points = [len(parameters) // 2]
+        elif isinstance(split_point, int) and not isinstance(split_point, bool):
+            points = [split_point]
+        elif isinstance(split_point, (list, tuple)) and all(
+                isinstance(p, int) and not isinstance(p, bool) for p in split_point):
+            points = list(split_point)
+        else:
+            raise TypeError(f"assign_parameter_group: split_point must be an int, a list of ints or None, got "
+                            f"{split_point!r}.")
+        if any(p < 0 for p in points):
+            raise ValueError(f"assign_parameter_group: split_point={points} must hold non-negative parameter "
+                             f"indices.")
+        cuts = set(points)
+        for index, param in enumerate(parameters):
+            if index in cuts and index > 0:
+                self._parameter_indices += 1
+            param.comm_fusion = self._parameter_indices
+        return parameters
+
+    @staticmethod
+    def generate_group_params(parameters: Sequence[Parameter], origin_params: Sequence) -> list:
+        """Parameter groups for ``parameters`` carrying the settings of the groups in ``origin_params``.
+
+        A parameter takes the settings (``lr``, ``weight_decay``, ``grad_centralization``) of the origin
+        group that holds it (matched by identity, else by name). Parameters no origin group holds (new
+        ones, e.g. the feature-normalised head's multiplier) form one more group with the optimizer's
+        global settings. Origin groups left without parameters are dropped; an ``order_params`` group is
+        rebuilt in the order of ``parameters``.
+
+        Args:
+            parameters: the new parameter list (network order).
+            origin_params: the optimizer's parameter argument (Parameters or group dicts).
+
+        Returns:
+            ``[{"params": parameters}]`` when ``origin_params`` is a plain list, else group dicts.
+
+        Raises:
+            ValueError: ``origin_params`` is empty.
+            TypeError: ``origin_params`` mixes Parameters and dicts or holds something else.
+        """
+        origin = _as_param_list(origin_params, "generate_group_params")
+        parameters = list(parameters)
+        if isinstance(origin[0], Parameter):
+            return [{"params": parameters}]
+        by_id, by_name = {}, {}
+        groups = [g for g in origin if "order_params" not in g]
+        has_order = len(groups) != len(origin)
+        for index, group in enumerate(groups):
+            for param in group["params"]:
+                by_id[id(param)] = index
+                by_name[param.name] = index
+        members: List[list] = [[] for _ in groups]
+        new = []
+        for param in parameters:
+            index = by_id.get(id(param), by_name.get(param.name))
+            (new if index is None else members[index]).append(param)
+        out = [{**_group_settings(group), "params": members[i]} for i, group in enumerate(groups) if members[i]]
+        if new:
+            out.append({"params": new})
+        if has_order:
+            out.append({"order_params": parameters})
+        return out

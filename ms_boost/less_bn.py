@@ -1,0 +1,533 @@
+"""LessBN: fewer BatchNorm layers, a feature-normalised head, gradient centralization.
+
+Upstream's LessBN marks the network for a graph pass that, at every residual addition whose main
+branch is a chain ``conv -> BN -> ReLU -> conv -> BN -> ReLU -> conv -> BN``, removes the BatchNorm
+layers of that chain except the last one before the addition (the shortcut branch keeps its BN).
+Optionally (``fn_flag``) it replaces the final fully connected layer by :class:`CommonHeadLastFN`,
+and ``AutoBoost`` adds gradient centralization (``gc_flag``) to the optimizer.
+
+This module does the same at the level of the Cell tree, so PyNative and Graph mode train the same
+network:
+
+* **BN reduction** -- every cell's ``construct`` is read (its Python source, as MindSpore's graph
+  compiler also does) and each residual addition (``a + b``, ``a += b``, ``ops.add``, an ``Add``
+  primitive) is traced back along each operand through single-input layers (convolutions,
+  activations, pooling, ``SequentialCell`` containers and sub-cells that are themselves such chains).
+  On each branch the BatchNorm nearest to the addition is kept; the BatchNorm layers further up the
+  same branch are replaced by :class:`mindspore.nn.Identity`. A BatchNorm that is the nearest one of
+  some branch is never removed. For ResNet bottleneck blocks this is exactly upstream's result; for
+  two-convolution blocks (which upstream's fixed-length pattern does not match) the first BN of the
+  block is removed as well. Networks without residual additions keep all their BatchNorm layers.
+* **FN head** (``fn_flag``) -- the last :class:`mindspore.nn.Dense` of the tree (definition order) is
+  replaced by :class:`CommonHeadLastFN` built on the *same* weight Parameter (bias dropped, as
+  upstream), so checkpoints keep the weight's name.
+* **Gradient centralization** (``gc_flag``) -- see :mod:`ms_boost.grad_process`; written with ordinary
+  operators, so it runs on CPU and GPU too (upstream needs Ascend).
+
+**The network is converted in place** (as upstream does): after ``LessBN(net)`` or
+:func:`apply_less_bn`, ``net`` itself has the Identity layers and the FN head, so the trained
+parameters, ``save_checkpoint(net, ...)`` and an evaluation network built on ``net`` all see the
+trained structure. Conversion is idempotent: converting an already converted network changes nothing.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import logging
+import textwrap
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+from mindspore.common.initializer import initializer
+from mindspore.nn.layer.normalization import _BatchNorm
+from mindspore.ops.primitive import Primitive
+
+from ms_boost.grad_process import OptimizerProcess, ParameterProcess
+
+logger = logging.getLogger("ms_boost")
+
+__all__ = [
+    "l2_normalize", "CommonHeadLastFN", "LessBN", "LessBNReport", "convert_less_bn",
+    "apply_less_bn", "apply_less_bn_eval",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# math and the FN head
+# --------------------------------------------------------------------------------------------------
+def l2_normalize(x: Tensor, axis: int = 1, epsilon: float = 1e-12) -> Tensor:
+    r"""Scale ``x`` to unit L2 norm along ``axis``.
+
+    .. math::
+
+        \operatorname{norm}(x) = \frac{x}{\max(\lVert x \rVert_2, \epsilon)}
+
+    Args:
+        x: input tensor.
+        axis: axis along which the norm is taken.
+        epsilon: lower bound of the norm (keeps a zero row finite).
+    """
+    norm = ops.sqrt((x * x).sum(axis=axis, keepdims=True))
+    return x / ops.maximum(norm, epsilon)
+
+
+class CommonHeadLastFN(nn.Cell):
+    r"""Feature-normalised last layer: a cosine classifier with a learned scale.
+
+    .. math::
+
+        y = m \cdot \left(\operatorname{norm}(x)\,\operatorname{norm}(W)^\top + b\right)
+
+    where rows of ``x`` (features) and of ``W`` (one per class) are L2-normalised
+    (:func:`l2_normalize`) and ``m`` is a trainable scalar ``multiplier`` initialised to 1. The
+    normalisation is computed in float32 and the output cast back to the input's dtype.
+
+    Args:
+        in_channels: input features.
+        out_channels: output features (classes).
+        weight_init: initializer name, Tensor, number, or an existing ``Parameter`` of shape
+            ``(out_channels, in_channels)``, which is then used as the weight itself (not copied).
+        bias_init: initializer of the bias.
+        has_bias: whether the layer has a bias ``b``.
+
+    Inputs:
+        - **x** (Tensor) - shape ``(N, in_channels)``.
+
+    Outputs:
+        Tensor of shape ``(N, out_channels)``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, weight_init="normal", bias_init="zeros",
+                 has_bias: bool = True):
+        super().__init__()
+        self.in_channels = int(in_channels)
+        self.out_channels = int(out_channels)
+        shape = (self.out_channels, self.in_channels)
+        if isinstance(weight_init, Parameter):
+            if tuple(weight_init.shape) != shape:
+                raise ValueError(f"CommonHeadLastFN: weight_init Parameter '{weight_init.name}' has shape "
+                                 f"{tuple(weight_init.shape)}, expected {shape}.")
+            self.weight = weight_init
+        else:
+            self.weight = Parameter(initializer(weight_init, shape, mstype.float32), name="weight")
+        self.multiplier = Parameter(Tensor(np.ones([1], np.float32)), name="multiplier")
+        self.has_bias = bool(has_bias)
+        if self.has_bias:
+            if isinstance(bias_init, Parameter):
+                self.bias = bias_init
+            else:
+                self.bias = Parameter(initializer(bias_init, (self.out_channels,), mstype.float32), name="bias")
+
+    def construct(self, x):
+        dtype = x.dtype
+        features = l2_normalize(x.astype(mstype.float32), 1)
+        weight = l2_normalize(self.weight.astype(mstype.float32), 1)
+        out = ops.matmul(features, weight.T)
+        if self.has_bias:
+            out = out + self.bias.astype(mstype.float32)
+        return (self.multiplier * out).astype(dtype)
+
+    def extend_repr(self):
+        return f"in_channels={self.in_channels}, out_channels={self.out_channels}, has_bias={self.has_bias}"
+
+
+# --------------------------------------------------------------------------------------------------
+# finding the BatchNorm layers to remove: data flow of each cell's construct
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Slot:
+    """Where a child cell hangs: ``parent._cells[key]``."""
+
+    parent: nn.Cell
+    key: str
+
+    def cell(self) -> nn.Cell:
+        return self.parent._cells[self.key]
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """BatchNorm slots met walking back from a value through single-input layers, nearest first.
+
+    ``source`` is the name of the construct argument the walk ended at, or None when it ended at
+    something else (an addition, a multi-input op, code it does not understand).
+    """
+
+    bns: Tuple[_Slot, ...] = ()
+    source: Optional[str] = None
+
+    def then(self, other: _Chain) -> _Chain:
+        return _Chain(self.bns + other.bns, other.source)
+
+
+_STOP = _Chain()
+_ADD_NAMES = frozenset({"add", "tensor_add", "Add", "TensorAdd", "__add__", "AddN"})
+
+
+def _is_container(cell) -> bool:
+    return isinstance(cell, nn.SequentialCell)
+
+
+def _construct_tree(cell: nn.Cell) -> Optional[ast.FunctionDef]:
+    """The parsed ``construct`` of ``cell``'s class, or None if its source is unavailable."""
+    try:
+        source = textwrap.dedent(inspect.getsource(type(cell).construct))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    node = tree.body[0] if tree.body else None
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+class _FlowAnalysis:
+    """Residual additions and single-input chains of a Cell tree (see the module docstring)."""
+
+    def __init__(self):
+        self.merges: List[Tuple[_Chain, ...]] = []
+        self._transfer: Dict[int, Optional[_Chain]] = {}
+        self._visited: set = set()
+
+    # -- cell level ------------------------------------------------------------------------------
+    def transfer(self, slot: _Slot) -> Optional[_Chain]:
+        """Chain from the output of the cell at ``slot`` back to its first input, or None."""
+        cell = slot.cell()
+        if isinstance(cell, _BatchNorm):
+            return _Chain((slot,), "input")
+        if _is_container(cell):
+            chain = _Chain((), "input")
+            for key in cell._cells:
+                inner = self.transfer(_Slot(cell, key))
+                if inner is None:
+                    return None
+                chain = inner.then(chain)
+            return chain
+        if not cell._cells:
+            return _Chain((), "input")  # a leaf layer (conv, activation, pooling ...): passes through
+        if id(cell) not in self._transfer:
+            self._transfer[id(cell)] = None  # guards recursion
+            self._transfer[id(cell)] = self.analyse(cell)
+        return self._transfer[id(cell)]
+
+    def analyse(self, cell: nn.Cell) -> Optional[_Chain]:
+        """Record the residual additions of ``cell.construct``; return its output-to-input chain."""
+        self._visited.add(id(cell))
+        func = _construct_tree(cell)
+        if func is None:
+            return None
+        args = [a.arg for a in func.args.args[1:]]
+        env: Dict[str, _Chain] = {name: _Chain((), name) for name in args}
+        returned = self._block(cell, func.body, env)
+        if returned is None or not args or returned.source != args[0]:
+            return None
+        return _Chain(returned.bns, "input")
+
+    def visit_tree(self, network: nn.Cell) -> None:
+        """Analyse every cell of ``network`` that has a construct of its own."""
+        for _, cell in network.cells_and_names():
+            if id(cell) in self._visited or _is_container(cell) or not cell._cells:
+                continue
+            if isinstance(cell, (nn.CellList, nn.CellDict)):
+                continue
+            self.analyse(cell)
+
+    # -- statements ------------------------------------------------------------------------------
+    def _block(self, cell, statements, env) -> Optional[_Chain]:
+        returned = None
+        for stmt in statements:
+            if isinstance(stmt, ast.Assign):
+                value = self._expr(cell, stmt.value, env)
+                for target in stmt.targets:
+                    self._bind(target, value, env)
+            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+                self._bind(stmt.target, self._expr(cell, stmt.value, env), env)
+            elif isinstance(stmt, ast.AugAssign):
+                value = self._expr(cell, stmt.value, env)
+                if isinstance(stmt.op, ast.Add) and isinstance(stmt.target, ast.Name):
+                    self.merges.append((env.get(stmt.target.id, _STOP), value))
+                self._bind(stmt.target, _STOP, env)
+            elif isinstance(stmt, (ast.If, ast.For, ast.While)):
+                branches = [stmt.body, stmt.orelse]
+                results = []
+                for body in branches:
+                    local = dict(env)
+                    ret = self._block(cell, body, local)
+                    results.append((local, ret))
+                for local, _ in results[::-1]:
+                    env.update({k: v for k, v in local.items() if env.get(k) != v})
+                rets = [r for _, r in results if r is not None]
+                if rets and returned is None:
+                    returned = rets[0]
+            elif isinstance(stmt, ast.Return) and stmt.value is not None:
+                value = self._expr(cell, stmt.value, env)
+                if returned is None:
+                    returned = value
+            elif isinstance(stmt, ast.Expr):
+                self._expr(cell, stmt.value, env)
+        return returned
+
+    @staticmethod
+    def _bind(target, value, env) -> None:
+        if isinstance(target, ast.Name):
+            env[target.id] = value
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                _FlowAnalysis._bind(element, _STOP, env)
+
+    # -- expressions -----------------------------------------------------------------------------
+    def _merge(self, cell, operands, env) -> _Chain:
+        self.merges.append(tuple(self._expr(cell, op, env) for op in operands))
+        return _STOP
+
+    def _expr(self, cell, node, env) -> _Chain:
+        if isinstance(node, ast.Name):
+            return env.get(node.id, _STOP)
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Add):
+                return self._merge(cell, (node.left, node.right), env)
+            self._expr(cell, node.left, env)
+            self._expr(cell, node.right, env)
+            return _STOP
+        if isinstance(node, ast.Call):
+            return self._call(cell, node, env)
+        for child in ast.iter_child_nodes(node):  # still record additions nested anywhere
+            if isinstance(child, ast.expr):
+                self._expr(cell, child, env)
+        return _STOP
+
+    def _call(self, cell, node: ast.Call, env) -> _Chain:
+        func = node.func
+        args = list(node.args)
+        # self.<child>(x): a sub-cell or a primitive held by the cell
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            child = cell._cells.get(func.attr)
+            if child is not None:
+                if len(args) != 1:
+                    for arg in args:
+                        self._expr(cell, arg, env)
+                    return _STOP
+                through = self.transfer(_Slot(cell, func.attr))
+                upstream = self._expr(cell, args[0], env)
+                return _STOP if through is None else through.then(upstream)
+            attr = getattr(cell, func.attr, None)
+            if isinstance(attr, Primitive):
+                return self._function(cell, attr.name, args, env)
+            for arg in args:
+                self._expr(cell, arg, env)
+            return _STOP
+        # P.Add()(a, b), ops.relu(x), x.reshape(...), relu(x)
+        if isinstance(func, ast.Call):
+            inner = func.func
+            name = inner.attr if isinstance(inner, ast.Attribute) else getattr(inner, "id", "")
+            return self._function(cell, name, args, env)
+        if isinstance(func, ast.Attribute):
+            if isinstance(func.value, ast.Name) and func.value.id in env:  # method of a tensor variable
+                base = self._expr(cell, func.value, env)
+                if func.attr in _ADD_NAMES and args:
+                    self.merges.append((base, self._expr(cell, args[0], env)))
+                    return _STOP
+                for arg in args:
+                    self._expr(cell, arg, env)
+                return base
+            return self._function(cell, func.attr, args, env)
+        if isinstance(func, ast.Name):
+            return self._function(cell, func.id, args, env)
+        return _STOP
+
+    def _function(self, cell, name: str, args, env) -> _Chain:
+        if name in _ADD_NAMES and len(args) >= 2:
+            return self._merge(cell, args[:2], env)
+        if name in _ADD_NAMES and len(args) == 1 and isinstance(args[0], (ast.Tuple, ast.List)):
+            return self._merge(cell, args[0].elts, env)
+        if not args:
+            return _STOP
+        first = self._expr(cell, args[0], env)
+        for arg in args[1:]:
+            self._expr(cell, arg, env)
+        return first
+
+
+def _bn_slots_to_remove(network: nn.Cell) -> List[_Slot]:
+    """The BatchNorm slots LessBN replaces by Identity (see the module docstring)."""
+    flow = _FlowAnalysis()
+    flow.visit_tree(network)
+    keep, drop = set(), []
+    for chains in flow.merges:
+        for chain in chains:
+            if chain.bns:
+                keep.add(chain.bns[0])
+                drop.extend(chain.bns[1:])
+    seen, out = set(), []
+    for slot in drop:
+        if slot not in keep and slot not in seen:
+            seen.add(slot)
+            out.append(slot)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# conversion
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class LessBNReport:
+    """What :func:`convert_less_bn` changed.
+
+    Attributes:
+        removed_bn: parameter-name prefixes of the BatchNorm layers replaced by Identity.
+        fn_head: prefix of the Dense layer replaced by :class:`CommonHeadLastFN` (None if none).
+        notes: anything not converted, and why.
+    """
+
+    removed_bn: List[str] = field(default_factory=list)
+    fn_head: Optional[str] = None
+    notes: List[str] = field(default_factory=list)
+
+
+def _slots(network: nn.Cell):
+    """Every (slot, cell) of the tree, depth first in definition order."""
+    for key, child in list(network._cells.items()):
+        if child is None:
+            continue
+        yield _Slot(network, key), child
+        yield from _slots(child)
+
+
+def _replace(slot: _Slot, new: nn.Cell) -> None:
+    parent = slot.parent
+    if isinstance(parent, nn.SequentialCell):
+        parent[list(parent._cells).index(slot.key)] = new
+    elif isinstance(parent, nn.CellList):
+        parent[int(slot.key)] = new
+    else:
+        parent.insert_child_to_cell(slot.key, new)
+
+
+def _prefix(cell: nn.Cell) -> str:
+    params = list(cell.get_parameters(expand=False))
+    if not params:
+        return "?"
+    name = params[0].name
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def convert_less_bn(network: nn.Cell, fn_flag: bool = False) -> LessBNReport:
+    """Convert ``network`` **in place**: remove the redundant BatchNorm layers, optionally add the FN head.
+
+    Args:
+        network: any Cell tree (a backbone or a loss network around it).
+        fn_flag: replace the last Dense layer by :class:`CommonHeadLastFN` (sharing its weight).
+
+    Returns:
+        A :class:`LessBNReport`. Converting a converted network again changes nothing.
+
+    Raises:
+        TypeError: ``network`` is not a Cell or ``fn_flag`` is not a bool.
+    """
+    if not isinstance(network, nn.Cell):
+        raise TypeError(f"LessBN: network must be a mindspore.nn.Cell, got {type(network).__name__}.")
+    if not isinstance(fn_flag, bool):
+        raise TypeError(f"LessBN: fn_flag must be a bool, got {fn_flag!r}.")
+    report = LessBNReport()
+    for slot in _bn_slots_to_remove(network):
+        report.removed_bn.append(_prefix(slot.cell()))
+        _replace(slot, nn.Identity())
+    if fn_flag:
+        everything = list(_slots(network))
+        if any(isinstance(cell, CommonHeadLastFN) for _, cell in everything):
+            report.notes.append("the network already has a feature-normalised head")
+        else:
+            dense = [(slot, cell) for slot, cell in everything if isinstance(cell, nn.Dense)]
+            if not dense:
+                report.notes.append("fn_flag: the network has no Dense layer to replace")
+            elif dense[-1][1].activation_flag:
+                report.notes.append(f"fn_flag: the last Dense layer '{_prefix(dense[-1][1])}' has an activation; "
+                                    f"left unchanged")
+            else:
+                slot, layer = dense[-1]
+                weight_name = layer.weight.name
+                head = CommonHeadLastFN(layer.in_channels, layer.out_channels, layer.weight, has_bias=False)
+                _replace(slot, head)
+                prefix = weight_name[:-len("weight")] if weight_name.endswith("weight") else weight_name + "."
+                head.weight.name = weight_name
+                head.multiplier.name = prefix + "multiplier"
+                report.fn_head = prefix.rstrip(".")
+    if report.removed_bn or report.fn_head:
+        logger.info("LessBN: removed BatchNorm %s; FN head at %s", report.removed_bn, report.fn_head)
+    return report
+
+
+class LessBN(nn.Cell):
+    """Reduce the BatchNorm layers of a network and optionally give it a feature-normalised head.
+
+    The wrapped ``network`` is **converted in place** (see :func:`convert_less_bn`); the wrapper just
+    calls it. Parameter names are unchanged.
+
+    Args:
+        network: the network (a backbone or a loss network).
+        fn_flag: replace the last Dense layer by :class:`CommonHeadLastFN`.
+
+    Attributes:
+        report: the :class:`LessBNReport` of the conversion.
+
+    Inputs:
+        - **\\*inputs** -- whatever ``network`` takes.
+    """
+
+    def __init__(self, network: nn.Cell, fn_flag: bool = False):
+        super().__init__(auto_prefix=False)
+        self.report = convert_less_bn(network, fn_flag)
+        self.network = network
+
+    def construct(self, *inputs):
+        return self.network(*inputs)
+
+
+def apply_less_bn(network: nn.Cell, optimizer: nn.Optimizer, less_bn_cfg, common_cfg) -> tuple:
+    """The LessBN step of ``AutoBoost.network_auto_process_train``.
+
+    1. convert ``network`` in place (:class:`LessBN`, with ``less_bn_cfg.fn_flag``);
+    2. give the trainable parameters gradient all-reduce fusion groups split at
+       ``common_cfg.gradient_split_groups`` (:meth:`ParameterProcess.assign_parameter_group`);
+    3. rebuild the optimizer over the converted network's parameters that the user's optimizer trained
+       (plus those the conversion created), keeping the user's parameter group settings
+       (:meth:`ParameterProcess.generate_group_params`), with gradient centralization when
+       ``less_bn_cfg.gc_flag``.
+
+    Args:
+        network: the loss network.
+        optimizer: the user's optimizer (left untouched; a new one is returned).
+        less_bn_cfg: object with ``fn_flag`` and ``gc_flag``.
+        common_cfg: object with ``gradient_split_groups``.
+
+    Returns:
+        ``(LessBN(network), new_optimizer)``.
+    """
+    existing = {id(p) for p in network.trainable_params()}
+    wrapped = network if isinstance(network, LessBN) else LessBN(network, fn_flag=less_bn_cfg.fn_flag)
+    process = OptimizerProcess(optimizer)
+    # the parameters the user's optimizer trained (minus removed ones) plus those the conversion created
+    held = {id(p) for p in optimizer.parameters}
+    trained = [p for p in wrapped.trainable_params() if id(p) in held or id(p) not in existing]
+    params = ParameterProcess().assign_parameter_group(trained, list(common_cfg.gradient_split_groups))
+    process.origin_params = ParameterProcess.generate_group_params(params, process.origin_params)
+    if less_bn_cfg.gc_flag:
+        process.add_grad_centralization(wrapped)
+    return wrapped, process.generate_new_optimizer()
+
+
+def apply_less_bn_eval(network: nn.Cell, less_bn_cfg) -> nn.Cell:
+    """The LessBN step of ``AutoBoost.network_auto_process_eval``.
+
+    The evaluation network must have the structure the weights were trained in: the same BatchNorm
+    reduction and, with ``fn_flag``, the FN head. On a network already converted for training this
+    changes nothing; on a fresh network (e.g. evaluating a LessBN checkpoint in a new process) it
+    converts it in place so the checkpoint's ``multiplier`` has a home.
+
+    Returns:
+        ``LessBN(network)``.
+    """
+    if isinstance(network, LessBN):
+        return network
+    return LessBN(network, fn_flag=less_bn_cfg.fn_flag)

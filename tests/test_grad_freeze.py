@@ -1,0 +1,316 @@
+"""Tests of ms_boost.grad_freeze: schedules, parameter groups, FreezeOpt, GradientFreeze, freeze_cell."""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor, nn, ops
+
+from ms_boost.config import AutoBoost
+from ms_boost.grad_freeze import (
+    FreezeOpt,
+    GradientFreeze,
+    apply_grad_freeze,
+    freeze_cell,
+    freeze_schedule,
+    partition_parameters,
+)
+from ms_boost.grad_process import CentralizedGradients, OptimizerProcess
+from ms_boost.update import OptimizerUpdate
+from tests.helpers.nets import SmallConvNet
+
+
+# ---------------------------------------------------------------------------------------------- reference
+def continuous_reference(groups, p, steps):
+    """Upstream's '00001234' pattern: z zeros then 1..G-1, repeated; z = round(p (G-1) / (1-p))."""
+    z = int(round(p * (groups - 1) / (1 - p)))
+    period = [0] * z + list(range(1, groups))
+    out = (period * (steps // len(period) + 1))[:steps]
+    out[-1] = 0
+    return np.array(out)
+
+
+def momentum_reference(w, v, g, lr, momentum):
+    v = momentum * v + g
+    return w - lr * v, v
+
+
+def dense_stack(n=6, width=3):
+    ms.set_seed(5)
+    return nn.SequentialCell([nn.Dense(width, width) for _ in range(n)])
+
+
+# ---------------------------------------------------------------------------------------------- schedule
+def test_continuous_schedule_matches_upstream_pattern():
+    for groups, p in [(4, 0.7), (10, 0.5), (3, 0.0), (5, 0.9)]:
+        np.testing.assert_array_equal(freeze_schedule(groups, 0, p, 100), continuous_reference(groups, p, 100))
+
+
+@pytest.mark.parametrize("freeze_type", [0, 1])
+def test_schedule_invariants(freeze_type):
+    groups, p, steps = 10, 0.7, 5000
+    s = freeze_schedule(groups, freeze_type, p, steps, seed=3)
+    assert s.shape == (steps,) and s.dtype == np.int32
+    assert s.min() == 0 and s.max() <= groups - 1
+    assert s[-1] == 0  # every group trains again before the schedule ends
+    assert abs(np.mean(s == 0) - p) < 0.02  # freeze_p is the share of steps training every group (as upstream)
+    # no group stays frozen long: the longest run of steps freezing group 0 is short
+    runs, run = [], 0
+    for v in s:
+        run = run + 1 if v > 0 else 0
+        runs.append(run)
+    assert max(runs) <= groups
+
+
+def test_interval_schedule_is_seeded_and_follows_the_level_distribution():
+    a = freeze_schedule(6, 1, 0.3, 20000, seed=7)
+    np.testing.assert_array_equal(a, freeze_schedule(6, 1, 0.3, 20000, seed=7))
+    assert not np.array_equal(a, freeze_schedule(6, 1, 0.3, 20000, seed=8))
+    levels = a[a > 0]
+    freq = np.bincount(levels, minlength=6)[1:] / len(levels)
+    expected = np.array([5, 4, 3, 2, 1]) / 15.0  # P(s) proportional to G - s
+    np.testing.assert_allclose(freq, expected, atol=0.015)
+    # the decisions (freeze or not) keep the frozen share at 1 - p at every prefix
+    frozen_share = np.cumsum(a > 0) / np.arange(1, len(a) + 1)
+    assert np.abs(frozen_share[100:-1] - 0.7).max() < 0.01
+
+
+def test_degenerate_schedules():
+    assert not freeze_schedule(1, 1, 0.2, 50).any()  # one group: never frozen
+    assert not freeze_schedule(5, 0, 1.0, 50).any()  # p = 1: never frozen
+    s = freeze_schedule(5, 1, 0.0, 50)
+    assert s[0] == 0 and s[-1] == 0 and (s[1:-1] > 0).all()
+    assert list(freeze_schedule(3, 0, 0.5, 1)) == [0]
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({"freeze_p": 1.5}, ValueError, "freeze_p=1.5"),
+    ({"freeze_p": -0.1}, ValueError, "freeze_p"),
+    ({"param_groups": 0}, ValueError, "param_groups=0"),
+    ({"freeze_type": 2}, ValueError, "freeze_type=2"),
+    ({"total_steps": 0}, ValueError, "total_steps"),
+    ({"param_groups": 2.0}, TypeError, "param_groups"),
+    ({"freeze_p": "0.5"}, TypeError, "freeze_p"),
+    ({"seed": -1}, ValueError, "seed"),
+])
+def test_bad_values_are_clear_errors(kwargs, exc, match):
+    args = {"param_groups": 4, "freeze_type": 1, "freeze_p": 0.5, "total_steps": 10, "seed": 0}
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        freeze_schedule(**args)
+    with pytest.raises(exc, match=match):
+        GradientFreeze(**args)
+
+
+def test_more_groups_than_parameters_is_an_error():
+    net = dense_stack(2)  # 4 trainable parameters
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    with pytest.raises(ValueError, match="param_groups=5 is more than the 4 trainable parameters"):
+        GradientFreeze(5, 1, 0.5, 10).freeze_generate(net, opt)
+    _, freeze_opt = GradientFreeze(4, 1, 0.5, 10).freeze_generate(net, opt)  # per parameter is allowed
+    assert freeze_opt.n_atoms == 4
+
+
+# ---------------------------------------------------------------------------------------------- groups
+def test_partition_keeps_layers_together():
+    net = SmallConvNet()  # conv1, bn1(gamma, beta), conv2, bn2, fc(weight, bias)
+    owners = OptimizerProcess.build_params_dict(net)
+    params = net.trainable_params()
+    groups = partition_parameters(params, 3, owners)
+    assert [[p.name for p in g] for g in groups] == [
+        ["conv1.weight", "bn1.gamma", "bn1.beta"], ["conv2.weight", "bn2.gamma", "bn2.beta"],
+        ["fc.weight", "fc.bias"]]
+    groups = partition_parameters(params, 2, owners)
+    assert sum(groups, []) == params and all(groups)
+    groups = partition_parameters(params, 5, owners)  # more groups than layers: split between parameters
+    assert sum(groups, []) == params and len(groups) == 5 and all(groups)
+
+
+def test_split_parameters_groups_are_suffixes():
+    net = dense_stack(4)
+    groups = GradientFreeze(4, 1, 0.5, 10).split_parameters_groups(net, 4)
+    params = net.trainable_params()
+    assert [len(g) for g in groups] == [8, 6, 4, 2]
+    assert all(g == params[len(params) - len(g):] for g in groups)
+
+
+# ---------------------------------------------------------------------------------------------- FreezeOpt
+def _run_and_check(freeze_opt, steps, lr_of_step, momentum=0.9, seed=0):
+    """Drive the FreezeOpt with random gradients; check every step against a numpy reference in which
+    a frozen group's weights and momentum are untouched."""
+    params = list(freeze_opt.parameters)
+    rng = np.random.default_rng(seed)
+    w = [p.asnumpy().copy() for p in params]
+    v = [np.zeros_like(x) for x in w]
+    group_of = np.zeros(len(params), int)
+    for a, indices in enumerate(freeze_opt.atom_indices):
+        group_of[list(indices)] = a
+    for t in range(steps):
+        grads = [rng.normal(size=p.shape).astype(np.float32) for p in params]
+        trained = freeze_opt.trained_atoms(t)
+        before = [p.asnumpy().copy() for p in params]
+        moments = {p.name: p.asnumpy().copy() for p in freeze_opt.get_parameters() if "moments" in p.name}
+        freeze_opt(ms.mutable(tuple(Tensor(g) for g in grads)))
+        for i, p in enumerate(params):
+            if trained[group_of[i]]:
+                w[i], v[i] = momentum_reference(w[i], v[i], grads[i], lr_of_step(t), momentum)
+            changed = not np.array_equal(before[i], p.asnumpy())
+            assert changed == bool(trained[group_of[i]]), (t, p.name)
+            np.testing.assert_allclose(p.asnumpy(), w[i], rtol=1e-5, atol=1e-6)
+        for p in freeze_opt.get_parameters():
+            if "moments" in p.name:
+                owner = next(i for i, q in enumerate(params) if p.name.endswith("moments." + q.name))
+                changed = not np.array_equal(moments[p.name], p.asnumpy())
+                assert changed == bool(trained[group_of[owner]]), (t, p.name)
+    assert int(freeze_opt.global_step.asnumpy()[0]) == steps
+
+
+def test_freeze_opt_updates_exactly_the_scheduled_groups(mode):
+    net = dense_stack(6)
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    _, freeze_opt = GradientFreeze(3, 1, 0.4, 8, seed=2).freeze_generate(net, opt)
+    assert freeze_opt.n_atoms == 3
+    schedule = freeze_opt.train_strategy.asnumpy()
+    assert (schedule > 0).any() and schedule[-1] == 0
+    _run_and_check(freeze_opt, 10, lambda t: 0.1)  # 10 > 8 steps: the schedule repeats
+
+
+def test_freeze_opt_dynamic_lr_follows_global_step(mode):
+    net = dense_stack(4)
+    lrs = [0.1, 0.1, 0.05, 0.05, 0.02, 0.02, 0.01, 0.01]
+    opt = nn.Momentum(net.trainable_params(), learning_rate=lrs, momentum=0.9)
+    freeze_opt = FreezeOpt(opt, [net.trainable_params(), net.trainable_params()[4:]], [1, 0, 1, 1, 0, 1, 0, 1])
+    assert freeze_opt.n_atoms == 2 and not freeze_opt.sync_lr
+    _run_and_check(freeze_opt, 8, lambda t: lrs[t])
+
+
+def test_freeze_opt_learning_rate_parameter_drives_all_groups(mode):
+    net = dense_stack(2)
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    freeze_opt = FreezeOpt(opt, [net.trainable_params()[:2], net.trainable_params()[2:]], [0, 1])
+    assert isinstance(freeze_opt.learning_rate, Parameter)
+    ops.assign(freeze_opt.learning_rate, Tensor(0.5, ms.float32))  # as a LearningRateScheduler callback does
+    params = list(freeze_opt.parameters)
+    before = [p.asnumpy().copy() for p in params]
+    grads = ms.mutable(tuple(ops.ones_like(p) for p in params))
+    freeze_opt(grads)
+    freeze_opt(grads)
+    for b, p in zip(before, params):
+        np.testing.assert_allclose(b - p.asnumpy(), 0.5, rtol=1e-6)
+
+
+def test_freeze_opt_upstream_api_defaults_and_errors():
+    net = dense_stack(2)
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    single = FreezeOpt(opt)  # one group, every step
+    assert single.n_atoms == 1 and list(single.train_strategy.asnumpy()) == [0]
+    scaled = FreezeOpt(nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=128.0))
+    assert scaled.loss_scale == 128.0 and scaled.opts[0].loss_scale == 128.0
+    round_robin = FreezeOpt(opt, [net.trainable_params()[:2], net.trainable_params()])
+    assert list(round_robin.train_strategy.asnumpy()) == [0, 1]
+    with pytest.raises(ValueError, match="without train_parameter_groups"):
+        FreezeOpt(opt, None, [0])
+    with pytest.raises(ValueError, match=r"train_strategy holds \[2\]"):
+        FreezeOpt(opt, [net.trainable_params()], [0, 2])
+    with pytest.raises(ValueError, match="in no train parameter group"):
+        FreezeOpt(opt, [net.trainable_params()[:2]], [0])
+    with pytest.raises(ValueError, match="does not update"):
+        FreezeOpt(opt, [net.trainable_params() + [Parameter(Tensor(1.0), name="stranger")]], [0])
+    with pytest.raises(TypeError, match="Optimizer"):
+        FreezeOpt(nn.Dense(2, 2))
+    with pytest.raises(TypeError, match="train_strategy"):
+        FreezeOpt(opt, [net.trainable_params()], "0")
+
+
+def test_freeze_opt_keeps_group_settings_and_gc():
+    net = SmallConvNet()
+    convs = [p for p in net.trainable_params() if "conv" in p.name]
+    rest = [p for p in net.trainable_params() if "conv" not in p.name]
+    opt = nn.Momentum([{"params": convs, "lr": 0.01}, {"params": rest}], learning_rate=0.1, momentum=0.9)
+    process = OptimizerProcess(opt)
+    process.add_grad_centralization(net)
+    gc_opt = process.generate_new_optimizer()
+    _, freeze_opt = GradientFreeze(3, 0, 0.5, 6).freeze_generate(net, gc_opt)
+    for inner in freeze_opt.opts:
+        assert isinstance(inner, CentralizedGradients) and isinstance(inner, nn.Momentum)
+        for p in inner.parameters:
+            expected = 0.01 if "conv" in p.name else 0.1
+            assert float(inner.get_lr_parameter(p).asnumpy()) == pytest.approx(expected)
+        flags = dict(zip([p.name for p in inner.parameters], inner.grad_centralization_flags))
+        assert all(flag == (name.endswith("weight") and "bn" not in name) for name, flag in flags.items())
+    # inner optimizer state names are unique and the user's parameter names unchanged
+    names = [p.name for p in freeze_opt.get_parameters()]
+    assert len(names) == len(set(names))
+    assert {p.name for p in net.trainable_params()} <= set(names)
+
+
+def test_apply_grad_freeze_with_config_and_update_stage(mode):
+    net = dense_stack(4)
+    boost = AutoBoost("O1", {"grad_freeze": {"param_groups": 4, "freeze_p": 0.5, "total_steps": 6, "seed": 1}})
+    network, freeze_opt = apply_grad_freeze(net, nn.Momentum(net.trainable_params(), 0.1, 0.9), boost.grad_freeze)
+    assert network is net and isinstance(freeze_opt, FreezeOpt)
+    np.testing.assert_array_equal(freeze_opt.train_strategy.asnumpy(), freeze_schedule(4, 1, 0.5, 6, seed=1))
+    stage = OptimizerUpdate(freeze_opt)  # the core's update stage drives it like any optimizer
+    params = list(freeze_opt.parameters)
+    for t in range(6):
+        before = [p.asnumpy().copy() for p in params]
+        stage(Tensor(0.0), ms.mutable(tuple(ops.ones_like(p) for p in params)))
+        changed = [not np.array_equal(b, p.asnumpy()) for b, p in zip(before, params)]
+        frozen = int(freeze_opt.train_strategy.asnumpy()[t])
+        assert changed == [i // 2 >= frozen for i in range(len(params))], t
+
+
+def test_freeze_cell_trains_one_group_each(mode):
+    ms.set_seed(1)
+    net = nn.SequentialCell([nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 2)])
+    loss_net = nn.WithLossCell(net, nn.MSELoss())
+    _, freeze_opt = GradientFreeze(2, 0, 0.5, 4).freeze_generate(loss_net, nn.SGD(net.trainable_params(), 0.1))
+    cells = freeze_cell(False, loss_net, freeze_opt, 1.0, ops.GradOperation(get_by_list=True, sens_param=True),
+                        False)
+    assert len(cells) == 2
+    x = Tensor(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32))
+    y = Tensor(np.zeros((8, 2), np.float32))
+    params = list(freeze_opt.parameters)
+    for group, cell in enumerate(cells):
+        before = [p.asnumpy().copy() for p in params]
+        expected = ms.grad(loss_net, grad_position=None, weights=params)(x, y)
+        loss = cell(x, y)
+        assert np.isfinite(loss.asnumpy()).all()
+        for i, (b, p) in enumerate(zip(before, params)):
+            trains = i >= 2 * group
+            np.testing.assert_allclose(b - p.asnumpy(), 0.1 * expected[i].asnumpy() if trains else 0.0,
+                                       rtol=1e-5, atol=1e-7)
+    with pytest.raises(TypeError, match="FreezeOpt"):
+        freeze_cell(False, loss_net, nn.SGD(net.trainable_params(), 0.1), 1.0, None, False)
+
+
+def test_freeze_opt_rebuilds_lars_around_each_group():
+    """LARS (no CPU kernel, so construction only): every group gets LARS around the user's optimizer class."""
+    net = dense_stack(4)
+    opt = nn.LARS(nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    _, freeze_opt = GradientFreeze(2, 0, 0.5, 4).freeze_generate(net, opt)
+    assert all(isinstance(o, nn.LARS) and isinstance(o.opt, nn.Momentum) for o in freeze_opt.opts)
+    names = [p.name for p in freeze_opt.get_parameters()]
+    assert len(names) == len(set(names))
+    assert [p.name for p in freeze_opt.parameters] == [p.name for p in net.trainable_params()]
+
+
+def test_freeze_cell_with_gradient_accumulation():
+    ms.set_seed(1)
+    net = nn.SequentialCell([nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 2)])
+    loss_net = nn.WithLossCell(net, nn.MSELoss())
+    _, freeze_opt = GradientFreeze(2, 0, 0.5, 4).freeze_generate(loss_net, nn.SGD(net.trainable_params(), 0.1))
+    cells = freeze_cell(False, loss_net, freeze_opt, 1.0, ops.GradOperation(get_by_list=True, sens_param=True),
+                        True, max_accumulation_step=2)
+    rng = np.random.default_rng(0)
+    xs = [Tensor(rng.normal(size=(8, 4)).astype(np.float32)) for _ in range(2)]
+    y = Tensor(np.zeros((8, 2), np.float32))
+    params = list(freeze_opt.parameters)
+    grads = [ms.grad(loss_net, grad_position=None, weights=params)(x, y) for x in xs]
+    before = [p.asnumpy().copy() for p in params]
+    cells[1](xs[0], y)  # group 1: the output-side layer only
+    assert all(np.array_equal(b, p.asnumpy()) for b, p in zip(before, params))  # accumulating
+    cells[1](xs[1], y)
+    for i, (b, p) in enumerate(zip(before, params)):
+        mean = (grads[0][i].asnumpy() + grads[1][i].asnumpy()) / 2 if i >= 2 else 0.0
+        np.testing.assert_allclose(b - p.asnumpy(), 0.1 * mean, rtol=1e-5, atol=1e-7)
