@@ -1,0 +1,50 @@
+"""Export a checkpoint to MindIR (or AIR/ONNX) for inference.
+
+    python model_zoo/resnet/export.py --config model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml \
+        --checkpoint_file_path output/checkpoint/resnet-90_625.ckpt --export_file_name resnet50
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+
+from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
+from model_zoo.resnet.src.trainer import inference_network  # noqa: E402
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet50_imagenet_momentum.yaml"
+_EXTENSIONS = {"MINDIR": ".mindir", "AIR": ".air", "ONNX": ".onnx"}
+
+
+def export_checkpoint(cfg: Config) -> Path:
+    """Export ``checkpoint_file_path`` with input ``(export_batch_size, 3, eval_image_size, eval_image_size)``.
+
+    Returns:
+        the written file.
+    """
+    import mindspore as ms
+
+    if cfg.export_file_format not in _EXTENSIONS:
+        raise ValueError(f"export_file_format={cfg.export_file_format!r} is not allowed; allowed: "
+                         f"{', '.join(_EXTENSIONS)}.")
+    net = inference_network(cfg)
+    size = int(cfg.eval_image_size)
+    sample = ms.Tensor(np.zeros((int(cfg.export_batch_size), 3, size, size), np.float32))
+    ms.export(net, sample, file_name=cfg.export_file_name, file_format=cfg.export_file_format)
+    return Path(cfg.export_file_name + _EXTENSIONS[cfg.export_file_format])
+
+
+def main(argv=None) -> Path:
+    """Parse the config, export, print the file written."""
+    cfg = parse_config(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG, prog="export.py")
+    path = export_checkpoint(cfg)
+    print(f"exported {cfg.checkpoint_file_path} -> {path}", flush=True)
+    return path
+
+
+if __name__ == "__main__":
+    main()

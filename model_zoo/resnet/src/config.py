@@ -1,0 +1,314 @@
+"""YAML recipe configuration with ``--key value`` command-line overrides.
+
+A recipe is one YAML mapping. A top-level ``base: other.yaml`` key (a path relative to the file)
+inherits another recipe and deep-merges this file's keys over it. Nested mappings are addressed with
+dotted keys (``synthetic.image_size``, ``boost_config_dict.dim_reduce.n_component``).
+
+Every scalar or list key can be overridden on the command line as ``--key value`` or ``--key=value``;
+the value is converted to the type of the YAML default:
+
+* ``bool``: ``true/false``, ``yes/no``, ``on/off``, ``1/0`` (any case);
+* ``int`` / ``float``: Python literals (``1e-4`` is fine for a float);
+* ``str``: taken as is;
+* ``null`` default: ``null``/``none`` give ``None``, anything else is taken as a string;
+* list: ``a,b,c`` or a YAML flow list ``[a, b]``; items take the type of the default's first item.
+
+An unknown key raises ``ValueError`` naming it and the closest known keys. ``--help`` prints every key
+with its value, type and the comment written next to it in the YAML file. Files are read with
+``yaml.safe_load`` and nothing read is ever evaluated.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import yaml
+
+__all__ = ["Config", "ConfigHelp", "load_yaml", "parse_value", "apply_overrides", "parse_config"]
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Config(Mapping):
+    """Read-only recipe configuration: ``cfg.batch_size`` or ``cfg["batch_size"]``.
+
+    Nested mappings are ``Config`` objects too.
+    """
+
+    def __init__(self, data: Mapping):
+        object.__setattr__(self, "_data", {k: Config(v) if isinstance(v, Mapping) else copy.deepcopy(v)
+                                           for k, v in data.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_data":  # not initialised yet (copy/pickle protocols probe attributes first)
+            raise AttributeError(name)
+        try:
+            return self._data[name]
+        except KeyError:
+            raise AttributeError(f"config has no key {name!r}; known: {', '.join(sorted(self._data))}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Config is read-only; use --key value on the command line or replace(**changes).")
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Config({self.to_dict()!r})"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain nested ``dict`` copy."""
+        return {k: v.to_dict() if isinstance(v, Config) else copy.deepcopy(v) for k, v in self._data.items()}
+
+    def replace(self, **changes: Any) -> Config:
+        """Copy with top-level keys changed (keys must exist)."""
+        unknown = sorted(set(changes) - set(self._data))
+        if unknown:
+            raise ValueError(f"replace: unknown config keys {unknown}.")
+        data = self.to_dict()
+        data.update(changes)
+        return Config(data)
+
+
+def _deep_merge(base: Dict[str, Any], update: Mapping) -> Dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping) and value:
+            merged[key] = _deep_merge(dict(merged[key]), value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _read_mapping(path: Path) -> Dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist.")
+    with open(path, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(data).__name__}.")
+    return data
+
+
+def load_yaml(path: Union[str, Path], _seen: Tuple[Path, ...] = ()) -> Dict[str, Any]:
+    """Read a recipe, resolving ``base:`` inheritance (deep merge, child wins).
+
+    Raises:
+        ValueError: missing file, a non-mapping document, or a ``base`` cycle.
+    """
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ValueError(f"config 'base' cycle: {' -> '.join(str(p) for p in (*_seen, path))}.")
+    data = _read_mapping(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ValueError(f"config {str(path)!r}: 'base' must be a file name, got {base!r}.")
+    return _deep_merge(load_yaml(path.parent / base, (*_seen, path)), data)
+
+
+def _flatten(data: Mapping, prefix: str = "") -> Dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; empty mappings stay as leaves."""
+    flat: Dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _parse_scalar(key: str, text: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        lowered = text.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ValueError(f"--{key}={text!r}: expected a bool (true/false, yes/no, on/off, 1/0).")
+    if isinstance(default, int):
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise ValueError(f"--{key}={text!r}: expected an int.") from None
+    if isinstance(default, float):
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ValueError(f"--{key}={text!r}: expected a float.") from None
+    if default is None:
+        return None if text.strip().lower() in ("null", "none", "~") else text
+    return text
+
+
+def parse_value(key: str, text: str, default: Any) -> Any:
+    """Convert the command-line ``text`` for ``key`` to the type of its YAML ``default``.
+
+    Raises:
+        ValueError: the text does not parse as that type, or ``key`` names a whole mapping.
+    """
+    if isinstance(default, Mapping):
+        raise ValueError(f"--{key} is a section; override its keys one by one (--{key}.<name> value).")
+    if isinstance(default, (list, tuple)):
+        stripped = text.strip()
+        if stripped.startswith("["):
+            items = yaml.safe_load(stripped)
+            if not isinstance(items, list):
+                raise ValueError(f"--{key}={text!r}: expected a list.")
+            items = [str(item) for item in items]
+        else:
+            items = [item.strip() for item in stripped.split(",")] if stripped else []
+        if default:
+            return [_parse_scalar(key, item, default[0]) for item in items]
+        return [yaml.safe_load(item) for item in items]
+    return _parse_scalar(key, text, default)
+
+
+def _split_argv(argv: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
+    """``["--a", "1", "--b=2", "--flag"]`` -> ``[("a", "1"), ("b", "2"), ("flag", None)]``."""
+    pairs: List[Tuple[str, Optional[str]]] = []
+    index = 0
+    argv = list(argv)
+    while index < len(argv):
+        token = argv[index]
+        if not token.startswith("--") or len(token) == 2:
+            raise ValueError(f"unexpected command-line argument {token!r}: expected --key value.")
+        if "=" in token:
+            key, value = token[2:].split("=", 1)
+            pairs.append((key, value))
+            index += 1
+        elif index + 1 < len(argv) and not (argv[index + 1].startswith("--") and len(argv[index + 1]) > 2):
+            pairs.append((token[2:], argv[index + 1]))
+            index += 2
+        else:
+            pairs.append((token[2:], None))
+            index += 1
+    return pairs
+
+
+def _set_dotted(data: Dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def apply_overrides(data: Mapping, overrides: Sequence[Tuple[str, Optional[str]]]) -> Dict[str, Any]:
+    """Apply ``(key, text)`` overrides to a copy of ``data`` with type conversion (see module doc).
+
+    Raises:
+        ValueError: unknown key (with the closest known keys), missing value, or a value of the wrong type.
+    """
+    result = copy.deepcopy(dict(data))
+    flat = _flatten(result)
+    for key, text in overrides:
+        if key not in flat:
+            sections = {name.rsplit(".", 1)[0] for name in flat if "." in name}
+            if key in sections:
+                raise ValueError(f"--{key} is a section; override its keys one by one (--{key}.<name> value).")
+            close = difflib.get_close_matches(key, list(flat), n=5, cutoff=0.6)
+            hint = f" Did you mean: {', '.join('--' + c for c in close)}?" if close else ""
+            raise ValueError(f"unknown config key --{key}.{hint} (--help lists every key)")
+        if text is None:
+            if isinstance(flat[key], bool):
+                text = "true"
+            else:
+                raise ValueError(f"--{key} needs a value (current: {flat[key]!r}).")
+        value = parse_value(key, text, flat[key])
+        flat[key] = value
+        _set_dotted(result, key, value)
+    return result
+
+
+class ConfigHelp:
+    """``--help`` text: every key with its value, type and the comment written after it in the YAML files."""
+
+    _LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s*:(?P<rest>.*)$")
+
+    @classmethod
+    def comments(cls, path: Union[str, Path]) -> Dict[str, str]:
+        """Dotted key -> trailing ``# comment`` of that key's line, for ``path`` and its ``base`` chain."""
+        path = Path(path).resolve()
+        found: Dict[str, str] = {}
+        base = _read_mapping(path).get("base")
+        if isinstance(base, str) and (path.parent / base).resolve() != path:
+            found.update(cls.comments(path.parent / base))
+        stack: List[Tuple[int, str]] = []
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            match = cls._LINE.match(raw)
+            if not match or raw.lstrip().startswith("#"):
+                continue
+            indent = len(match.group("indent"))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            dotted = ".".join([name for _, name in stack] + [match.group("key")])
+            rest = match.group("rest")
+            if "#" in rest:
+                found[dotted] = rest.split("#", 1)[1].strip()
+            if rest.split("#", 1)[0].strip() == "":
+                stack.append((indent, match.group("key")))
+        return found
+
+    @classmethod
+    def render(cls, data: Mapping, path: Union[str, Path], prog: str) -> str:
+        comments = cls.comments(path)
+        lines = [f"usage: {prog} [--config FILE] [--key value ...]", "", f"config: {path}", "", "keys:"]
+        for key, value in _flatten(data).items():
+            kind = "list" if isinstance(value, list) else ("null" if value is None else type(value).__name__)
+            note = f"  # {comments[key]}" if key in comments else ""
+            lines.append(f"  --{key} {value!r} ({kind}){note}")
+        return "\n".join(lines)
+
+
+def parse_config(argv: Sequence[str], default_config: Union[str, Path], prog: str = "train.py") -> Config:
+    """Read ``--config FILE`` (else ``default_config``) and apply the other ``--key value`` arguments.
+
+    ``--help``/``-h`` prints the keys and exits (``SystemExit(0)``).
+
+    Raises:
+        ValueError: unknown keys, bad values, bad files.
+    """
+    argv = list(argv)
+    config_path: Union[str, Path] = default_config
+    rest: List[str] = []
+    want_help = False
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token in ("-h", "--help"):
+            want_help = True
+        elif token == "--config" or token == "--config_path":
+            if index + 1 >= len(argv):
+                raise ValueError("--config needs a file name.")
+            config_path = argv[index + 1]
+            index += 1
+        elif token.startswith("--config=") or token.startswith("--config_path="):
+            config_path = token.split("=", 1)[1]
+        else:
+            rest.append(token)
+        index += 1
+    data = load_yaml(config_path)
+    for key in _flatten(data):
+        if not all(_KEY_RE.match(part) for part in key.split(".")):
+            raise ValueError(f"config {str(config_path)!r}: key {key!r} is not an identifier.")
+    data = apply_overrides(data, _split_argv(rest))
+    if want_help:
+        print(ConfigHelp.render(data, config_path, prog))
+        raise SystemExit(0)
+    return Config(data)

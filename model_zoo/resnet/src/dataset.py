@@ -1,0 +1,116 @@
+"""ImageNet-style input pipeline over ``ImageFolderDataset`` (also used for the built-in data set).
+
+A data root holds ``train/`` and ``val/`` (names configurable), each with one sub-folder per class;
+labels are the sorted class-folder indices, so train and val agree. Training reads a random-resized
+crop and a horizontal flip; evaluation resizes the short side to ``image_size / 0.875`` and takes the
+centre crop. Both normalise with the ImageNet mean/std, emit CHW ``float32`` images and ``int32``
+labels, and batch with ``drop_remainder=True``. With ``rank_size > 1`` every rank reads its own shard.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Tuple, Union
+
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore.dataset import transforms, vision
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "class_folders", "create_dataset"]
+
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+IMAGE_EXTENSIONS = (".JPEG", ".jpeg", ".jpg", ".JPG", ".png", ".PNG")
+
+
+def class_folders(dataset_path: Union[str, Path]) -> list:
+    """Sorted class sub-folder names of ``dataset_path`` (label ``i`` is the ``i``-th name).
+
+    Raises:
+        ValueError: the folder does not exist or holds no class sub-folder.
+    """
+    path = Path(dataset_path)
+    if not path.is_dir():
+        raise ValueError(f"dataset_path={str(path)!r} is not a folder; expected one sub-folder of images per class.")
+    names = sorted(entry.name for entry in path.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    if not names:
+        raise ValueError(f"dataset_path={str(path)!r} holds no class sub-folder.")
+    return names
+
+
+def _train_transforms(image_size: int, crop_scale: Tuple[float, float]) -> list:
+    return [
+        vision.RandomCropDecodeResize(image_size, scale=tuple(crop_scale), ratio=(0.75, 1.333)),
+        vision.RandomHorizontalFlip(prob=0.5),
+        vision.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+        vision.HWC2CHW(),
+    ]
+
+
+def _eval_transforms(image_size: int, crop_ratio: float) -> list:
+    return [
+        vision.Decode(),
+        vision.Resize(int(round(image_size / crop_ratio))),
+        vision.CenterCrop(image_size),
+        vision.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+        vision.HWC2CHW(),
+    ]
+
+
+def create_dataset(dataset_path: Union[str, Path], do_train: bool, batch_size: int = 32, image_size: int = 224,
+                   rank_size: int = 1, rank_id: int = 0, num_parallel_workers: Optional[int] = None,
+                   shuffle: Optional[bool] = None, crop_scale: Sequence[float] = (0.08, 1.0),
+                   eval_crop_ratio: float = 0.875, drop_remainder: bool = True, num_steps: int = 0,
+                   seed: Optional[int] = None) -> ds.Dataset:
+    """Batched image pipeline over one split folder.
+
+    Args:
+        dataset_path: the split folder (e.g. ``imagenet/train``) with one sub-folder per class.
+        do_train: training transforms (random crop + flip, shuffled) or evaluation transforms.
+        batch_size: images per batch (per rank).
+        image_size: side of the square network input.
+        rank_size: number of shards (data-parallel ranks).
+        rank_id: shard read by this process, in ``[0, rank_size)``.
+        num_parallel_workers: map/decoding workers (default 8; capped by the CPUs available).
+        shuffle: shuffle the file list (default: ``do_train``).
+        crop_scale: area range of the training random-resized crop.
+        eval_crop_ratio: evaluation centre-crop / resize ratio (``image_size / eval_crop_ratio`` is resized).
+        drop_remainder: drop the last incomplete batch (every rank then runs the same number of steps).
+        num_steps: when > 0, keep only the first ``num_steps`` batches (short runs and tests).
+        seed: shuffle/augmentation seed of the data engine (``None`` keeps the current one).
+
+    Returns:
+        a dataset yielding ``(image float32 (N, 3, S, S), label int32 (N,))``.
+
+    Raises:
+        ValueError: a missing folder, a bad shard, or fewer images than one batch.
+    """
+    class_folders(dataset_path)
+    for name, value, low in (("batch_size", batch_size, 1), ("image_size", image_size, 8), ("rank_size", rank_size, 1),
+                             ("num_steps", num_steps, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} must be an int >= {low}.")
+    if not 0 <= rank_id < rank_size:
+        raise ValueError(f"rank_id={rank_id} must be in [0, rank_size={rank_size}).")
+    if len(crop_scale) != 2 or not 0.0 < float(crop_scale[0]) <= float(crop_scale[1]) <= 1.0:
+        raise ValueError(f"crop_scale={list(crop_scale)} must be (low, high) with 0 < low <= high <= 1.")
+    if not 0.0 < eval_crop_ratio <= 1.0:
+        raise ValueError(f"eval_crop_ratio={eval_crop_ratio} must be in (0, 1].")
+    if seed is not None:
+        ds.config.set_seed(int(seed))
+    available = os.cpu_count() or 1
+    workers = max(1, min(num_parallel_workers or 8, available))
+    shard = {"num_shards": rank_size, "shard_id": rank_id} if rank_size > 1 else {}
+    data = ds.ImageFolderDataset(str(dataset_path), num_parallel_workers=workers,
+                                 shuffle=do_train if shuffle is None else shuffle,
+                                 extensions=list(IMAGE_EXTENSIONS), **shard)
+    if data.get_dataset_size() < batch_size and drop_remainder:
+        raise ValueError(f"batch_size={batch_size} is larger than the {data.get_dataset_size()} images of "
+                         f"{str(dataset_path)!r} on rank {rank_id}/{rank_size}; no full batch can be formed.")
+    image_ops = _train_transforms(image_size, crop_scale) if do_train else _eval_transforms(image_size, eval_crop_ratio)
+    data = data.map(operations=image_ops, input_columns="image", num_parallel_workers=workers)
+    data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label", num_parallel_workers=workers)
+    data = data.batch(batch_size, drop_remainder=drop_remainder)
+    if num_steps:
+        data = data.take(num_steps)
+    return data

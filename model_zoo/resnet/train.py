@@ -1,0 +1,30 @@
+"""Train a ResNet with one of the recipes in ``configs/``.
+
+    python model_zoo/resnet/train.py --config model_zoo/resnet/configs/resnet50_imagenet_boost_o1.yaml \
+        --data_path /data/imagenet [--key value ...]
+
+``--help`` lists every key of the chosen config with its value and meaning. Distributed runs are started
+by the launchers in ``scripts/`` (which add ``--run_distribute true``).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from model_zoo.resnet.src.config import parse_config  # noqa: E402
+from model_zoo.resnet.src.trainer import train  # noqa: E402
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet50_imagenet_momentum.yaml"
+
+
+def main(argv=None) -> dict:
+    """Parse ``--config`` and overrides, train, return the results (see :func:`trainer.train`)."""
+    cfg = parse_config(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG, prog="train.py")
+    return train(cfg)
+
+
+if __name__ == "__main__":
+    main()

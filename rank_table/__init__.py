@@ -1,0 +1,1 @@
+"""Ascend HCCL rank tables: examples and the generate/merge/validate tool (``hccl_tool.py``)."""

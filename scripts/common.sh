@@ -1,0 +1,147 @@
+#!/bin/bash
+# Shared helpers of the ResNet launchers (sourced, not run). Each launcher defines a `usage` function
+# before sourcing this file.
+#
+# Environment understood by every launcher:
+#   PYTHON   interpreter to run (default: python3, or python when python3 is missing)
+#   MSRUN    msrun executable (default: msrun next to PYTHON, else on PATH)
+#   DRY_RUN  1 = print each device's command and environment instead of starting anything
+
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+ZOO_DIR="${REPO_ROOT}/model_zoo/resnet"
+CONFIG_DIR="${ZOO_DIR}/configs"
+TRAIN_PY="${ZOO_DIR}/train.py"
+EVAL_PY="${ZOO_DIR}/eval.py"
+RANK_TABLE_TOOL="${REPO_ROOT}/rank_table/hccl_tool.py"
+export PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
+
+if [ -z "${PYTHON:-}" ]; then
+    if command -v python3 >/dev/null 2>&1; then PYTHON=python3; else PYTHON=python; fi
+fi
+if [ -z "${MSRUN:-}" ]; then
+    PYTHON_BIN="$(command -v "${PYTHON}" || true)"
+    if [ -n "${PYTHON_BIN}" ] && [ -x "$(dirname "${PYTHON_BIN}")/msrun" ]; then
+        MSRUN="$(dirname "${PYTHON_BIN}")/msrun"
+    else
+        MSRUN=msrun
+    fi
+fi
+DRY_RUN="${DRY_RUN:-0}"
+
+# die MESSAGE: print the message and the launcher's usage to stderr, exit 2.
+die() {
+    echo "error: $*" >&2
+    echo >&2
+    usage >&2
+    exit 2
+}
+
+# abs_path PATH: absolute form of PATH (need not exist).
+abs_path() {
+    if realpath -m -- "$1" 2>/dev/null; then return 0; fi
+    case "$1" in
+        /*) echo "$1" ;;
+        *) echo "$(pwd)/${1#./}" ;;
+    esac
+}
+
+# require_file NAME PATH / require_dir NAME PATH: exit with usage when missing.
+require_file() { [ -f "$2" ] || die "$1 '$2' is not a file"; }
+require_dir() { [ -d "$2" ] || die "$1 '$2' is not a folder"; }
+
+# require_int NAME VALUE MIN: a decimal integer >= MIN.
+require_int() {
+    [[ "$2" =~ ^[0-9]+$ ]] || die "$1 must be an integer, got '$2'"
+    [ "$2" -ge "$3" ] || die "$1 must be >= $3, got '$2'"
+}
+
+# dataset_arg PATH: "synthetic" stays, a folder becomes absolute, anything else is an error.
+dataset_arg() {
+    if [ "$1" = "synthetic" ]; then echo synthetic; return; fi
+    [ -d "$1" ] || die "DATASET_PATH '$1' is not a folder (give an ImageNet root with train/ and val/, or 'synthetic')"
+    abs_path "$1"
+}
+
+# config_arg PATH: absolute path of an existing recipe YAML.
+config_arg() {
+    [ -f "$1" ] || die "CONFIG_PATH '$1' is not a file (see ${CONFIG_DIR})"
+    abs_path "$1"
+}
+
+# split_options [CONFIG_PATH] ARGS...: sets CONFIG_PATH (an optional first argument not starting with --,
+# else the Momentum baseline recipe), DRY_RUN from --dry-run, LAUNCHER from --launcher X, and EXTRA_ARGS to
+# the remaining --key value overrides, with values naming existing relative paths made absolute (the
+# launchers run each device in its own folder).
+split_options() {
+    CONFIG_PATH="${CONFIG_DIR}/resnet50_imagenet_momentum.yaml"
+    if [ $# -ge 1 ] && [[ "$1" != --* ]]; then CONFIG_PATH="$(config_arg "$1")"; shift; fi
+    EXTRA_ARGS=()
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --dry-run|--dry_run) DRY_RUN=1 ;;
+            --launcher)
+                [ $# -ge 2 ] || die "--launcher needs a value (msrun or mpirun)"
+                LAUNCHER="$2"; shift ;;
+            --launcher=*) LAUNCHER="${1#--launcher=}" ;;
+            --*) EXTRA_ARGS+=("$1") ;;
+            *)
+                if [ -e "$1" ]; then EXTRA_ARGS+=("$(abs_path "$1")"); else EXTRA_ARGS+=("$1"); fi ;;
+        esac
+        shift
+    done
+}
+
+# quote_cmd ARGS...: the command line, shell-quoted, for printing.
+quote_cmd() {
+    local out="" arg
+    for arg in "$@"; do out+="$(printf '%q' "${arg}") "; done
+    echo "${out% }"
+}
+
+# print_env NAMES...: "NAME=value" for each variable, space separated.
+print_env() {
+    local out="" name
+    for name in "$@"; do out+="${name}=${!name:-} "; done
+    echo "${out% }"
+}
+
+# msrun_launch TARGET WORKER_NUM LOCAL_WORKER_NUM NODE_RANK MASTER_ADDR MASTER_PORT RUN_DIR CONFIG DATASET:
+# start (or, with DRY_RUN=1, print) this node's LOCAL_WORKER_NUM workers of a WORKER_NUM-rank msrun job.
+# Worker i of node n is global rank n * LOCAL_WORKER_NUM + i; its log is RUN_DIR/msrun_log/worker_<rank>.log.
+# Uses EXTRA_ARGS as the train.py overrides.
+msrun_launch() {
+    local target="$1" worker_num="$2" local_num="$3" node_rank="$4" master_addr="$5" master_port="$6"
+    local run_dir="$7" config="$8" dataset="$9"
+    local log_dir="${run_dir}/msrun_log"
+    local cmd=("${MSRUN}" "--worker_num=${worker_num}" "--local_worker_num=${local_num}"
+               "--master_addr=${master_addr}" "--master_port=${master_port}" "--node_rank=${node_rank}"
+               "--log_dir=${log_dir}" "--join=True" "--cluster_time_out=600"
+               "${TRAIN_PY}" --config "${config}" --data_path "${dataset}" --device_target "${target}"
+               --run_distribute true --output_path "${run_dir}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
+    local i rank
+    if [ "${DRY_RUN}" = "1" ]; then
+        for ((i = 0; i < local_num; i++)); do
+            rank=$((node_rank * local_num + i))
+            echo "rank ${rank}: RANK_ID=${rank} LOCAL_RANK=${i} RANK_SIZE=${worker_num} NODE_RANK=${node_rank}" \
+                 "MS_SCHED_HOST=${master_addr} MS_SCHED_PORT=${master_port} DEVICE_TARGET=${target}" \
+                 "$(print_env CUDA_VISIBLE_DEVICES)"
+            echo "  cwd: $(pwd)  log: ${log_dir}/worker_${rank}.log"
+        done
+        echo "cmd: $(quote_cmd "${cmd[@]}")"
+        return 0
+    fi
+    mkdir -p "${run_dir}"
+    echo "starting ${local_num} of ${worker_num} worker(s) on ${target} (node ${node_rank}); logs in ${log_dir}"
+    "${cmd[@]}"
+}
+
+# run_logged DIR LOG CMD...: run CMD in DIR, output to the terminal and to LOG; returns CMD's status.
+run_logged() {
+    local dir="$1" log="$2"
+    shift 2
+    mkdir -p "${dir}"
+    (cd "${dir}" && "$@") 2>&1 | tee "${log}"
+}

@@ -1,0 +1,75 @@
+#!/bin/bash
+# Data-parallel training on Ascend with an HCCL rank table: one process, folder and log per device of this server.
+usage() {
+    cat <<'USAGE'
+Usage: bash scripts/run_distribute_train.sh RANK_TABLE_FILE DATASET_PATH [CONFIG_PATH] [--dry-run] [--key value ...]
+
+  RANK_TABLE_FILE  HCCL rank table (rank_table/rank_table_8pcs.json; make one with rank_table/hccl_tool.py)
+  DATASET_PATH     ImageNet root holding train/ and val/, or "synthetic" for the built-in data set
+  CONFIG_PATH      recipe YAML (default: model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml)
+  --dry-run        print every device's command and environment, start nothing (also DRY_RUN=1)
+  --key value      any config key, forwarded to train.py
+
+Environment:
+  SERVER_ID   this server's 0-based position in the rank table's server_list (multi-node: run the
+              script on every server with its SERVER_ID; default 0)
+  RANK_SIZE   optional; when set it must equal the number of ranks in the table
+  RUN_DIR     parent of the per-device folders (default ./train_parallel)
+Each device d of this server runs in RUN_DIR/device<d> with DEVICE_ID and RANK_ID from the rank table,
+logging to RUN_DIR/device<d>/log.txt. The script waits for all of them and fails if any fails.
+USAGE
+}
+source "$(cd "$(dirname "$0")" && pwd)/common.sh"
+
+[ $# -ge 1 ] || die "missing RANK_TABLE_FILE"
+case "$1" in -h|--help) usage; exit 0 ;; esac
+[ $# -ge 2 ] || die "missing DATASET_PATH"
+require_file RANK_TABLE_FILE "$1"
+RANK_TABLE_FILE="$(abs_path "$1")"
+DATASET_PATH="$(dataset_arg "$2")"
+shift 2
+split_options "$@"
+
+SERVER_ID="${SERVER_ID:-0}"
+require_int SERVER_ID "${SERVER_ID}" 0
+TABLE_INFO="$("${PYTHON}" "${RANK_TABLE_TOOL}" info "${RANK_TABLE_FILE}")" || die "invalid rank table (see above)"
+TABLE_RANK_SIZE="$(awk '$1 == "rank_size" {print $2}' <<<"${TABLE_INFO}")"
+if [ -n "${RANK_SIZE:-}" ] && [ "${RANK_SIZE}" != "${TABLE_RANK_SIZE}" ]; then
+    die "RANK_SIZE=${RANK_SIZE} but the rank table holds ${TABLE_RANK_SIZE} ranks"
+fi
+DEVICE_LINES="$("${PYTHON}" "${RANK_TABLE_TOOL}" devices "${RANK_TABLE_FILE}" --server_index "${SERVER_ID}")" \
+    || die "SERVER_ID=${SERVER_ID} does not select a server of the rank table (see above)"
+export RANK_TABLE_FILE SERVER_ID
+export RANK_SIZE="${TABLE_RANK_SIZE}"
+export DEVICE_NUM="$(wc -l <<<"${DEVICE_LINES}" | tr -d ' ')"
+RUN_DIR="$(abs_path "${RUN_DIR:-./train_parallel}")"
+
+PIDS=()
+DIRS=()
+while read -r DEVICE_ID RANK_ID DEVICE_IP; do
+    DIR="${RUN_DIR}/device${DEVICE_ID}"
+    CMD=("${PYTHON}" "${TRAIN_PY}" --config "${CONFIG_PATH}" --data_path "${DATASET_PATH}" --device_target Ascend
+         --run_distribute true --output_path "${DIR}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
+    if [ "${DRY_RUN}" = "1" ]; then
+        echo "rank ${RANK_ID}: $(print_env DEVICE_ID RANK_ID RANK_SIZE DEVICE_NUM SERVER_ID RANK_TABLE_FILE) DEVICE_IP=${DEVICE_IP}"
+        echo "  cwd: ${DIR}  log: ${DIR}/log.txt"
+        echo "  cmd: $(quote_cmd "${CMD[@]}")"
+        continue
+    fi
+    mkdir -p "${DIR}"
+    (cd "${DIR}" && DEVICE_ID="${DEVICE_ID}" RANK_ID="${RANK_ID}" exec "${CMD[@]}" >"${DIR}/log.txt" 2>&1) &
+    PIDS+=($!)
+    DIRS+=("${DIR}")
+    echo "rank ${RANK_ID} on device ${DEVICE_ID}: pid $!, log ${DIR}/log.txt"
+done <<<"${DEVICE_LINES}"
+[ "${DRY_RUN}" = "1" ] && exit 0
+
+FAILED=0
+for i in "${!PIDS[@]}"; do
+    if ! wait "${PIDS[$i]}"; then
+        echo "FAILED: ${DIRS[$i]} (see ${DIRS[$i]}/log.txt)" >&2
+        FAILED=$((FAILED + 1))
+    fi
+done
+[ "${FAILED}" -eq 0 ] || { echo "${FAILED} of ${#PIDS[@]} device process(es) failed" >&2; exit 1; }
+echo "all ${#PIDS[@]} device process(es) finished"

@@ -1,0 +1,30 @@
+#!/bin/bash
+# Data-parallel training with several CPU processes on this machine (msrun, MCCL collectives).
+usage() {
+    cat <<'USAGE'
+Usage: bash scripts/run_distribute_train_cpu.sh WORKER_NUM DATASET_PATH [CONFIG_PATH] [--dry-run] [--key value ...]
+
+  WORKER_NUM     number of processes (ranks)
+  DATASET_PATH   ImageNet root holding train/ and val/, or "synthetic" for the built-in data set
+  CONFIG_PATH    recipe YAML (default: model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml)
+  --dry-run      print every worker's command and environment, start nothing (also DRY_RUN=1)
+  --key value    any config key, forwarded to train.py (e.g. --net_name resnet18 --steps_per_epoch 4)
+
+Environment: MASTER_PORT (default: random in 8200..8999), RUN_DIR (default ./train_parallel_cpu).
+Logs: RUN_DIR/msrun_log/worker_<rank>.log; rank 0 writes the checkpoints under RUN_DIR.
+USAGE
+}
+source "$(cd "$(dirname "$0")" && pwd)/common.sh"
+
+[ $# -ge 1 ] || die "missing WORKER_NUM"
+case "$1" in -h|--help) usage; exit 0 ;; esac
+[ $# -ge 2 ] || die "missing DATASET_PATH"
+require_int WORKER_NUM "$1" 1
+WORKER_NUM="$1"
+DATASET_PATH="$(dataset_arg "$2")"
+shift 2
+split_options "$@"
+
+RUN_DIR="$(abs_path "${RUN_DIR:-./train_parallel_cpu}")"
+MASTER_PORT="${MASTER_PORT:-$((8200 + RANDOM % 800))}"
+msrun_launch CPU "${WORKER_NUM}" "${WORKER_NUM}" 0 127.0.0.1 "${MASTER_PORT}" "${RUN_DIR}" "${CONFIG_PATH}" "${DATASET_PATH}"

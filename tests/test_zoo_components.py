@@ -1,0 +1,314 @@
+"""Model zoo building blocks: ResNet structure, weight init, CrossEntropySmooth, lr/THOR schedules, progress."""
+from __future__ import annotations
+
+import io
+import math
+import re
+from types import SimpleNamespace
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from model_zoo.resnet.src.callbacks import ProgressMonitor, format_duration, loss_value
+from model_zoo.resnet.src.loss import CrossEntropySmooth
+from model_zoo.resnet.src.lr_generator import get_lr, get_thor_damping, get_thor_lr
+from model_zoo.resnet.src.resnet import (
+    Bottleneck,
+    create_model,
+    init_group_params,
+    init_weight,
+    list_models,
+)
+
+
+def n_params(net) -> int:
+    return sum(int(np.prod(p.shape)) for p in net.trainable_params())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ResNet
+# ---------------------------------------------------------------------------------------------------------------
+# Published parameter counts of the torchvision reference networks with 1000 classes.
+REFERENCE_COUNTS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_COUNTS))
+def test_parameter_counts_match_the_reference_networks(name):
+    assert n_params(create_model(name, class_num=1000)) == REFERENCE_COUNTS[name]
+
+
+def test_deep_variants_build_with_the_reference_block_counts():
+    for name, blocks, count in (("resnet101", (3, 4, 23, 3), 44_549_160), ("resnet152", (3, 8, 36, 3), 60_192_808)):
+        net = create_model(name, class_num=1000)
+        assert tuple(len(getattr(net, f"layer{i}")) for i in range(1, 5)) == blocks
+        assert n_params(net) == count
+
+
+def test_resnet50_is_v1_5_stride_on_the_3x3_conv():
+    net = create_model("resnet50")
+    for layer, stride in (("layer1", 1), ("layer2", 2), ("layer3", 2), ("layer4", 2)):
+        block = getattr(net, layer)[0]
+        assert isinstance(block, Bottleneck)
+        assert tuple(block.conv1.stride[-2:]) == (1, 1), layer
+        assert tuple(block.conv2.stride[-2:]) == (stride, stride), layer
+        assert block.conv2.kernel_size == (3, 3)
+        assert tuple(block.shortcut[0].stride[-2:]) == (stride, stride)
+        for later in list(getattr(net, layer))[1:]:
+            assert tuple(later.conv2.stride[-2:]) == (1, 1)
+    # 53 convolutions + 1 dense: the 54 layers THOR's split_indices=[26, 53] refers to
+    layers = [c for _, c in net.cells_and_names() if isinstance(c, (nn.Conv2d, nn.Dense))]
+    assert len(layers) == 54 and isinstance(layers[-1], nn.Dense)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_forward_shapes_and_feature_sizes(mode):
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        net = create_model("resnet50", class_num=7, base_width=4)
+        net.set_train(False)
+        out = net(ms.Tensor(np.random.default_rng(0).normal(size=(2, 3, 64, 64)).astype(np.float32)))
+        assert out.shape == (2, 7) and np.isfinite(out.asnumpy()).all()
+        assert net.feature_dim == 4 * 8 * 4  # stage-4 width (base * 8) times the bottleneck expansion
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_unknown_name_lists_the_known_ones():
+    assert list_models() == ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
+    with pytest.raises(ValueError) as err:
+        create_model("resnet51")
+    message = str(err.value)
+    assert "resnet51" in message and all(name in message for name in list_models())
+    with pytest.raises(ValueError, match="base_width=0"):
+        create_model("resnet18", base_width=0)
+    with pytest.raises(TypeError, match="class_num"):
+        create_model("resnet18", class_num=10.0)
+
+
+def test_zero_init_residual_starts_blocks_as_identity():
+    net = create_model("resnet18", class_num=10, base_width=4)
+    assert np.all(net.layer1[0].bn2.gamma.asnumpy() == 0)
+    assert np.all(net.layer1[0].bn1.gamma.asnumpy() == 1)
+    plain = create_model("resnet18", class_num=10, base_width=4, zero_init_residual=False)
+    assert np.all(plain.layer1[0].bn2.gamma.asnumpy() == 1)
+
+
+def test_init_weight_distributions_and_determinism():
+    net = init_weight(create_model("resnet50", class_num=100, base_width=16), "XavierUniform", "TruncatedNormal", 3)
+    conv = net.layer3[0].conv2.weight.asnumpy()  # (64, 64, 3, 3)
+    fan_in, fan_out = 64 * 9, 64 * 9
+    bound = math.sqrt(6 / (fan_in + fan_out))
+    assert np.abs(conv).max() <= bound and np.abs(conv).max() > 0.95 * bound
+    assert conv.std() == pytest.approx(bound / math.sqrt(3), rel=0.05)  # std of U(-b, b)
+    dense = net.fc.weight.asnumpy()
+    assert np.abs(dense).max() <= 0.02 + 1e-7
+    # a N(0, 1) truncated at +-2 has standard deviation 0.8796
+    assert dense.std() == pytest.approx(0.01 * 0.8796, rel=0.05)
+    assert np.all(net.fc.bias.asnumpy() == 0)
+    again = init_weight(create_model("resnet50", class_num=100, base_width=16), "XavierUniform", "TruncatedNormal", 3)
+    np.testing.assert_array_equal(again.layer3[0].conv2.weight.asnumpy(), conv)
+    other = init_weight(create_model("resnet50", class_num=100, base_width=16), "XavierUniform", "TruncatedNormal", 4)
+    assert not np.array_equal(other.layer3[0].conv2.weight.asnumpy(), conv)
+
+
+def test_init_weight_he_fan_out_and_random_normal():
+    net = init_weight(create_model("resnet18", class_num=50, base_width=32), "TruncatedNormal", "RandomNormal", 0)
+    conv = net.layer2[0].conv1.weight.asnumpy()  # (64, 32, 3, 3)
+    std = math.sqrt(2.0 / (64 * 9))
+    assert conv.std() == pytest.approx(std, rel=0.05)  # truncation compensated by the 0.8796 factor
+    assert np.abs(conv).max() <= 2 * std / 0.87962566103423978 + 1e-7
+    assert net.fc.weight.asnumpy().std() == pytest.approx(0.01, rel=0.1)
+    with pytest.raises(ValueError, match="conv_init='Kaiming'.*XavierUniform"):
+        init_weight(net, "Kaiming")
+    with pytest.raises(ValueError, match="dense_init='Zeros'"):
+        init_weight(net, dense_init="Zeros")
+
+
+def test_group_params_decay_only_weights():
+    net = create_model("resnet18", class_num=10, base_width=4)
+    decayed, plain, order = init_group_params(net, 5e-4)
+    assert decayed["weight_decay"] == 5e-4
+    assert all(p.name.endswith(".weight") for p in decayed["params"])
+    assert all(p.name.rsplit(".", 1)[-1] in ("gamma", "beta", "bias") for p in plain["params"])
+    assert len(decayed["params"]) + len(plain["params"]) == len(order["order_params"]) == len(net.trainable_params())
+    nn.Momentum([decayed, plain, order], 0.1, 0.9)  # a valid group specification
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CrossEntropySmooth
+# ---------------------------------------------------------------------------------------------------------------
+def smooth_ce_reference(logits: np.ndarray, labels: np.ndarray, factor: float) -> np.ndarray:
+    k = logits.shape[1]
+    target = np.full(logits.shape, factor / (k - 1))
+    target[np.arange(len(labels)), labels] = 1 - factor
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return -(target * log_softmax).sum(axis=1)
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("factor", [0.0, 0.1])
+def test_cross_entropy_smooth_matches_numpy(mode, factor):
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        rng = np.random.default_rng(1)
+        logits = rng.normal(size=(6, 5)).astype(np.float32) * 3
+        labels = rng.integers(0, 5, size=6).astype(np.int32)
+        ref = smooth_ce_reference(logits.astype(np.float64), labels, factor)
+        mean = CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=factor, num_classes=5)
+        assert float(mean(ms.Tensor(logits), ms.Tensor(labels)).asnumpy()) == pytest.approx(ref.mean(), rel=1e-5)
+        none = CrossEntropySmooth(sparse=True, reduction="none", smooth_factor=factor, num_classes=5)
+        np.testing.assert_allclose(none(ms.Tensor(logits), ms.Tensor(labels)).asnumpy(), ref, rtol=1e-5)
+        onehot = np.eye(5, dtype=np.float32)[labels]
+        dense = CrossEntropySmooth(sparse=False, reduction="sum", num_classes=5)
+        assert float(dense(ms.Tensor(logits), ms.Tensor(onehot)).asnumpy()) == pytest.approx(
+            smooth_ce_reference(logits.astype(np.float64), labels, 0.0).sum(), rel=1e-5)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_cross_entropy_smooth_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="reduction='avg'"):
+        CrossEntropySmooth(reduction="avg")
+    with pytest.raises(ValueError, match="smooth_factor=1.0"):
+        CrossEntropySmooth(smooth_factor=1.0)
+    with pytest.raises(ValueError, match="num_classes=1"):
+        CrossEntropySmooth(num_classes=1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# learning-rate schedules (references written as plain per-step loops)
+# ---------------------------------------------------------------------------------------------------------------
+def lr_reference(mode, lr_init, lr_end, lr_max, warmup_epochs, total_epochs, spe, power=2.0,
+                 boundaries=(0.3, 0.6, 0.8), gamma=0.1):
+    total = total_epochs * spe
+    warm = int(round(warmup_epochs * spe))
+    out = []
+    for i in range(total):
+        if i < warm:
+            out.append(lr_init + (lr_max - lr_init) * (i + 1) / warm)
+            continue
+        p = (i - warm) / (total - warm)
+        if mode == "linear":
+            out.append(lr_max - (lr_max - lr_end) * p)
+        elif mode == "cosine":
+            out.append(lr_end + (lr_max - lr_end) * (1 + math.cos(math.pi * p)) / 2)
+        elif mode == "poly":
+            out.append(lr_end + (lr_max - lr_end) * (1 - p) ** power)
+        elif mode == "steps":
+            out.append(lr_max * gamma ** sum(1 for b in boundaries if i >= b * total))
+        else:
+            out.append(lr_max)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cosine", "poly", "steps", "constant"])
+@pytest.mark.parametrize("warmup", [0, 2, 0.5])
+def test_lr_schedules_match_reference(mode, warmup):
+    lr = get_lr(0.01, 0.001, 0.8, warmup, 10, 7, mode)
+    assert lr.dtype == np.float32 and lr.shape == (70,)
+    np.testing.assert_allclose(lr, lr_reference(mode, 0.01, 0.001, 0.8, warmup, 10, 7), rtol=1e-6, atol=1e-7)
+    if warmup:
+        steps = int(round(warmup * 7))
+        assert lr[steps - 1] == pytest.approx(0.8) and np.all(np.diff(lr[:steps]) > 0)
+    if mode in ("linear", "cosine", "poly"):
+        assert np.all(np.diff(lr[int(round(warmup * 7)):]) <= 1e-7)  # non-increasing after warm-up
+        assert lr[-1] > 0.001 and lr[-1] < 0.8
+
+
+def test_lr_start_step_and_errors():
+    full = get_lr(0.0, 0.0, 0.4, 1, 5, 4, "cosine")
+    np.testing.assert_array_equal(get_lr(0.0, 0.0, 0.4, 1, 5, 4, "cosine", start_step=7), full[7:])
+    with pytest.raises(ValueError, match="lr_decay_mode='exp'"):
+        get_lr(0.0, 0.0, 0.4, 1, 5, 4, "exp")
+    with pytest.raises(ValueError, match="warmup_epochs=5"):
+        get_lr(0.0, 0.0, 0.4, 5, 5, 4)
+    with pytest.raises(ValueError, match="start_step=20"):
+        get_lr(0.0, 0.0, 0.4, 1, 5, 4, start_step=20)
+    with pytest.raises(ValueError, match="steps_per_epoch=0"):
+        get_lr(0.0, 0.0, 0.4, 1, 5, 0)
+
+
+def test_thor_schedules_match_reference():
+    spe, lr_init, decay, end_epoch, decay_epochs = 5, 0.05803, 4.04839, 12, 9
+    lr = get_thor_lr(lr_init, decay, end_epoch, spe, decay_epochs=decay_epochs)
+    ref = []
+    for step in range(end_epoch * spe):
+        epoch = (step + 1) / spe
+        value = lr_init * (1 - epoch / end_epoch) ** decay
+        if epoch >= decay_epochs:
+            value *= 0.5
+        if epoch >= decay_epochs + 1:
+            value *= 0.5
+        ref.append(value)
+    np.testing.assert_allclose(lr, ref, rtol=1e-5, atol=1e-9)
+    assert lr[-1] == 0.0
+    longer = get_thor_lr(lr_init, decay, end_epoch, spe, decay_epochs=decay_epochs, total_epochs=15)
+    assert longer.shape == (75,) and np.all(longer[60:] == 0) and np.all(np.isfinite(longer))
+    damping = get_thor_damping(0.02714, 0.50036, 30, spe)
+    np.testing.assert_allclose(damping, [0.02714 * 0.50036 ** (((s + 1) / spe) / 10) for s in range(30 * spe)],
+                               rtol=1e-6)
+    assert damping[10 * spe - 1] == pytest.approx(0.02714 * 0.50036, rel=1e-6)
+    np.testing.assert_array_equal(get_thor_damping(0.02714, 0.50036, 30, spe, start_step=4), damping[4:])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# progress monitor
+# ---------------------------------------------------------------------------------------------------------------
+class _Run:
+    def __init__(self):
+        self.args = SimpleNamespace(cur_step_num=0, net_outputs=None)
+        self.stopped = False
+
+    def original_args(self):
+        return self.args
+
+    def request_stop(self):
+        self.stopped = True
+
+
+def test_progress_monitor_lines_eta_and_nan_stop(monkeypatch):
+    clock = {"t": 100.0}
+    monkeypatch.setattr("model_zoo.resnet.src.callbacks.time.time", lambda: clock["t"])
+    out = io.StringIO()
+    monitor = ProgressMonitor(total_steps=12, steps_per_epoch=6, batch_size=64, log_interval=3, stream=out,
+                              rank=1, rank_size=2)
+    run = _Run()
+    monitor.on_train_begin(run)
+    for step in range(1, 13):
+        clock["t"] += 10.0 if step == 1 else 0.5  # first step includes compilation
+        run.args.cur_step_num = step
+        run.args.net_outputs = (ms.Tensor(np.float32(3.0 - 0.1 * step)), ms.Tensor(False), ms.Tensor(1024.0))
+        monitor.on_train_step_end(run)
+    monitor.on_train_end(run)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5  # steps 3, 6, 9, 12 and the summary
+    assert lines[0].startswith("[rank 1/2] epoch 1/2 step 3/6 (global 3/12) loss 2.7000")
+    assert "ETA" in lines[0]
+    second = re.search(r"([\d.]+) ms/step \| ([\d.]+) img/s \| ETA (\S+)", lines[1])
+    assert second.group(1) == "500.0" and second.group(2) == "128.0"
+    assert second.group(3) == format_duration(6 * 0.5)  # excludes the slow first interval
+    assert "epoch 2/2 step 6/6 (global 12/12)" in lines[3] and lines[3].endswith("ETA 0:00:00")
+    assert lines[4].startswith("[rank 1/2] training done: 12 steps")
+    assert monitor.losses[-1] == pytest.approx(1.8)
+    sunk = io.StringIO()  # data sinking: the callback sees only epoch ends (every 5 steps); each one prints
+    sinking = ProgressMonitor(total_steps=15, steps_per_epoch=5, batch_size=8, log_interval=3, stream=sunk)
+    sinking.on_train_begin(run)
+    for step in (5, 10, 15):
+        run.args.cur_step_num, run.args.net_outputs = step, ms.Tensor(np.float32(1.0))
+        sinking.on_train_step_end(run)
+    assert [line.split(" loss")[0] for line in sunk.getvalue().splitlines()] == [
+        "epoch 1/3 step 5/5 (global 5/15)", "epoch 2/3 step 5/5 (global 10/15)", "epoch 3/3 step 5/5 (global 15/15)"]
+    run.args.cur_step_num, run.args.net_outputs = 13, ms.Tensor(np.float32("nan"))
+    monitor.on_train_step_end(run)
+    assert run.stopped and "loss is nan" in out.getvalue()
+
+
+def test_format_duration_and_loss_value():
+    assert format_duration(3725.2) == "1:02:05"
+    assert format_duration(59.6) == "0:01:00"
+    assert format_duration(float("inf")) == "?"
+    assert loss_value(ms.Tensor(np.array([1.0, 3.0], np.float32))) == 2.0
+    assert loss_value((ms.Tensor(np.float32(0.5)), ms.Tensor(True))) == 0.5

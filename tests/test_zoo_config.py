@@ -1,0 +1,176 @@
+"""Recipe configuration: YAML inheritance, typed --key value overrides, errors, --help, every shipped recipe."""
+from __future__ import annotations
+
+import copy
+import pickle
+from pathlib import Path
+
+import pytest
+import yaml
+
+from model_zoo.resnet.src.config import Config, apply_overrides, load_yaml, parse_config, parse_value
+from model_zoo.resnet.src.lr_generator import LR_DECAY_MODES
+from model_zoo.resnet.src.resnet import CONV_INITS, DENSE_INITS, list_models
+from model_zoo.resnet.src.trainer import LOSS_SCALE_TYPES, OPTIMIZERS, boost_config_dict, build_optimizer
+from ms_boost.config import AutoBoost
+
+CONFIGS = Path(__file__).resolve().parents[1] / "model_zoo" / "resnet" / "configs"
+RECIPES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+
+
+@pytest.fixture
+def recipe(tmp_path) -> Path:
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({
+        "lr": 0.1, "epochs": 3, "name": "resnet50", "flag": False, "path": None, "ids": [26, 53], "empty": [],
+        "section": {"inner": 1, "deeper": {"leaf": "x"}}, "nothing": {}}))
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nepochs: 5  # more epochs\nsection:\n  deeper:\n"
+                                         "    leaf: y  # a leaf\n")
+    return tmp_path / "child.yaml"
+
+
+def test_base_inheritance_deep_merges(recipe):
+    data = load_yaml(recipe)
+    assert data["epochs"] == 5 and data["lr"] == 0.1
+    assert data["section"] == {"inner": 1, "deeper": {"leaf": "y"}}
+    assert "base" not in data
+
+
+def test_base_cycle_and_bad_files(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\nx: 1\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\ny: 2\n")
+    with pytest.raises(ValueError, match="cycle"):
+        load_yaml(tmp_path / "a.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match="must hold a mapping"):
+        load_yaml(tmp_path / "list.yaml")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_yaml(tmp_path / "missing.yaml")
+    (tmp_path / "unsafe.yaml").write_text("x: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(yaml.YAMLError):
+        load_yaml(tmp_path / "unsafe.yaml")
+
+
+def test_overrides_take_the_type_of_the_default(recipe):
+    cfg = parse_config(["--lr", "1e-3", "--epochs=7", "--name", "resnet18", "--flag", "yes", "--path", "/x.npy",
+                        "--ids", "8,16", "--empty", "[1, 2.5, a]", "--section.deeper.leaf", "z",
+                        "--section.inner", "4"], recipe)
+    assert cfg.lr == 0.001 and isinstance(cfg.lr, float)
+    assert cfg.epochs == 7 and isinstance(cfg.epochs, int)
+    assert cfg.name == "resnet18" and cfg.flag is True and cfg.path == "/x.npy"
+    assert cfg.ids == [8, 16] and cfg.empty == [1, 2.5, "a"]
+    assert cfg.section.deeper.leaf == "z" and cfg.section["inner"] == 4
+    assert parse_config(["--flag"], recipe).flag is True  # a bare bool flag means true
+    assert parse_config(["--path", "null"], recipe).path is None
+    assert parse_config(["--ids", ""], recipe).ids == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epoch", "3"], r"unknown config key --epoch\. Did you mean: --epochs\?"),
+    (["--sectoin.inner", "3"], r"Did you mean: --section.inner"),
+    (["--zzz", "1"], r"unknown config key --zzz\. \(--help"),
+    (["--epochs", "3.5"], r"--epochs='3.5': expected an int"),
+    (["--lr", "fast"], r"--lr='fast': expected a float"),
+    (["--flag", "maybe"], r"--flag='maybe': expected a bool"),
+    (["--ids", "1,x"], r"--ids='x': expected an int"),
+    (["--section", "1"], r"--section is a section"),
+    (["--epochs"], r"--epochs needs a value"),
+    (["epochs", "3"], r"unexpected command-line argument 'epochs'"),
+    (["--config"], r"--config needs a file name"),
+])
+def test_bad_overrides_name_the_key(recipe, args, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config(args, recipe)
+
+
+def test_config_is_read_only_and_replace_copies(recipe):
+    cfg = parse_config([], recipe)
+    with pytest.raises(AttributeError, match="read-only"):
+        cfg.lr = 1.0
+    with pytest.raises(AttributeError, match="no key 'lrr'"):
+        _ = cfg.lrr
+    changed = cfg.replace(lr=0.5)
+    assert changed.lr == 0.5 and cfg.lr == 0.1
+    with pytest.raises(ValueError, match="unknown config keys"):
+        cfg.replace(lrr=1)
+    plain = cfg.to_dict()
+    plain["section"]["inner"] = 99
+    assert cfg.section.inner == 1 and isinstance(cfg, Config)
+    assert copy.deepcopy(cfg).to_dict() == cfg.to_dict() and pickle.loads(pickle.dumps(cfg)).lr == 0.1
+
+
+def test_help_lists_keys_values_types_and_comments(recipe, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_config(["--help", "--epochs", "9"], recipe, prog="train.py")
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: train.py" in text
+    assert "--epochs 9 (int)  # more epochs" in text
+    assert "--section.deeper.leaf 'y' (str)  # a leaf" in text
+    assert "--lr 0.1 (float)" in text and "--ids [26, 53] (list)" in text
+
+
+def test_parse_value_and_apply_overrides_do_not_mutate():
+    data = {"a": {"b": 1}}
+    out = apply_overrides(data, [("a.b", "2")])
+    assert out == {"a": {"b": 2}} and data == {"a": {"b": 1}}
+    assert parse_value("k", "[3, 4]", [1]) == [3, 4]
+    assert parse_value("k", "OFF", True) is False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the shipped recipes
+# ---------------------------------------------------------------------------------------------------------------
+def test_the_six_recipes_and_the_quickstart_are_shipped():
+    assert RECIPES == sorted([
+        "resnet50_imagenet_momentum.yaml", "resnet50_imagenet_boost_o1.yaml", "resnet50_imagenet_boost_o2_adasum.yaml",
+        "resnet50_imagenet_dim_reduce_stage1.yaml", "resnet50_imagenet_dim_reduce_stage2.yaml",
+        "resnet50_imagenet_thor.yaml", "resnet18_synthetic_quickstart.yaml"])
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_values_are_valid(name):
+    cfg = parse_config([], CONFIGS / name)
+    base = load_yaml(CONFIGS / "resnet50_imagenet_momentum.yaml")
+    assert set(base) <= set(cfg), "a recipe may add sections but never drops a baseline key"
+    assert cfg.net_name in list_models()
+    assert cfg.optimizer in OPTIMIZERS and cfg.loss_scale_type in LOSS_SCALE_TYPES
+    assert cfg.lr_decay_mode in LR_DECAY_MODES
+    assert cfg.conv_init in CONV_INITS and cfg.dense_init in DENSE_INITS
+    assert cfg.mode in ("graph", "pynative") and cfg.device_target in ("auto", "Ascend", "GPU", "CPU")
+    assert cfg.data_path == "synthetic"  # every recipe runs out of the box on the built-in set
+    pretrained = ["--pretrained", "/stage1/checkpoint_stage_1/resnet-70_625.ckpt"] if "stage2" in name else []
+    cfg = parse_config(pretrained, CONFIGS / name)
+    boost = AutoBoost(cfg.boost_level, boost_config_dict(cfg, total_steps=1000))  # ms_boost accepts the plan
+    expected = {
+        "resnet50_imagenet_momentum.yaml": set(),
+        "resnet50_imagenet_boost_o1.yaml": {"less_bn", "grad_freeze"},
+        "resnet18_synthetic_quickstart.yaml": {"less_bn", "grad_freeze"},
+        "resnet50_imagenet_boost_o2_adasum.yaml": {"adasum"},
+        "resnet50_imagenet_dim_reduce_stage1.yaml": set(),
+        "resnet50_imagenet_dim_reduce_stage2.yaml": {"dim_reduce"},
+        "resnet50_imagenet_thor.yaml": set(),
+    }[name]
+    assert {k for k, v in boost.boost_config.items() if v} == expected
+    if "stage2" in name:
+        assert boost.dim_reduce.weight_load_dir == "/stage1/checkpoint_stage_1/checkpoint_pca"
+        assert boost.dim_reduce.pca_mat_path is None and boost.dim_reduce.n_components == 32
+        assert boost.common.device_number == 8
+    if "boost_o1" in name:
+        assert boost.grad_freeze.total_steps == 1000
+
+
+def test_tutorial_values_of_the_recipes():
+    stage1 = parse_config([], CONFIGS / "resnet50_imagenet_dim_reduce_stage1.yaml")
+    assert (stage1.pca_checkpoint, stage1.pca_keep_checkpoint_max, stage1.epoch_size) == (True, 40, 70)
+    assert (stage1.lr_max, stage1.warmup_epochs, stage1.lr_decay_mode, stage1.loss_scale) == (0.8, 5, "linear", 1024)
+    thor = parse_config([], CONFIGS / "resnet50_imagenet_thor.yaml")
+    assert thor.thor.split_indices == [26, 53] and thor.batch_size == 32 and thor.optimizer == "THOR"
+    stage2 = parse_config([], CONFIGS / "resnet50_imagenet_dim_reduce_stage2.yaml")
+    assert stage2.optimizer == "SGD" and stage2.lr_max == 1.0 and stage2.lr_decay_mode == "constant"
+    with pytest.raises(ValueError, match="pretrained is not set"):
+        boost_config_dict(stage2, 10)
+    baseline = parse_config(["--optimizer", "THOR"], CONFIGS / "resnet50_imagenet_momentum.yaml")
+    with pytest.raises(ValueError, match="needs the 'thor' section"):
+        build_optimizer(baseline, None, 10)
+    with pytest.raises(ValueError, match="optimizer='Adam' is not allowed; allowed: Momentum, SGD, THOR"):
+        build_optimizer(baseline.replace(optimizer="Adam"), None, 10)

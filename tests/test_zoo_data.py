@@ -1,0 +1,168 @@
+"""Built-in data set (rendering, caching, learnability) and the ImageFolder pipeline (transforms, shards)."""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from model_zoo.resnet.src.dataset import IMAGENET_MEAN, IMAGENET_STD, class_folders, create_dataset
+from model_zoo.resnet.src.synthetic_data import PATTERNS, dataset_folder_name, ensure_dataset, main
+
+
+def tree_digest(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def dataset_root(tmp_path_factory) -> Path:
+    return ensure_dataset(tmp_path_factory.mktemp("cache"), num_classes=10, image_size=32, train_per_class=12,
+                          val_per_class=6, seed=0, verbose=False)
+
+
+def test_layout_classes_and_jpeg_files(dataset_root):
+    for split, count in (("train", 12), ("val", 6)):
+        classes = class_folders(dataset_root / split)
+        assert len(classes) == 10
+        assert [c.split("_", 2)[2] for c in classes] == list(PATTERNS[:10])
+        for name in classes:
+            files = sorted((dataset_root / split / name).iterdir())
+            assert len(files) == count and all(f.suffix == ".JPEG" for f in files)
+        with Image.open(next((dataset_root / split / classes[3]).iterdir())) as image:
+            assert image.format == "JPEG" and image.size == (32, 32) and image.mode == "RGB"
+    assert dataset_root.name == dataset_folder_name(10, 32, 12, 6, 0)
+
+
+def test_rendering_is_deterministic_and_seeded(tmp_path, dataset_root):
+    again = ensure_dataset(tmp_path / "a", 10, 32, 12, 6, seed=0, verbose=False)
+    assert tree_digest(again) == tree_digest(dataset_root)
+    other = ensure_dataset(tmp_path / "b", 10, 32, 12, 6, seed=1, verbose=False)
+    assert set(tree_digest(other).values()).isdisjoint(tree_digest(dataset_root).values())
+
+
+def test_cached_set_is_reused_not_rendered_again(tmp_path, capsys):
+    first = ensure_dataset(tmp_path, 12, 16, 2, 1, seed=0)
+    assert "Rendering the built-in data set (12 classes" in capsys.readouterr().out
+    stamp = {p: p.stat().st_mtime_ns for p in first.rglob("*.JPEG")}
+    assert ensure_dataset(tmp_path, 12, 16, 2, 1, seed=0) == first
+    assert capsys.readouterr().out == ""
+    assert {p: p.stat().st_mtime_ns for p in first.rglob("*.JPEG")} == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging folder left behind
+
+
+def _render(args):
+    root, seed = args
+    return str(ensure_dataset(root, 10, 16, 3, 1, seed=seed, verbose=False))
+
+
+def test_concurrent_renders_end_with_one_complete_set(tmp_path):
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.map(_render, [(str(tmp_path), 5)] * 2)
+    assert results[0] == results[1]
+    root = Path(results[0])
+    assert len(list(root.rglob("*.JPEG"))) == 10 * 4
+    assert [p.name for p in tmp_path.iterdir()] == [root.name]
+    reference = ensure_dataset(tmp_path / "ref", 10, 16, 3, 1, seed=5, verbose=False)
+    assert tree_digest(root) == tree_digest(reference)
+
+
+def test_bad_generation_arguments():
+    with pytest.raises(ValueError, match="num_classes=1 "):
+        ensure_dataset("/nonexistent", num_classes=1)
+    with pytest.raises(ValueError, match="image_size=8 "):
+        ensure_dataset("/nonexistent", image_size=8)
+    with pytest.raises(TypeError, match="seed=0.5"):
+        ensure_dataset("/nonexistent", seed=0.5)
+
+
+def test_command_line_prints_the_folder(tmp_path, capsys):
+    main(["--cache_dir", str(tmp_path), "--num_classes", "10", "--image_size", "16", "--train_per_class", "1",
+          "--val_per_class", "1"])
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert Path(printed).is_dir() and (Path(printed) / "val").is_dir()
+
+
+def test_set_is_learnable_nearest_centroid_beats_chance(dataset_root):
+    """An independent numpy classifier is far above chance: nearest centroid on the mean hue of each image,
+    weighted towards its vivid pixels (weight (saturation * value)^8, hue as a unit vector)."""
+    def features(split):
+        xs, ys = [], []
+        for label, name in enumerate(class_folders(dataset_root / split)):
+            for path in sorted((dataset_root / split / name).iterdir()):
+                hsv = np.asarray(Image.open(path).convert("HSV"), dtype=np.float64).reshape(-1, 3) / 255.0
+                angle = hsv[:, 0] * 2 * np.pi * 255.0 / 256.0
+                weight = (hsv[:, 1] * hsv[:, 2]) ** 8
+                xs.append([np.sum(weight * np.cos(angle)), np.sum(weight * np.sin(angle))] / weight.sum())
+                ys.append(label)
+        return np.array(xs), np.array(ys)
+
+    train_x, train_y = features("train")
+    val_x, val_y = features("val")
+    centroids = np.stack([train_x[train_y == c].mean(axis=0) for c in range(10)])
+    predicted = np.argmin(((val_x[:, None, :] - centroids[None]) ** 2).sum(axis=2), axis=1)
+    assert (predicted == val_y).mean() >= 0.8  # chance is 0.1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pipeline
+# ---------------------------------------------------------------------------------------------------------------
+def test_train_pipeline_shapes_types_and_drop_remainder(dataset_root):
+    data = create_dataset(dataset_root / "train", do_train=True, batch_size=16, image_size=24, seed=1,
+                          num_parallel_workers=1)
+    assert data.get_dataset_size() == 120 // 16  # 7 full batches, the remainder dropped
+    batches = list(data.create_tuple_iterator(num_epochs=1, output_numpy=True))
+    assert len(batches) == 7
+    images, labels = batches[0]
+    assert images.shape == (16, 3, 24, 24) and images.dtype == np.float32
+    assert labels.shape == (16,) and labels.dtype == np.int32 and labels.min() >= 0 and labels.max() <= 9
+    assert len(np.unique(np.concatenate([b[1] for b in batches]))) == 10  # shuffled over all classes
+    capped = create_dataset(dataset_root / "train", do_train=True, batch_size=16, image_size=24, num_steps=3,
+                            num_parallel_workers=1)
+    assert capped.get_dataset_size() == 3
+
+
+def test_eval_pipeline_is_resize_center_crop_normalize(dataset_root):
+    data = create_dataset(dataset_root / "val", do_train=False, batch_size=60, image_size=28, drop_remainder=False,
+                          num_parallel_workers=1)
+    images, labels = next(data.create_tuple_iterator(num_epochs=1, output_numpy=True))
+    assert images.shape == (60, 3, 28, 28)
+    np.testing.assert_array_equal(labels, np.repeat(np.arange(10), 6))  # unshuffled, labels = sorted folders
+    # reference for the first image: resize the short side to round(28 / 0.875) = 32, centre crop 28, normalise
+    first = sorted((dataset_root / "val" / class_folders(dataset_root / "val")[0]).iterdir())[0]
+    pixels = np.asarray(Image.open(first).convert("RGB"), dtype=np.float64)[2:30, 2:30]
+    reference = ((pixels - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)).transpose(2, 0, 1)
+    np.testing.assert_allclose(images[0], reference, atol=1e-4)
+
+
+def test_shards_are_disjoint_and_cover_the_split(dataset_root):
+    def digests(rank_size, rank_id):
+        data = create_dataset(dataset_root / "val", do_train=False, batch_size=1, image_size=32, rank_size=rank_size,
+                              rank_id=rank_id, drop_remainder=False, num_parallel_workers=1)
+        return [hashlib.sha256(img.tobytes()).hexdigest()
+                for img, _ in data.create_tuple_iterator(num_epochs=1, output_numpy=True)]
+
+    everything = digests(1, 0)
+    shard0, shard1 = digests(2, 0), digests(2, 1)
+    assert len(shard0) == len(shard1) == 30
+    assert set(shard0).isdisjoint(shard1)
+    assert sorted(shard0 + shard1) == sorted(everything)
+
+
+def test_pipeline_rejects_bad_arguments(dataset_root, tmp_path):
+    with pytest.raises(ValueError, match="is not a folder"):
+        create_dataset(tmp_path / "missing", do_train=True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no class sub-folder"):
+        create_dataset(tmp_path / "empty", do_train=True)
+    with pytest.raises(ValueError, match="rank_id=2"):
+        create_dataset(dataset_root / "train", do_train=True, rank_size=2, rank_id=2)
+    with pytest.raises(ValueError, match="batch_size=1000 is larger than the 120 images"):
+        create_dataset(dataset_root / "train", do_train=True, batch_size=1000)
+    with pytest.raises(ValueError, match="crop_scale"):
+        create_dataset(dataset_root / "train", do_train=True, crop_scale=(0.9, 0.1))
+    assert os.path.isdir(dataset_root)
