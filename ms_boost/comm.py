@@ -190,7 +190,7 @@ class AllGather(nn.Cell):
 
 
 class Broadcast(nn.Cell):
-    """Send the tensor of ``root`` (rank within ``group``) to every rank; identity on a single rank."""
+    """Send the tensor of global rank ``root`` to every rank of ``group``; identity on a single rank."""
 
     def __init__(self, root: int = 0, group: Optional[str] = None):
         super().__init__()

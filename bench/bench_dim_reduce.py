@@ -1,0 +1,344 @@
+"""Dimension-reduce training end to end on the built-in data set, and the DimReduce step time vs plain SGD.
+
+The tutorial's two stages, scaled down to a CPU (ResNet-18 of base width 16 on the model zoo's generated
+10-class 32 px images):
+
+1. stage 1: Momentum SGD with the zoo's linear schedule planned for ``E1 + E2`` epochs; trained ``E1``
+   epochs, saving the network's weights ``saves_per_epoch`` times an epoch from epoch ``save_from`` on
+   (>= k + 1 files, like the tutorial's ``checkpoint_pca`` callback);
+2. a) stage 2 as the tutorial writes it: a fresh ``ms_boost.Model(net, ..., SGD(lr=1), boost_level="O1",
+      boost_config_dict={... "dim_reduce": {... "n_component": 32, "weight_load_dir": ...}})`` from the
+      stage-1 weights, ``E2`` epochs (the PCA is computed from the checkpoints on the way);
+   b) plain: the stage-1 run simply continued for ``E2`` epochs (same schedule, same momentum state).
+
+Validation accuracy of the stage-1 end, (a) and (b), the PCA time, and the median step time of (a) and (b)
+(measured by a callback, first step of each run excluded) go to section ``--section`` (default "e2e") of
+bench/results/dim_reduce.{json,md}.
+
+Usage: python bench/bench_dim_reduce.py [--mode graph] [--epochs1 24] [--epochs2 2] [--save_from 7] [--seeds 0]
+       python bench/bench_dim_reduce.py --step_only [--step_widths 16 32] [--step_repeats 30]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def update_section(name: str, payload: dict, markdown: str) -> None:
+    """Replace one section of bench/results/dim_reduce.{json,md}, keeping the other script's section."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    json_path = RESULTS / "dim_reduce.json"
+    data = json.loads(json_path.read_text(encoding="utf-8")) if json_path.exists() else {}
+    data[name] = {"data": payload, "markdown": markdown}
+    try:
+        from bench.common import environment
+
+        data["environment"] = environment()
+    except ImportError:
+        pass
+    parts = ["# DimReduce benchmarks", "",
+             "Written by `bench/bench_pca.py` (section *Streaming PCA*) and `bench/bench_dim_reduce.py` "
+             "(sections *End to end* and *Step time*). CPU only, 2 cores shared with other jobs: times are "
+             "indicative.", ""]
+    sections = sorted(k for k in data if k != "environment")
+    sections = [k for k in sections if k == "pca"] + [k for k in sections if k != "pca"]
+    parts += [data[s]["markdown"] + "\n" for s in sections]
+    if "environment" in data:
+        parts.append(f"Environment: `{json.dumps(data['environment'], sort_keys=True)}`")
+    for path, text in ((json_path, json.dumps(data, indent=2, sort_keys=True)),
+                       (RESULTS / "dim_reduce.md", "\n".join(parts))):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _build(args, seed):
+    import mindspore as ms
+
+    from model_zoo.resnet.src.resnet import init_weight, resnet18
+
+    ms.set_seed(seed)
+    net = resnet18(class_num=args.classes, base_width=args.width)
+    return init_weight(net, seed=seed + 1)
+
+
+def _step_timer():
+    from mindspore.train import Callback
+
+    class StepTimer(Callback):
+        """Wall time of every step (the first one, which compiles, is kept apart)."""
+
+        def __init__(self):
+            super().__init__()
+            self.times = []
+            self.losses = []
+            self._start = 0.0
+
+        def on_train_step_begin(self, run_context):
+            self._start = time.perf_counter()
+
+        def on_train_step_end(self, run_context):
+            self.times.append(time.perf_counter() - self._start)
+            out = run_context.original_args().net_outputs
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            self.losses.append(float(out.asnumpy()))
+
+        def median(self):
+            return statistics.median(self.times[1:]) if len(self.times) > 1 else float("nan")
+
+    return StepTimer()
+
+
+def _saver(folder: Path, net, steps_per_epoch: int, save_from: int, saves_per_epoch: int):
+    import mindspore as ms
+    from mindspore.train import Callback
+
+    class HalfEpochSaver(Callback):
+        """The tutorial's weight callback: the network's parameters ``saves_per_epoch`` times an epoch from
+        epoch ``save_from`` on (the tutorial: twice an epoch)."""
+
+        def on_train_step_end(self, run_context):
+            cb = run_context.original_args()
+            step = cb.cur_step_num
+            epoch = (step - 1) // steps_per_epoch + 1
+            if epoch >= save_from and step % max(1, steps_per_epoch // saves_per_epoch) == 0:
+                ms.save_checkpoint(net, str(folder / f"resnet-{epoch}_{step}.ckpt"))
+
+    return HalfEpochSaver()
+
+
+def run_seed(args, seed: int, work: Path) -> dict:
+    import mindspore as ms
+    from mindspore import nn
+
+    from model_zoo.resnet.src.dataset import create_dataset
+    from model_zoo.resnet.src.loss import CrossEntropySmooth
+    from model_zoo.resnet.src.lr_generator import get_lr
+    from model_zoo.resnet.src.synthetic_data import ensure_dataset
+    from ms_boost import Model
+
+    data = ensure_dataset(num_classes=args.classes, image_size=32, train_per_class=args.train_per_class,
+                          val_per_class=args.val_per_class, seed=0)
+
+    def train_set():
+        return create_dataset(data / "train", do_train=True, batch_size=args.batch, image_size=32, seed=seed,
+                              num_parallel_workers=2)
+
+    def val_set():
+        return create_dataset(data / "val", do_train=False, batch_size=args.batch, image_size=32,
+                              num_parallel_workers=2, drop_remainder=False)
+
+    steps = train_set().get_dataset_size()
+    total = args.epochs1 + args.epochs2
+
+    def loss_fn():
+        return CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=0.1, num_classes=args.classes)
+
+    # ---- stage 1 (and its plain continuation) -------------------------------------------------------------
+    net = _build(args, seed)
+    lr = get_lr(lr_init=0.0, lr_end=0.0, lr_max=args.lr_max, warmup_epochs=1, total_epochs=total,
+                steps_per_epoch=steps, lr_decay_mode="linear")
+    opt = nn.Momentum(net.trainable_params(), ms.Tensor(lr), 0.9, weight_decay=1e-4)
+    model = Model(net, loss_fn=loss_fn(), optimizer=opt, metrics={"acc"}, boost_level="O0")
+    ckpt_dir = work / f"seed{seed}" / "checkpoint_pca"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    saver = _saver(ckpt_dir, net, steps, args.save_from, args.saves_per_epoch)
+    model.train(args.epochs1, train_set(), callbacks=[saver], dataset_sink_mode=False)
+    stage1_seconds = time.perf_counter() - start
+    stage1_weights = work / f"seed{seed}" / "stage1_end.ckpt"
+    ms.save_checkpoint(net, str(stage1_weights))
+    acc_stage1 = model.eval(val_set(), dataset_sink_mode=False)["acc"]
+    num_ckpts = len(list(ckpt_dir.glob("*.ckpt")))
+    print(f"seed {seed}: stage 1 {args.epochs1} epochs in {stage1_seconds:.0f} s, val acc {acc_stage1:.4f}, "
+          f"{num_ckpts} weight checkpoints", flush=True)
+
+    plain_timer = _step_timer()
+    model.train(args.epochs2, train_set(), callbacks=[plain_timer], dataset_sink_mode=False)
+    acc_plain = model.eval(val_set(), dataset_sink_mode=False)["acc"]
+    print(f"seed {seed}: plain continued {args.epochs2} epochs, val acc {acc_plain:.4f}", flush=True)
+
+    # ---- stage 2: the tutorial's call -----------------------------------------------------------------------
+    net2 = _build(args, seed)
+    ms.load_param_into_net(net2, ms.load_checkpoint(str(stage1_weights)))
+    pca_mat_path = str(work / f"seed{seed}" / "pca_mat.npy")
+    boost_dict = {"boost": {"mode": "manual", "dim_reduce": True}, "common": {"device_num": 8},
+                  "dim_reduce": {"rho": 0.55, "gamma": 0.9, "alpha": 0.001, "sigma": 0.4, "n_component": args.k,
+                                 "pca_mat_path": pca_mat_path, "weight_load_dir": str(ckpt_dir), "timeout": 1200}}
+    start = time.perf_counter()
+    model2 = Model(net2, loss_fn=loss_fn(), optimizer=nn.SGD(net2.trainable_params(), learning_rate=1),
+                   metrics={"acc"}, boost_level="O1", boost_config_dict=boost_dict)
+    dim_timer = _step_timer()
+    model2.train(args.epochs2, train_set(), callbacks=[dim_timer], dataset_sink_mode=False)
+    stage2_seconds = time.perf_counter() - start
+    acc_dim = model2.eval(val_set(), dataset_sink_mode=False)["acc"]
+    print(f"seed {seed}: DimReduce {args.epochs2} epochs, val acc {acc_dim:.4f}", flush=True)
+    weights = sum(int(p.size) for p in net2.trainable_params())
+    return {"seed": seed, "weights": weights, "steps_per_epoch": steps, "checkpoints": num_ckpts,
+            "acc_stage1": acc_stage1, "acc_plain": acc_plain, "acc_dim_reduce": acc_dim,
+            "stage1_seconds": stage1_seconds, "stage2_dim_reduce_seconds_incl_pca_and_compile": stage2_seconds,
+            "step_seconds_plain": plain_timer.median(), "step_seconds_dim_reduce": dim_timer.median(),
+            "loss_plain_last_epoch": statistics.mean(plain_timer.losses[-steps:]),
+            "loss_dim_reduce_last_epoch": statistics.mean(dim_timer.losses[-steps:])}
+
+
+def render(section: dict) -> str:
+    cfg = section["config"]
+    lines = [f"## End to end ({section['config']['section']}): stage 1, then {cfg['epochs2']} epochs of DimReduce "
+             f"vs {cfg['epochs2']} epochs of plain SGD", "",
+             f"ResNet-18 (base width {cfg['width']}, {section['runs'][0]['weights']:,} weights), built-in data set "
+             f"({cfg['classes']} classes, 32 px, {cfg['train_per_class']} train / {cfg['val_per_class']} val "
+             f"images per class), batch {cfg['batch']}, {cfg['mode']} mode. Stage 1: Momentum 0.9, linear "
+             f"schedule (peak {cfg['lr_max']}) planned for {cfg['epochs1'] + cfg['epochs2']} epochs, "
+             f"{cfg['epochs1']} trained, weights saved {cfg['saves_per_epoch']} times an epoch from epoch "
+             f"{cfg['save_from']}. Stage 2: "
+             f"the tutorial's `boost_config_dict` (rho 0.55, gamma 0.9, alpha 0.001, sigma 0.4, "
+             f"n_component {cfg['k']}) for {cfg['epochs2']} epochs, vs the stage-1 run continued "
+             f"{cfg['epochs2']} epochs.", "",
+             "| seed | ckpts | val acc stage 1 | + plain | + DimReduce | diff (points) | train loss plain "
+             "| train loss DimReduce | step plain | step DimReduce |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in section["runs"]:
+        lines.append(f"| {r['seed']} | {r['checkpoints']} | {100 * r['acc_stage1']:.2f}% | {100 * r['acc_plain']:.2f}% "
+                     f"| {100 * r['acc_dim_reduce']:.2f}% | {100 * (r['acc_dim_reduce'] - r['acc_plain']):+.2f} "
+                     f"| {r['loss_plain_last_epoch']:.4f} | {r['loss_dim_reduce_last_epoch']:.4f} "
+                     f"| {1e3 * r['step_seconds_plain']:.0f} ms | {1e3 * r['step_seconds_dim_reduce']:.0f} ms |")
+    ratio = statistics.median(r["step_seconds_dim_reduce"] / r["step_seconds_plain"] for r in section["runs"])
+    lines += ["", f"DimReduce step / plain step (median of the two runs' medians, not interleaved, so noisy under "
+              f"load; see the step-time section for an interleaved measurement): {ratio:.2f}x. "
+              "Tutorial headline for comparison (ImageNet, 8 Ascend): 74.31% after 70 + 2 epochs with "
+              "DimReduce vs 70.18% after 80 plain epochs."]
+    return "\n".join(lines)
+
+
+def step_benchmark(args) -> dict:
+    """Interleaved step times: plain SGD train step vs DimReduce train step (random orthonormal P of k rows).
+
+    Both train cells come from ``ms_boost.build_train_network`` on copies of the same network; each repeat
+    times one plain step and one DimReduce step back to back, so machine load affects both alike. The
+    share of DimReduce steps whose line search accepted a step is reported (accepted at the first trial:
+    one extra forward pass; otherwise two).
+    """
+    import numpy as np
+    from mindspore import Tensor, nn
+
+    from ms_boost import build_train_network
+    from ms_boost.dim_reduce import DimReduceUpdate
+    from ms_boost.dim_reduce.pca import write_npy_atomic
+
+    results = []
+    for width in args.step_widths:
+        nets = [_build(argparse.Namespace(**{**vars(args), "width": width}), 0) for _ in range(2)]
+        size = sum(int(p.size) for p in nets[0].trainable_params())
+        rng = np.random.default_rng(0)
+        pca = np.linalg.qr(rng.standard_normal((size, args.k)).astype(np.float32))[0].T
+        tmp = tempfile.mkdtemp(prefix="bench_step_")
+        try:
+            pca_path = os.path.join(tmp, "p.npy")
+            write_npy_atomic(pca_path, pca)
+            del pca
+            boost = {"boost": {"mode": "manual", "dim_reduce": True},
+                     "dim_reduce": {"n_component": args.k, "pca_mat_path": pca_path}}
+            loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+            plain = build_train_network(nets[0], nn.SGD(nets[0].trainable_params(), 0.01), loss, level="O0")
+            dim = build_train_network(nets[1], nn.SGD(nets[1].trainable_params(), 1.0), loss, level="O0",
+                                      boost_level="O1", boost_config_dict=boost)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        plain.set_train(True)
+        dim.set_train(True)
+        stage = [c for _, c in dim.cells_and_names() if isinstance(c, DimReduceUpdate)][0]
+        x = Tensor(rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32))
+        y = Tensor(rng.integers(0, args.classes, args.batch).astype(np.int32))
+        plain(x, y).asnumpy()
+        dim(x, y).asnumpy()  # compile both
+        t_plain, t_dim, accepted = [], [], 0
+        for _ in range(args.step_repeats):
+            start = time.perf_counter()
+            plain(x, y).asnumpy()
+            t_plain.append(time.perf_counter() - start)
+            before = stage.step_last.asnumpy().copy()
+            start = time.perf_counter()
+            dim(x, y).asnumpy()
+            t_dim.append(time.perf_counter() - start)
+            accepted += int(not np.array_equal(before, stage.step_last.asnumpy()))
+        ratios = [d / p for d, p in zip(t_dim, t_plain)]
+        results.append({"width": width, "weights": size, "k": args.k, "batch": args.batch,
+                        "plain_ms": 1e3 * statistics.median(t_plain), "dim_reduce_ms": 1e3 * statistics.median(t_dim),
+                        "ratio_median": statistics.median(ratios), "accepted_fraction": accepted / args.step_repeats,
+                        "repeats": args.step_repeats, "mode": args.mode})
+        print(json.dumps(results[-1]), flush=True)
+    return {"runs": results}
+
+
+def render_steps(section: dict) -> str:
+    lines = ["## Step time: DimReduce vs plain SGD", "",
+             "ResNet-18 at 32 px, one process, random orthonormal P; plain and DimReduce steps interleaved, "
+             "medians over the repeats (ratio = median of the per-repeat ratios).", "",
+             "| base width | weights | k | batch | mode | plain step | DimReduce step | ratio | line search accepted |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in section["runs"]:
+        lines.append(f"| {r['width']} | {r['weights']:,} | {r['k']} | {r['batch']} | {r['mode']} | "
+                     f"{r['plain_ms']:.0f} ms | {r['dim_reduce_ms']:.0f} ms | {r['ratio_median']:.2f}x | "
+                     f"{100 * r['accepted_fraction']:.0f}% |")
+    lines += ["", "A DimReduce step is one forward + backward, the projection `P grad` (k x M), the back-projection "
+              "(2 x M), the k x k BFGS algebra, weight copies, and 1 (accepted at once) or 2 extra forward passes "
+              "of the line search (`max_search_time` = 2)."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=["graph", "pynative"], default="graph")
+    parser.add_argument("--epochs1", type=int, default=24)
+    parser.add_argument("--epochs2", type=int, default=2)
+    parser.add_argument("--save_from", type=int, default=7)
+    parser.add_argument("--saves_per_epoch", type=int, default=2)
+    parser.add_argument("--section", default="e2e", help="result section name (several configurations side by side)")
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--train_per_class", type=int, default=100)
+    parser.add_argument("--val_per_class", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr_max", type=float, default=0.1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--step_only", action="store_true", help="only the interleaved step-time benchmark")
+    parser.add_argument("--step_widths", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--step_repeats", type=int, default=30)
+    args = parser.parse_args()
+
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
+    if args.step_only:
+        steps = step_benchmark(args)
+        update_section("steps", steps, render_steps(steps))
+        print(render_steps(steps))
+        return
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_dim_reduce_"))
+    try:
+        runs = [run_seed(args, seed, work) for seed in args.seeds]
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    section = {"config": vars(args), "runs": runs}
+    update_section(args.section, section, render(section))
+    print(render(section))
+
+
+if __name__ == "__main__":
+    main()
