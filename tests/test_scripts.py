@@ -1,0 +1,270 @@
+"""The bash launchers in scripts/: usage on wrong arguments, dry runs against rank tables, real CPU runs."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+CONFIGS = ROOT / "model_zoo" / "resnet" / "configs"
+TABLE_16 = ROOT / "rank_table" / "rank_table_16pcs.json"
+TABLE_8 = ROOT / "rank_table" / "rank_table_8pcs.json"
+LAUNCHERS = ["run_standalone_train.sh", "run_distribute_train.sh", "run_distribute_train_gpu.sh",
+             "run_distribute_train_cpu.sh", "run_multinode_train.sh", "run_eval.sh", "run_stage_1.sh",
+             "run_stage_2.sh"]
+TINY = ["--net_name", "resnet18", "--base_width", "4", "--class_num", "10", "--batch_size", "8",
+        "--train_image_size", "16", "--eval_image_size", "16", "--eval_batch_size", "10", "--epoch_size", "1",
+        "--mode", "pynative", "--amp_level", "O0", "--loss_scale_type", "none", "--warmup_epochs", "0",
+        "--log_interval", "1", "--num_parallel_workers", "1", "--synthetic.image_size", "16",
+        "--synthetic.train_per_class", "8", "--synthetic.val_per_class", "1"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict:
+    cache = tmp_path_factory.mktemp("zoo_cache")
+    full = dict(os.environ)
+    full.update({"PATH": os.pathsep.join([str(Path(sys.executable).parent), full.get("PATH", "")]),
+                 "PYTHON": sys.executable, "MS_BOOST_CACHE": str(cache), "GLOG_v": "3"})
+    for name in ("SERVER_ID", "RANK_SIZE", "RUN_DIR", "DRY_RUN", "CUDA_VISIBLE_DEVICES", "CONFIG_PATH"):
+        full.pop(name, None)
+    return full
+
+
+def run(script: str, *args, env: dict, cwd: Path, extra_env: dict = None, timeout: int = 120):
+    full = dict(env, **(extra_env or {}))
+    return subprocess.run(["bash", str(SCRIPTS / script), *map(str, args)], env=full, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ranks(stdout: str) -> dict:
+    """``rank R: K=V ...`` lines of a dry run -> {R: {K: V}} plus each rank's cwd, log and cmd."""
+    found, current = {}, None
+    for line in stdout.splitlines():
+        match = re.match(r"rank (\d+): (.*)$", line)
+        if match:
+            current = int(match.group(1))
+            assert current not in found, f"rank {current} printed twice"
+            found[current] = dict(item.split("=", 1) for item in match.group(2).split())
+        elif line.startswith("  cwd: ") and current is not None:
+            cwd, log = re.match(r"  cwd: (\S+)  log: (\S+)", line).groups()
+            found[current].update(cwd=cwd, log=log)
+        elif line.startswith("  cmd: ") and current is not None:
+            found[current]["cmd"] = line[len("  cmd: "):]
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# usage
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("script", LAUNCHERS)
+def test_usage_on_missing_arguments_and_help(script, env, tmp_path):
+    proc = run(script, env=env, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: missing") and f"Usage: bash scripts/{script}" in proc.stderr
+    shown = run(script, "--help", env=env, cwd=tmp_path)
+    assert shown.returncode == 0 and f"Usage: bash scripts/{script}" in shown.stdout
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("run_standalone_train.sh", ["/no/such/data"], "DATASET_PATH '/no/such/data' is not a folder"),
+    ("run_standalone_train.sh", ["synthetic", "missing.yaml"], "CONFIG_PATH 'missing.yaml' is not a file"),
+    ("run_distribute_train.sh", ["/no/table.json", "synthetic"], "RANK_TABLE_FILE '/no/table.json' is not a file"),
+    ("run_distribute_train.sh", [TABLE_16], "missing DATASET_PATH"),
+    ("run_distribute_train_gpu.sh", ["two", "synthetic"], "DEVICE_NUM must be an integer, got 'two'"),
+    ("run_distribute_train_gpu.sh", ["0", "synthetic"], "DEVICE_NUM must be >= 1"),
+    ("run_distribute_train_gpu.sh", ["2", "synthetic", "--launcher", "slurm"], "--launcher must be msrun or mpirun"),
+    ("run_distribute_train_cpu.sh", ["x", "synthetic"], "WORKER_NUM must be an integer"),
+    ("run_multinode_train.sh", ["8", "3", "0", "10.0.0.1", "synthetic"], "WORKER_NUM=8 is not a multiple of"),
+    ("run_multinode_train.sh", ["8", "4", "2", "10.0.0.1", "synthetic"], "NODE_RANK=2 must be < 2"),
+    ("run_multinode_train.sh", ["8", "4", "0", "10.0.0.1"], "expected WORKER_NUM LOCAL_WORKER_NUM"),
+    ("run_eval.sh", ["synthetic", "/no/model.ckpt"], "CHECKPOINT_PATH '/no/model.ckpt' is not a file"),
+    ("run_stage_1.sh", ["synthetic", "table.txt"], "must be a rank table (.json)"),
+    ("run_stage_2.sh", ["synthetic"], "missing CHECKPOINT_PATH"),
+])
+def test_wrong_arguments_print_the_reason_and_usage(script, args, message, env, tmp_path):
+    proc = run(script, *args, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Usage: bash scripts/" in proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dry runs
+# ---------------------------------------------------------------------------------------------------------------
+def test_ascend_dry_run_matches_the_rank_table_on_both_servers(env, tmp_path):
+    table = json.loads(TABLE_16.read_text())
+    expected = {int(d["rank_id"]): (s_index, int(d["device_id"]), d["device_ip"])
+                for s_index, server in enumerate(table["server_list"]) for d in server["device"]}
+    seen = {}
+    for server_id in (0, 1):
+        proc = run("run_distribute_train.sh", TABLE_16, "synthetic", CONFIGS / "resnet50_imagenet_boost_o1.yaml",
+                   "--dry-run", "--epoch_size", "2", env=env, cwd=tmp_path, extra_env={"SERVER_ID": str(server_id)})
+        assert proc.returncode == 0, proc.stderr
+        printed = ranks(proc.stdout)
+        assert len(printed) == 8
+        for rank, fields in printed.items():
+            assert rank not in seen, f"rank {rank} launched on two servers"
+            seen[rank] = server_id
+            s_index, device_id, device_ip = expected[rank]
+            assert s_index == server_id
+            assert fields["RANK_ID"] == str(rank) and fields["DEVICE_ID"] == str(device_id)
+            assert fields["DEVICE_IP"] == device_ip
+            assert fields["RANK_SIZE"] == "16" and fields["DEVICE_NUM"] == "8" and fields["SERVER_ID"] == str(server_id)
+            assert fields["RANK_TABLE_FILE"] == str(TABLE_16)
+            assert fields["cwd"] == str(tmp_path / "train_parallel" / f"device{device_id}")
+            assert fields["log"] == fields["cwd"] + "/log.txt"
+            cmd = fields["cmd"]
+            assert "--device_target Ascend --run_distribute true" in cmd and cmd.endswith("--epoch_size 2")
+            assert f"--output_path {fields['cwd']}" in cmd and "resnet50_imagenet_boost_o1.yaml" in cmd
+    assert sorted(seen) == list(range(16))
+    assert not any(tmp_path.iterdir())  # a dry run creates nothing
+
+
+def test_ascend_dry_run_single_server_env_switch_and_errors(env, tmp_path):
+    proc = run("run_distribute_train.sh", TABLE_8, "synthetic", env=env, cwd=tmp_path, extra_env={"DRY_RUN": "1"})
+    printed = ranks(proc.stdout)
+    assert sorted(printed) == list(range(8))
+    assert all(printed[r]["DEVICE_ID"] == str(r) and printed[r]["RANK_SIZE"] == "8" for r in printed)
+    bad_size = run("run_distribute_train.sh", TABLE_16, "synthetic", "--dry-run", env=env, cwd=tmp_path,
+                   extra_env={"RANK_SIZE": "8"})
+    assert bad_size.returncode == 2 and "RANK_SIZE=8 but the rank table holds 16 ranks" in bad_size.stderr
+    bad_server = run("run_distribute_train.sh", TABLE_16, "synthetic", "--dry-run", env=env, cwd=tmp_path,
+                     extra_env={"SERVER_ID": "2"})
+    assert bad_server.returncode == 2 and "server_index=2 is out of range" in bad_server.stderr
+    broken = tmp_path / "broken.json"
+    table = json.loads(TABLE_8.read_text())
+    table["server_list"][0]["device"][1]["rank_id"] = "0"
+    broken.write_text(json.dumps(table))
+    invalid = run("run_distribute_train.sh", broken, "synthetic", "--dry-run", env=env, cwd=tmp_path)
+    assert invalid.returncode == 2 and "device[1].rank_id='0' duplicates" in invalid.stderr
+
+
+@pytest.mark.parametrize("launcher", ["msrun", "mpirun"])
+def test_gpu_dry_run_prints_every_device(launcher, env, tmp_path):
+    proc = run("run_distribute_train_gpu.sh", 4, "synthetic", "--launcher", launcher, "--dry-run", "--epoch_size",
+               "1", env=env, cwd=tmp_path, extra_env={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert proc.returncode == 0, proc.stderr
+    printed = ranks(proc.stdout)
+    assert sorted(printed) == [0, 1, 2, 3]
+    cmd = proc.stdout.strip().splitlines()[-1]
+    assert "--device_target GPU --run_distribute true" in cmd and cmd.endswith("--epoch_size 1")
+    if launcher == "msrun":
+        assert re.search(r"msrun --worker_num=4 --local_worker_num=4 .*--node_rank=0", cmd)
+        assert [printed[r]["log"] for r in range(4)] == [
+            str(tmp_path / "train_parallel_gpu" / "msrun_log" / f"worker_{r}.log") for r in range(4)]
+    else:
+        assert cmd.startswith("cmd: mpirun -n 4 --allow-run-as-root")
+        assert [printed[r]["GPU"] for r in range(4)] == ["4", "5", "6", "7"]
+    assert all(printed[r]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7" for r in range(4))
+    too_few = run("run_distribute_train_gpu.sh", 4, "synthetic", "--dry-run", env=env, cwd=tmp_path,
+                  extra_env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert too_few.returncode == 2 and "lists fewer than 4 GPUs" in too_few.stderr
+
+
+def test_multinode_dry_run_numbers_ranks_per_node(env, tmp_path):
+    for node in (0, 1):
+        proc = run("run_multinode_train.sh", 8, 4, node, "10.0.0.1", "synthetic", "--dry-run", env=env, cwd=tmp_path,
+                   extra_env={"DEVICE_TARGET": "GPU", "MASTER_PORT": "9123"})
+        assert proc.returncode == 0, proc.stderr
+        printed = ranks(proc.stdout)
+        assert sorted(printed) == list(range(4 * node, 4 * node + 4))
+        assert all(printed[r]["MS_SCHED_HOST"] == "10.0.0.1" and printed[r]["RANK_SIZE"] == "8" for r in printed)
+        cmd = proc.stdout.strip().splitlines()[-1]
+        assert (f"--worker_num=8 --local_worker_num=4 --master_addr=10.0.0.1 --master_port=9123 "
+                f"--node_rank={node}") in cmd
+        assert "--device_target GPU" in cmd
+
+
+def test_stage_scripts_dry_run(env, tmp_path):
+    ckpt = tmp_path / "stage_1" / "checkpoint_stage_1" / "resnet-70_625.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"")
+    one = run("run_stage_1.sh", "synthetic", TABLE_8, "--dry-run", env=env, cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    printed = ranks(one.stdout)
+    assert sorted(printed) == list(range(8))
+    assert "resnet50_imagenet_dim_reduce_stage1.yaml" in printed[0]["cmd"]
+    assert printed[3]["cwd"] == str(tmp_path / "stage_1" / "device3")
+    alone = run("run_stage_1.sh", "synthetic", "--dry-run", "--epoch_size", "3", env=env, cwd=tmp_path)
+    assert alone.returncode == 0 and "resnet50_imagenet_dim_reduce_stage1.yaml" in alone.stdout
+    assert alone.stdout.strip().endswith("--epoch_size 3")
+
+    two = run("run_stage_2.sh", "synthetic", "stage_1/checkpoint_stage_1/resnet-70_625.ckpt", "pca_mat.npy", TABLE_16,
+              "--dry-run", env=env, cwd=tmp_path, extra_env={"SERVER_ID": "1"})
+    assert two.returncode == 0, two.stderr
+    printed = ranks(two.stdout)
+    assert sorted(printed) == list(range(8, 16))
+    cmd = printed[8]["cmd"]
+    assert f"--pretrained {ckpt}" in cmd and "resnet50_imagenet_dim_reduce_stage2.yaml" in cmd
+    assert f"--boost_config_dict.dim_reduce.pca_mat_path {tmp_path / 'pca_mat.npy'}" in cmd
+    assert "--boost_config_dict.common.device_num 8" in cmd
+    solo = run("run_stage_2.sh", "synthetic", ckpt, "--dry-run", env=env, cwd=tmp_path)
+    assert solo.returncode == 0 and "--boost_config_dict.common.device_num 1" in solo.stdout
+    assert "pca_mat_path" not in solo.stdout
+    bad = run("run_stage_2.sh", "synthetic", ckpt, "pca.txt", env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "'pca.txt' is neither a PCA matrix (.npy) nor a rank table (.json)" in bad.stderr
+
+
+def test_relative_paths_in_overrides_become_absolute(env, tmp_path):
+    (tmp_path / "weights.ckpt").write_bytes(b"")
+    proc = run("run_standalone_train.sh", "synthetic", "--pretrained", "weights.ckpt", "--dry-run", env=env,
+               cwd=tmp_path)
+    assert proc.returncode == 0 and f"--pretrained {tmp_path / 'weights.ckpt'}" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# real runs on CPU
+# ---------------------------------------------------------------------------------------------------------------
+def test_standalone_train_then_run_eval_for_real(env, tmp_path):
+    proc = run("run_standalone_train.sh", "synthetic", "--device_target", "CPU", "--steps_per_epoch", "2",
+               "--save_checkpoint_steps", "2", *TINY, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (tmp_path / "train_standalone" / "log.txt").read_text()
+    assert "training done: 2 steps" in log and "after training: top-1" in log
+    ckpt = tmp_path / "train_standalone" / "checkpoint" / "resnet-1_2.ckpt"
+    assert ckpt.is_file()
+    evaluated = run("run_eval.sh", "synthetic", ckpt, "--device_target", "CPU", *TINY, env=env, cwd=tmp_path,
+                    timeout=600)
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    match = re.search(r"top-1 accuracy: (\d\.\d{4})  top-5 accuracy: (\d\.\d{4})", evaluated.stdout)
+    assert match and 0 <= float(match.group(1)) <= float(match.group(2)) <= 1
+    train_top1 = re.search(r"after training: top-1 (\d\.\d{4})", log).group(1)
+    assert match.group(1) == train_top1  # the same weights give the same accuracy
+    assert (tmp_path / "eval" / "log.txt").read_text().count("top-1 accuracy") == 1
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("recipe, level, extra, pipeline", [
+    ("resnet50_imagenet_boost_o1.yaml", "O1", [],
+     "mean all-reduce across ranks (data parallel) -> optimizer on this step's unfrozen groups"),
+    ("resnet50_imagenet_boost_o2_adasum.yaml", "O2", ["--boost_config_dict.common.device_number", "1"],
+     "mean within server (1 devices) -> AdaSum across servers"),  # 2 "servers" of one rank each
+], ids=["boost_o1", "boost_o2_adasum"])
+def test_cpu_launcher_runs_two_workers_for_real(recipe, level, extra, pipeline, env, tmp_path):
+    proc = run("run_distribute_train_cpu.sh", 2, "synthetic", CONFIGS / recipe, "--steps_per_epoch", "3",
+               "--save_checkpoint_steps", "3", *TINY, *extra, env=env, cwd=tmp_path,
+               extra_env={"MASTER_PORT": str(random.randint(8200, 8999))}, timeout=900)
+    logs = tmp_path / "train_parallel_cpu" / "msrun_log"
+    texts = {r: (logs / f"worker_{r}.log").read_text(errors="replace")
+             for r in (0, 1) if (logs / f"worker_{r}.log").exists()}
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + "".join(t[-3000:] for t in texts.values())
+    first_losses = []
+    for rank in (0, 1):
+        text = texts[rank]
+        steps = re.findall(rf"\[rank {rank}/2\] epoch 1/1 step (\d)/3 \(global \d/3\) loss (\d+\.\d+)", text)
+        assert [s for s, _ in steps] == ["1", "2", "3"], text[-3000:]
+        first_losses.append(steps[0][1])
+        assert f"[rank {rank}/2] training done: 3 steps" in text
+    assert first_losses[0] != first_losses[1]  # each rank reads its own shard
+    assert f"boost_level {level} | 2 rank(s) on CPU" in texts[0] and pipeline in texts[0]
+    assert "after training: top-1" in texts[0] and "after training" not in texts[1]  # eval on rank 0 only
+    ckpts = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ckpt"))
+    assert ckpts == [Path("train_parallel_cpu/checkpoint/resnet-1_3.ckpt")]  # rank 0 only
+
