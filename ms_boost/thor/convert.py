@@ -1,0 +1,239 @@
+"""Conversion of a network to THOR layers and of a Model to a THOR training Model.
+
+:class:`ConvertNetUtils` replaces ``nn.Dense``, ``nn.Conv2d`` and ``nn.Embedding`` cells -- chosen by exact
+type, never by name -- with :class:`DenseThor`, :class:`Conv2dThor`, :class:`EmbeddingThor`. The user's
+network is **not** modified: every cell on the path from the root to a converted layer is shallow-copied
+(its child table replaced, everything else shared), cells without converted descendants are reused as
+they are, and the new layers take the original weight and bias **Parameter objects**. So the converted
+network and the original share all their Parameters: training one trains the other, checkpoints of
+either load into both, and the original keeps its structure for evaluation and export.
+
+:class:`ConvertModelUtils` builds the Model that trains the converted network with the THOR optimizer.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+from mindspore import Parameter, nn
+from mindspore import log as logger
+from mindspore.graph import api as _graph_api
+
+from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
+
+__all__ = ["ConvertNetUtils", "ConvertModelUtils", "ConvertedLayer"]
+
+
+@dataclass(frozen=True)
+class ConvertedLayer:
+    """One entry of the conversion report.
+
+    Attributes:
+        path: the cell's attribute path in the network (``"layer1.0.conv1"``).
+        source: class name of the original cell.
+        target: class name of the THOR cell, or ``""`` when skipped.
+        reason: why a candidate was skipped (empty when converted).
+    """
+
+    path: str
+    source: str
+    target: str
+    reason: str = ""
+
+
+def _shallow_copy_cell(cell: nn.Cell) -> nn.Cell:
+    """A new Cell object of the same class sharing everything with ``cell`` except its own child/parameter tables.
+
+    Compilation caches are not shared (a copy is compiled on its own), Parameters and primitives are.
+    """
+    new = copy.copy(cell)  # Cell.__setstate__ adopts the *same* __dict__: give the copy its own
+    state = dict(cell.__dict__)
+    for key in ("_cells", "_params", "_params_list", "_buffers"):
+        if isinstance(state.get(key), dict):
+            state[key] = type(state[key])(state[key])
+    state.pop("current_phase", None)
+    state.update(_compile_cache=None, _phase_cache=None, _compile_phase=None, _compiled=False, arguments_key="",
+                 _create_time=int(time.time() * 1e9))
+    object.__setattr__(new, "__dict__", state)
+    nn.Cell.total_instance_count += 1  # balanced by Cell.__del__ of the copy
+    registry = getattr(_graph_api, "cells_compile_cache", None)
+    if isinstance(registry, dict):  # as Cell.__init__ does, so ms_memory_recycle also frees the copy's graphs
+        registry[id(new)] = new.compile_cache
+    return new
+
+
+def _dense_to_thor(cell: nn.Dense, factor_decay: float) -> DenseThor:
+    new = DenseThor(cell.in_channels, cell.out_channels, weight_init="zeros", bias_init="zeros",
+                    has_bias=cell.has_bias, activation=cell.activation if cell.activation_flag else None,
+                    factor_decay=factor_decay)
+    new.weight = cell.weight
+    if cell.has_bias:
+        new.bias = cell.bias
+    return new
+
+
+def _conv_to_thor(cell: nn.Conv2d, factor_decay: float) -> Conv2dThor:
+    new = Conv2dThor(cell.in_channels, cell.out_channels, tuple(cell.kernel_size), stride=tuple(cell.stride),
+                     pad_mode=cell.pad_mode, padding=cell.padding, dilation=tuple(cell.dilation), group=cell.group,
+                     has_bias=cell.has_bias, weight_init="zeros", bias_init="zeros", factor_decay=factor_decay)
+    new.weight = cell.weight
+    if cell.has_bias:
+        new.bias = cell.bias
+    return new
+
+
+def _embedding_to_thor(cell: nn.Embedding, factor_decay: float) -> EmbeddingThor:
+    new = EmbeddingThor(cell.vocab_size, cell.embedding_size, use_one_hot=cell.use_one_hot,
+                        embedding_table="zeros", dtype=cell.dtype, factor_decay=factor_decay)
+    new.padding_idx = cell.padding_idx
+    new.embedding_table = cell.embedding_table
+    return new
+
+
+_CONVERTERS = {nn.Dense: _dense_to_thor, nn.Conv2d: _conv_to_thor, nn.Embedding: _embedding_to_thor}
+
+
+def _skip_reason(cell: nn.Cell) -> str:
+    """Why a Dense/Conv2d/Embedding cannot be converted ('' if it can)."""
+    weight = cell.embedding_table if isinstance(cell, nn.Embedding) else cell.weight
+    if not weight.requires_grad:
+        return "frozen weight"
+    if isinstance(cell, nn.Conv2d) and getattr(cell, "data_format", "NCHW") != "NCHW":
+        return f"data_format {cell.data_format} (only NCHW)"
+    return ""
+
+
+class ConvertNetUtils:
+    """Convert a network's Dense / Conv2d / Embedding layers to THOR layers (without touching the original).
+
+    After :meth:`convert_to_thor_net`, :attr:`report` lists every converted layer and every candidate that
+    was skipped (frozen weight, NHWC convolution) with the reason.
+    """
+
+    def __init__(self):
+        self.report: list = []
+
+    def convert_to_thor_net(self, net: nn.Cell, factor_decay: float = 0.0) -> nn.Cell:
+        """Return ``net`` with THOR layers, as a new network sharing all Parameters with ``net``.
+
+        Conversion is by exact type (``nn.Dense``, ``nn.Conv2d``, ``nn.Embedding``; subclasses with their own
+        ``construct`` are left alone), keeps the very weight and bias Parameters, activation, stride, padding
+        and pad mode, dilation and groups. Cells that are already THOR layers stay. When nothing needs
+        converting, ``net`` itself is returned.
+
+        Args:
+            net: the network (not modified).
+            factor_decay: running-average decay of the new layers' factors, in [0, 1).
+
+        Returns:
+            The converted network (``net`` itself if nothing was converted).
+        """
+        if not isinstance(net, nn.Cell):
+            raise TypeError(f"convert_to_thor_net: net must be a mindspore.nn.Cell, got {type(net).__name__}.")
+        self.report = []
+        memo: dict = {}
+        if type(net) in _CONVERTERS:
+            converted = self._convert_leaf(net, "", factor_decay)
+            return converted if converted is not None else net
+        result = self._convert(net, "", factor_decay, memo)
+        for entry in self.report:
+            logger.info(f"thor: {entry.path}: {entry.source} -> {entry.target or 'kept (' + entry.reason + ')'}")
+        return result
+
+    def _convert_leaf(self, cell: nn.Cell, path: str, factor_decay: float) -> Optional[nn.Cell]:
+        reason = _skip_reason(cell)
+        if reason:
+            self.report.append(ConvertedLayer(path, type(cell).__name__, "", reason))
+            return None
+        new = _CONVERTERS[type(cell)](cell, factor_decay)
+        new.set_train(cell.training)
+        prefix = f"{path}." if path else ""
+        for local, param in new.thor_parameters().items():
+            param.name = prefix + local
+        self.report.append(ConvertedLayer(path, type(cell).__name__, type(new).__name__))
+        return new
+
+    def _convert(self, cell: nn.Cell, path: str, factor_decay: float, memo: dict) -> nn.Cell:
+        """Converted version of ``cell`` (the same object when none of its descendants changes)."""
+        if id(cell) in memo:
+            return memo[id(cell)]
+        replaced = OrderedDict()
+        for name, child in cell._cells.items():  # pylint: disable=protected-access
+            child_path = f"{path}.{name}" if path else name
+            if child is None or isinstance(child, ThorLayer):
+                continue
+            if type(child) in _CONVERTERS:
+                new = memo.get(id(child)) or self._convert_leaf(child, child_path, factor_decay)
+                if new is not None:
+                    memo[id(child)] = new
+                    replaced[name] = new
+            else:
+                new = self._convert(child, child_path, factor_decay, memo)
+                if new is not child:
+                    replaced[name] = new
+        if not replaced:
+            memo[id(cell)] = cell
+            return cell
+        new_cell = _shallow_copy_cell(cell)
+        for name, child in replaced.items():
+            new_cell._cells[name] = child  # pylint: disable=protected-access
+        if isinstance(new_cell, nn.SequentialCell):
+            new_cell.cell_list = list(new_cell._cells.values())  # pylint: disable=protected-access
+        memo[id(cell)] = new_cell
+        return new_cell
+
+
+class ConvertModelUtils:
+    """Build the Model that trains a THOR network (upstream API)."""
+
+    @staticmethod
+    def convert_to_thor_model(model, network: nn.Cell, loss_fn=None, optimizer=None, metrics=None, amp_level="O0",
+                              loss_scale_manager=None, keep_batchnorm_fp32=False):
+        """Return a Model whose ``train`` runs THOR and whose ``eval`` works.
+
+        With a THOR optimizer, the returned :class:`ms_boost.Model` trains ``optimizer.thor_network`` (the
+        converted copy of ``network``, sharing its Parameters) with ``loss_fn``, ``optimizer``, ``metrics``,
+        ``amp_level``, ``loss_scale_manager`` and ``keep_batchnorm_fp32``; ``model`` is returned unchanged
+        for any other optimizer. ``network`` may also be a ``TrainOneStepCell`` built around the THOR
+        optimizer. When the train cell keeps its loss scale in a Parameter (``scale_sense``: loss-scale cells,
+        dynamic or not), the optimizer is bound to it, so the captured output gradients are unscaled by the
+        scale that the backward pass actually used.
+
+        Args:
+            model: the Model built by the user (returned as is when ``optimizer`` is not THOR).
+            network, loss_fn, optimizer, metrics, amp_level, loss_scale_manager, keep_batchnorm_fp32: as
+                given to that Model.
+        """
+        from ms_boost.thor.optimizer import THOR
+
+        if isinstance(network, nn.TrainOneStepCell) and isinstance(network.optimizer, THOR):
+            return _model_class()(network)
+        if not isinstance(optimizer, THOR):
+            return model
+        train_net = optimizer.thor_network
+        if network is not None and network is not train_net and not _shares_parameters(network, train_net):
+            raise ValueError("convert_to_thor_model: `network` is not the network the THOR optimizer was built "
+                             "for (they share no parameter); pass the net given to thor().")
+        kwargs = {"metrics": metrics, "amp_level": amp_level, "keep_batchnorm_fp32": keep_batchnorm_fp32}
+        if loss_scale_manager is not None:
+            kwargs["loss_scale_manager"] = loss_scale_manager
+        thor_model = _model_class()(train_net, loss_fn=loss_fn, optimizer=optimizer, **kwargs)
+        scale = getattr(getattr(thor_model, "_train_network", None), "scale_sense", None)
+        if isinstance(scale, Parameter):
+            optimizer.bind_loss_scale(scale)
+        return thor_model
+
+
+def _model_class():
+    """ms_boost.Model (the drop-in Model with boost); imported lazily to keep the layers independent."""
+    from ms_boost.model import Model
+
+    return Model
+
+
+def _shares_parameters(a: nn.Cell, b: nn.Cell) -> bool:
+    ids = {id(p) for p in a.get_parameters()}
+    return any(id(p) in ids for p in b.get_parameters())

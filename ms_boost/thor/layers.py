@@ -1,0 +1,381 @@
+r"""THOR layers: Dense, Conv2d and Embedding that capture their Kronecker-factor statistics.
+
+Each layer computes exactly what its MindSpore counterpart computes and, on *capture steps*, also
+records the statistics of :mod:`ms_boost.thor.math`:
+
+* in the forward pass, the input factor :math:`A` (dense: inputs; convolution: im2col patches honouring
+  pad mode, padding, stride, dilation, groups, non-square kernels; bias as an extra constant-1 input;
+  embedding: token frequencies) into ``matrix_a_batch``;
+* in the backward pass, through ``ops.InsertGradientOf`` on the pre-activation output, the output factor
+  :math:`G` (divided by the loss scale the backward started from) into ``matrix_g_batch``.
+
+These two ``*_batch`` Parameters are scratch buffers: only the THOR optimizer folds them into the
+factors (``matrix_a``/``matrix_g`` when a running average is kept, ``factor_decay > 0``) and inverts
+them, so a step whose update is skipped (loss-scale overflow) changes nothing that persists.
+
+Whether a step captures is the boolean Parameter ``thor_capture`` of each layer, written by the
+optimizer at the end of every step (True before every ``frequency``-th step), so the statistics cost
+nothing on the other steps. Nothing is captured when the layer is not in training mode.
+
+The capture code sits in two small child cells (an ``InsertGradientOf`` body must be a Cell to hold
+control flow and Parameters in Graph mode); both only read the layer's Parameters.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import initializer
+from mindspore.nn.layer.activation import get_activation
+from mindspore.ops.primitive import constexpr
+
+from ms_boost.thor import math as thor_math
+
+__all__ = ["DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer"]
+
+_conv_pads = constexpr(thor_math.conv_pads)
+
+
+def _pair(value, name: str, cls: str) -> tuple:
+    """An int or a pair of positive ints -> a pair (kernel size, stride, dilation)."""
+    pair = (value, value) if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair):
+        raise ValueError(f"{cls}: {name}={value!r} must be a positive int or a pair of positive ints.")
+    return pair
+
+
+def _positive_int(value, name: str, cls: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{cls}: {name}={value!r} must be a positive int.")
+    return value
+
+
+def _check_decay(value, cls: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{cls}: factor_decay={value!r} must be a float in [0, 1).")
+    return float(value)
+
+
+def _zeros(shape) -> Tensor:
+    return Tensor(np.zeros(shape, np.float32))
+
+
+class _InputCapture(nn.Cell):
+    """Forward identity that, on capture steps, writes the layer's input statistic into its scratch buffer.
+
+    Args:
+        layer: the owning THOR layer; its ``input_statistic(x)`` gives the statistic.
+    """
+
+    def __init__(self, layer: ThorLayer):
+        super().__init__(auto_prefix=False)
+        self.flag = layer.thor_capture
+        self.scratch = layer.matrix_a_batch
+        self.statistic = layer.input_statistic
+
+    def construct(self, x):
+        if self.flag:
+            ops.assign(self.scratch, self.statistic(x))
+        return x
+
+
+class _OutputGradientCapture(nn.Cell):
+    """``InsertGradientOf`` body: on capture steps writes the output-gradient factor into the scratch buffer.
+
+    The gradient passes through unchanged. ``loss_scale`` is a scalar Tensor or a Parameter (bound by the
+    optimizer, see :meth:`ThorLayer.bind_loss_scale`) read during the backward pass, i.e. before any loss
+    scale manager updates it for the next step.
+    """
+
+    def __init__(self, layer: ThorLayer):
+        super().__init__(auto_prefix=False)
+        self.flag = layer.thor_capture
+        self.scratch = layer.matrix_g_batch
+        self.statistic = layer.output_statistic
+        self.loss_scale = Tensor(1.0, ms.float32)
+
+    def construct(self, dout):
+        if self.flag:
+            ops.assign(self.scratch, self.statistic(dout, self.loss_scale))
+        return dout
+
+
+class ThorLayer(nn.Cell):
+    """Base of the THOR layers: capture flag, scratch buffers, factors and the two capture cells.
+
+    Attributes read by the optimizer (all static after ``__init__``):
+        kind: ``"kronecker"`` (dense, convolution) or ``"embedding"`` (diagonal input factor).
+        groups: number of independent channel groups (factors are stacked along axis 0).
+        a_shape, g_shape: shapes of the input and output factors.
+        bias_in_factor: the input factor has the constant-1 bias column (last row/column).
+        factor_decay: running-average decay of the factors (0: use each capture as is).
+    """
+
+    kind = "kronecker"
+
+    def _init_thor(self, a_shape: tuple, g_shape: tuple, groups: int, bias_in_factor: bool,
+                   factor_decay: float) -> None:
+        self.groups = groups
+        self.a_shape = tuple(a_shape)
+        self.g_shape = tuple(g_shape)
+        self.bias_in_factor = bias_in_factor
+        self.factor_decay = _check_decay(factor_decay, self.cls_name)
+        self.thor_capture = Parameter(Tensor(True, ms.bool_), name="thor_capture", requires_grad=False)
+        self.matrix_a_batch = Parameter(_zeros(a_shape), name="matrix_a_batch", requires_grad=False)
+        self.matrix_g_batch = Parameter(_zeros(g_shape), name="matrix_g_batch", requires_grad=False)
+        if self.factor_decay > 0.0:
+            self.matrix_a = Parameter(_zeros(a_shape), name="matrix_a", requires_grad=False)
+            self.matrix_g = Parameter(_zeros(g_shape), name="matrix_g", requires_grad=False)
+        # insert_child_to_cell: children must not rename the Parameters they share with this layer
+        self.insert_child_to_cell("a_capture", _InputCapture(self))
+        self.insert_child_to_cell("g_capture", _OutputGradientCapture(self))
+        self.g_hook = ops.InsertGradientOf(self.g_capture)
+
+    def thor_parameters(self) -> dict:
+        """The THOR state Parameters of this layer by local name (capture flag, scratch, factors)."""
+        names = ["thor_capture", "matrix_a_batch", "matrix_g_batch"]
+        if self.factor_decay > 0.0:
+            names += ["matrix_a", "matrix_g"]
+        return {name: getattr(self, name) for name in names}
+
+    def bind_loss_scale(self, loss_scale) -> None:
+        """Read the loss scale that divides the captured output gradients from ``loss_scale`` (Tensor or Parameter)."""
+        if not isinstance(loss_scale, Tensor):
+            raise TypeError(f"{self.cls_name}.bind_loss_scale: loss_scale must be a Tensor or Parameter, "
+                            f"got {type(loss_scale).__name__}.")
+        self.g_capture.loss_scale = loss_scale
+
+    def input_statistic(self, x):
+        raise NotImplementedError
+
+    def output_statistic(self, dout, loss_scale):
+        raise NotImplementedError
+
+
+class DenseThor(ThorLayer):
+    r"""Dense layer :math:`y = \mathrm{act}(x W^{\top} + b)` that captures THOR's factors.
+
+    :math:`A = \frac{1}{R}\sum_r \tilde x_r \tilde x_r^{\top}` over the :math:`R` input rows (all leading
+    axes flattened, :math:`\tilde x = [x; 1]` with a bias), :math:`G = N \sum_r \delta_r\delta_r^{\top}`
+    over the pre-activation output gradients, :math:`N` the size of the first axis.
+
+    Args:
+        in_channels, out_channels: sizes of the input and output features.
+        weight_init, bias_init: initializers (or Tensors) of the ``(out, in)`` weight and ``(out,)`` bias.
+        has_bias: add a bias.
+        activation: activation name, Cell or Primitive applied after the capture point (or None).
+        factor_decay: running-average decay of the factors in [0, 1); 0 keeps the latest capture only.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, weight_init="normal", bias_init="zeros",
+                 has_bias: bool = True, activation=None, *, factor_decay: float = 0.0):
+        super().__init__()
+        cls = self.cls_name
+        self.in_channels = _positive_int(in_channels, "in_channels", cls)
+        self.out_channels = _positive_int(out_channels, "out_channels", cls)
+        if not isinstance(has_bias, bool):
+            raise TypeError(f"{cls}: has_bias={has_bias!r} must be a bool.")
+        self.has_bias = has_bias
+        if isinstance(weight_init, Tensor) and tuple(weight_init.shape) != (out_channels, in_channels):
+            raise ValueError(f"{cls}: weight_init shape {tuple(weight_init.shape)} must be "
+                             f"(out_channels, in_channels) = {(out_channels, in_channels)}.")
+        self.weight = Parameter(initializer(weight_init, [out_channels, in_channels]), name="weight")
+        self.bias = None
+        if has_bias:
+            if isinstance(bias_init, Tensor) and tuple(bias_init.shape) != (out_channels,):
+                raise ValueError(f"{cls}: bias_init shape {tuple(bias_init.shape)} must be ({out_channels},).")
+            self.bias = Parameter(initializer(bias_init, [out_channels]), name="bias")
+        self.bias_add = ops.BiasAdd()
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.activation = get_activation(activation) if isinstance(activation, str) else activation
+        if activation is not None and not isinstance(self.activation, (nn.Cell, ops.Primitive)):
+            raise TypeError(f"{cls}: activation={activation!r} must be a name, a Cell or a Primitive.")
+        self.activation_flag = self.activation is not None
+        a_dim = in_channels + int(has_bias)
+        self._init_thor((1, a_dim, a_dim), (1, out_channels, out_channels), 1, has_bias, factor_decay)
+
+    def input_statistic(self, x):
+        rows = x.reshape(-1, x.shape[-1]).astype(ms.float32)
+        if self.bias_in_factor:
+            rows = thor_math.append_ones(rows)
+        return thor_math.input_factor(rows.reshape((1,) + rows.shape))
+
+    def output_statistic(self, dout, loss_scale):
+        rows = dout.reshape(1, -1, dout.shape[-1])
+        return thor_math.output_factor(rows, dout.shape[0], loss_scale)
+
+    def construct(self, x):
+        if self.training:
+            x = self.a_capture(x)
+        x_shape = x.shape
+        if len(x_shape) != 2:
+            x = x.reshape(-1, x_shape[-1])
+        y = self.matmul(x, self.weight)
+        if self.has_bias:
+            y = self.bias_add(y, self.bias)
+        if len(x_shape) != 2:
+            y = y.reshape(x_shape[:-1] + (self.out_channels,))
+        if self.training:
+            y = self.g_hook(y)
+        if self.activation_flag:
+            y = self.activation(y)
+        return y
+
+    def extend_repr(self):
+        return (f"input_channels={self.in_channels}, output_channels={self.out_channels}, "
+                f"has_bias={self.has_bias}, activation={self.activation}, factor_decay={self.factor_decay}")
+
+
+class Conv2dThor(ThorLayer):
+    r"""2-D convolution (NCHW) that captures THOR's factors.
+
+    :math:`A = \frac{1}{N T}\sum_{n,t} \tilde a_{n,t}\tilde a_{n,t}^{\top}` over the im2col patches of every
+    sample :math:`n` and output position :math:`t` (padding exactly as the convolution pads, stride,
+    dilation and non-square kernels honoured, constant 1 appended with a bias), one factor per channel
+    group; :math:`G = N \sum_{n,t} \delta_{n,t}\delta_{n,t}^{\top}` per group.
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, pad_mode, padding, dilation, group, has_bias,
+            weight_init, bias_init: as :class:`mindspore.nn.Conv2d`.
+        factor_decay: running-average decay of the factors in [0, 1).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, pad_mode: str = "same",
+                 padding=0, dilation=1, group: int = 1, has_bias: bool = False, weight_init="normal",
+                 bias_init="zeros", *, factor_decay: float = 0.0):
+        super().__init__()
+        cls = self.cls_name
+        self.in_channels = _positive_int(in_channels, "in_channels", cls)
+        self.out_channels = _positive_int(out_channels, "out_channels", cls)
+        self.kernel_size = _pair(kernel_size, "kernel_size", cls)
+        self.stride = _pair(stride, "stride", cls)
+        self.dilation = _pair(dilation, "dilation", cls)
+        self.group = _positive_int(group, "group", cls)
+        if in_channels % group or out_channels % group:
+            raise ValueError(f"{cls}: group={group} must divide in_channels={in_channels} and "
+                             f"out_channels={out_channels}.")
+        if not isinstance(pad_mode, str) or pad_mode.lower() not in ("same", "valid", "pad"):
+            raise ValueError(f"{cls}: pad_mode={pad_mode!r} must be one of 'same', 'valid', 'pad'.")
+        self.pad_mode = pad_mode.lower()
+        if isinstance(padding, int) and not isinstance(padding, bool) and padding >= 0:
+            self.padding = padding
+        elif isinstance(padding, tuple) and len(padding) == 4 and all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in padding):
+            self.padding = padding
+        else:
+            raise ValueError(f"{cls}: padding={padding!r} must be a non-negative int or a 4-tuple of them.")
+        if self.pad_mode != "pad" and padding not in (0, (0, 0, 0, 0)):
+            raise ValueError(f"{cls}: padding={padding!r} must be 0 when pad_mode={pad_mode!r}.")
+        if not isinstance(has_bias, bool):
+            raise TypeError(f"{cls}: has_bias={has_bias!r} must be a bool.")
+        self.has_bias = has_bias
+        shape = [out_channels, in_channels // group, *self.kernel_size]
+        if isinstance(weight_init, Tensor) and list(weight_init.shape) != shape:
+            raise ValueError(f"{cls}: weight_init shape {tuple(weight_init.shape)} must be {tuple(shape)}.")
+        self.weight = Parameter(initializer(weight_init, shape), name="weight")
+        self.bias = None
+        if has_bias:
+            self.bias = Parameter(initializer(bias_init, [out_channels]), name="bias")
+        self.conv2d = ops.Conv2D(out_channel=out_channels, kernel_size=self.kernel_size, mode=1,
+                                 pad_mode=self.pad_mode, pad=self.padding, stride=self.stride,
+                                 dilation=self.dilation, group=group)
+        self.bias_add = ops.BiasAdd()
+        a_dim = in_channels // group * self.kernel_size[0] * self.kernel_size[1] + int(has_bias)
+        g_dim = out_channels // group
+        self._init_thor((group, a_dim, a_dim), (group, g_dim, g_dim), group, has_bias, factor_decay)
+
+    def input_statistic(self, x):
+        pads = _conv_pads(self.pad_mode, self.padding, x.shape[2:], self.kernel_size, self.stride, self.dilation)
+        rows = thor_math.im2col(x.astype(ms.float32), self.kernel_size, self.stride, self.dilation, pads)
+        rows = thor_math.split_groups(rows, self.group)
+        if self.bias_in_factor:
+            rows = thor_math.append_ones(rows)
+        return thor_math.input_factor(rows)
+
+    def output_statistic(self, dout, loss_scale):
+        rows = dout.transpose(0, 2, 3, 1).reshape(-1, dout.shape[1])
+        return thor_math.output_factor(thor_math.split_groups(rows, self.group), dout.shape[0], loss_scale)
+
+    def construct(self, x):
+        if self.training:
+            x = self.a_capture(x)
+        y = self.conv2d(x, self.weight)
+        if self.has_bias:
+            y = self.bias_add(y, self.bias)
+        if self.training:
+            y = self.g_hook(y)
+        return y
+
+    def extend_repr(self):
+        return (f"input_channels={self.in_channels}, output_channels={self.out_channels}, "
+                f"kernel_size={self.kernel_size}, stride={self.stride}, pad_mode={self.pad_mode}, "
+                f"padding={self.padding}, dilation={self.dilation}, group={self.group}, has_bias={self.has_bias}, "
+                f"factor_decay={self.factor_decay}")
+
+
+class EmbeddingThor(ThorLayer):
+    r"""Embedding lookup that captures THOR's factors.
+
+    The lookup is a dense layer on one-hot inputs, so its input factor is diagonal: the token frequencies
+    :math:`A_{vv} = \#\{t: \mathrm{id}_t = v\}/T` over the :math:`T` ids of the batch, stored as a
+    ``(vocab_size,)`` vector; :math:`G = N \sum_t \delta_t\delta_t^{\top}` over the looked-up vectors'
+    gradients, :math:`N` the size of the first axis of the ids.
+
+    Args:
+        vocab_size, embedding_size, use_one_hot, embedding_table, dtype, padding_idx: as
+            :class:`mindspore.nn.Embedding` (``padding_idx`` zeroes that row of the initial table).
+        factor_decay: running-average decay of the factors in [0, 1).
+    """
+
+    kind = "embedding"
+
+    def __init__(self, vocab_size: int, embedding_size: int, use_one_hot: bool = False, embedding_table="normal",
+                 dtype=ms.float32, padding_idx=None, *, factor_decay: float = 0.0):
+        super().__init__()
+        cls = self.cls_name
+        self.vocab_size = _positive_int(vocab_size, "vocab_size", cls)
+        self.embedding_size = _positive_int(embedding_size, "embedding_size", cls)
+        if not isinstance(use_one_hot, bool):
+            raise TypeError(f"{cls}: use_one_hot={use_one_hot!r} must be a bool.")
+        self.use_one_hot = use_one_hot
+        self.dtype = dtype
+        self.padding_idx = padding_idx
+        table = initializer(embedding_table, [vocab_size, embedding_size])
+        if padding_idx is not None:
+            if not isinstance(padding_idx, int) or not 0 <= padding_idx < vocab_size:
+                raise ValueError(f"{cls}: padding_idx={padding_idx!r} must be an int in [0, {vocab_size}).")
+            values = table.init_data().asnumpy() if isinstance(table, Tensor) else np.asarray(table)
+            values = values.copy()
+            values[padding_idx] = 0
+            table = Tensor(values)
+        self.embedding_table = Parameter(table, name="embedding_table")
+        self.gather = ops.Gather()
+        self.one_hot = ops.OneHot()
+        self.on_value = Tensor(1.0, dtype)
+        self.off_value = Tensor(0.0, dtype)
+        self._init_thor((vocab_size,), (1, embedding_size, embedding_size), 1, False, factor_decay)
+
+    def input_statistic(self, ids):
+        return thor_math.token_frequencies(ids, self.vocab_size)
+
+    def output_statistic(self, dout, loss_scale):
+        rows = dout.reshape(1, -1, dout.shape[-1])
+        return thor_math.output_factor(rows, dout.shape[0], loss_scale)
+
+    def construct(self, ids):
+        if self.training:
+            ids = self.a_capture(ids)
+        out_shape = ids.shape + (self.embedding_size,)
+        flat = ids.reshape(-1)
+        if self.use_one_hot:
+            rows = ops.matmul(self.one_hot(flat, self.vocab_size, self.on_value, self.off_value), self.embedding_table)
+        else:
+            rows = self.gather(self.embedding_table, flat, 0)
+        out = rows.reshape(out_shape)
+        if self.training:
+            out = self.g_hook(out)
+        return out
+
+    def extend_repr(self):
+        return (f"vocab_size={self.vocab_size}, embedding_size={self.embedding_size}, "
+                f"use_one_hot={self.use_one_hot}, padding_idx={self.padding_idx}, factor_decay={self.factor_decay}")

@@ -1,0 +1,302 @@
+r"""Numerical core of THOR: Kronecker-factor statistics, damped block inverses, the preconditioned update.
+
+Every function here is a pure function of tensors (no Parameters, no communication) built only from
+MindSpore operators that exist on CPU, GPU and Ascend (``matmul``, ``unfold``, ``pad``, ``cholesky``,
+``solve_triangular``), so it runs unchanged in PyNative and Graph mode. Shapes are static: Python integers
+passed in are read at trace time.
+
+Notation for one layer with weight :math:`W` (``d_out x d_in``; a convolution's kernel flattened to
+``C_out x C_in k_h k_w``) and, if it has one, bias :math:`b` appended as an extra column
+(:math:`\tilde W = [W \,|\, b]`, the input gets an extra constant 1):
+
+* :math:`a_r` -- one *row* of the layer input: a sample for a dense layer, a sample-and-position patch
+  (im2col) for a convolution; :math:`R` rows in a batch of :math:`N` samples (:math:`R = N T` for
+  :math:`T` positions).
+* :math:`\delta_r` -- the gradient of the (batch-mean) loss with respect to the layer output at that row.
+
+The Fisher block of the layer is approximated (K-FAC / KFC) by :math:`F \approx A \otimes G` with
+
+.. math::
+    A = \frac{1}{R}\sum_r \tilde a_r \tilde a_r^{\top}, \qquad
+    G = N \sum_r \delta_r \delta_r^{\top}.
+
+:math:`N\delta_r` is the per-sample gradient of a mean loss, so :math:`G` is the per-sample output-gradient
+second moment; for a convolution the :math:`T` positions add up (KFC's spatially uncorrelated
+approximation: :math:`F \approx \bar A \otimes T \bar G`), which is exactly the formula above. Both factors
+use the real number of rows and samples of each batch, so no batch size has to be configured.
+
+The update direction with damping :math:`\lambda` is
+
+.. math::
+    \Delta \tilde W = (G + \sqrt{\lambda} I)^{-1}\, \nabla_{\tilde W} L\, (A + \sqrt{\lambda} I)^{-1},
+
+where each damped factor larger than the block size is approximated by its diagonal blocks (inverted
+independently, as upstream's ``split_dim``) and every block is inverted through its Cholesky factor
+:math:`M = L L^{\top}`, :math:`M^{-1} = L^{-\top} L^{-1}`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence, Tuple
+
+import mindspore as ms
+from mindspore import Tensor, ops
+from mindspore.scipy.linalg import solve_triangular
+
+__all__ = [
+    "conv_pads", "im2col", "split_groups", "append_ones", "input_factor", "output_factor",
+    "token_frequencies", "running_average", "block_layout", "diagonal_blocks", "damped_block_inverse",
+    "damped_diagonal_inverse", "block_diag_left", "block_diag_right", "kronecker_precondition",
+    "embedding_precondition", "clip_by_norm", "momentum_step",
+]
+
+
+def conv_pads(pad_mode: str, padding, in_hw: Sequence[int], kernel_size: Sequence[int],
+              stride: Sequence[int], dilation: Sequence[int]) -> Tuple[int, int, int, int]:
+    r"""Explicit (top, bottom, left, right) padding of a 2-D convolution, as ``Conv2D`` applies it.
+
+    ``"valid"`` pads nothing; ``"pad"`` uses ``padding`` (an int or a (top, bottom, left, right) tuple);
+    ``"same"`` pads :math:`p = \max((\lceil H/s \rceil - 1)s + (k-1)d + 1 - H, 0)` per axis, with
+    :math:`\lfloor p/2 \rfloor` before and the rest after (the extra row/column goes bottom/right).
+
+    Args:
+        pad_mode: ``"same"``, ``"valid"`` or ``"pad"`` (any case).
+        padding: int or 4-tuple, used by ``"pad"`` only.
+        in_hw: input height and width.
+        kernel_size, stride, dilation: (height, width) pairs.
+
+    Returns:
+        ``(top, bottom, left, right)`` Python ints.
+    """
+    mode = pad_mode.lower()
+    if mode == "valid":
+        return 0, 0, 0, 0
+    if mode == "pad":
+        if isinstance(padding, int):
+            return padding, padding, padding, padding
+        top, bottom, left, right = padding
+        return int(top), int(bottom), int(left), int(right)
+    if mode != "same":
+        raise ValueError(f"conv_pads: pad_mode={pad_mode!r} is not one of 'same', 'valid', 'pad'.")
+    pads = []
+    for size, k, s, d in zip(in_hw, kernel_size, stride, dilation):
+        out = -(-size // s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        pads += [total // 2, total - total // 2]
+    return pads[0], pads[1], pads[2], pads[3]
+
+
+def im2col(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+           pads: Sequence[int]) -> Tensor:
+    r"""Convolution patches as rows: ``(N, C, H, W)`` -> ``(N * H_out * W_out, C * k_h * k_w)``.
+
+    Row :math:`r = (n, i, j)` holds the receptive field of output position :math:`(i, j)` of sample
+    :math:`n`, columns ordered channel-major like a kernel ``(C_out, C, k_h, k_w)`` reshaped to
+    ``(C_out, C k_h k_w)``, so that ``conv(x, W)[n, :, i, j] = W_flat @ patch_r``. Zero padding is applied
+    explicitly first (it may be asymmetric for ``"same"``).
+    """
+    top, bottom, left, right = pads
+    if top or bottom or left or right:
+        x = ops.pad(x, (left, right, top, bottom))
+    cols = ops.unfold(x, kernel_size=tuple(kernel_size), dilation=tuple(dilation), padding=0,
+                      stride=tuple(stride))
+    width = cols.shape[1]
+    return cols.transpose(0, 2, 1).reshape(-1, width)
+
+
+def split_groups(rows: Tensor, groups: int) -> Tensor:
+    """``(R, groups * d)`` -> ``(groups, R, d)``: the columns of each channel group as its own batch entry."""
+    count, width = rows.shape
+    return rows.reshape(count, groups, width // groups).transpose(1, 0, 2)
+
+
+def append_ones(rows: Tensor) -> Tensor:
+    r"""Append a constant-1 column to ``(..., R, d)`` rows: :math:`\tilde a = [a; 1]`, the bias input."""
+    ones = ops.ones(rows.shape[:-1] + (1,), rows.dtype)
+    return ops.concat((rows, ones), axis=-1)
+
+
+def input_factor(rows: Tensor) -> Tensor:
+    r"""Input factor :math:`A = \frac{1}{R} \tilde a^{\top} \tilde a` of ``(groups, R, d)`` rows -> ``(groups, d, d)``.
+
+    Computed in float32 whatever the input type.
+    """
+    rows = rows.astype(ms.float32)
+    return ops.matmul(rows.swapaxes(-1, -2), rows) / rows.shape[-2]
+
+
+def output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor) -> Tensor:
+    r"""Output-gradient factor :math:`G = N \sum_r \delta_r \delta_r^{\top}` of ``(groups, R, d)`` rows.
+
+    The rows captured in the backward pass carry the loss scale :math:`s` (the sensitivity the backward
+    started from), so they are divided by ``loss_scale`` first: :math:`\delta_r = \hat\delta_r / s`.
+    Computed in float32.
+
+    Args:
+        rows: ``(groups, R, d)`` output gradients, one row per sample and position.
+        n_samples: :math:`N`, the number of samples the batch-mean loss averaged over.
+        loss_scale: scalar Tensor :math:`s`.
+    """
+    rows = rows.astype(ms.float32) / loss_scale.astype(ms.float32)
+    return ops.matmul(rows.swapaxes(-1, -2), rows) * n_samples
+
+
+def token_frequencies(ids: Tensor, vocab_size: int) -> Tensor:
+    r"""Diagonal input factor of an embedding: :math:`A_{vv} = \frac{1}{T}\,\#\{t : \mathrm{id}_t = v\}`.
+
+    An embedding lookup is a dense layer on one-hot inputs, whose second moment is diagonal: the
+    frequency of each token among the :math:`T` looked-up ids. Returns ``(vocab_size,)`` float32.
+    """
+    flat = ids.reshape(-1).astype(ms.int32)
+    counts = ops.unsorted_segment_sum(ops.ones(flat.shape, ms.float32), flat, vocab_size)
+    return counts / flat.shape[0]
+
+
+def running_average(old: Tensor, new: Tensor, decay: float, has_old: Tensor) -> Tensor:
+    r"""Exponential running average :math:`F \leftarrow \beta F + (1-\beta) F_{new}`; the first value is taken as is.
+
+    Args:
+        old: previous factor.
+        new: this step's statistics.
+        decay: :math:`\beta \in [0, 1)`; 0 keeps only the newest statistics.
+        has_old: boolean scalar Tensor, False before the first fold (then ``new`` is returned).
+    """
+    if decay == 0.0:
+        return new
+    weight = has_old.astype(ms.float32) * decay
+    return new + (old - new) * weight
+
+
+def block_layout(dim: int, block_size: int) -> Tuple[int, int]:
+    """``(blocks, block)``: one block if ``dim <= block_size``, else ``ceil(dim / block_size)`` blocks of that size."""
+    if dim <= block_size:
+        return 1, dim
+    return int(math.ceil(dim / block_size)), block_size
+
+
+def diagonal_blocks(factor: Tensor, block_size: int) -> Tensor:
+    r"""Diagonal blocks of symmetric ``(groups, d, d)`` factors -> ``(groups, n_b, b, b)``.
+
+    :math:`F` is zero-padded to :math:`n_b b` rows and columns with ones on the padded diagonal, i.e.
+    :math:`\mathrm{blockdiag}(F, I)`, then cut into the :math:`n_b` diagonal :math:`b \times b` blocks
+    (off-diagonal blocks are dropped: the block-diagonal approximation). The result is symmetrised,
+    :math:`\frac{1}{2}(B + B^{\top})`, so rounding cannot make Cholesky see an asymmetric matrix.
+    """
+    groups, dim = factor.shape[0], factor.shape[-1]
+    n_blocks, block = block_layout(dim, block_size)
+    padded = n_blocks * block
+    if padded != dim:
+        extra = padded - dim
+        factor = ops.pad(factor, (0, extra, 0, extra))
+        pad_eye = ops.eye(padded, padded, ms.float32) - ops.pad(ops.eye(dim, dim, ms.float32), (0, extra, 0, extra))
+        factor = factor + pad_eye
+    tiles = factor.reshape(groups, n_blocks, block, n_blocks, block).transpose(0, 1, 3, 2, 4)
+    if n_blocks > 1:
+        mask = ops.eye(n_blocks, n_blocks, ms.float32).reshape(1, n_blocks, n_blocks, 1, 1)
+        blocks = (tiles * mask).sum(axis=2)
+    else:
+        blocks = tiles.reshape(groups, 1, block, block)
+    return (blocks + blocks.swapaxes(-1, -2)) * 0.5
+
+
+def damped_block_inverse(factor: Tensor, damping: Tensor, block_size: int) -> Tensor:
+    r"""Inverses of the diagonal blocks of :math:`F + \sqrt{\lambda} I` through Cholesky.
+
+    For every block :math:`B` of :func:`diagonal_blocks`: :math:`B + \sqrt{\lambda} I = L L^{\top}`,
+    :math:`L^{-1}` by a triangular solve against :math:`I`, and
+    :math:`(B + \sqrt{\lambda} I)^{-1} = L^{-\top} L^{-1}`.
+
+    Args:
+        factor: ``(groups, d, d)`` symmetric positive semi-definite factor.
+        damping: scalar Tensor :math:`\lambda > 0` (its square root is added).
+        block_size: largest block; bigger factors are split.
+
+    Returns:
+        ``(groups, n_b, b, b)`` float32 block inverses.
+    """
+    blocks = diagonal_blocks(factor.astype(ms.float32), block_size)
+    groups, n_blocks, block = blocks.shape[0], blocks.shape[1], blocks.shape[2]
+    eye = ops.eye(block, block, ms.float32)
+    flat = blocks.reshape(groups * n_blocks, block, block) + eye * ops.sqrt(damping.astype(ms.float32))
+    lower = ops.cholesky(flat)
+    lower_inv = solve_triangular(lower, ops.broadcast_to(eye, flat.shape), lower=True)
+    inverse = ops.matmul(lower_inv.swapaxes(-1, -2), lower_inv)
+    return inverse.reshape(groups, n_blocks, block, block)
+
+
+def damped_diagonal_inverse(diagonal: Tensor, damping: Tensor) -> Tensor:
+    r"""Inverse of a diagonal factor: :math:`(a + \sqrt{\lambda})^{-1}` elementwise."""
+    return 1.0 / (diagonal.astype(ms.float32) + ops.sqrt(damping.astype(ms.float32)))
+
+
+def block_diag_left(blocks: Tensor, x: Tensor) -> Tensor:
+    r"""Left product by a block-diagonal matrix: ``(g, n_b, b, b)`` times ``(g, d, m)`` -> ``(g, d, m)``.
+
+    :math:`x` is zero-padded to :math:`n_b b` rows (the padded part of the block-diagonal matrix never
+    mixes with real rows), each row block multiplied by its block, and the padding cut off.
+    """
+    groups, dim, width = x.shape
+    n_blocks, block = blocks.shape[1], blocks.shape[2]
+    if n_blocks == 1:
+        return ops.matmul(blocks.reshape(groups, block, block), x)
+    padded = n_blocks * block
+    if padded != dim:
+        x = ops.pad(x, (0, 0, 0, padded - dim))
+    y = ops.matmul(blocks, x.reshape(groups, n_blocks, block, width)).reshape(groups, padded, width)
+    return y[:, :dim, :] if padded != dim else y
+
+
+def block_diag_right(x: Tensor, blocks: Tensor) -> Tensor:
+    r"""Right product by a block-diagonal matrix: ``(g, m, d)`` times ``(g, n_b, b, b)`` -> ``(g, m, d)``."""
+    groups, height, dim = x.shape
+    n_blocks, block = blocks.shape[1], blocks.shape[2]
+    if n_blocks == 1:
+        return ops.matmul(x, blocks.reshape(groups, block, block))
+    padded = n_blocks * block
+    if padded != dim:
+        x = ops.pad(x, (0, padded - dim))
+    tiles = x.reshape(groups, height, n_blocks, block).transpose(0, 2, 1, 3)
+    y = ops.matmul(tiles, blocks).transpose(0, 2, 1, 3).reshape(groups, height, padded)
+    return y[:, :, :dim] if padded != dim else y
+
+
+def kronecker_precondition(grad: Tensor, g_inverse: Tensor, a_inverse: Tensor) -> Tensor:
+    r"""The THOR direction :math:`G^{-1} \nabla A^{-1}` for ``(groups, d_out, d_in)`` gradients.
+
+    Args:
+        grad: ``(g, d_out, d_in)`` gradient (bias column included when the factors include it).
+        g_inverse: ``(g, n_b, b, b)`` block inverse of the damped output factor.
+        a_inverse: ``(g, n_b', b', b')`` block inverse of the damped input factor.
+    """
+    return block_diag_right(block_diag_left(g_inverse, grad), a_inverse)
+
+
+def embedding_precondition(grad: Tensor, a_inverse_diagonal: Tensor, g_inverse: Tensor) -> Tensor:
+    r"""Embedding direction :math:`\mathrm{diag}(a + \sqrt\lambda)^{-1}\, \nabla E\, (G + \sqrt\lambda I)^{-1}`.
+
+    The table gradient ``(vocab, d)`` has the input (token) dimension first, so the diagonal input factor
+    acts on the left and the output factor (``(1, n_b, b, b)`` blocks) on the right.
+    """
+    scaled = grad * a_inverse_diagonal.reshape(-1, 1)
+    return block_diag_right(scaled.reshape((1,) + scaled.shape), g_inverse).reshape(grad.shape)
+
+
+def clip_by_norm(x: Tensor, max_norm: float) -> Tensor:
+    r"""Rescale ``x`` to norm at most ``max_norm``: :math:`x \min(1, c / \lVert x \rVert_2)`."""
+    norm = ops.sqrt((x * x).sum())
+    return x * ops.minimum(max_norm / ops.maximum(norm, 1e-12), 1.0)
+
+
+def momentum_step(weight: Tensor, moment: Tensor, grad: Tensor, lr: Tensor, momentum: Tensor,
+                  nesterov: bool) -> Tuple[Tensor, Tensor]:
+    r"""Heavy-ball or Nesterov momentum: :math:`v' = m v + g`, :math:`w' = w - \eta v'` (Nesterov:
+    :math:`w' = w - \eta (g + m v')`).
+
+    Written out rather than ``ApplyMomentum`` because that kernel ignores ``use_nesterov`` on CPU.
+
+    Returns:
+        ``(new_weight, new_moment)``.
+    """
+    new_moment = moment * momentum + grad
+    direction = grad + new_moment * momentum if nesterov else new_moment
+    return weight - direction * lr, new_moment

@@ -1,0 +1,194 @@
+"""ms_boost.thor.math against independent numpy references (im2col, factors, damped block inverses, update)."""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, ops
+
+from ms_boost.thor import math as tm
+
+
+# ----------------------------------------------------------------------------- numpy references
+def np_pads(pad_mode, padding, hw, k, s, d):
+    if pad_mode == "valid":
+        return (0, 0, 0, 0)
+    if pad_mode == "pad":
+        return (padding,) * 4 if isinstance(padding, int) else tuple(padding)
+    out = []
+    for size, kk, ss, dd in zip(hw, k, s, d):
+        o = int(np.ceil(size / ss))
+        total = max((o - 1) * ss + (kk - 1) * dd + 1 - size, 0)
+        out += [total // 2, total - total // 2]
+    return tuple(out)
+
+
+def np_im2col(x, k, s, d, pads):
+    """Explicit loops: row (n, i, j) = receptive field of output (i, j), columns (c, ki, kj)."""
+    top, bottom, left, right = pads
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    n, c, h, w = xp.shape
+    oh = (h - (k[0] - 1) * d[0] - 1) // s[0] + 1
+    ow = (w - (k[1] - 1) * d[1] - 1) // s[1] + 1
+    rows = []
+    for b in range(n):
+        for i in range(oh):
+            for j in range(ow):
+                patch = np.empty((c, k[0], k[1]), x.dtype)
+                for ki in range(k[0]):
+                    for kj in range(k[1]):
+                        patch[:, ki, kj] = xp[b, :, i * s[0] + ki * d[0], j * s[1] + kj * d[1]]
+                rows.append(patch.reshape(-1))
+    return np.stack(rows), (oh, ow)
+
+
+def np_conv(x, w, s, d, pads, groups):
+    rows, (oh, ow) = np_im2col(x, w.shape[2:], s, d, pads)
+    n, cout = x.shape[0], w.shape[0]
+    cin_g = w.shape[1]
+    out = np.zeros((rows.shape[0], cout))
+    kk = w.shape[2] * w.shape[3]
+    for g in range(groups):
+        cols = rows[:, g * cin_g * kk:(g + 1) * cin_g * kk]
+        og = slice(g * cout // groups, (g + 1) * cout // groups)
+        out[:, og] = cols @ w[og].reshape(cout // groups, -1).T
+    return out.reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
+
+
+def np_block_diag_inverse(f, damping, block):
+    """Dense block-diagonal matrix whose blocks are inv(F_block + sqrt(damping) I)."""
+    d = f.shape[0]
+    out = np.zeros_like(f, dtype=np.float64)
+    step = d if d <= block else block
+    for start in range(0, d, step):
+        sl = slice(start, min(start + step, d))
+        b = f[sl, sl].astype(np.float64)
+        out[sl, sl] = np.linalg.inv(b + np.sqrt(damping) * np.eye(b.shape[0]))
+    return out
+
+
+def dense_from_blocks(blocks, dim):
+    """(n_b, b, b) block inverses -> dense (dim, dim) block-diagonal (padding dropped)."""
+    nb, b, _ = blocks.shape
+    full = np.zeros((nb * b, nb * b))
+    for i in range(nb):
+        full[i * b:(i + 1) * b, i * b:(i + 1) * b] = blocks[i]
+    return full[:dim, :dim]
+
+
+# ----------------------------------------------------------------------------- tests
+CONV_CASES = [
+    # (hw, kernel, stride, dilation, pad_mode, padding)
+    ((7, 6), (3, 2), (2, 1), (1, 2), "same", 0),
+    ((6, 5), (3, 3), (1, 1), (1, 1), "pad", (1, 0, 2, 1)),
+    ((8, 7), (2, 3), (3, 2), (2, 1), "valid", 0),
+    ((5, 5), (1, 1), (2, 2), (1, 1), "same", 0),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_im2col_matches_loops_and_reproduces_convolution(case):
+    hw, k, s, d, mode, padding = case
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 4) + hw).astype(np.float32)
+    pads = tm.conv_pads(mode, padding, hw, k, s, d)
+    assert pads == np_pads(mode, padding, hw, k, s, d)
+    got = tm.im2col(Tensor(x), k, s, d, pads).asnumpy()
+    ref, (oh, ow) = np_im2col(x, k, s, d, pads)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    # invariant: patches times the flattened kernel give MindSpore's own convolution
+    w = rng.standard_normal((6, 4) + k).astype(np.float32)
+    conv = ops.Conv2D(6, k, pad_mode=mode, pad=padding, stride=s, dilation=d)
+    ms_out = conv(Tensor(x), Tensor(w)).asnumpy()
+    assert ms_out.shape == (2, 6, oh, ow)
+    np.testing.assert_allclose(ms_out, np_conv(x, w, s, d, pads, 1), rtol=1e-4, atol=1e-4)
+    assert ms.float32 == tm.im2col(Tensor(x), k, s, d, pads).dtype
+
+
+def test_factor_formulas_against_numpy():
+    rng = np.random.default_rng(2)
+    rows = rng.standard_normal((3, 10, 4)).astype(np.float32)
+    a = tm.input_factor(Tensor(rows)).asnumpy()
+    np.testing.assert_allclose(a, np.einsum("grd,gre->gde", rows, rows) / 10, rtol=1e-5, atol=1e-6)
+    aug = tm.append_ones(Tensor(rows)).asnumpy()
+    assert aug.shape == (3, 10, 5) and np.all(aug[..., -1] == 1) and np.array_equal(aug[..., :4], rows)
+    g = tm.output_factor(Tensor(rows * 8.0), 5, Tensor(8.0)).asnumpy()
+    np.testing.assert_allclose(g, 5 * np.einsum("grd,gre->gde", rows, rows), rtol=1e-5, atol=1e-5)
+    split = tm.split_groups(Tensor(rows[0].reshape(10, 4)), 2).asnumpy()
+    np.testing.assert_array_equal(split, rows[0].reshape(10, 2, 2).transpose(1, 0, 2))
+    ids = np.array([[1, 3, 3], [0, 3, 6]], np.int32)
+    freq = tm.token_frequencies(Tensor(ids), 7).asnumpy()
+    np.testing.assert_allclose(freq, np.bincount(ids.ravel(), minlength=7) / 6)
+
+
+def test_running_average():
+    old, new = Tensor(np.full((2, 2), 4.0, np.float32)), Tensor(np.full((2, 2), 2.0, np.float32))
+    np.testing.assert_allclose(tm.running_average(old, new, 0.75, Tensor(True)).asnumpy(), 0.75 * 4 + 0.25 * 2)
+    np.testing.assert_allclose(tm.running_average(old, new, 0.75, Tensor(False)).asnumpy(), 2.0)
+    np.testing.assert_allclose(tm.running_average(old, new, 0.0, Tensor(True)).asnumpy(), 2.0)
+
+
+@pytest.mark.parametrize("dim,block", [(5, 8), (8, 4), (11, 4), (9, 3)])
+def test_damped_block_inverse(dim, block):
+    rng = np.random.default_rng(dim)
+    m = rng.standard_normal((2, dim, dim + 3))
+    f = (m @ m.transpose(0, 2, 1) / dim).astype(np.float32)
+    damping = 0.05
+    inv = tm.damped_block_inverse(Tensor(f), Tensor(np.float32(damping)), block).asnumpy()
+    nb, b = tm.block_layout(dim, block)
+    assert inv.shape == (2, nb, b, b)
+    for g in range(2):
+        ref = np_block_diag_inverse(f[g], damping, block)
+        np.testing.assert_allclose(dense_from_blocks(inv[g], dim), ref, rtol=2e-3, atol=2e-4)
+        # invariant: each block is symmetric
+        np.testing.assert_allclose(inv[g], inv[g].transpose(0, 2, 1), atol=1e-4)
+
+
+@pytest.mark.parametrize("d_out,d_in,block", [(3, 5, 8), (7, 10, 4), (6, 9, 3)])
+def test_kronecker_precondition(d_out, d_in, block):
+    rng = np.random.default_rng(d_out * d_in)
+
+    def spd(d):
+        m = rng.standard_normal((2, d, d + 2))
+        return (m @ m.transpose(0, 2, 1) / d).astype(np.float32)
+
+    fa, fg = spd(d_in), spd(d_out)
+    grad = rng.standard_normal((2, d_out, d_in)).astype(np.float32)
+    a_inv = tm.damped_block_inverse(Tensor(fa), Tensor(np.float32(0.1)), block)
+    g_inv = tm.damped_block_inverse(Tensor(fg), Tensor(np.float32(0.1)), block)
+    got = tm.kronecker_precondition(Tensor(grad), g_inv, a_inv).asnumpy()
+    for g in range(2):
+        ref = np_block_diag_inverse(fg[g], 0.1, block) @ grad[g] @ np_block_diag_inverse(fa[g], 0.1, block)
+        np.testing.assert_allclose(got[g], ref, rtol=2e-3, atol=2e-4)
+
+
+def test_embedding_precondition_and_clip():
+    rng = np.random.default_rng(5)
+    grad = rng.standard_normal((6, 4)).astype(np.float32)
+    freq = np.array([0.5, 0, 0.25, 0.25, 0, 0], np.float32)
+    fg = rng.standard_normal((1, 4, 6))
+    fg = (fg @ fg.transpose(0, 2, 1)).astype(np.float32)
+    a_inv = tm.damped_diagonal_inverse(Tensor(freq), Tensor(np.float32(0.04)))
+    g_inv = tm.damped_block_inverse(Tensor(fg), Tensor(np.float32(0.04)), 128)
+    got = tm.embedding_precondition(Tensor(grad), a_inv, g_inv).asnumpy()
+    ref = np.diag(1 / (freq + 0.2)) @ grad @ np.linalg.inv(fg[0] + 0.2 * np.eye(4))
+    np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
+    x = Tensor(np.array([3.0, 4.0], np.float32))
+    np.testing.assert_allclose(tm.clip_by_norm(x, 1.0).asnumpy(), [0.6, 0.8], rtol=1e-6)
+    np.testing.assert_allclose(tm.clip_by_norm(x, 10.0).asnumpy(), [3.0, 4.0], rtol=1e-6)
+
+
+def test_conv_pads_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="pad_mode"):
+        tm.conv_pads("reflect", 0, (4, 4), (3, 3), (1, 1), (1, 1))
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_step(nesterov):
+    w, v, g = np.array([1.0, 2.0], np.float32), np.array([0.5, -1.0], np.float32), np.array([1.0, 1.0], np.float32)
+    new_w, new_v = tm.momentum_step(Tensor(w), Tensor(v), Tensor(g), Tensor(np.float32(0.1)), Tensor(np.float32(0.9)),
+                                    nesterov)
+    ref_v = 0.9 * v + g
+    ref_w = w - 0.1 * (g + 0.9 * ref_v) if nesterov else w - 0.1 * ref_v
+    np.testing.assert_allclose(new_v.asnumpy(), ref_v, rtol=1e-6)
+    np.testing.assert_allclose(new_w.asnumpy(), ref_w, rtol=1e-6)

@@ -1,0 +1,327 @@
+"""THOR optimizer: one step against numpy, inverse reuse, schedules, momentum, overflow, argument checks."""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+
+from ms_boost.thor import THOR, thor
+
+
+# ----------------------------------------------------------------------------- numpy references
+def np_softmax_ce_grad(logits, labels):
+    """Mean softmax cross entropy: (loss, d loss / d logits)."""
+    z = logits - logits.max(1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    n = logits.shape[0]
+    loss = -np.log(p[np.arange(n), labels]).mean()
+    d = p.copy()
+    d[np.arange(n), labels] -= 1
+    return loss, d / n
+
+
+def np_damped_inverse(f, damping, block):
+    d = f.shape[0]
+    step = d if d <= block else block
+    out = np.zeros((d, d))
+    for s in range(0, d, step):
+        sl = slice(s, min(s + step, d))
+        out[sl, sl] = np.linalg.inv(f[sl, sl] + np.sqrt(damping) * np.eye(sl.stop - sl.start))
+    return out
+
+
+def np_mlp_thor_step(w1, b1, w2, b2, x, y, lr, damping, momentum, weight_decay, block):
+    """One THOR step of x -> Dense -> tanh -> Dense -> CE (moments start at 0), biases not decayed."""
+    n = x.shape[0]
+    h_pre = x @ w1.T + b1
+    h = np.tanh(h_pre)
+    logits = h @ w2.T + b2
+    _, d2 = np_softmax_ce_grad(logits, y)
+    d1 = (d2 @ w2) * (1 - h ** 2)
+    out = []
+    for w, b, a_in, dy in ((w1, b1, x, d1), (w2, b2, h, d2)):
+        a_aug = np.concatenate([a_in, np.ones((n, 1))], 1)
+        fa = a_aug.T @ a_aug / n
+        fg = n * dy.T @ dy
+        grad = np.concatenate([dy.T @ a_in, dy.sum(0)[:, None]], 1)
+        p = np_damped_inverse(fg, damping, block) @ grad @ np_damped_inverse(fa, damping, block)
+        gw = p[:, :-1] + weight_decay * w
+        gb = p[:, -1]
+        out += [w - lr * gw, b - lr * gb]
+    return out
+
+
+class MLP(nn.Cell):
+    def __init__(self, w1, b1, w2, b2):
+        super().__init__()
+        self.fc1 = nn.Dense(w1.shape[1], w1.shape[0], weight_init=Tensor(w1), bias_init=Tensor(b1))
+        self.fc2 = nn.Dense(w2.shape[1], w2.shape[0], weight_init=Tensor(w2), bias_init=Tensor(b2))
+
+    def construct(self, x):
+        return self.fc2(ops.tanh(self.fc1(x)))
+
+
+def _mlp_data(seed=0, n=8):
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((6, 5)) * 0.5).astype(np.float32)
+    b1 = (rng.standard_normal(6) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((4, 6)) * 0.5).astype(np.float32)
+    b2 = (rng.standard_normal(4) * 0.1).astype(np.float32)
+    x = rng.standard_normal((n, 5)).astype(np.float32)
+    y = rng.integers(0, 4, n).astype(np.int32)
+    return (w1, b1, w2, b2), x, y
+
+
+def _train_cell(net, opt):
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    cell.set_train()
+    return cell
+
+
+def _no_bias(p):
+    return "bias" not in p.name
+
+
+# ----------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("block", [128, 4])
+def test_one_step_matches_numpy(mode, block):
+    weights, x, y = _mlp_data()
+    net = MLP(*weights)
+    opt = thor(net, 0.1, 0.05, 0.9, weight_decay=0.01, decay_filter=_no_bias, frequency=5, block_size=block)
+    _train_cell(opt.thor_network, opt)(Tensor(x), Tensor(y))
+    expected = np_mlp_thor_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.1, 0.05, 0.9,
+                                0.01, block)
+    got = [p.asnumpy() for p in (net.fc1.weight, net.fc1.bias, net.fc2.weight, net.fc2.bias)]
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-5)
+    # the user's net kept its classes and shares the trained Parameters
+    assert type(net.fc1) is nn.Dense and opt.thor_network.fc1.weight is net.fc1.weight
+
+
+class ConvNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), pad_mode="same", dilation=(1, 2), group=2, has_bias=True)
+        self.bn = nn.BatchNorm2d(6)
+        self.fc = nn.Dense(6 * 3 * 4, 3)
+        self.flatten = nn.Flatten()
+
+    def construct(self, x):
+        return self.fc(self.flatten(ops.relu(self.bn(self.conv(x)))))
+
+
+def _expected_layer_update(opt, net_grads, layer_index, w_grad, b_grad, damping):
+    """numpy G^-1 [gW|gb] A^-1 per channel group from the captured factors."""
+    layer = opt.thor_layers[layer_index]
+    a = layer.matrix_a_batch.asnumpy().astype(np.float64)
+    g = layer.matrix_g_batch.asnumpy().astype(np.float64)
+    groups = a.shape[0]
+    gw = w_grad.reshape(groups, g.shape[1], -1)
+    gb = b_grad.reshape(groups, g.shape[1], 1)
+    p = np.stack([np.linalg.inv(g[j] + np.sqrt(damping) * np.eye(g.shape[1])) @ np.concatenate([gw[j], gb[j]], 1)
+                  @ np.linalg.inv(a[j] + np.sqrt(damping) * np.eye(a.shape[1])) for j in range(groups)])
+    return p[:, :, :-1].reshape(w_grad.shape), p[:, :, -1].reshape(b_grad.shape)
+
+
+def test_conv_step_groups_bias_batchnorm(mode):
+    ms.set_seed(1)
+    net = ConvNet()
+    rng = np.random.default_rng(1)
+    x = Tensor(rng.standard_normal((4, 4, 6, 4)).astype(np.float32))
+    y = Tensor(rng.integers(0, 3, 4).astype(np.int32))
+    opt = thor(net, 0.05, 0.1, 0.0, frequency=3)
+    loss_net = nn.WithLossCell(opt.thor_network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    loss_net.set_train()
+    params = opt.parameters
+    before = [p.asnumpy().copy() for p in params]
+    # gradients at the current weights (the BatchNorm batch statistics do not depend on the step)
+    grads = [g.asnumpy() for g in ms.grad(loss_net, None, params)(x, y)]
+    cell = nn.TrainOneStepCell(loss_net, opt)
+    cell.set_train()
+    cell(x, y)
+    names = [p.name for p in params]
+    idx = {n: i for i, n in enumerate(names)}
+    expected = {}
+    conv_w, conv_b = _expected_layer_update(opt, None, 0, grads[idx["conv.weight"]], grads[idx["conv.bias"]], 0.1)
+    fc_w, fc_b = _expected_layer_update(opt, None, 1, grads[idx["fc.weight"]], grads[idx["fc.bias"]], 0.1)
+    expected.update({"conv.weight": conv_w, "conv.bias": conv_b, "fc.weight": fc_w, "fc.bias": fc_b})
+    for name in names:
+        step = expected.get(name, grads[idx[name]])  # BatchNorm gamma/beta: plain gradient
+        np.testing.assert_allclose(params[idx[name]].asnumpy(), before[idx[name]] - 0.05 * step, rtol=1e-3,
+                                   atol=1e-5, err_msg=name)
+
+
+def test_inverses_reused_between_refreshes_and_nesterov(mode):
+    weights, _, _ = _mlp_data()
+    net = MLP(*weights)
+    opt = thor(net, 0.05, 0.05, 0.9, frequency=3, use_nesterov=True)
+    cell = _train_cell(opt.thor_network, opt)
+    loss_net = cell.network
+    rng = np.random.default_rng(7)
+    history = []
+    for step in range(5):
+        x = Tensor(rng.standard_normal((8, 5)).astype(np.float32))
+        y = Tensor(rng.integers(0, 4, 8).astype(np.int32))
+        inverses = [p.asnumpy().copy() for p in (*opt.a_inverses, *opt.g_inverses)]
+        if step in (1, 4):  # a step between refreshes: numpy update from the stored inverses and moments
+            w, b = net.fc2.weight.asnumpy().copy(), net.fc2.bias.asnumpy().copy()
+            grads = ms.grad(loss_net, None, opt.parameters)(x, y)
+            gw, gb = grads[2].asnumpy(), grads[3].asnumpy()
+            a_inv, g_inv = opt.a_inverses[1].asnumpy()[0, 0], opt.g_inverses[1].asnumpy()[0, 0]
+            p = g_inv @ np.concatenate([gw, gb[:, None]], 1) @ a_inv
+            v_w = 0.9 * opt.moments[2].asnumpy() + p[:, :-1]
+            v_b = 0.9 * opt.moments[3].asnumpy() + p[:, -1]
+        cell(x, y)
+        if step in (1, 4):
+            np.testing.assert_allclose(net.fc2.weight.asnumpy(), w - 0.05 * (p[:, :-1] + 0.9 * v_w), rtol=1e-4,
+                                       atol=1e-6)
+            np.testing.assert_allclose(net.fc2.bias.asnumpy(), b - 0.05 * (p[:, -1] + 0.9 * v_b), rtol=1e-4,
+                                       atol=1e-6)
+        after = [p.asnumpy().copy() for p in (*opt.a_inverses, *opt.g_inverses)]
+        history.append((inverses, after, [bool(f.asnumpy()) for f in opt.capture_flags]))
+    for step, (before, after, flags) in enumerate(history):
+        changed = any(not np.array_equal(b, a) for b, a in zip(before, after))
+        assert changed == (step % 3 == 0), step
+        # after step t the layers capture in step t+1 only when t+1 is a refresh step
+        assert flags == [(step + 1) % 3 == 0] * 2, (step, flags)
+    assert int(opt.global_step.asnumpy()[0]) == 5
+
+
+def test_damping_per_step_array_and_running_average(mode):
+    weights, x, y = _mlp_data()
+    net = MLP(*weights)
+    damping = [0.5, 0.4, 0.3, 0.2]
+    opt = thor(net, 0.01, damping, 0.0, frequency=2, factor_decay=0.5)
+    cell = _train_cell(opt.thor_network, opt)
+    layer = opt.thor_layers[1]
+    captured = []
+    rng = np.random.default_rng(3)
+    for step in range(7):
+        xs = Tensor(rng.standard_normal((8, 5)).astype(np.float32))
+        cell(xs, Tensor(y))
+        if step % 2 == 0:
+            captured.append(layer.matrix_a_batch.asnumpy().astype(np.float64)[0])
+            expected = captured[0]
+            for c in captured[1:]:
+                expected = 0.5 * expected + 0.5 * c
+            np.testing.assert_allclose(layer.matrix_a.asnumpy()[0], expected, rtol=1e-5, atol=1e-6)
+            lam = damping[min(step, 3)]
+            inv = np.linalg.inv(expected + np.sqrt(lam) * np.eye(expected.shape[0]))
+            np.testing.assert_allclose(opt.a_inverses[1].asnumpy()[0, 0], inv, rtol=1e-3, atol=1e-4)
+
+
+def test_damping_schedule_and_fixed_loss_scale(mode):
+    """A LearningRateSchedule damping; the FixedLossScaleManager(S, drop=False) pattern equals no scaling."""
+    weights, x, y = _mlp_data()
+    results = []
+    for scale in (1.0, 256.0):
+        net = MLP(*weights)
+        opt = thor(net, 0.1, nn.ExponentialDecayLR(0.2, 0.5, 1), 0.9, loss_scale=scale, frequency=2)
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        cell = nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt, sens=scale)
+        cell.set_train()
+        for _ in range(3):
+            cell(Tensor(x), Tensor(y))
+        results.append([p.asnumpy().copy() for p in opt.parameters])
+        g = opt.thor_layers[0].matrix_g_batch.asnumpy()[0].astype(np.float64)
+        lam = 0.2 * 0.5 ** 2  # refreshed at step 2
+        np.testing.assert_allclose(opt.g_inverses[0].asnumpy()[0, 0], np.linalg.inv(g + np.sqrt(lam) * np.eye(6)),
+                                   rtol=1e-3, atol=1e-4)
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_overflow_step_changes_nothing():
+    """With ms_boost's loss-scale cell an overflow skips the optimizer: no THOR state moves."""
+    from ms_boost.train_cell import BoostTrainOneStepWithLossScaleCell
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        weights, x, y = _mlp_data()
+        net = MLP(*weights)
+        opt = thor(net, 0.1, 0.05, 0.9, frequency=2, factor_decay=0.5)
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        cell = BoostTrainOneStepWithLossScaleCell(nn.WithLossCell(opt.thor_network, loss), opt,
+                                                  Tensor(np.float32(64.0)))
+        opt.bind_loss_scale(cell.scale_sense)
+        cell.set_train()
+        cell(Tensor(x), Tensor(y))
+        cell(Tensor(x), Tensor(y))  # now step 2 is a refresh step: flags are up
+        state = {p.name: p.asnumpy().copy() for p in opt.get_parameters() if "_batch" not in p.name}
+        bad = x.copy()
+        bad[0, 0] = np.inf
+        _, overflow, _ = cell(Tensor(bad), Tensor(y))
+        assert bool(overflow.asnumpy())
+        for p in opt.get_parameters():
+            if p.name in state:
+                np.testing.assert_array_equal(p.asnumpy(), state[p.name], err_msg=p.name)
+        _, overflow, _ = cell(Tensor(x), Tensor(y))
+        assert not bool(overflow.asnumpy())
+        assert int(opt.global_step.asnumpy()[0]) == 3
+        assert np.all(np.isfinite(opt.a_inverses[0].asnumpy()))
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_argument_errors():
+    weights, _, _ = _mlp_data()
+    net = MLP(*weights)
+    cases = [
+        (dict(damping=0.0), ValueError, "damping"),
+        (dict(damping=[0.1, -1.0]), ValueError, "damping"),
+        (dict(damping="x"), TypeError, "damping"),
+        (dict(momentum=-0.1), ValueError, "momentum"),
+        (dict(frequency=0), ValueError, "frequency"),
+        (dict(weight_decay=-1.0), ValueError, "weight_decay"),
+        (dict(batch_size=0), ValueError, "batch_size"),
+        (dict(use_nesterov=1), TypeError, "use_nesterov"),
+        (dict(split_indices=[3, 1]), ValueError, "split_indices"),
+        (dict(split_indices="0"), TypeError, "split_indices"),
+    ]
+    for kwargs, error, word in cases:
+        args = dict(learning_rate=0.1, damping=0.1, momentum=0.9)
+        args.update(kwargs)
+        with pytest.raises(error, match=word):
+            thor(net, **args)
+    with pytest.raises(TypeError, match="net"):
+        THOR("net", 0.1, 0.1, 0.9)
+
+
+class EmbNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(7, 4)
+        self.fc = nn.Dense(4, 3)
+        self.fc.bias.requires_grad = False  # captured in A, not trained: A loses its bias row/column
+
+    def construct(self, ids):
+        return self.fc(self.emb(ids).mean(1))
+
+
+def test_embedding_and_frozen_bias_step(mode):
+    ms.set_seed(2)
+    net = EmbNet()
+    ids = Tensor(np.array([[1, 2, 2], [0, 6, 1], [3, 3, 3], [1, 5, 0]], np.int32))
+    y = Tensor(np.array([0, 1, 2, 1], np.int32))
+    opt = thor(net, 0.1, 0.2, 0.0, frequency=4)
+    assert [p.name for p in opt.parameters] == ["emb.embedding_table", "fc.weight"]
+    loss_net = nn.WithLossCell(opt.thor_network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    loss_net.set_train()
+    grads = [g.asnumpy().astype(np.float64) for g in ms.grad(loss_net, None, opt.parameters)(ids, y)]
+    before = [p.asnumpy().astype(np.float64) for p in opt.parameters]
+    cell = nn.TrainOneStepCell(loss_net, opt)
+    cell.set_train()
+    cell(ids, y)
+    emb, fc = opt.thor_layers
+    freq = emb.matrix_a_batch.asnumpy().astype(np.float64)
+    np.testing.assert_allclose(freq, np.bincount(ids.asnumpy().ravel(), minlength=7) / 12)
+    g_emb = emb.matrix_g_batch.asnumpy()[0].astype(np.float64)
+    s = np.sqrt(0.2)
+    expected_emb = np.diag(1 / (freq + s)) @ grads[0] @ np.linalg.inv(g_emb + s * np.eye(4))
+    a_fc = fc.matrix_a_batch.asnumpy()[0].astype(np.float64)[:-1, :-1]
+    g_fc = fc.matrix_g_batch.asnumpy()[0].astype(np.float64)
+    expected_fc = np.linalg.inv(g_fc + s * np.eye(3)) @ grads[1] @ np.linalg.inv(a_fc + s * np.eye(4))
+    np.testing.assert_allclose(opt.parameters[0].asnumpy(), before[0] - 0.1 * expected_emb, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(opt.parameters[1].asnumpy(), before[1] - 0.1 * expected_fc, rtol=1e-4, atol=1e-6)
