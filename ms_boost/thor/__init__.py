@@ -18,6 +18,8 @@ or through the boost configuration: ``Model(..., boost_level="O0", boost_config_
 from __future__ import annotations
 
 import numbers
+import sys
+import types
 
 from mindspore import nn
 
@@ -115,3 +117,14 @@ def apply_boost_thor(network: nn.Cell, optimizer: nn.Optimizer, thor_cfg) -> tup
                thor_cfg.batch_size, thor_cfg.use_nesterov, decay_filter, split, thor_cfg.enable_clip_grad,
                thor_cfg.frequency, params=list(optimizer.parameters))
     return converted, opt
+
+
+class _CallableThorModule(types.ModuleType):
+    """``ms_boost.thor`` is both this package and the optimizer factory: ``ms_boost.thor(net, lr, ...)``
+    works whichever of the two the name is bound to (a package import binds the module)."""
+
+    def __call__(self, *args, **kwargs):
+        return thor(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableThorModule
