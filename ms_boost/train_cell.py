@@ -39,8 +39,10 @@ def build_reducer(boost: AutoBoost, weights) -> comm.GradReducer:
     """
     reduce, mean, degree = comm.data_parallel_reduce_config()
     if reduce and boost.enabled("adasum"):
-        group, _ = comm.server_groups(boost.common.device_number)
-        return comm.GradReducer(weights, mean, boost.common.device_number, group, enabled=group is not None)
+        # fewer ranks than common.device_number (8 by default): they all sit on one server
+        per_server = min(boost.common.device_number, comm.get_size())
+        group, _ = comm.server_groups(per_server)
+        return comm.GradReducer(weights, mean, per_server, group, enabled=group is not None)
     return comm.GradReducer(weights, mean, degree, None, enabled=reduce)
 
 

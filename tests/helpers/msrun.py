@@ -21,8 +21,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
+    rng = random.SystemRandom()  # not the seeded global generator: concurrent jobs must not pick the same port
     for _ in range(50):
-        port = random.randint(20000, 40000)
+        port = rng.randint(20000, 40000)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
