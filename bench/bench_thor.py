@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -29,7 +30,7 @@ from mindspore import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import environment, write_results  # noqa: E402
+from bench.common import RESULTS, environment, write_results  # noqa: E402
 from model_zoo.resnet.src.resnet import BasicBlock, ResNet  # noqa: E402
 from model_zoo.resnet.src.synthetic_data import render_image  # noqa: E402
 from ms_boost import Model  # noqa: E402
@@ -146,14 +147,22 @@ def markdown(args, conv: dict, steps: dict, env: dict) -> str:
              f"rate (Momentum peak {args.momentum_lr}, THOR peak {args.thor_lr}); THOR damping {args.damping} "
              f"decaying 10x over the run, frequency {args.conv_frequency}.", "",
              f"## Convergence (target: {args.target:.0%} validation accuracy)", "",
-             "| optimizer | seed | epochs to target | training time to target | compile | val acc per epoch |",
-             "|---|---|---|---|---|---|"]
+             "Measured time: the epochs' wall time (epoch 1 counted at the median epoch time; the rest of it is "
+             "the *compile* column); it swings with the other jobs on the machine. Modelled time: epochs x steps "
+             "per epoch x the step time measured below with both optimizers alternating (load-independent "
+             "ratio).", "",
+             "| optimizer | seed | epochs to target | measured time to target | modelled time to target | compile "
+             "| val acc per epoch |",
+             "|---|---|---|---|---|---|---|"]
     for kind, runs in conv.items():
+        step = _step_seconds(kind, steps)
         for seed, r in runs.items():
-            epochs = r["epochs_to_target"] if r["epochs_to_target"] else f"> {args.epochs}"
+            reached = r["epochs_to_target"]
+            epochs = reached if reached else f"> {args.epochs}"
             t = f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] else "-"
+            model = f"{reached * r['steps_per_epoch'] * step:.1f} s" if reached and step else "-"
             accs = " ".join(f"{a:.2f}" for a in r["accuracy"])
-            lines.append(f"| {kind} | {seed} | {epochs} | {t} | {r['compile_s']:.1f} s | {accs} |")
+            lines.append(f"| {kind} | {seed} | {epochs} | {t} | {model} | {r['compile_s']:.1f} s | {accs} |")
     if steps is None:
         return "\n".join(lines + ["", f"Environment: `{env}`"])
     lines += ["", "## Step time (fixed batch, Momentum and THOR steps alternating, medians)", "",
@@ -166,6 +175,16 @@ def markdown(args, conv: dict, steps: dict, env: dict) -> str:
         lines.append(f"| {f} | {steps['amortized_s'][f] * 1e3:.1f} ms | {ratio:.2f}x |")
     lines += ["", f"Environment: `{env}`"]
     return "\n".join(lines)
+
+
+def _step_seconds(kind: str, steps) -> float:
+    """Median step time of ``kind`` from the step-time measurement (amortized for THOR's frequency)."""
+    if not steps:
+        return 0.0
+    if kind == "momentum":
+        return steps["momentum_s"]
+    frequency = int(kind.split("_")[1])
+    return steps["thor_other_s"] + (steps["thor_refresh_s"] - steps["thor_other_s"]) / frequency
 
 
 def main(argv=None) -> None:
@@ -192,7 +211,13 @@ def main(argv=None) -> None:
     parser.add_argument("--skip_step_time", action="store_true")
     parser.add_argument("--kinds", nargs="*", default=None, help="e.g. momentum thor_10 (default: both)")
     parser.add_argument("--no_write", action="store_true", help="print only (hyper-parameter exploration)")
+    parser.add_argument("--render", action="store_true", help="rewrite thor.md from the saved thor.json")
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads((RESULTS / "thor.json").read_text(encoding="utf-8"))
+        write_results("thor", saved, markdown(argparse.Namespace(**saved["args"]), saved["convergence"],
+                                              saved["step_time"], saved["environment"]))
+        return
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     data = (make_images(args.classes, args.train_per_class, args.size, 0, 0),

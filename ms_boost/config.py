@@ -264,10 +264,10 @@ class ThorConfig:
         momentum: None takes the user's optimizer momentum (0.9 if it has none).
         weight_decay: None takes the user's optimizer weight decay.
         loss_scale: static loss scale the gradients carry.
-        batch_size: per-device batch size (only used for upstream-compatible normalisation).
+        batch_size: accepted for upstream compatibility; factors use the real sample counts.
         use_nesterov: Nesterov momentum.
-        split_indices: parameter indices splitting the all-reduce of factors.
-        enable_clip_grad: clip gradients before preconditioning.
+        split_indices: layer indices splitting the fused all-reduce of factors (0 is valid).
+        enable_clip_grad: clip each preconditioned update tensor to norm 1.
     """
 
     damping: Union[float, Tuple[float, ...]] = 0.03
@@ -289,7 +289,7 @@ class ThorConfig:
         "loss_scale": lambda p, v: _check_float(p, v, low=0.0, low_open=True),
         "batch_size": lambda p, v: _check_int(p, v, low=1),
         "use_nesterov": _check_bool,
-        "split_indices": lambda p, v: None if v is None else _check_int_list(p, v, low=1),
+        "split_indices": lambda p, v: None if v is None else _check_int_list(p, v, low=0),
         "enable_clip_grad": _check_bool,
     }
 

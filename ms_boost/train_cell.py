@@ -144,10 +144,16 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         # (A group manager's scales are excluded: their back-off on overflow must stick.)
         manager_params = set() if self.group_manager is None else {
             id(p) for p in self.group_manager.get_parameters()}
+        # THOR's scratch statistics and factors are only folded in by the (skipped) optimizer step: no restore.
+        from ms_boost.thor import thor_state_parameters
+
+        manager_params |= {id(p) for p in thor_state_parameters(network)}
         self.buffers = ParameterTuple(p for p in network.get_parameters()
                                       if not p.requires_grad and p.dtype in (ms.float32, ms.float16)
                                       and id(p) not in manager_params)
         self.buffer_shadows = self.buffers.clone(prefix="overflow_shadow", init="same")
+        if hasattr(optimizer, "bind_loss_scale"):  # THOR unscales its captured G by the live loss scale
+            optimizer.bind_loss_scale(self.scale_sense)
 
     def set_sense_scale(self, sens) -> None:
         """Set the loss scale (as MindSpore's loss-scale cell)."""
