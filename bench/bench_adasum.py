@@ -120,6 +120,7 @@ def worker_steptime(args) -> None:
             for r in range(args.rounds):
                 names = list(work) if r % 2 == 0 else list(reversed(work))  # interleaved, alternating order
                 for name in names:
+                    comm.barrier()  # every rank starts the item together: no rank's lag is billed to the next
                     times[name].append(timed(work[name], args.steps * multiple))
             key = f"{mode_name}/{net_name}"
             results.update({f"{key}/{name}": np.array([t[0] for t in ts]) for name, ts in times.items()})
@@ -274,7 +275,8 @@ def render(payload: dict) -> str:
                   f"Per-rank batch {a['batch']}, Momentum; *mean* = `boost_level=\"O0\"` under DATA_PARALLEL "
                   "(fused mean all-reduce), *AdaSum* = the AdaSum-only boost with `common.device_number: 1` "
                   f"(AdaSum across every rank). {a['rounds']} rounds; in each, every contender runs {a['steps']} "
-                  f"step(s) ({10 * a['steps']} for TinyConvNet), the order flipping every round. Step times: "
+                  f"step(s) ({10 * a['steps']} for TinyConvNet) after a barrier, the order flipping every round. "
+                  "Step times: "
                   "medians over rounds (ms). **Wall ratio**: median over rounds of the round's AdaSum / mean wall "
                   "time (pairing cancels most of the load drift). **CPU ratio**: the same with the process's CPU "
                   "time (the work a step costs, independent of the other jobs on the machine, blind to waiting for "

@@ -387,11 +387,10 @@ class AdaSumReduce(nn.Cell):
     server. Output: the tuple of combined deltas, float32, identical on every rank. On one server the
     output is the input in float32.
 
-    Per bucket of consecutive tensors (:func:`plan_buckets`): the tensors are fused in float32
-    (:meth:`pack`); device ``d`` of each server contributes shard ``d`` of the bucket to one world
-    AllGather, which gives every rank the whole bucket of every server; every rank evaluates
-    :func:`adasum_tree_reduce` on it (:meth:`combine_bucket`) and the result is split back
-    (:meth:`unpack`).
+    Per bucket of consecutive tensors (:func:`plan_buckets`): the tensors are fused in float32; device
+    ``d`` of each server contributes shard ``d`` of the bucket to one world AllGather, which gives every
+    rank the whole bucket of every server; every rank evaluates :func:`adasum_tree_reduce` on it and
+    the result is split back into the tensors.
 
     Args:
         shapes: the shape of each delta tensor, in order.
@@ -401,6 +400,9 @@ class AdaSumReduce(nn.Cell):
 
     Attributes:
         buckets: the :class:`FusedBucket` layouts.
+        layouts: per bucket, the constants the compiled steps take: ``(first, stop, packing layout,
+            shard begin, shard length, unpacking layout)``.
+        tree: ``(plan, chunk, num_servers)`` of :func:`adasum_tree_reduce`.
         active: more than one server (else the Cell only casts to float32).
 
     Raises:
@@ -425,22 +427,8 @@ class AdaSumReduce(nn.Cell):
              (b.starts, sizes[b.first:b.stop], self.shapes[b.first:b.stop]))
             for b in self.buckets)
         self.indicators = tuple(Tensor(b.indicator()) for b in self.buckets) if self.active else ()
-        self.plan = tuple(level.plan for level in adasum_schedule(self.num_servers))
+        self.tree = (tuple(level.plan for level in adasum_schedule(self.num_servers)), chunk, self.num_servers)
         self.gather = comm.AllGather()
-
-    def pack(self, b: int, tensors):
-        """Bucket ``b``'s tensors (a tuple, any float dtype) fused into one float32 vector."""
-        return _pack(self.layouts[b][2], *tensors)
-
-    def unpack(self, b: int, flat):
-        """Bucket ``b``'s fused float32 vector split back into its tensors (float32, their shapes)."""
-        return _unpack(self.layouts[b][5], flat)
-
-    def combine_bucket(self, b: int, flat):
-        """AdaSum across servers of this server's fused bucket ``b`` (identical on every rank)."""
-        begin, shard = self.layouts[b][3], self.layouts[b][4]
-        gathered = self.gather(flat[begin:begin + shard])
-        return _tree_of_gathered(gathered, self.indicators[b], self.plan, self.chunk, self.num_servers)
 
     def construct(self, deltas):
         out = ()
@@ -449,14 +437,17 @@ class AdaSumReduce(nn.Cell):
                 out = out + (ops.cast(delta, ms.float32),)
             return out
         for b in range(len(self.layouts)):
-            first, stop = self.layouts[b][0], self.layouts[b][1]
-            out = out + self.unpack(b, self.combine_bucket(b, self.pack(b, deltas[first:stop])))
+            first, stop, pack, begin, shard, unpack = self.layouts[b]
+            flat = _pack(pack, *deltas[first:stop])
+            gathered = self.gather(flat[begin:begin + shard])
+            out = out + _unpack(unpack, _tree_of_gathered(gathered, self.indicators[b], self.tree))
         return out
 
 
 # The fused-layout steps are compiled functions (``ms.jit``), so that in PyNative mode each runs as one
-# graph instead of dozens of small operations. Layouts are Python constants; every Tensor is a separate
-# argument (a tuple of Tensors would be frozen into the graph as a constant).
+# graph instead of dozens of small operations (inside a Graph-mode construct they are inlined). Layouts
+# are Python constants; every Tensor is a separate argument (a tuple of Tensors would be frozen into the
+# graph as a constant).
 @ms.jit
 def _pack(layout, *tensors):
     """Fuse ``tensors`` in float32: each padded with zeros to whole chunks, then the bucket's tail."""
@@ -482,9 +473,32 @@ def _unpack(layout, flat):
 
 
 @ms.jit
-def _tree_of_gathered(gathered, indicator, plan, chunk, num_servers):
+def _tree_of_gathered(gathered, indicator, tree):
     """Rows = servers of the gathered bucket, reduced by the AdaSum tree."""
+    plan, chunk, num_servers = tree
     return adasum_tree_reduce(ops.reshape(gathered, (num_servers, -1)), plan, indicator, chunk)
+
+
+@ms.jit
+def _save_packed(layout, saved, *weights):
+    """``saved = pack(weights)``: the float32 copy of a bucket's weights before the step."""
+    return ops.assign(saved, _pack(layout, *weights))
+
+
+@ms.jit
+def _delta_shard(layout, begin, shard, saved, *weights):
+    """This device's shard of ``pack(weights) - saved``: its part of the server's delta."""
+    return (_pack(layout, *weights) - saved)[begin:begin + shard]
+
+
+@ms.jit
+def _write_combined(layout, tree, gathered, indicator, saved, *weights):
+    """``weights = unpack(saved + AdaSum tree of the gathered deltas)``, cast to each weight's dtype."""
+    new = _unpack(layout, saved + _tree_of_gathered(gathered, indicator, tree))
+    out = ()
+    for k in range(len(weights)):
+        out = out + (ops.assign(weights[k], ops.cast(new[k], weights[k].dtype)),)
+    return out
 
 
 def _check_weights(weights, where: str) -> ParameterTuple:
@@ -501,7 +515,8 @@ class AdaSumUpdate(nn.Cell):
     ``construct(loss, grads, *inputs)``: save the weights (fused in float32, one buffer per bucket),
     call ``inner(loss, grads, *inputs)`` (normally the optimizer step), form
     :math:`\Delta = w_{new} - w_{old}` on the fused buffers, combine the deltas across servers
-    (:meth:`AdaSumReduce.combine_bucket`) and assign :math:`w = w_{old} + \operatorname{AdaSum}(\Delta)`.
+    (one world AllGather of shards per bucket, as :class:`AdaSumReduce`) and assign
+    :math:`w = w_{old} + \operatorname{AdaSum}(\Delta)`.
 
     The stage is a plain wrapper around ``inner`` (with one warning at construction) when there is only
     one server: one rank, ``device_number`` >= the number of ranks, or no data-parallel context
@@ -531,7 +546,6 @@ class AdaSumUpdate(nn.Cell):
             warnings.warn(f"AdaSum is a no-op: {why}; the update is the plain inner step.", UserWarning,
                           stacklevel=2)
             return
-        self.is_float32 = tuple(w.dtype == ms.float32 for w in self.weights)  # others go through float32
         self.saved = ParameterTuple(
             Parameter(Tensor(np.zeros(b.length, np.float32)), name=f"adasum_saved.bucket{k}", requires_grad=False)
             for k, b in enumerate(self.reduce.buckets))
@@ -539,24 +553,20 @@ class AdaSumUpdate(nn.Cell):
     def construct(self, loss, grads, *inputs):
         if not self.active:
             return self.inner(loss, grads, *inputs)
-        buckets = self.reduce.layouts
+        layouts = self.reduce.layouts
         saved = ()
-        for b in range(len(buckets)):
-            current = self.reduce.pack(b, self.weights[buckets[b][0]:buckets[b][1]])
-            saved = saved + (ops.assign(self.saved[b], current),)
+        for b in range(len(layouts)):
+            first, stop, pack = layouts[b][0], layouts[b][1], layouts[b][2]
+            saved = saved + (_save_packed(pack, self.saved[b], *self.weights[first:stop]),)
         grads = ops.depend(grads, saved)
         done = self.inner(loss, grads, *inputs)
+        stepped = ops.depend(self.weights, done)
         written = ()
-        for b in range(len(buckets)):
-            first, stop = buckets[b][0], buckets[b][1]
-            stepped = ()
-            for i in range(first, stop):
-                stepped = stepped + (ops.depend(self.weights[i], done),)
-            delta = self.reduce.pack(b, stepped) - self.saved[b]
-            new = self.reduce.unpack(b, self.saved[b] + self.reduce.combine_bucket(b, delta))
-            for i in range(first, stop):
-                value = new[i - first] if self.is_float32[i] else ops.cast(new[i - first], self.weights[i].dtype)
-                written = written + (ops.assign(self.weights[i], value),)
+        for b in range(len(layouts)):
+            first, stop, pack, begin, shard, unpack = layouts[b]
+            gathered = self.reduce.gather(_delta_shard(pack, begin, shard, self.saved[b], *stepped[first:stop]))
+            written = written + _write_combined(unpack, self.reduce.tree, gathered, self.reduce.indicators[b],
+                                                self.saved[b], *self.weights[first:stop])
         return ops.depend(done, written)
 
 
