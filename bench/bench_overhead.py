@@ -67,15 +67,18 @@ def run_mode(mode_name, repeats, steps, batch):
     for name, (cls, level, cfg) in CONTENDERS.items():
         try:
             model, data = build(cls, level, cfg, x, y, batch)
-            time_epoch(model, data, steps)  # warm-up: compilation, first-step allocation
+            warm = time_epoch(model, data, steps)  # warm-up: compilation, first-step allocation
             built[name] = (model, data)
+            print(f"[bench] {mode_name} {name}: warm-up epoch {warm * steps:.1f} s", flush=True)
         except Exception as exc:  # noqa: BLE001 - a contender that fails is reported, not hidden
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             traceback.print_exc(limit=1)
     times = {name: [] for name in built}
-    for _ in range(repeats):
+    for r in range(repeats):
         for name, (model, data) in built.items():  # interleaved: drift hits every contender alike
             times[name].append(time_epoch(model, data, steps))
+        print(f"[bench] {mode_name} repeat {r + 1}/{repeats}: "
+              + ", ".join(f"{n} {t[-1] * 1e3:.1f} ms" for n, t in times.items()), flush=True)
     medians = {name: statistics.median(t) for name, t in times.items()}
     return medians, times, errors
 
@@ -94,13 +97,15 @@ def main():
              f"MindSpore {ms.__version__}. Command: `python bench/bench_overhead.py`.", ""]
     for mode_name in ("pynative", "graph"):
         medians, times, errors = run_mode(mode_name, args.repeats, args.steps, args.batch)
-        ratios = {f"{a} / {b}": medians[a] / medians[b] for a, b in RATIOS if a in medians and b in medians}
+        # paired: each repeat's ratio (the two ran back to back, under the same load), median over repeats
+        ratios = {f"{a} / {b}": statistics.median(x / y for x, y in zip(times[a], times[b]))
+                  for a, b in RATIOS if a in medians and b in medians}
         payload["modes"][mode_name] = {"median_step_s": medians, "times": times, "errors": errors, "ratios": ratios}
         lines += [f"## {mode_name}", "", "| contender | median step (ms) |", "|---|---|"]
         for name in CONTENDERS:
             cell = f"{medians[name] * 1e3:.2f}" if name in medians else f"fails: `{errors.get(name, '?')}`"
             lines.append(f"| {name} | {cell} |")
-        lines += ["", "| ratio | value |", "|---|---|"]
+        lines += ["", "| ratio (median over repeats of the paired per-repeat ratio) | value |", "|---|---|"]
         for a, b in RATIOS:
             key = f"{a} / {b}"
             lines.append(f"| {key} | {ratios[key]:.3f} |" if key in ratios else f"| {key} | n/a ({b} fails) |")

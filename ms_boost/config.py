@@ -488,8 +488,22 @@ class AutoBoost:
             out[name] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(section).items()}
         return out
 
-    def summary(self) -> str:
-        """A readable summary of the resolved plan: which stages run, with which values."""
+    def summary(self, ranks: Optional[int] = None) -> str:
+        """A readable summary of the resolved plan: which stages run, with which values.
+
+        Args:
+            ranks: the number of data-parallel ranks the plan runs on; ``None`` reads it from MindSpore's
+                parallel context (1 when communication is not initialised or not in data-parallel mode).
+                The gradient-reduction step is described for that many ranks (AdaSum needs more than one
+                server; ``common.device_number`` is capped at the rank count, as the train cell does).
+        """
+        if ranks is None:
+            from ms_boost import comm
+
+            reduce, _, degree = comm.data_parallel_reduce_config()
+            ranks = degree if reduce else 1
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ValueError(f"summary(ranks={ranks!r}): ranks must be an int >= 1.")
         on = [k for k in SWITCHES if self.boost_config[k]]
         lines = [f"ms_boost plan: level={self.level} mode={self.mode} -> "
                  f"{', '.join(on) if on else 'no boost algorithm (plain training step)'}"]
@@ -500,10 +514,18 @@ class AutoBoost:
         order = []
         if self.boost_config["grad_accumulation"]:
             order.append(f"accumulate x{self.grad_accumulation.grad_accumulation_step}")
-        if self.boost_config["adasum"]:
-            order.append(f"mean within server ({self.common.device_number} devices) -> AdaSum across servers")
+        per_server = min(self.common.device_number, ranks)
+        servers = -(-ranks // per_server)
+        if ranks == 1:
+            inactive = "; AdaSum inactive" if self.boost_config["adasum"] else ""
+            order.append(f"no gradient reduction (1 rank){inactive}")
+        elif self.boost_config["adasum"] and servers > 1:
+            order.append(f"mean within server ({per_server} of {ranks} ranks) -> AdaSum across {servers} servers")
+        elif self.boost_config["adasum"]:
+            order.append(f"mean all-reduce across {ranks} ranks (one server of common.device_number="
+                         f"{self.common.device_number}: AdaSum inactive)")
         else:
-            order.append("mean all-reduce across ranks (data parallel)")
+            order.append(f"mean all-reduce across {ranks} ranks (data parallel)")
         if self.boost_config["dim_reduce"]:
             order.append("DimReduce (PCA subspace BFGS + line search)")
         elif self.boost_config["thor"]:

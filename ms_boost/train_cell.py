@@ -81,12 +81,34 @@ class BoostTrainOneStepCell(nn.Cell):
         return loss
 
 
+# Per-tensor steps mapped over tuples with HyperMap: a Python loop in ``construct`` unrolls into one call
+# per tensor, which exceeds Graph mode's call-depth limit on deep networks (ResNet-101 has ~300 tensors).
+_non_finite = ops.MultitypeFuncGraph("non_finite")
+_scale_by = ops.MultitypeFuncGraph("scale_by")
+_copy_into = ops.MultitypeFuncGraph("copy_into")
+
+
+@_non_finite.register("Tensor")
+def _non_finite_tensor(g):
+    return ops.cast(ops.logical_not(ops.isfinite(g).all()), ms.float32)
+
+
+@_scale_by.register("Tensor", "Tensor")
+def _scale_tensor(factor, g):
+    return g * ops.cast(factor, g.dtype)
+
+
+@_copy_into.register("Tensor", "Tensor")
+def _copy_tensor(dst, src):
+    return ops.assign(dst, src)
+
+
+_hyper_map = ops.HyperMap()
+
+
 def _any_non_finite(grads) -> Tensor:
-    """True when any element of any gradient is inf or NaN."""
-    flags = ()
-    for g in grads:
-        flags = flags + (ops.logical_not(ops.isfinite(g).all()),)
-    return ops.stack(flags).any()
+    """True when any element of any gradient is inf or NaN (a bool scalar)."""
+    return ops.addn(_hyper_map(_non_finite, grads)) > 0.5
 
 
 class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
@@ -152,6 +174,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
                                       if not p.requires_grad and p.dtype in (ms.float32, ms.float16)
                                       and id(p) not in manager_params)
         self.buffer_shadows = self.buffers.clone(prefix="overflow_shadow", init="same")
+        self.has_buffers = len(self.buffers) > 0
         if hasattr(optimizer, "bind_loss_scale"):  # THOR unscales its captured G by the live loss scale
             optimizer.bind_loss_scale(self.scale_sense)
 
@@ -161,10 +184,8 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         self.scale_sense.set_data(Tensor(float(value), ms.float32))
 
     def construct(self, *inputs):
-        snap = ()
-        for shadow, buf in zip(self.buffer_shadows, self.buffers):
-            snap = snap + (ops.assign(shadow, buf),)
-        inputs = ops.depend(inputs, snap)
+        if self.has_buffers:
+            inputs = ops.depend(inputs, _hyper_map(_copy_into, self.buffer_shadows, self.buffers))
         loss = self.network(*inputs)
         scaling_sens = self.scale_sense
         sens = ops.ones_like(loss) * ops.cast(scaling_sens, loss.dtype)
@@ -174,17 +195,13 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
             grads, overflow = self.group_manager.unscale_and_update(grads)
         else:
             inv = ops.reciprocal(scaling_sens) * self.optimizer_loss_scale
-            unscaled = ()
-            for g in grads:
-                unscaled = unscaled + (g * ops.cast(inv, g.dtype),)
-            grads = unscaled
+            grads = _hyper_map(ops.partial(_scale_by, inv), grads)
             local = ops.cast(_any_non_finite(grads), ms.float32)
             overflow = self.overflow_reduce(ops.reshape(local, (1,)))[0] > 0.5
             if self.use_update_cell:
                 overflow = self.scale_update_cell(self.scale_sense, overflow)
         if not overflow:
             loss = ops.depend(loss, self.update(loss, grads, *inputs))
-        else:
-            for shadow, buf in zip(self.buffer_shadows, self.buffers):
-                loss = ops.depend(loss, ops.assign(buf, shadow))
+        elif self.has_buffers:
+            loss = ops.depend(loss, _hyper_map(_copy_into, self.buffers, self.buffer_shadows))
         return loss, overflow, scaling_sens

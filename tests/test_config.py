@@ -99,9 +99,16 @@ def test_user_dict_is_not_modified():
 
 def test_summary_names_stages_and_values():
     cfg = AutoBoost("O2", {"common": {"device_number": 4}, "grad_freeze": {"freeze_p": 0.25}})
-    text = cfg.summary()
+    text = cfg.summary(ranks=8)
     assert "level=O2" in text and "adasum" in text and "freeze_p': 0.25" in text
-    assert "within server (4 devices)" in text
+    assert "mean within server (4 of 8 ranks) -> AdaSum across 2 servers" in text
+    # fewer ranks than device_number: one server, AdaSum is inactive and the summary says so
+    assert "across 2 ranks (one server of common.device_number=4: AdaSum inactive)" in cfg.summary(ranks=2)
+    # not distributed (no communication initialised in the test process): no reduction at all
+    assert "no gradient reduction (1 rank); AdaSum inactive" in cfg.summary()
+    assert "mean all-reduce across 4 ranks (data parallel)" in AutoBoost("O1").summary(ranks=4)
+    with pytest.raises(ValueError, match="ranks=0"):
+        cfg.summary(ranks=0)
     assert cfg.to_dict()["grad_freeze"]["freeze_p"] == 0.25
 
 

@@ -243,9 +243,9 @@ def test_standalone_train_then_run_eval_for_real(env, tmp_path):
 @pytest.mark.msrun
 @pytest.mark.parametrize("recipe, level, extra, pipeline", [
     ("resnet50_imagenet_boost_o1.yaml", "O1", [],
-     "mean all-reduce across ranks (data parallel) -> optimizer on this step's unfrozen groups"),
+     "mean all-reduce across 2 ranks (data parallel) -> optimizer on this step's unfrozen groups"),
     ("resnet50_imagenet_boost_o2_adasum.yaml", "O2", ["--boost_config_dict.common.device_number", "1"],
-     "mean within server (1 devices) -> AdaSum across servers"),  # 2 "servers" of one rank each
+     "mean within server (1 of 2 ranks) -> AdaSum across 2 servers"),  # 2 "servers" of one rank each
 ], ids=["boost_o1", "boost_o2_adasum"])
 def test_cpu_launcher_runs_two_workers_for_real(recipe, level, extra, pipeline, env, tmp_path):
     proc = run("run_distribute_train_cpu.sh", 2, "synthetic", CONFIGS / recipe, "--steps_per_epoch", "3",

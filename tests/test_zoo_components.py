@@ -233,7 +233,7 @@ def test_lr_start_step_and_errors():
 
 def test_thor_schedules_match_reference():
     spe, lr_init, decay, end_epoch, decay_epochs = 5, 0.05803, 4.04839, 12, 9
-    lr = get_thor_lr(lr_init, decay, end_epoch, spe, decay_epochs=decay_epochs)
+    lr = get_thor_lr(0, lr_init, decay, end_epoch, spe, decay_epochs=decay_epochs)
     ref = []
     for step in range(end_epoch * spe):
         epoch = (step + 1) / spe
@@ -245,13 +245,17 @@ def test_thor_schedules_match_reference():
         ref.append(value)
     np.testing.assert_allclose(lr, ref, rtol=1e-5, atol=1e-9)
     assert lr[-1] == 0.0
-    longer = get_thor_lr(lr_init, decay, end_epoch, spe, decay_epochs=decay_epochs, total_epochs=15)
+    longer = get_thor_lr(0, lr_init, decay, end_epoch, spe, decay_epochs=decay_epochs, total_epochs=15)
     assert longer.shape == (75,) and np.all(longer[60:] == 0) and np.all(np.isfinite(longer))
-    damping = get_thor_damping(0.02714, 0.50036, 30, spe)
+    damping = get_thor_damping(0, 0.02714, 0.50036, 30, spe)
     np.testing.assert_allclose(damping, [0.02714 * 0.50036 ** (((s + 1) / spe) / 10) for s in range(30 * spe)],
                                rtol=1e-6)
     assert damping[10 * spe - 1] == pytest.approx(0.02714 * 0.50036, rel=1e-6)
-    np.testing.assert_array_equal(get_thor_damping(0.02714, 0.50036, 30, spe, start_step=4), damping[4:])
+    np.testing.assert_array_equal(get_thor_damping(4, 0.02714, 0.50036, 30, spe), damping[4:])
+    # the sample's call order: global_step first, a resumed run starts inside the schedule
+    np.testing.assert_array_equal(get_thor_lr(7, lr_init, decay, end_epoch, spe, decay_epochs), lr[7:])
+    with pytest.raises(ValueError, match="global_step=60"):
+        get_thor_lr(60, lr_init, decay, end_epoch, spe)
 
 
 # ---------------------------------------------------------------------------------------------------------------

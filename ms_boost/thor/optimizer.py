@@ -207,6 +207,7 @@ class THOR(nn.Optimizer):
         object.__setattr__(self, "_thor_network", net)
 
         self._collect_layers(net)
+        _ensure_call_depth(self.n_layers)
         self.factor_loss_scale = Parameter(Tensor(float(loss_scale), ms.float32), name="thor_factor_loss_scale",
                                            requires_grad=False)
         self.bind_loss_scale(self.factor_loss_scale)
@@ -472,33 +473,81 @@ class THOR(nn.Optimizer):
             damping = self.damping(step)
             token = self._refresh(damping, gradients)
             gradients = ops.depend(gradients, token)
-        per_layer = ()
+        # Per-parameter work is mapped with HyperMap over tuples: a Python loop over ResNet-50's 161
+        # parameters unrolls into nested calls deeper than Graph mode's call-depth limit.
+        new_grads = list(gradients)
         for i in range(self.n_layers):
-            per_layer += (self._precondition_layer(i, gradients),)
-        new_grads = ()
-        for k in range(len(params)):
-            layer, part = self.param_source[k]
-            grad = gradients[k] if layer < 0 else per_layer[layer][part]
-            if self.weight_decay > 0.0 and self.decay_flags[k]:
-                grad = grad + params[k] * self.weight_decay
-            if self.enable_clip_grad:
-                grad = thor_math.clip_by_norm(grad, 1.0)
-            new_grads += (grad,)
+            weight_grad, bias_grad = self._precondition_layer(i, gradients)
+            new_grads[self.weight_index[i]] = weight_grad
+            if self.bias_index[i] >= 0:
+                new_grads[self.bias_index[i]] = bias_grad
+        new_grads = tuple(new_grads)
+        if self.weight_decay > 0.0:
+            new_grads = self.hyper_map(ops.partial(_decay, self.weight_decay), self.decay_flags, params, new_grads)
+        if self.enable_clip_grad:
+            new_grads = self.hyper_map(_clip_to_unit_norm, new_grads)
         lr = self.get_lr()
-        success = ()
-        for k in range(len(params)):
-            if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
-                weight, moment = thor_math.momentum_step(params[k], moments[k], new_grads[k], lr, self.momentum,
-                                                         True)
-                success += (ops.depend(ops.assign(moments[k], moment), ops.assign(params[k], weight)),)
-            else:
-                success += (self.apply_momentum(params[k], moments[k], lr, new_grads[k], self.momentum),)
+        if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
+            success = self.hyper_map(ops.partial(_nesterov_step, lr, self.momentum), params, moments, new_grads)
+        else:
+            success = self.hyper_map(ops.partial(_momentum_step, self.apply_momentum, lr, self.momentum),
+                                     params, moments, new_grads)
         next_step = step + 1
         capture = ((next_step % self.frequency) == 0).all()
-        for flag in self.capture_flags:
-            success = ops.depend(success, ops.assign(flag, capture))
+        success = ops.depend(success, self.hyper_map(ops.partial(_set_flag, capture), self.capture_flags))
         success = ops.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
         return success
+
+
+_CALL_DEPTH = {"raised_to": 0}
+
+
+def _ensure_call_depth(n_layers: int) -> None:
+    """Raise MindSpore's graph call-depth limit (``mindspore.set_recursion_limit``, default 1000) for THOR's
+    per-layer refresh and preconditioning, which Graph mode unrolls into nested calls (about 10 levels per
+    layer). Only ever raised, never lowered below a value ms_boost set before; logged once per change."""
+    needed = 1000 + 12 * max(0, n_layers - 40)
+    if needed > max(1000, _CALL_DEPTH["raised_to"]):
+        ms.set_recursion_limit(needed)
+        _CALL_DEPTH["raised_to"] = needed
+        logger.info(f"thor: {n_layers} THOR layers; graph call-depth limit raised to {needed} "
+                    "(mindspore.set_recursion_limit).")
+
+
+_decay = ops.MultitypeFuncGraph("thor_decay")
+_clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
+_momentum_step = ops.MultitypeFuncGraph("thor_momentum")
+_nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
+_set_flag = ops.MultitypeFuncGraph("thor_set_flag")
+
+
+@_decay.register("Number", "Bool", "Tensor", "Tensor")
+def _decay_tensor(weight_decay, flag, weight, grad):
+    """``grad + weight_decay * weight`` where ``decay_filter`` selected the parameter."""
+    if flag:
+        return grad + weight * weight_decay
+    return grad
+
+
+@_clip_to_unit_norm.register("Tensor")
+def _clip_tensor(grad):
+    return thor_math.clip_by_norm(grad, 1.0)
+
+
+@_momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _momentum_tensor(apply_momentum, lr, momentum, weight, moment, grad):
+    return apply_momentum(weight, moment, lr, grad, momentum)
+
+
+@_nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_tensor(lr, momentum, weight, moment, grad):
+    new_weight, new_moment = thor_math.momentum_step(weight, moment, grad, lr, momentum, True)
+    return ops.depend(ops.assign(moment, new_moment), ops.assign(weight, new_weight))
+
+
+@_set_flag.register("Tensor", "Tensor")
+def _set_flag_tensor(value, flag):
+    return ops.assign(flag, value)
 
 
 def _unique(params: list) -> list:

@@ -15,14 +15,15 @@ __all__ = ["LR_DECAY_MODES", "get_lr", "get_thor_lr", "get_thor_damping"]
 LR_DECAY_MODES = ("linear", "cosine", "poly", "steps", "constant")
 
 
-def _check_schedule_args(total_epochs: int, steps_per_epoch: int, start_step: int) -> int:
+def _check_schedule_args(total_epochs: int, steps_per_epoch: int, start_step: int,
+                         step_name: str = "start_step") -> int:
     for name, value in (("total_epochs", total_epochs), ("steps_per_epoch", steps_per_epoch)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1.")
     total_steps = int(total_epochs) * int(steps_per_epoch)
     bad_type = isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer))
     if bad_type or not 0 <= start_step < total_steps:
-        raise ValueError(f"start_step={start_step!r} must be an int in [0, {total_steps}).")
+        raise ValueError(f"{step_name}={start_step!r} must be an int in [0, {total_steps}).")
     return total_steps
 
 
@@ -87,50 +88,56 @@ def get_lr(lr_init: float, lr_end: float, lr_max: float, warmup_epochs: float, t
     return decayed[start_step:].astype(np.float32)
 
 
-def get_thor_lr(lr_init: float, decay: float, end_epoch: int, steps_per_epoch: int, decay_epochs: int = 100,
-                total_epochs: int = 0, start_step: int = 0) -> np.ndarray:
+def get_thor_lr(global_step: int, lr_init: float, decay: float, end_epoch: int, steps_per_epoch: int,
+                decay_epochs: int = 100, total_epochs: int = 0) -> np.ndarray:
     r"""THOR's polynomial learning-rate decay with two late halvings.
 
     With epoch progress :math:`e = (i + 1) / S` of step :math:`i`:
     :math:`\eta_i = \eta_{init}\,\max(0, 1 - e / E)^{d} \cdot 0.5^{[e \ge D]} \cdot 0.5^{[e \ge D + 1]}`,
     where :math:`E` is ``end_epoch``, :math:`d` is ``decay`` and :math:`D` is ``decay_epochs``.
 
+    The argument order is the ResNet THOR sample's (``get_thor_lr(0, lr_init, decay, lr_end_epoch,
+    step_size, decay_epochs=39)``).
+
     Args:
+        global_step: first step returned (0 for a new run; the resumed step otherwise).
         lr_init: initial learning rate.
         decay: exponent :math:`d`.
         end_epoch: epoch where the rate reaches 0.
         steps_per_epoch: steps in one epoch.
         decay_epochs: epoch of the first halving.
         total_epochs: schedule length in epochs (``end_epoch`` when 0).
-        start_step: first step returned.
 
     Returns:
-        ``float32`` array of length ``total_epochs * steps_per_epoch - start_step``.
+        ``float32`` array of length ``total_epochs * steps_per_epoch - global_step``.
     """
     if isinstance(end_epoch, bool) or not isinstance(end_epoch, (int, np.integer)) or end_epoch < 1:
         raise ValueError(f"end_epoch={end_epoch!r} must be an int >= 1.")
     total_epochs = total_epochs or end_epoch
-    total_steps = _check_schedule_args(total_epochs, steps_per_epoch, start_step)
+    total_steps = _check_schedule_args(total_epochs, steps_per_epoch, global_step, "global_step")
     epoch = (np.arange(total_steps, dtype=np.float64) + 1.0) / steps_per_epoch
     lr = lr_init * np.maximum(0.0, 1.0 - epoch / end_epoch) ** float(decay)
     lr = lr * np.where(epoch >= decay_epochs, 0.5, 1.0) * np.where(epoch >= decay_epochs + 1, 0.5, 1.0)
-    return lr[start_step:].astype(np.float32)
+    return lr[global_step:].astype(np.float32)
 
 
-def get_thor_damping(damping_init: float, decay_rate: float, total_epochs: int, steps_per_epoch: int,
-                     start_step: int = 0) -> np.ndarray:
+def get_thor_damping(global_step: int, damping_init: float, decay_rate: float, total_epochs: int,
+                     steps_per_epoch: int) -> np.ndarray:
     r"""THOR's damping: :math:`\lambda_i = \lambda_0\, r^{e / 10}` with :math:`e = (i + 1) / S`.
 
+    The argument order is the ResNet THOR sample's (``get_thor_damping(0, damping_init, damping_decay,
+    70, step_size)``).
+
     Args:
+        global_step: first step returned.
         damping_init: :math:`\lambda_0`.
         decay_rate: :math:`r` (the damping shrinks by this factor every 10 epochs).
         total_epochs: schedule length in epochs.
         steps_per_epoch: :math:`S`.
-        start_step: first step returned.
 
     Returns:
-        ``float32`` array of length ``total_epochs * steps_per_epoch - start_step``.
+        ``float32`` array of length ``total_epochs * steps_per_epoch - global_step``.
     """
-    total_steps = _check_schedule_args(total_epochs, steps_per_epoch, start_step)
+    total_steps = _check_schedule_args(total_epochs, steps_per_epoch, global_step, "global_step")
     epoch = (np.arange(total_steps, dtype=np.float64) + 1.0) / steps_per_epoch
-    return (damping_init * float(decay_rate) ** (epoch / 10.0))[start_step:].astype(np.float32)
+    return (damping_init * float(decay_rate) ** (epoch / 10.0))[global_step:].astype(np.float32)

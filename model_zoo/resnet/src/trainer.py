@@ -179,7 +179,7 @@ def learning_rate(cfg: Config, steps_per_epoch: int) -> Union[np.ndarray, float]
     """Per-step learning rates of the recipe (a constant without warm-up stays a float)."""
     if cfg.optimizer == "THOR":
         thor_cfg = cfg.thor
-        return get_thor_lr(float(thor_cfg.lr_init), float(thor_cfg.lr_decay), int(thor_cfg.lr_end_epoch),
+        return get_thor_lr(0, float(thor_cfg.lr_init), float(thor_cfg.lr_decay), int(thor_cfg.lr_end_epoch),
                            steps_per_epoch, decay_epochs=int(thor_cfg.decay_epochs),
                            total_epochs=max(int(cfg.epoch_size), int(thor_cfg.lr_end_epoch)))
     if cfg.lr_decay_mode == "constant" and not cfg.warmup_epochs:
@@ -206,7 +206,7 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
         from ms_boost.thor import thor
 
         thor_cfg = cfg.thor
-        damping = get_thor_damping(float(thor_cfg.damping_init), float(thor_cfg.damping_decay),
+        damping = get_thor_damping(0, float(thor_cfg.damping_init), float(thor_cfg.damping_decay),
                                    max(int(cfg.epoch_size), int(thor_cfg.damping_epochs)), steps_per_epoch)
         return thor(net, lr, Tensor(damping), float(cfg.momentum), float(cfg.weight_decay), opt_scale,
                     int(cfg.batch_size), split_indices=list(thor_cfg.split_indices) or None,
