@@ -420,7 +420,7 @@ class AdaSumReduce(nn.Cell):
         sizes = tuple(math.prod(s) for s in self.shapes)
         self.active = self.num_servers > 1
         self.chunk = chunk
-        self.buckets = plan_buckets(sizes, bucket_size, min(device_number, comm.get_size()), chunk)
+        self.buckets = plan_buckets(sizes, bucket_size, comm.server_size(device_number), chunk)
         # per bucket, as constants for construct: tensor range, packing layout, shard range, unpacking layout
         self.layouts = tuple(
             (b.first, b.stop, (sizes[b.first:b.stop], b.padded, b.tail), local_index * b.shard, b.shard,

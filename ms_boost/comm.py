@@ -86,6 +86,14 @@ def create_group(rank_ids: Sequence[int], prefix: str = "ms_boost") -> str:
     return name
 
 
+def server_size(device_number: int, ranks: Optional[int] = None) -> int:
+    """Ranks per server: ``device_number`` capped at ``ranks`` (the world size when None).
+
+    Fewer ranks than ``common.device_number`` (8 by default) all sit on one server.
+    """
+    return min(device_number, get_size() if ranks is None else ranks)
+
+
 def server_groups(device_number: int) -> tuple:
     """Split the world into servers of ``device_number`` consecutive ranks.
 

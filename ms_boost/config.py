@@ -497,9 +497,9 @@ class AutoBoost:
                 The gradient-reduction step is described for that many ranks (AdaSum needs more than one
                 server; ``common.device_number`` is capped at the rank count, as the train cell does).
         """
-        if ranks is None:
-            from ms_boost import comm
+        from ms_boost import comm
 
+        if ranks is None:
             reduce, _, degree = comm.data_parallel_reduce_config()
             ranks = degree if reduce else 1
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
@@ -514,7 +514,7 @@ class AutoBoost:
         order = []
         if self.boost_config["grad_accumulation"]:
             order.append(f"accumulate x{self.grad_accumulation.grad_accumulation_step}")
-        per_server = min(self.common.device_number, ranks)
+        per_server = comm.server_size(self.common.device_number, ranks)
         servers = -(-ranks // per_server)
         if ranks == 1:
             inactive = "; AdaSum inactive" if self.boost_config["adasum"] else ""

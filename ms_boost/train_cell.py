@@ -39,8 +39,7 @@ def build_reducer(boost: AutoBoost, weights) -> comm.GradReducer:
     """
     reduce, mean, degree = comm.data_parallel_reduce_config()
     if reduce and boost.enabled("adasum"):
-        # fewer ranks than common.device_number (8 by default): they all sit on one server
-        per_server = min(boost.common.device_number, comm.get_size())
+        per_server = comm.server_size(boost.common.device_number)
         group, _ = comm.server_groups(per_server)
         return comm.GradReducer(weights, mean, per_server, group, enabled=group is not None)
     return comm.GradReducer(weights, mean, degree, None, enabled=reduce)
@@ -106,9 +105,9 @@ def _copy_tensor(dst, src):
 _hyper_map = ops.HyperMap()
 
 
-def _any_non_finite(grads) -> Tensor:
-    """True when any element of any gradient is inf or NaN (a bool scalar)."""
-    return ops.addn(_hyper_map(_non_finite, grads)) > 0.5
+def _non_finite_count(grads) -> Tensor:
+    """Number of gradients holding an inf or NaN (a float32 scalar)."""
+    return ops.addn(_hyper_map(_non_finite, grads))
 
 
 class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
@@ -157,7 +156,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         self.scale_sense = Parameter(Tensor(value, ms.float32), name="scale_sense")
         self.use_group = self.group_manager is not None
         self.use_update_cell = self.scale_update_cell is not None
-        self.overflow_reduce = comm.AllReduce("sum")  # count of ranks that overflowed
+        self.overflow_reduce = comm.AllReduce("sum")  # non-finite gradients, summed over the ranks
         # An optimizer built with loss_scale=S divides the gradients by S itself (MindSpore's convention for
         # FixedLossScaleManager(drop_overflow_update=False)); the cell leaves that share of the scale in.
         self.optimizer_loss_scale = float(getattr(optimizer, "loss_scale", 1.0) or 1.0)
@@ -196,8 +195,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         else:
             inv = ops.reciprocal(scaling_sens) * self.optimizer_loss_scale
             grads = _hyper_map(ops.partial(_scale_by, inv), grads)
-            local = ops.cast(_any_non_finite(grads), ms.float32)
-            overflow = self.overflow_reduce(ops.reshape(local, (1,)))[0] > 0.5
+            overflow = self.overflow_reduce(ops.reshape(_non_finite_count(grads), (1,)))[0] > 0.5
             if self.use_update_cell:
                 overflow = self.scale_update_cell(self.scale_sense, overflow)
         if not overflow:

@@ -297,7 +297,7 @@ def _devices_per_server(device_number: Optional[int], world: int) -> int:
         return world
     if isinstance(device_number, bool) or not isinstance(device_number, int) or device_number < 1:
         raise ValueError(f"common.device_number={device_number!r} must be a positive integer.")
-    per_server = min(device_number, world)
+    per_server = comm.server_size(device_number, world)
     if world % per_server:
         raise ValueError(f"common.device_number={device_number} must divide the number of ranks ({world}).")
     return per_server

@@ -17,6 +17,28 @@ class PlainConvNet(nn.Cell):
         return self.fc(self.flatten(self.relu(self.conv(x))))
 
 
+def data_parallel_shard(mode: str, steps: int, batch: int, seed: int = 1) -> tuple:
+    """Start a data-parallel msrun worker and return ``(rank, size, x, y)``: this rank's rows of a fixed data set.
+
+    Sets ``mode`` (``"graph"`` or ``"pynative"``) on CPU, initialises communication in DATA_PARALLEL mode with
+    the gradient mean. Step ``s`` of rank ``r`` gets rows ``[s*B*n + r*B, s*B*n + (r+1)*B)``, so one process on
+    the concatenated batch of ``B*n`` rows is the reference.
+    """
+    from mindspore.communication import init
+
+    from ms_boost import comm
+    from tests.helpers.nets import learnable_data
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, size = comm.get_rank(), comm.get_size()
+    x, y = learnable_data(steps * batch * size, seed=seed)
+    rows = [s * batch * size + rank * batch + i for s in range(steps) for i in range(batch)]
+    return rank, size, x[rows], y[rows]
+
+
 def make_plain_net(seed: int = 5) -> PlainConvNet:
     ms.set_seed(seed)
     return PlainConvNet()

@@ -7,7 +7,6 @@ checkpoints in WEIGHT_LOAD_DIR; every rank keeps its own block of rows.
 """
 import sys
 
-import mindspore as ms
 from mindspore import nn
 
 from ms_boost import Model
@@ -30,25 +29,16 @@ def dim_reduce_stage(model: Model) -> DimReduceUpdate:
 
 
 def main() -> None:
-    from mindspore.communication import init
-
-    from ms_boost import comm
     from tests.helpers.msrun import save_result
-    from tests.helpers.nets import dataset, learnable_data, weights
-    from tests.workers.common import make_plain_net
+    from tests.helpers.nets import dataset, weights
+    from tests.workers.common import data_parallel_shard, make_plain_net
 
     mode, ckpt_dir, pca_path = sys.argv[1], sys.argv[2], sys.argv[3]
     k, steps, batch = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    rank, size = comm.get_rank(), comm.get_size()
-    x, y = learnable_data(steps * batch * size, seed=1)
-    rows = [s * batch * size + rank * batch + i for s in range(steps) for i in range(batch)]
+    _, _, x, y = data_parallel_shard(mode, steps, batch)
     net = make_plain_net()
     model = stage2_model(net, ckpt_dir, pca_path, k)
-    model.train(1, dataset(x[rows], y[rows], batch_size=batch), dataset_sink_mode=False)
+    model.train(1, dataset(x, y, batch_size=batch), dataset_sink_mode=False)
     stage = dim_reduce_stage(model)
     result = {f"w{i}": w for i, w in enumerate(weights(net))}
     result.update(pca_rows=stage.pca_rows.asnumpy(), inv_hessian=stage.inv_hessian.asnumpy(),
