@@ -25,6 +25,12 @@ def test_single_process_is_identity(mode):
     assert comm.data_parallel_reduce_config()[0] is False
 
 
+@pytest.mark.parametrize("device_number, ranks, expected", [(8, None, 1), (8, 2, 2), (2, 8, 2), (4, 4, 4), (1, 3, 1)])
+def test_server_size_caps_device_number_at_the_ranks(device_number, ranks, expected):
+    """Fewer ranks than common.device_number sit on one server (None: the world size, 1 in this process)."""
+    assert comm.server_size(device_number, ranks) == expected
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="op='avg'"):
         comm.AllReduce("avg")
