@@ -373,20 +373,23 @@ def test_bad_arguments_raise_with_the_name_and_value():
     (2, (1,), ("momentum", "adam"), True, False),
     (3, (1,), ("momentum",), True, False),
     (4, (1,), ("momentum",), False, False),
-    (4, (2,), ("momentum", "adam"), True, True)],
+    (4, (2,), ("momentum",), True, True)],
     ids=["2ranks", "3ranks", "4ranks", "2servers_x_2devices"])
 def test_loopback_training_matches_numpy_reference(workers, device_numbers, optimizers, fp16, with_model):
     """PyNative, on simulated ranks (tests/helpers/loopback.py): weights on every rank after the whole training
     equal the numpy reference to 1e-5: the tree over 2, 3 (a carried leaf) and 4 servers, and 2 servers of 2
-    devices (server-group mean, sharded AllGather) with the float16 cells and ``Model``. Each new AdaSum cell
-    compiles its fused steps once per rank, so the cases are spread over the layouts rather than repeated."""
+    devices (server-group mean, sharded AllGather) with the float16 cells and ``Model`` (the tutorial's conv net
+    runs in the msrun job and on one process). Each new AdaSum cell compiles its fused steps once per rank, so
+    the cases are spread over the layouts rather than repeated."""
     def rank_fn(rank):
-        return {**layout_results(), **mode_results("pynative", device_numbers, with_model, optimizers, fp16)}
+        return {**layout_results(),
+                **mode_results("pynative", device_numbers, with_model, optimizers, fp16, tutorial=False)}
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # AdaSum must be active on every rank (no "no-op" warning)
         results = run_ranks(workers, rank_fn)
-    check_results(results, workers, device_numbers, "pynative", "pynative" if with_model else None, optimizers, fp16)
+    check_results(results, workers, device_numbers, "pynative", "pynative" if with_model else None, optimizers, fp16,
+                  tutorial=False)
 
 
 @pytest.mark.msrun
@@ -396,7 +399,8 @@ def test_msrun_graph_training_matches_numpy_reference():
     check_results(results, 4, (1, 2), "graph", "graph", ("momentum",))
 
 
-def check_results(results, workers: int, device_numbers, mode: str, model_mode, optimizers, fp16=True) -> None:
+def check_results(results, workers: int, device_numbers, mode: str, model_mode, optimizers, fp16=True,
+                  tutorial=True) -> None:
     """Every AdaSum case saved by ``adasum_worker.mode_results`` against the numpy reference."""
     init = steps.initial_weights()
     assert int(results[0]["layout/servers_when_device_number_is_world"]) == 1
@@ -415,7 +419,7 @@ def check_results(results, workers: int, device_numbers, mode: str, model_mode, 
         if fp16:
             _check_fp16_upstream_cell(results, prefix, workers // dn)
     if model_mode:
-        _check_model_cases(results, f"d{device_numbers[-1]}/{model_mode}", workers, device_numbers[-1])
+        _check_model_cases(results, f"d{device_numbers[-1]}/{model_mode}", workers, device_numbers[-1], tutorial)
 
 
 def _check_ranks(results, prefix: str, ref: dict) -> None:
@@ -450,12 +454,14 @@ def _check_fp16_upstream_cell(results, prefix: str, servers: int) -> None:
             np.testing.assert_array_equal(got, results[0][f"{prefix}/fp16_update/w{i}"])
 
 
-def _check_model_cases(results, prefix: str, workers: int, device_number: int) -> None:
+def _check_model_cases(results, prefix: str, workers: int, device_number: int, tutorial: bool) -> None:
     """ms_boost.Model with boost O2 + the tutorial's adasum dict (+ common.device_number)."""
     ref = np_train("momentum", 2, workers, device_number)
     _check_ranks(results, f"{prefix}/model/plain", ref)
     # an overflow (inf input on the last rank only) between the two steps changes nothing on any rank
     _check_ranks(results, f"{prefix}/model/overflow", ref)
+    if not tutorial:
+        return
     tutorial = sorted(k for k in results[0] if k.startswith(f"{prefix}/model/tutorial/"))
     assert tutorial
     for key in tutorial:

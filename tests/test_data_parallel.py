@@ -62,7 +62,7 @@ def single_process_reference(size: int, boost=None) -> list:
 
 
 def train_rank(rank: int, size: int, boost=None) -> list:
-    """One rank of the data-parallel training (what tests/workers/data_parallel.py does under msrun)."""
+    """One rank of the data-parallel training (tests/workers/e2e_graph.py does the same under msrun)."""
     x, y = rank_rows(rank, size, STEPS, BATCH)
     net = make_plain_net()
     model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),

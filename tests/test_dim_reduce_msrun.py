@@ -48,7 +48,7 @@ def numpy_row_block(full: np.ndarray, rank: int, size: int) -> np.ndarray:
 
 
 def train_rank(rank: int, size: int, ckpt_dir: str, pca_path: str) -> dict:
-    """One rank of the stage-2 training (what tests/workers/dim_reduce_worker.py does under msrun)."""
+    """One rank of the stage-2 training (tests/workers/e2e_graph.py does the same under msrun)."""
     x, y = rank_rows(rank, size, STEPS, BATCH)
     net = make_plain_net()
     model = stage2_model(net, ckpt_dir, pca_path, K)

@@ -37,7 +37,7 @@ def single_process_reference(size: int = WORKERS):
 
 
 def train_rank(rank: int, size: int, split, distribute: bool) -> dict:
-    """One rank of the data-parallel THOR training (what tests/workers/thor_data_parallel.py does under msrun)."""
+    """One rank of the data-parallel THOR training (tests/workers/e2e_graph.py does the same under msrun)."""
     x, y = rank_rows(rank, size, STEPS, BATCH)
     net, opt, model = build_thor_model(split, distribute)
     model.train(1, dataset(x, y, batch_size=BATCH), dataset_sink_mode=False)

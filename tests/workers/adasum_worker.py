@@ -75,7 +75,7 @@ def linear_batches(with_overflow: bool):
     return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
 
 
-def model_cases(device_number: int) -> dict:
+def model_cases(device_number: int, tutorial: bool = True) -> dict:
     """Train through ms_boost.Model; return the weights of each case."""
     boost = {**TUTORIAL_BOOST, "common": {"device_number": device_number}}
     out = {}
@@ -89,6 +89,8 @@ def model_cases(device_number: int) -> dict:
         model.train(1, dataset(x, y, batch_size=x.shape[0] // (3 if case == "overflow" else 2)),
                     dataset_sink_mode=False)
         out.update({f"{case}/{p.name}": p.asnumpy().copy() for p in net.trainable_params()})
+    if not tutorial:
+        return out
     # the tutorial's call, as written (the only addition: common.device_number for this CPU layout)
     net = make_net()
     init_weights = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
@@ -149,10 +151,10 @@ OPTIMIZER_STEPS = {"momentum": 2, "adam": 1}
 
 
 def mode_results(mode_name: str, device_numbers, with_model: bool, optimizers=("momentum", "adam"),
-                 fp16: bool = True) -> dict:
+                 fp16: bool = True, tutorial: bool = True) -> dict:
     """The AdaSum cases of this rank in the current execution mode, keyed ``d<D>/<mode_name>/...``:
     the linear training with each of ``optimizers``, the float16 cells (``fp16``), ``Model`` (``with_model``,
-    last device number)."""
+    last device number; the tutorial's conv net too with ``tutorial``)."""
     results = {}
     for dn in device_numbers:
         prefix = f"d{dn}/{mode_name}"
@@ -170,7 +172,7 @@ def mode_results(mode_name: str, device_numbers, with_model: bool, optimizers=("
         for i, w in enumerate(step.weights):
             results[f"{prefix}/fp16_update/w{i}"] = w.asnumpy()
     if with_model:
-        for name, value in model_cases(device_numbers[-1]).items():
+        for name, value in model_cases(device_numbers[-1], tutorial).items():
             results[f"d{device_numbers[-1]}/{mode_name}/model/{name}"] = value
     return results
 
