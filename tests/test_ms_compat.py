@@ -9,6 +9,11 @@ from mindspore import Tensor, nn
 from ms_boost import _ms_compat as compat
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MindSpore's amp rewrite writes rewritten_network/ into the working folder
+
+
 def _net() -> nn.Cell:
     ms.set_seed(3)
     return nn.SequentialCell([nn.Dense(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dense(8, 3)])
