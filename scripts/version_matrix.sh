@@ -95,7 +95,8 @@ for v in "${VERSIONS[@]}"; do
     } >"${log}" 2>&1 || { printf '%s\tinstall failed\t%s\n' "${v}" "$(tail -1 "${log}")" >>"${RESULTS}"; continue; }
     installed="$("${venv}/bin/python" -c 'import mindspore; print(mindspore.__version__)' 2>>"${log}" || true)"
     # shellcheck disable=SC2086
-    if (cd "${SNAPSHOT}" && "${venv}/bin/python" -m pytest -n 0 -p no:cacheprovider -q -m "not msrun and not slow" \
+    if (cd "${SNAPSHOT}" && "${venv}/bin/python" -m pytest -n 0 -p no:cacheprovider -q -rfE --continue-on-collection-errors \
+            -m "not msrun and not slow" \
             ${PYTEST_ARGS:-} ${CORE_TESTS}) >>"${log}" 2>&1; then
         outcome=pass
     else
