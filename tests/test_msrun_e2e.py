@@ -71,6 +71,22 @@ def test_overflow_on_one_rank_skips_the_step_on_every_rank(job):
 
 
 @pytest.mark.msrun
+def test_group_loss_scale_overflow_on_one_rank_skips_every_rank(job):
+    from tests.test_loss_scale import check_overflow_on_one_rank
+
+    check_overflow_on_one_rank(scenario(job[1], "group_overflow"))
+
+
+@pytest.mark.msrun
+def test_light_o1_two_ranks_equal_one_process_on_the_big_batch(job):
+    from tests.test_data_parallel import BATCH, STEPS
+    from tests.test_o1_o2 import check_light_o1_ranks, light_o1_reference
+
+    ranks = [[r[f"w{i}"] for i in range(len(r))] for r in scenario(job[1], "light_o1")]
+    check_light_o1_ranks(ranks, light_o1_reference(STEPS, BATCH, WORKERS))
+
+
+@pytest.mark.msrun
 def test_dim_reduce_two_ranks_equal_one_process(job):
     from tests.test_dim_reduce_msrun import BATCH, STEPS, K, _one_process_reference
 

@@ -6,6 +6,9 @@ Each scenario saves its arrays under ``<scenario>/``; every rank runs every scen
 * ``comm``: every ms_boost.comm collective cell (world and a server group of 2) on this rank's vector.
 * ``dp``: data-parallel training through ms_boost.Model (mean reducer), rank shards of a fixed data set.
 * ``overflow``: the loss-scale cell, rank 1's loss is inf on step 2 (every rank must skip the step).
+* ``group_overflow``: the group loss-scale step, rank 1's batch overflows the conv group (tests/test_loss_scale.py).
+* ``light_o1``: data-parallel Model with LessBN, gradient centralization, freezing and split groups
+  (tests/test_o1_o2.py).
 * ``dim_reduce``: stage 2 of DimReduce through Model; rank 0 computes the PCA matrix from WORK_DIR/stage1.
 * ``thor``: THOR through ConvertModelUtils and Model, factors fused in two groups, inverses split.
 """
@@ -65,6 +68,13 @@ def overflow_scenario(rank: int) -> dict:
     return {"of1": of1.asnumpy(), "of2": of2.asnumpy(), "changed": np.array(changed), "w": net.fc.weight.asnumpy()}
 
 
+def light_o1_scenario(rank: int, size: int) -> dict:
+    from tests.test_data_parallel import train_rank
+    from tests.test_o1_o2 import LIGHT_O1
+
+    return {f"w{i}": w for i, w in enumerate(train_rank(rank, size, LIGHT_O1))}
+
+
 def dim_reduce_scenario(rank: int, size: int, work_dir: str) -> dict:
     from tests.workers.dim_reduce_worker import dim_reduce_stage, stage2_model
 
@@ -91,11 +101,15 @@ def thor_scenario(rank: int, size: int) -> dict:
 
 
 def main() -> None:
+    from tests.test_loss_scale import overflow_on_rank_1
+
     work_dir = sys.argv[1]
     rank, size, _, _ = data_parallel_shard("graph", 1, 1)  # Graph mode, communication, DATA_PARALLEL + mean
     results = {}
     for name, run in (("comm", lambda: comm_scenario(rank, size)), ("dp", lambda: dp_scenario(rank, size)),
                       ("overflow", lambda: overflow_scenario(rank)),
+                      ("group_overflow", lambda: overflow_on_rank_1(rank)),
+                      ("light_o1", lambda: light_o1_scenario(rank, size)),
                       ("dim_reduce", lambda: dim_reduce_scenario(rank, size, work_dir)),
                       ("thor", lambda: thor_scenario(rank, size))):
         results.update({f"{name}/{k}": v for k, v in run().items()})
