@@ -87,7 +87,7 @@ class ProgressMonitor(Callback):
         self.losses.append(loss)
         if not math.isfinite(loss) and self.stop_on_nan:
             epoch, in_epoch = (step - 1) // self.steps_per_epoch + 1, (step - 1) % self.steps_per_epoch + 1
-            self.failure = (f"training diverged: the loss of step {step} (epoch {epoch}, step {in_epoch}) is {loss}; "
+            self.failure = (f"training diverged: step {step} (epoch {epoch}, step {in_epoch}): loss is {loss}; "
                             f"stopped (lower lr_max or raise loss_scale)")
             self._print(self.failure + ".")
             run_context.request_stop()
