@@ -139,7 +139,7 @@ class GuardedCheckpoint(Callback):
                     "no checkpoint was written before")
             self.failure = (f"training diverged: at step {step} (epoch {epoch}, step {in_epoch}) the train network "
                             f"holds non-finite values: first {bad}. Nothing was saved at this step; {good}. Lower "
-                            f"lr_max (or use a dynamic loss scale) and resume from it with --resume.")
+                            f"lr_max (or use a dynamic loss scale) and continue from it with --resume <checkpoint>.")
             run_context.request_stop()
             return
         if save and self.write:

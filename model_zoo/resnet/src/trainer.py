@@ -394,15 +394,15 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
 
     Restores every Parameter of the train network: weights, BatchNorm statistics, optimizer moments and
     step counter (the learning-rate position), loss scale and its counters, and the boost state
-    (freezing position, accumulation buffers, AdaSum, DimReduce and THOR state). The checkpoint must end
-    an epoch: training continues from the next epoch (``initial_epoch``).
+    (freezing position, accumulation buffers, AdaSum, DimReduce and THOR state). Training continues at
+    the checkpoint's global step (the data set is positioned there by :func:`train`).
 
     Returns:
-        ``(initial_epoch, checkpoint)``; ``(0, None)`` without ``resume``.
+        ``(global_step, checkpoint)``; ``(0, None)`` without ``resume``.
 
     Raises:
-        ValueError: no checkpoint, another recipe's checkpoint, a mid-epoch checkpoint, another
-            ``steps_per_epoch``, or nothing left to train.
+        ValueError: no checkpoint, another recipe's checkpoint, another ``steps_per_epoch``, or nothing
+            left to train.
     """
     if not cfg.resume:
         return 0, None
@@ -420,14 +420,11 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
         raise ValueError(f"resume: checkpoint {str(path)!r} was written with {saved_spe} steps per epoch, this run "
                          f"has {steps_per_epoch} (batch_size, rank count, data set or steps_per_epoch changed); "
                          f"exact resume needs the same.")
-    if step < 1 or step % steps_per_epoch:
-        raise ValueError(f"resume: checkpoint {str(path)!r} is at global step {step}, inside an epoch of "
-                         f"{steps_per_epoch} steps; resume from a checkpoint written at an epoch end "
-                         f"(save_checkpoint_epochs, or save_checkpoint_steps a multiple of {steps_per_epoch}).")
-    initial_epoch = step // steps_per_epoch
-    if initial_epoch >= int(cfg.epoch_size):
-        raise ValueError(f"resume: checkpoint {str(path)!r} already ends epoch {initial_epoch} of epoch_size "
-                         f"{cfg.epoch_size}; raise --epoch_size to train further.")
+    if step < 1:
+        raise ValueError(f"resume: checkpoint {str(path)!r} records global step {step}; nothing to resume.")
+    if step >= int(cfg.epoch_size) * steps_per_epoch:
+        raise ValueError(f"resume: checkpoint {str(path)!r} is at step {step}, the end of epoch_size "
+                         f"{cfg.epoch_size} x {steps_per_epoch} steps or later; raise --epoch_size to train further.")
     network = model.train_network
     wanted = {p.name: p for p in network.get_parameters()}
     missing = sorted(set(wanted) - set(entries))
@@ -445,7 +442,7 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
                      if key not in _RESUME_FREE_KEYS and cfg.get(key) != value)
     if changed and comm.get_rank() == 0:
         print(f"resume: note: these keys differ from the checkpoint's run: {changed}", flush=True)
-    return initial_epoch, path
+    return step, path
 
 
 _RESUME_FREE_KEYS = {"resume", "resume_data", "epoch_size", "output_path", "log_interval", "run_eval",
@@ -494,9 +491,9 @@ def train(cfg: Config) -> Dict[str, Any]:
     loss = build_loss(cfg)
     opt = build_optimizer(cfg, net, steps_per_epoch)
     model = build_model(cfg, net, loss, opt, total_steps)
-    initial_epoch, resumed = resume_state(cfg, model, steps_per_epoch)
-    step_offset = initial_epoch * steps_per_epoch
-    if initial_epoch:
+    step_offset, resumed = resume_state(cfg, model, steps_per_epoch)
+    initial_epoch = step_offset // steps_per_epoch
+    if step_offset:
         # The data engine replays (exact) or skips (fast) the finished epochs, so the next batch is the one
         # the uninterrupted run would have read (exact) or at least comes from the right epoch (fast).
         ds.config.set_fast_recovery(cfg.resume_data == "fast")
@@ -505,7 +502,8 @@ def train(cfg: Config) -> Dict[str, Any]:
               f"boost_level {cfg.boost_level} | {run.rank_size} rank(s) on {run.device_target} | "
               f"{steps_per_epoch} steps/epoch x {cfg.epoch_size} epochs, batch {cfg.batch_size}/rank")
     if resumed is not None:
-        _say(run, f"resumed from {resumed} (step {step_offset}): training epochs {initial_epoch + 1}..{cfg.epoch_size}")
+        _say(run, f"resumed from {resumed} at step {step_offset} (epoch {initial_epoch + 1}, step "
+                  f"{step_offset % steps_per_epoch + 1}); training to epoch {cfg.epoch_size}")
     results: Dict[str, Any] = {"rank": run.rank, "rank_size": run.rank_size, "steps_per_epoch": steps_per_epoch,
                                "total_steps": total_steps, "initial_epoch": initial_epoch, "resumed_from": resumed,
                                "checkpoint_dir": os.path.join(cfg.output_path, cfg.checkpoint_dir)}
