@@ -49,7 +49,7 @@ def small(cache_dir: Path, out: Path, mode: str = "pynative", epochs: int = 2) -
             "--synthetic.train_per_class", "4", "--synthetic.val_per_class", "1", "--num_parallel_workers", "1",
             "--output_path", str(out), "--log_interval", "1", "--run_eval", "false", "--warmup_epochs", "0",
             "--lr_max", "0.05", "--save_checkpoint_epochs", "1", "--save_checkpoint_steps", "0",
-            "--eval_before_train", "false"]
+            "--eval_before_train", "false", "--save_checkpoint", "true"]
 
 
 def run(recipe: str, args: list) -> dict:
@@ -312,3 +312,31 @@ def test_recipe_loader_rejects_duplicates_bad_utf8_and_alias_bombs(tmp_path):
     with pytest.raises(ValueError, match="expected a float") as err:
         parse_config(["--lr", "x" * 100_000], ok)
     assert len(str(err.value)) < 400
+
+
+@pytest.mark.msrun
+def test_o2_resume_under_msrun_two_workers_is_exact(cache_dir, tmp_path):
+    """O2 (AdaSum between two one-rank servers) under msrun: epoch 1 + resume == 2 epochs, on both ranks."""
+    from tests.helpers.msrun import run_msrun
+
+    worker = Path(__file__).parent / "workers" / "zoo_train.py"
+    base = ["--config", str(CONFIGS / "resnet50_imagenet_boost_o2_adasum.yaml"), "--run_distribute", "true",
+            "--boost_config_dict.common.device_number", "1"]
+    with redirect_stdout(io.StringIO()):  # render the data set once, before two ranks race for it
+        run("resnet50_imagenet_momentum.yaml", small(cache_dir, tmp_path / "warm", epochs=1) +
+            ["--save_checkpoint", "false", "--steps_per_epoch", "1"])
+    straight = run_msrun(worker, 2, args=[json.dumps(base + small(cache_dir, tmp_path / "straight"))])
+    stopped = tmp_path / "stopped" / "checkpoint"
+    stopped.mkdir(parents=True)
+    shutil.copy(tmp_path / "straight" / "checkpoint" / "resnet-1_2.ckpt", stopped)
+    resumed = run_msrun(worker, 2, args=[json.dumps(base + small(cache_dir, tmp_path / "stopped") +
+                                                    ["--resume", str(tmp_path / "stopped")])])
+    assert [int(r["initial_epoch"]) for r in resumed] == [1, 1]
+    for rank in (0, 1):
+        np.testing.assert_array_equal(straight[rank]["losses"][SPE:], resumed[rank]["losses"])
+        names = sorted(set(straight[rank]) - {"losses", "initial_epoch"})
+        assert names == sorted(set(resumed[rank]) - {"losses", "initial_epoch"})
+        assert any(name.startswith("adasum") for name in names), names[:10]
+        for name in names:
+            np.testing.assert_array_equal(straight[rank][name], resumed[rank][name], err_msg=f"rank {rank} {name}")
+    assert_same_state(tmp_path / "straight" / "checkpoint" / "resnet-2_2.ckpt", stopped / "resnet-2_2.ckpt")
