@@ -157,7 +157,10 @@ def test_resume_mid_epoch_is_exact_and_fast_data_mode_is_not(cache_dir, tmp_path
     assert_same_state(tmp_path / "a" / "checkpoint" / "resnet-2_2.ckpt", tmp_path / "b" / "checkpoint" /
                       "resnet-2_2.ckpt")
     # fast data recovery skips the pipeline instead of replaying it: other augmentations, other weights
-    run(recipe, small(cache_dir, tmp_path / "c") + ["--resume", str(middle), "--resume_data", "fast"])
+    run(recipe, small(cache_dir, tmp_path / "c") + ["--resume", str(middle), "--resume_data", "fast",
+                                                     "--summary_dir", str(tmp_path / "summary")])
+    assert list((tmp_path / "summary" / "rank_0").glob("events.out.events.summary.*"))  # SummaryCollector on
+    assert not (tmp_path / "summary" / "rank_0" / "ckpt_dir").exists()  # no unguarded landscape checkpoints
     with pytest.raises(AssertionError):
         assert_same_state(tmp_path / "a" / "checkpoint" / "resnet-2_2.ckpt",
                           tmp_path / "c" / "checkpoint" / "resnet-2_2.ckpt")

@@ -41,4 +41,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as err:  # a clear message and status 1, not a traceback
+        print(f"eval.py: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)

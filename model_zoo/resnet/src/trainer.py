@@ -381,8 +381,10 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
     if cfg.summary_dir:
         from mindspore.train import SummaryCollector
 
+        # no loss-landscape collection: it would save a full checkpoint every step, unguarded
         callbacks.append(SummaryCollector(os.path.join(os.path.expanduser(cfg.summary_dir), f"rank_{run.rank}"),
-                                          collect_freq=max(1, int(cfg.log_interval))))
+                                          collect_freq=max(1, int(cfg.log_interval)),
+                                          collect_specified_data={"collect_landscape": None}))
     return callbacks
 
 
