@@ -79,7 +79,7 @@ CASES = [
     ("resnet50_imagenet_momentum.yaml", "graph", []),
     ("resnet50_imagenet_boost_o1.yaml", "pynative", []),
     ("resnet50_imagenet_boost_o2_adasum.yaml", "pynative", ["--boost_config_dict.common.device_number", "1"]),
-    ("resnet50_imagenet_thor.yaml", "pynative", ["--thor.frequency", "2"]),
+    ("resnet50_imagenet_thor.yaml", "pynative", ["--thor.frequency", "2", "--steps_per_epoch", "1"]),  # slow: 1/epoch
     (STAGE1, "graph", ["--pca_checkpoint_steps", "1"]),
     ("resnet50_imagenet_dim_reduce_stage2.yaml", "pynative", ["--boost_config_dict.common.device_num", "1",
                                                               "--boost_config_dict.dim_reduce.n_component", "3"]),
@@ -107,31 +107,34 @@ def test_recipe_resumes_exactly_and_its_checkpoint_evaluates_and_exports(cache_d
                              "--boost_config_dict.dim_reduce.weight_load_dir",
                              str(stage1_run / "straight" / "checkpoint_stage_1" / "checkpoint_pca")]
         run(recipe, small(cache_dir, out / "straight", mode) + extra)
+    spe = int(extra[extra.index("--steps_per_epoch") + 1]) if "--steps_per_epoch" in extra else SPE
     straight = out / "straight"
     ckpt_dir = next(p for p in straight.iterdir() if p.is_dir() and p.name.startswith("checkpoint"))
-    assert sorted(p.name for p in ckpt_dir.glob("*.ckpt")) == ["resnet-1_2.ckpt", "resnet-2_2.ckpt"]
-    first, last = state(ckpt_dir / "resnet-1_2.ckpt"), state(ckpt_dir / "resnet-2_2.ckpt")
+    epoch1, epoch2 = f"resnet-1_{spe}.ckpt", f"resnet-2_{spe}.ckpt"
+    assert sorted(p.name for p in ckpt_dir.glob("*.ckpt")) == [epoch1, epoch2]
+    first, last = state(ckpt_dir / epoch1), state(ckpt_dir / epoch2)
     assert any(not np.array_equal(first[k], last[k]) for k in first)  # epoch 2 changed the weights
-    manifest = read_manifest(ckpt_dir / "resnet-2_2.ckpt")
-    assert manifest["recipe"] == recipe[:-5] and manifest["global_step"] == 4 and manifest["steps_per_epoch"] == SPE
+    manifest = read_manifest(ckpt_dir / epoch2)
+    assert manifest["recipe"] == recipe[:-5] and manifest["global_step"] == 2 * spe
+    assert manifest["steps_per_epoch"] == spe
 
     # stop after epoch 1 (the run folder as it was then), resume from the folder in a new run
     stopped = tmp_path / "stopped"
     (stopped / ckpt_dir.name).mkdir(parents=True)
-    shutil.copy(ckpt_dir / "resnet-1_2.ckpt", stopped / ckpt_dir.name)
+    shutil.copy(ckpt_dir / epoch1, stopped / ckpt_dir.name)
     shutil.copy(straight / "metrics.jsonl", stopped)
     resumed = run(recipe, small(cache_dir, stopped, mode) + extra + ["--resume", str(stopped)])
-    assert resumed["initial_epoch"] == 1 and len(resumed["losses"]) == SPE
-    assert "resumed from" in resumed["stdout"] and "(global 3/4)" in resumed["stdout"]
-    assert_same_state(ckpt_dir / "resnet-2_2.ckpt", stopped / ckpt_dir.name / "resnet-2_2.ckpt")
+    assert resumed["initial_epoch"] == 1 and len(resumed["losses"]) == spe
+    assert "resumed from" in resumed["stdout"] and f"(global {spe + 1}/{2 * spe})" in resumed["stdout"]
+    assert_same_state(ckpt_dir / epoch2, stopped / ckpt_dir.name / epoch2)
     # the metrics file continues where the stopped run left it: same steps, same losses as the straight run
     steps = [[(r["step"], r["loss"], r["lr"]) for r in read_metrics(d) if r["kind"] == "step"] for d in (straight,
                                                                                                      stopped)]
-    assert steps[0] == steps[1] and [s[0] for s in steps[0]] == [1, 2, 3, 4]
+    assert steps[0] == steps[1] and [s[0] for s in steps[0]] == list(range(1, 2 * spe + 1))
 
     # the recipe's own checkpoint evaluates and exports
     args = ["--config", str(CONFIGS / recipe), *small(cache_dir, tmp_path / "eval", mode), *extra,
-            "--checkpoint_file_path", str(ckpt_dir / "resnet-2_2.ckpt")]
+            "--checkpoint_file_path", str(ckpt_dir / epoch2)]
     with redirect_stdout(io.StringIO()):
         evaluated = zoo_eval.main(args)
         exported = zoo_export.main(args + ["--export_file_name", str(tmp_path / "net")])
@@ -330,8 +333,13 @@ def test_o2_resume_under_msrun_two_workers_is_exact(cache_dir, tmp_path):
             ["--save_checkpoint", "false", "--steps_per_epoch", "1"])
     straight = run_msrun(worker, 2, args=[json.dumps(base + small(cache_dir, tmp_path / "straight"))])
     stopped = tmp_path / "stopped" / "checkpoint"
-    stopped.mkdir(parents=True)
+    (stopped / "rank_1").mkdir(parents=True)
     shutil.copy(tmp_path / "straight" / "checkpoint" / "resnet-1_2.ckpt", stopped)
+    # rank 1's own state: under AdaSum each server's momentum follows its own gradients
+    shutil.copy(tmp_path / "straight" / "checkpoint" / "rank_1" / "resnet-1_2.ckpt", stopped / "rank_1")
+    moments = [k for k in state(stopped / "resnet-1_2.ckpt") if k.startswith("moments.")]
+    assert moments and any(not np.array_equal(state(stopped / "resnet-1_2.ckpt")[k],
+                                              state(stopped / "rank_1" / "resnet-1_2.ckpt")[k]) for k in moments)
     resumed = run_msrun(worker, 2, args=[json.dumps(base + small(cache_dir, tmp_path / "stopped") +
                                                     ["--resume", str(tmp_path / "stopped")])])
     assert [int(r["initial_epoch"]) for r in resumed] == [1, 1]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -41,7 +41,7 @@ def folder_stamp(folder: Union[str, Path], files: Sequence[Path]) -> str:
 def _check_one(path: str) -> Optional[str]:
     from PIL import Image, ImageFile
 
-    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file must fail, not decode grey
     try:
         with Image.open(path) as image:
             image.load()
@@ -53,11 +53,12 @@ def _check_one(path: str) -> Optional[str]:
 
 
 def find_bad_images(files: Sequence[Path], workers: int = 1) -> List[Tuple[Path, str]]:
-    """``(path, reason)`` for every file Pillow cannot fully decode."""
+    """``(path, reason)`` for every file Pillow cannot fully decode (``workers`` threads: Pillow's decoders
+    release the GIL, and threads are safe beside MindSpore's runtime where forking is not)."""
     names = [str(p) for p in files]
     if workers > 1 and len(names) > 256:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            reasons = list(pool.map(_check_one, names, chunksize=64))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            reasons = list(pool.map(_check_one, names))
     else:
         reasons = [_check_one(name) for name in names]
     return [(Path(name), reason) for name, reason in zip(names, reasons) if reason is not None]
@@ -102,6 +103,8 @@ def check_images(folder: Union[str, Path], mode: str = "auto", workers: int = 1,
         tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
         tmp.write_text(f"{folder}\n{len(files)} images\n", encoding="utf-8")
         os.replace(tmp, marker)
-    except OSError:
-        pass  # a read-only cache only means the check runs again next time
+    except OSError as err:  # a read-only cache only means the check runs again next time
+        if verbose:
+            print(f"note: cannot remember the data check in {str(marker.parent)!r} ({err}); it will run again.",
+                  flush=True)
     return len(files)

@@ -367,9 +367,11 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
                               run.rank, run.rank_size, step_offset=step_offset)
     directory = os.path.join(cfg.output_path, cfg.checkpoint_dir)
     steps = (cfg.save_checkpoint_steps or cfg.save_checkpoint_epochs * steps_per_epoch) if cfg.save_checkpoint else 0
-    guard = GuardedCheckpoint(None, directory, cfg.checkpoint_prefix, steps, cfg.keep_checkpoint_max,
+    own = directory if run.rank == 0 else os.path.join(directory, f"rank_{run.rank}")
+    write = bool(cfg.save_checkpoint) and (run.rank == 0 or bool(cfg.save_rank_checkpoints))
+    guard = GuardedCheckpoint(None, own, cfg.checkpoint_prefix, steps, cfg.keep_checkpoint_max,
                               int(cfg.divergence_check_steps), steps_per_epoch, step_offset,
-                              manifest=recipe_manifest(cfg), write=run.rank == 0 and bool(cfg.save_checkpoint))
+                              manifest=dict(recipe_manifest(cfg), rank=run.rank, rank_size=run.rank_size), write=write)
     callbacks: List[Any] = [monitor, guard]
     if cfg.save_checkpoint and cfg.pca_checkpoint:
         callbacks.append(GuardedCheckpoint(net, os.path.join(directory, cfg.pca_checkpoint_dir), cfg.checkpoint_prefix,
@@ -410,6 +412,16 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
         return 0, None
     _choice("resume_data", cfg.resume_data, RESUME_DATA)
     path = find_resume_checkpoint(cfg.resume, cfg.checkpoint_dir, cfg.checkpoint_prefix)
+    rank = comm.get_rank()
+    if rank > 0:
+        # each rank's own state (optimizer moments differ between ranks under AdaSum); rank 0's otherwise
+        own = path.parent / f"rank_{rank}" / path.name
+        if own.is_file():
+            path = own
+        else:
+            print(f"[rank {rank}] resume: no {str(own)!r}; this rank continues from rank 0's state (exact only "
+                  f"when every rank's optimizer/boost state equals rank 0's; save_rank_checkpoints keeps them).",
+                  flush=True)
     entries = ms.load_checkpoint(str(path))
     manifest = read_manifest(path, entries)
     if manifest is None:
@@ -447,7 +459,8 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
     return step, path
 
 
-_RESUME_FREE_KEYS = {"resume", "resume_data", "epoch_size", "output_path", "log_interval", "run_eval",
+_RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints",
+                     "epoch_size", "output_path", "log_interval", "run_eval",
                      "eval_before_train", "check_data", "summary_dir", "metrics_file", "save_checkpoint",
                      "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "divergence_check_steps",
                      "num_parallel_workers", "checkpoint_file_path", "export_file_name", "export_file_format",
