@@ -199,9 +199,16 @@ def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], a
     if theirs == mine:
         return
     recipe = manifest.get("recipe") or "?"
+    theirs = theirs if isinstance(theirs, dict) else {}
+    if all(theirs.get(k) == mine[k] for k in ("less_bn", "fn_flag")):  # same recipe family, other sizes
+        diff = [k for k in ("net_name", "base_width", "class_num") if theirs.get(k) != mine[k]]
+        raise ValueError(f"checkpoint {str(path)!r} does not fit the network: it was written (recipe {recipe!r}) "
+                         f"with {', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}, this config has "
+                         f"{', '.join(f'{k}={mine[k]!r}' for k in diff)}; give the same "
+                         f"{' '.join('--' + k for k in diff)}.")
     hint = f" --config {manifest['recipe_path']}" if manifest.get("recipe_path") else f" the recipe {recipe!r}"
     source = config_source(cfg)
-    raise ValueError(f"checkpoint {str(path)!r} was written by recipe {recipe!r} ({_describe(theirs or {})}), but "
+    raise ValueError(f"checkpoint {str(path)!r} was written by recipe {recipe!r} ({_describe(theirs)}), but "
                      f"this recipe ({Path(source).stem if source else 'given config'}) builds "
                      f"{_describe(mine)}; {action} it with{hint} (and the same --net_name/--base_width/--class_num).")
 
