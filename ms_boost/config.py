@@ -152,9 +152,11 @@ class AutoBoost:
             if spec.name in raw and not switches[spec.name]:
                 self._note(f"section '{spec.name}' is given but the '{spec.name}' algorithm is off; its values "
                            f"are validated and unused", warn=False)
-        if switches.get("grad_accumulation") and self.grad_accumulation.grad_accumulation_step == 1:
-            self._note("grad_accumulation is on with grad_accumulation.grad_accumulation_step=1: every step "
-                       "updates the weights (no accumulation)", warn=True)
+        for spec in self.specs:
+            if switches[spec.name] and spec.warn_config is not None:
+                text = spec.warn_config(self.sections[spec.name])
+                if text:
+                    self._note(text, warn=True)
 
     # -- resolution helpers ------------------------------------------------------------------------
     def _note(self, text: str, warn: bool = True) -> None:
@@ -246,7 +248,7 @@ class AutoBoost:
             lines.append(f"  {name}: {values if values else '(no options)'}")
         lines.append("  pipeline: " + pipeline.describe_steps(self, topology))
         notes = list(self.notes)
-        if topology.note and self.enabled("adasum"):
+        if topology.note and any(spec.reducer is not None for spec in self.enabled_specs()):  # servers matter
             notes.append(topology.note)
         for note in notes:
             lines.append(f"  note: {note}")

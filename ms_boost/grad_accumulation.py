@@ -136,6 +136,13 @@ def _describe(cfg: GradAccumulationConfig, ctx: BuildContext) -> str:
     return f"accumulate x{cfg.grad_accumulation_step}"
 
 
+def _warn_config(cfg: GradAccumulationConfig):
+    if cfg.grad_accumulation_step == 1:
+        return ("grad_accumulation is on with grad_accumulation.grad_accumulation_step=1: every step updates the "
+                "weights (no accumulation)")
+    return None
+
+
 #: Gradient accumulation for the pipeline: the outermost update stage.
 SPEC = AlgorithmSpec(name="grad_accumulation", section=GradAccumulationConfig, order=30, in_enable_all=True,
-                     stage=_stage, describe=_describe)
+                     stage=_stage, describe=_describe, warn_config=_warn_config)

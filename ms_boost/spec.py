@@ -72,6 +72,8 @@ class AlgorithmSpec:
             optimizer"``).
         check_model: ``check_model(cfg, loss_scale_manager)`` raises when ``Model`` got arguments the
             algorithm cannot work with (loss_scale_group needs a group manager).
+        warn_config: ``warn_config(cfg) -> str or None``: a warning about legal but useless values (recorded
+            in ``AutoBoost.notes`` and warned when the algorithm is on).
     """
 
     name: str
@@ -89,6 +91,7 @@ class AlgorithmSpec:
     describe: Optional[Callable[..., Optional[str]]] = None
     apply_text: Optional[str] = None
     check_model: Optional[Callable[..., None]] = None
+    warn_config: Optional[Callable[..., Optional[str]]] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -110,7 +113,8 @@ class AlgorithmSpec:
                             f"its defaults: {exc}") from exc
         if isinstance(self.order, bool) or not isinstance(self.order, int):
             raise TypeError(f"AlgorithmSpec {self.name!r}: order must be an int, got {self.order!r}.")
-        for hook in ("rewrite_train", "rewrite_eval", "reducer", "apply", "stage", "describe", "check_model"):
+        for hook in ("rewrite_train", "rewrite_eval", "reducer", "apply", "stage", "describe", "check_model",
+                     "warn_config"):
             value = getattr(self, hook)
             if value is not None and not callable(value):
                 raise TypeError(f"AlgorithmSpec {self.name!r}: {hook} must be callable or None.")
