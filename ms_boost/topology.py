@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from ms_boost import comm
+from ms_boost.sections import CommonConfig
 from ms_boost.validation import BoostConfigError, check_int
 
 __all__ = ["Topology"]
@@ -49,7 +50,7 @@ class Topology:
     def __post_init__(self):
         check_int("topology size", self.size, low=1)
         check_int("topology rank", self.rank, low=0, high=self.size - 1)
-        check_int("common.device_number", self.device_number, low=1)
+        CommonConfig(device_number=self.device_number)  # the one rule for the value
 
     def check_servers(self) -> None:
         """Raise unless the ranks split into whole servers (checked by every server-layout query).
