@@ -14,7 +14,7 @@ from mindspore import Tensor, nn, ops
 
 import ms_boost
 from ms_boost import AlgorithmSpec, AutoBoost, BoostTrainOneStepCell, register_algorithm, unregister_algorithm
-from ms_boost.update import UpdateStage
+from ms_boost.update import UpdateStage, stage_chain
 from ms_boost.validation import check_float
 
 
@@ -106,6 +106,11 @@ def test_registered_section_is_validated_and_composes_with_built_ins(clip_regist
     # order 30 (accumulate) wraps order 45 (clip): the summary reads in the same order
     assert "accumulate x2 -> no gradient reduction (1 rank) -> clip global norm to 1.0 -> optimizer" in \
         boost.summary(ranks=1)
+    net = nn.Dense(4, 3)
+    step = BoostTrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.1),
+                                 boost_config=boost)
+    assert [type(s).__name__ for s in stage_chain(step.update)] == ["AccumulateUpdate", "ClipStage",
+                                                                    "OptimizerUpdate"]
     assert AutoBoost("O2").enabled("clip_global_norm") is False  # off at every level unless the spec says so
 
 
