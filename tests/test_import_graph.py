@@ -7,6 +7,7 @@ The graph is read from the source with ``ast`` (no module is executed): an edge 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ms_boost"
@@ -36,6 +37,12 @@ def imported(node, known) -> list:
 
 
 def graph():
+    return _graph(PACKAGE)
+
+
+@functools.cache
+def _graph(package):
+    del package  # cache key: the tree parsed
     known = modules()
     edges, hidden = {}, []
     for name, path in known.items():
