@@ -1,6 +1,10 @@
 """Shared fixtures: execution mode, seeds, tiny networks and data."""
 from __future__ import annotations
 
+import os
+import resource
+import time
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -36,3 +40,40 @@ def data_path(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("tutorial_data")
     return str(ensure_dataset(root, num_classes=TUTORIAL_CLASSES, image_size=32, train_per_class=16,
                               val_per_class=4, seed=0, verbose=False))
+
+
+# Files in the order pytest-xdist should start them (heaviest first; measured CPU-seconds, see README "Tests").
+# With ``--dist loadfile --no-loadscope-reorder`` (pyproject addopts) each worker takes the next whole file when it
+# runs dry, so starting the long files first keeps the two workers' finishing times close; files not named here
+# follow in alphabetical order.
+HEAVY_FIRST = [
+    "test_zoo_journey.py", "test_thor_model.py", "test_adasum.py", "test_tutorials_thor.py", "test_tutorials.py",
+    "test_tutorials_dim_reduce.py", "test_scripts.py", "test_zoo_journey_inputs.py", "test_msrun_e2e.py",
+    "test_dim_reduce_stage.py", "test_thor_optimizer.py", "test_o1_o2.py", "test_resume.py", "test_zoo_recipes.py",
+    "test_less_bn.py", "test_thor_distributed.py", "test_thor_convert.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order the collected tests file by file as in ``HEAVY_FIRST`` (stable: a file's own order is kept)."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``MS_BOOST_CPU_REPORT=<file>``, append one line per test to ``<file>.<worker>``: CPU-seconds of this
+    process (all its threads) and of its finished child processes (msrun jobs, scripts) during the test's setup,
+    call and teardown, then wall seconds. CPU time does not depend on how loaded the machine is, wall time does."""
+    target = os.environ.get("MS_BOOST_CPU_REPORT")
+    if not target:
+        yield
+        return
+    start = (time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter())
+    yield
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = time.process_time() - start[0]
+    kids = children.ru_utime + children.ru_stime - start[1].ru_utime - start[1].ru_stime
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{target}.{worker}", "a", encoding="utf-8") as out:
+        out.write(f"{own:.2f}\t{kids:.2f}\t{time.perf_counter() - start[2]:.2f}\t{item.nodeid}\n")

@@ -107,6 +107,9 @@ def test_summary_names_stages_and_values():
     # not distributed (no communication initialised in the test process): no reduction at all
     assert "no gradient reduction (1 rank); AdaSum inactive" in cfg.summary()
     assert "mean all-reduce across 4 ranks (data parallel)" in AutoBoost("O1").summary(ranks=4)
+    # the O1 pipeline line the CPU launcher printed for 2 ranks (its real run now only covers O2, test_scripts.py)
+    assert ("pipeline: mean all-reduce across 2 ranks (data parallel) -> optimizer on this step's unfrozen groups"
+            in AutoBoost("O1").summary(ranks=2))
     with pytest.raises(ValueError, match="ranks=0"):
         cfg.summary(ranks=0)
     assert cfg.to_dict()["grad_freeze"]["freeze_p"] == 0.25

@@ -273,13 +273,14 @@ def test_standalone_train_then_run_eval_for_real(env, tmp_path):
     assert (tmp_path / "eval" / "log.txt").read_text().count("top-1 accuracy") == 1
 
 
+# One real msrun launcher run (O2: AdaSum between 2 "servers" of one rank each). The O1 launcher command line is
+# checked by the dry runs above, its pipeline text by tests/test_config.py (AutoBoost("O1").summary) and O1 data
+# parallel over two real ranks by tests/test_msrun_e2e.py::test_light_o1_two_ranks_equal_one_process.
 @pytest.mark.msrun
 @pytest.mark.parametrize("recipe, level, extra, pipeline", [
-    ("resnet50_imagenet_boost_o1.yaml", "O1", [],
-     "mean all-reduce across 2 ranks (data parallel) -> optimizer on this step's unfrozen groups"),
     ("resnet50_imagenet_boost_o2_adasum.yaml", "O2", ["--boost_config_dict.common.device_number", "1"],
      "mean within server (1 of 2 ranks) -> AdaSum across 2 servers"),  # 2 "servers" of one rank each
-], ids=["boost_o1", "boost_o2_adasum"])
+], ids=["boost_o2_adasum"])
 def test_cpu_launcher_runs_two_workers_for_real(recipe, level, extra, pipeline, env, tmp_path):
     proc = run("run_distribute_train_cpu.sh", 2, "synthetic", CONFIGS / recipe, "--steps_per_epoch", "3",
                "--save_checkpoint_steps", "3", *TINY, *extra, env=env, cwd=tmp_path,

@@ -2,12 +2,16 @@
 checkpoint, watch the metrics, and feed bad input (diverging lr, a truncated JPEG, a broken recipe file).
 
 Runs are a width-4 ResNet-18 on 16x16 images with 2 steps per epoch, in-process through ``train.py``'s
-``main`` (one case runs ``train.py`` as a script for its exit status).
+``main`` (one case runs ``train.py`` as a script for its exit status). Each recipe is trained once, and that one
+run carries every check on it: it trains (finite losses, the progress line, the recipe's own boost pieces, see
+``check_recipe``; these were tests/test_zoo_recipes.py's per-recipe tests), resumes exactly, evaluates, exports.
 """
 from __future__ import annotations
 
 import io
 import json
+import math
+import re
 import shutil
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -84,25 +88,63 @@ def stage1_run(cache_dir, tmp_path_factory) -> Path:
     """Dimension-reduce stage 1 (graph mode), its full and weight-only checkpoints (stage 2 starts from them)."""
     out = tmp_path_factory.mktemp("stage1")
     recipe, mode, extra = CASES[5]
-    run(recipe, small(cache_dir, out / "straight", mode) + extra)
-    return out
+    results = run(recipe, small(cache_dir, out / "straight", mode) + extra)
+    return out, results
+
+
+def check_recipe(recipe: str, results: dict, ckpt_dir: Path, steps: int, extra: list, pca_mat: Path) -> None:
+    """What each recipe's straight run must show: it trained (``steps`` finite losses, the progress line) with
+    the recipe's own pieces switched on (and the others off)."""
+    assert len(results["losses"]) == steps and all(math.isfinite(v) for v in results["losses"])
+    assert re.search(rf"epoch 2/2 step \d+/\d+ \(global {steps}/{steps}\) loss \d+\.\d+ \| [\d.]+ ms/step \| "
+                     r"[\d.]+ img/s \| ETA", results["stdout"]), results["stdout"]
+    boost, last = results["model"].boost, ckpt_dir / f"resnet-2_{steps // 2}.ckpt"
+    if recipe == "resnet50_imagenet_momentum.yaml":
+        assert not boost.is_active
+        saved = ms.load_checkpoint(str(last))
+        assert "conv1.weight" in saved and "fc.weight" in saved
+    elif recipe in ("resnet50_imagenet_boost_o1.yaml", "resnet18_synthetic_quickstart.yaml"):  # quickstart: O1
+        assert boost.level == "O1" and boost.enabled("less_bn") and boost.enabled("grad_freeze")
+        assert boost.grad_freeze.total_steps == steps  # 0 in the recipe = the run's total steps
+    elif recipe == "resnet50_imagenet_boost_o2_adasum.yaml":
+        assert boost.level == "O2" and boost.enabled("adasum")
+        assert not boost.enabled("less_bn") and not boost.enabled("grad_freeze")
+    elif recipe == "resnet50_imagenet_thor.yaml":
+        from ms_boost.thor import THOR
+
+        assert isinstance(results["model"]._optimizer, THOR)  # pylint: disable=protected-access
+    elif recipe == STAGE1:
+        assert ckpt_dir.name == "checkpoint_stage_1"
+        weights = sorted((ckpt_dir / "checkpoint_pca").glob("resnet-*.ckpt"))
+        assert len(weights) == steps  # --pca_checkpoint_steps 1: one weight-only file per step
+        weight_only = ms.load_checkpoint(str(weights[0]))
+        assert not any(name.startswith(("moments.", "learning_rate", "global_step")) for name in weight_only)
+        assert any(name.startswith("moments.") for name in ms.load_checkpoint(str(last)))
+    else:  # dimension-reduce stage 2
+        assert boost.enabled("dim_reduce") and boost.dim_reduce.n_components == 3
+        given = extra[extra.index("--boost_config_dict.dim_reduce.weight_load_dir") + 1]
+        assert boost.dim_reduce.weight_load_dir == given
+        assert np.load(pca_mat, allow_pickle=False).shape[0] == 3
 
 
 @pytest.mark.parametrize("recipe,mode,extra", CASES, ids=[f"{c[0].split('.')[0]}-{c[1]}" for c in CASES])
 def test_recipe_resumes_exactly_and_its_checkpoint_evaluates_and_exports(cache_dir, stage1_run, tmp_path, recipe,
                                                                          mode, extra):
+    pca_mat = tmp_path / "pca_mat.npy"
     if recipe == STAGE1:
-        out = stage1_run  # trained by the fixture with this very case's settings
+        out, results = stage1_run  # trained by the fixture with this very case's settings
     else:
         out = tmp_path
         if "dim_reduce_stage2" in recipe:
-            extra = extra + ["--pretrained", str(stage1_run / "straight" / "checkpoint_stage_1" / "resnet-2_2.ckpt"),
-                             "--boost_config_dict.dim_reduce.weight_load_dir",
-                             str(stage1_run / "straight" / "checkpoint_stage_1" / "checkpoint_pca")]
-        run(recipe, small(cache_dir, out / "straight", mode) + extra)
+            stage1 = stage1_run[0] / "straight" / "checkpoint_stage_1"
+            extra = extra + ["--pretrained", str(stage1 / "resnet-2_2.ckpt"),
+                             "--boost_config_dict.dim_reduce.weight_load_dir", str(stage1 / "checkpoint_pca"),
+                             "--boost_config_dict.dim_reduce.pca_mat_path", str(pca_mat)]
+        results = run(recipe, small(cache_dir, out / "straight", mode) + extra)
     spe = int(extra[extra.index("--steps_per_epoch") + 1]) if "--steps_per_epoch" in extra else SPE
     straight = out / "straight"
     ckpt_dir = next(p for p in straight.iterdir() if p.is_dir() and p.name.startswith("checkpoint"))
+    check_recipe(recipe, results, ckpt_dir, 2 * spe, extra, pca_mat)
     epoch1, epoch2 = f"resnet-1_{spe}.ckpt", f"resnet-2_{spe}.ckpt"
     assert sorted(p.name for p in ckpt_dir.glob("*.ckpt")) == [epoch1, epoch2]
     first, last = state(ckpt_dir / epoch1), state(ckpt_dir / epoch2)
