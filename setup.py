@@ -22,6 +22,6 @@ setup(
         "pyyaml",
         "pillow",
     ],
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "ruff"]},
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "ruff"], "bench": ["matplotlib", "scikit-learn"]},
     license="Apache-2.0",
 )

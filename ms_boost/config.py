@@ -268,6 +268,7 @@ class ThorConfig:
         use_nesterov: Nesterov momentum.
         split_indices: layer indices splitting the fused all-reduce of factors (0 is valid).
         enable_clip_grad: clip each preconditioned update tensor to norm 1.
+        kl_clip: trust-region bound c of the preconditioned step (None or 0: off); see docs/thor.md.
     """
 
     damping: Union[float, Tuple[float, ...]] = 0.03
@@ -279,6 +280,7 @@ class ThorConfig:
     use_nesterov: bool = False
     split_indices: Optional[Tuple[int, ...]] = None
     enable_clip_grad: bool = False
+    kl_clip: Optional[float] = 1e-3
 
     _aliases = {}
     _checks = {
@@ -291,6 +293,7 @@ class ThorConfig:
         "use_nesterov": _check_bool,
         "split_indices": lambda p, v: None if v is None else _check_int_list(p, v, low=0),
         "enable_clip_grad": _check_bool,
+        "kl_clip": lambda p, v: None if v is None else _check_float(p, v, low=0.0),
     }
 
 

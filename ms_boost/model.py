@@ -7,7 +7,9 @@
   or not ``metrics``/``eval_network`` are given (upstream silently skipped boost without them);
 * the train network is an ms_boost train cell, so every loss-scale manager (fixed, dynamic, group)
   works on CPU too, and overflow steps are always skipped whole;
-* the plan's summary is logged when training starts.
+* the plan's summary is logged when training starts;
+* with a THOR optimizer, ``train`` adds its guard callback (``optimizer.training_guard()``), which stops a
+  run whose loss stays non-finite with an error naming the step and the layer.
 """
 from __future__ import annotations
 
@@ -159,5 +161,10 @@ class Model(_MsModel):
             self._plan_logged = True
             if comm.get_rank() == 0:
                 logger.info("%s", self.boost.summary())
+        guard = getattr(self._optimizer, "training_guard", None)  # THOR: stop a run that stays non-finite
+        if callable(guard):
+            if callbacks is None:
+                callbacks = []
+            callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + [guard()]
         return super().train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
                              sink_size=sink_size, initial_epoch=initial_epoch)
