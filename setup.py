@@ -22,6 +22,10 @@ setup(
         "pyyaml",
         "pillow",
     ],
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "ruff"], "bench": ["matplotlib", "scikit-learn"]},
+    extras_require={
+        # plots: model_zoo.resnet.plot_run (training curves)
+        "bench": ["matplotlib", "scikit-learn"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib"],
+    },
     license="Apache-2.0",
 )
