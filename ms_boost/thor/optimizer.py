@@ -779,7 +779,7 @@ def _ensure_call_depth(n_layers: int) -> None:
     """Raise MindSpore's graph call-depth limit (``mindspore.set_recursion_limit``, default 1000) for THOR's
     per-layer refresh and preconditioning, which Graph mode unrolls into nested calls (about 10 levels per
     layer). Only ever raised, never lowered below a value ms_boost set before; logged once per change."""
-    needed = 1000 + 12 * max(0, n_layers - 40)
+    needed = 1000 + 40 * max(0, n_layers - 12)  # the guarded refresh unrolls more per-layer loops
     if needed > max(1000, _CALL_DEPTH["raised_to"]):
         ms.set_recursion_limit(needed)
         _CALL_DEPTH["raised_to"] = needed
