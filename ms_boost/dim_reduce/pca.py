@@ -46,7 +46,7 @@ import numpy as np
 __all__ = [
     "ParamSpec", "DEFAULT_EXCLUDE", "CHECKPOINT_SUFFIXES", "parameter_specs", "list_checkpoints",
     "infer_parameter_specs", "read_flat_weights", "gram_eigen_components", "compute_pca_matrix",
-    "open_pca_matrix", "write_npy_atomic", "main",
+    "open_pca_matrix", "check_finite_rows", "write_npy_atomic", "main",
 ]
 
 ParamSpec = Tuple[str, Tuple[int, ...]]
@@ -420,6 +420,23 @@ def open_pca_matrix(path: str, n_components: int, num_weights: int) -> np.ndarra
                          f"the network: expected ({n_components}, {num_weights}) = (n_components, number of "
                          f"trainable weights) or more rows.")
     return mat
+
+
+def check_finite_rows(rows: np.ndarray, path: str, first_row: int = 0) -> None:
+    """Raise ``ValueError`` naming ``path`` and the first bad row when ``rows`` holds NaN or infinity.
+
+    Args:
+        rows: a block of rows of the PCA matrix saved at ``path``.
+        path: the ``.npy`` file, for the message.
+        first_row: index in the file of ``rows[0]``.
+    """
+    finite = np.isfinite(rows)
+    if not finite.all():
+        bad = np.argwhere(~finite)
+        row, col = (int(v) for v in bad[0])
+        raise ValueError(f"PCA matrix {path!r} holds NaN or infinite values ({len(bad)} in rows "
+                         f"{first_row}..{first_row + rows.shape[0] - 1}; first at row {first_row + row}, column "
+                         f"{col}: {rows[row, col]!r}); recompute it from the stage-1 checkpoints.")
 
 
 def _read_names_file(path: str) -> List[str]:
