@@ -94,8 +94,8 @@ def test_a_stuck_rank_is_named_within_the_handshake_timeout(tmp_path, stuck=1):
     error, elapsed = str(results[waiting]["error"]), float(results[waiting]["elapsed"])
     assert error.startswith("TimeoutError: "), error
     if stuck == 1:  # rank 0 serves the store: it names rank 1 as never having arrived
-        assert (f"rank 0: rank(s) [1] never reached the PCA handshake (dead, or alive but stuck) within "
-                f"dim_reduce.timeout=4 s") in error
+        assert ("rank 0: rank(s) [1] never reached the PCA handshake (dead, or alive but stuck) within "
+                "dim_reduce.timeout=4 s") in error
     else:  # rank 1 cannot reach rank 0's store
         assert "rank 1: rank 0 did not reach the PCA handshake within dim_reduce.timeout=4 s" in error
     assert timeout - 0.5 < elapsed < timeout + 4, elapsed  # bounded by dim_reduce.timeout
