@@ -13,7 +13,7 @@ this module offers the same three steps through public API:
   loss when the backbone runs in float16/bfloat16.
 
 Also :func:`cells_compile_cache`: MindSpore's registry of per-cell compile caches, which moved from
-``mindspore.common.api`` (2.7.0) to ``mindspore.graph.api`` (2.7.1 on); ``ms_boost.thor.convert`` needs it.
+``mindspore.common.api`` (2.7.x) to ``mindspore.graph.api`` (2.10); ``ms_boost.thor.convert`` needs it.
 
 ``use_private=True`` (default ``None``: automatic) selects the private helpers where the installed
 MindSpore still has them with the expected signature, so results are identical to upstream's
@@ -155,7 +155,7 @@ def with_loss(network: nn.Cell, loss_fn: nn.Cell, cast_model_type, use_private: 
 def cells_compile_cache() -> Optional[dict]:
     """MindSpore's ``id(cell) -> compile cache`` registry (``cells_compile_cache``), or None if absent.
 
-    Lives in ``mindspore.graph.api`` from MindSpore 2.7.1 and in ``mindspore.common.api`` in 2.7.0.
+    Looked up in ``mindspore.graph.api`` (MindSpore 2.10), then ``mindspore.common.api`` (2.7.x).
     """
     for module in ("mindspore.graph.api", "mindspore.common.api"):
         try:
