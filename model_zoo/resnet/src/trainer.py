@@ -36,6 +36,7 @@ from model_zoo.resnet.src.lr_generator import get_lr, get_thor_damping, get_thor
 from model_zoo.resnet.src.resnet import create_model, init_group_params, init_weight
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import Model, comm
+from ms_boost.dim_reduce.pca import write_weight_manifest
 
 __all__ = [
     "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
@@ -308,6 +309,8 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
             callbacks += checkpoint_callbacks(run.rank, os.path.join(directory, cfg.pca_checkpoint_dir),
                                               cfg.checkpoint_prefix, cfg.pca_checkpoint_steps or steps_per_epoch,
                                               cfg.pca_keep_checkpoint_max, saved_network=net)
+            if run.rank == 0:  # trainable names and shapes for the PCA (stage 2, python -m ms_boost.dim_reduce.pca)
+                write_weight_manifest(net, os.path.join(directory, cfg.pca_checkpoint_dir))
     return callbacks
 
 
