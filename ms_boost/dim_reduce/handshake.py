@@ -27,6 +27,7 @@ from mindspore import Tensor
 from ms_boost import comm
 from ms_boost.dim_reduce.math import local_row_block
 from ms_boost.dim_reduce.pca import ParamSpec, check_finite_rows, compute_pca_matrix, open_pca_matrix
+from ms_boost.topology import Topology
 
 __all__ = ["prepare_pca_matrix", "local_pca_rows", "DEFAULT_PCA_FILE_NAME"]
 
@@ -53,15 +54,11 @@ def _stderr_progress(message: str) -> None:
 
 
 def _devices_per_server(device_number: Optional[int], world: int) -> int:
-    """Ranks per server: ``device_number`` capped at the world size (one server when it is larger)."""
-    if device_number is None:
-        return world
-    if isinstance(device_number, bool) or not isinstance(device_number, int) or device_number < 1:
-        raise ValueError(f"common.device_number={device_number!r} must be a positive integer.")
-    per_server = comm.server_size(device_number, world)
-    if world % per_server:
-        raise ValueError(f"common.device_number={device_number} must divide the number of ranks ({world}).")
-    return per_server
+    """Ranks per server by :class:`~ms_boost.topology.Topology`'s rule (``device_number`` capped at the
+    number of ranks, which it must then divide); ``None`` is one server of every rank."""
+    topology = Topology(0, world, world if device_number is None else device_number)
+    topology.check_servers()
+    return topology.server_size
 
 
 class _PeerFailed(Exception):

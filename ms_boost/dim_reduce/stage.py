@@ -28,7 +28,6 @@ line-search decision (losses are averaged in floating point) and the same new we
 from __future__ import annotations
 
 import logging
-import math as _pymath
 from typing import Optional, Sequence
 
 import mindspore as ms
@@ -57,21 +56,11 @@ from ms_boost.dim_reduce.math import (
     split_flat,
 )
 from ms_boost.dim_reduce.pca import parameter_specs
+from ms_boost.sections import DimReduceConfig
 
 logger = logging.getLogger("ms_boost")
 
 __all__ = ["DimReduceUpdate", "DimReduce", "prepare_pca_matrix", "build_dim_reduce_update", "local_pca_rows"]
-
-
-def _check_unit_interval(name: str, value, low_open: bool = True, high_open: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _pymath.isfinite(value):
-        raise ValueError(f"dim_reduce.{name}={value!r} must be a finite number.")
-    low_ok = value > 0 if low_open else value >= 0
-    high_ok = value < 1 if high_open else value <= 1
-    if not (low_ok and high_ok):
-        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-        raise ValueError(f"dim_reduce.{name}={value!r} must be in {lo}0, 1{hi}.")
-    return float(value)
 
 
 class DimReduceUpdate(nn.Cell):
@@ -109,15 +98,9 @@ class DimReduceUpdate(nn.Cell):
                  max_search_time: int = 2, rank: Optional[int] = None, rank_size: Optional[int] = None,
                  curvature_eps: float = 1e-20):
         super().__init__(auto_prefix=False)
-        self.rho = _check_unit_interval("rho", rho)
-        self.gamma = _check_unit_interval("gamma", gamma, low_open=False)
-        self.sigma = _check_unit_interval("sigma", sigma)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < _pymath.inf:
-            raise ValueError(f"dim_reduce.alpha={alpha!r} must be a finite number >= 0.")
-        self.alpha = float(alpha)
-        for name, value in (("n_components", n_components), ("max_search_time", max_search_time)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"dim_reduce.{name}={value!r} must be a positive integer.")
+        cfg = DimReduceConfig(rho=rho, gamma=gamma, alpha=alpha, sigma=sigma, n_components=n_components,
+                              max_search_time=max_search_time)  # the one rule for each value
+        self.rho, self.gamma, self.sigma, self.alpha = cfg.rho, cfg.gamma, cfg.sigma, cfg.alpha
         self.curvature_eps = float(curvature_eps)
         self.network = network
         weights = tuple(weights)
@@ -282,15 +265,14 @@ def build_dim_reduce_update(network: nn.Cell, weights, dim_cfg, common_cfg=None)
     Args:
         network: the loss network.
         weights: trainable parameters in gradient order.
-        dim_cfg: object with ``rho, gamma, alpha, sigma, n_components, pca_mat_path, weight_load_dir, timeout``
-            and optionally ``max_search_time`` (``ms_boost.config.DimReduceConfig``).
+        dim_cfg: the ``dim_reduce`` section (:class:`~ms_boost.sections.DimReduceConfig`).
         common_cfg: object with ``device_number`` (ranks per server), or None for one server.
     """
     weights = tuple(weights)
     specs = parameter_specs(weights)
-    device_number = getattr(common_cfg, "device_number", None) if common_cfg is not None else None
+    device_number = None if common_cfg is None else common_cfg.device_number
     rows = prepare_pca_matrix(specs, dim_cfg.n_components, dim_cfg.pca_mat_path, dim_cfg.weight_load_dir,
                               dim_cfg.timeout, device_number)
     return DimReduceUpdate(network, weights, rows, dim_cfg.n_components, rho=dim_cfg.rho, gamma=dim_cfg.gamma,
                            alpha=dim_cfg.alpha, sigma=dim_cfg.sigma,
-                           max_search_time=getattr(dim_cfg, "max_search_time", 2))
+                           max_search_time=dim_cfg.max_search_time)
