@@ -143,11 +143,12 @@ def _store_address() -> Optional[tuple]:
 class _StoreStatus:
     """Per-rank status flags in MindSpore's TCP key-value store; every wait bounded, missing ranks named.
 
-    Keys (a fresh namespace per handshake): ``<ns>/<phase>/<rank>`` holds 0 (not yet), :attr:`DONE` or
-    :attr:`FAILED`; ``<ns>/failed`` counts failed ranks. Reads use ``add(key, 0)``, which never blocks.
+    Keys (a fresh namespace per handshake): ``<ns>/<phase>/<rank>`` is 1 once the rank finished that phase;
+    ``<ns>/fail/<rank>`` is 1 once it failed and ``<ns>/failed`` counts failed ranks (store values are
+    counters, so success and failure never share a key). Reads use ``add(key, 0)``, which never blocks.
     """
 
-    DONE, FAILED = 1, 2
+    DONE = 1
 
     def __init__(self, address: tuple, rank: int, world: int, roots: Sequence[int], timeout: float):
         from mindspore.mint.distributed import TCPStore  # noqa: PLC0415
@@ -176,15 +177,14 @@ class _StoreStatus:
             raise RuntimeError(f"rank {self.rank}: the PCA handshake store (served by rank 0) failed: {exc}; "
                                f"rank 0 has probably stopped (see its error).") from None
 
-    def set(self, phase: str, value: int) -> None:
-        self._add(f"{phase}/{self.rank}", value)
-        if value == self.FAILED:
-            self._add("failed", 1)
+    def done(self, phase: str) -> None:
+        self._add(f"{phase}/{self.rank}", self.DONE)
 
-    def report_failure(self, phase: str) -> None:
+    def report_failure(self) -> None:
         """Mark this rank failed, if the store still answers (the caller is already raising)."""
         try:
-            self.set(phase, self.FAILED)
+            self._add(f"fail/{self.rank}", 1)
+            self._add("failed", 1)
         except RuntimeError:
             pass
 
@@ -194,10 +194,7 @@ class _StoreStatus:
     def failed_ranks(self) -> List[int]:
         if self._add("failed", 0) == 0:
             return []
-        failed = []
-        for phase in ("arrived", "prepared", "read"):
-            failed += [r for r, v in self.status(phase, range(self.world)).items() if v == self.FAILED]
-        return sorted(set(failed))
+        return [r for r in range(self.world) if self._add(f"fail/{r}", 0)]
 
     def tick(self) -> None:
         """A root between two units of work: stop if a peer failed."""
@@ -221,7 +218,7 @@ class _StoreStatus:
                 arrived = self.status("arrived", pending)
                 absent = [r for r in pending if not arrived[r]]
                 slow = [r for r in pending if arrived[r]]
-                self.report_failure(phase)  # release the others at once
+                self.report_failure()  # release the others at once
                 parts = []
                 if absent:
                     parts.append(f"rank(s) {absent} never reached the PCA handshake (dead, or alive but stuck)")
@@ -244,7 +241,7 @@ def _prepare_with_store(address, target, specs, n_components, num_weights, pca_m
     start = time.monotonic()
     roots = list(range(0, world, per_server))
     status = _StoreStatus(address, rank, world, roots, timeout)
-    status.set("arrived", status.DONE)
+    status.done("arrived")
     if rank in roots:
         try:
             _root_prepare(target, specs, n_components, num_weights, pca_mat_path, weight_load_dir, timeout,
@@ -253,25 +250,28 @@ def _prepare_with_store(address, target, specs, n_components, num_weights, pca_m
             raise RuntimeError(f"rank {rank}: rank(s) {exc.args[0]} failed during the PCA handshake "
                                f"(see their error); dim_reduce cannot start.") from None
         except BaseException:
-            status.report_failure("prepared")
+            status.report_failure()
             raise
-        status.set("prepared", status.DONE)
+        status.done("prepared")
     else:
         root = rank - rank % per_server
         # the root stops at its own deadline (timeout after it arrived); allow a little for its report
         flags = status.wait("prepared", [root], start + float(timeout) + 2.0,
                             f"preparing the PCA matrix {target!r}")
+        failed = status.failed_ranks()
         if flags[root] != status.DONE:
-            failed = status.failed_ranks()
             raise RuntimeError(f"rank {rank}: the PCA matrix could not be prepared by server root rank(s) "
-                               f"{failed or [root]} (see their error); dim_reduce cannot start.")
+                               f"{[root]} (see their error); dim_reduce cannot start.")
+        if failed:
+            raise RuntimeError(f"rank {rank}: rank(s) {failed} failed during the PCA handshake (see their error); "
+                               f"dim_reduce cannot start.")
     try:
         rows = _read_rows(target, n_components, num_weights, rank, world)
     except BaseException as exc:
-        status.report_failure("read")
+        status.report_failure()
         raise ValueError(f"rank {rank} cannot read the PCA matrix {target!r} prepared by its server's root "
                          f"rank {rank - rank % per_server}: {exc}") from exc
-    status.set("read", status.DONE)
+    status.done("read")
     deadline = max(start + float(timeout), time.monotonic() + min(float(timeout), 30.0))
     flags = status.wait("read", range(world), deadline, f"reading the PCA matrix {target!r}")
     failed = status.failed_ranks()
