@@ -326,3 +326,18 @@ def test_cpu_launcher_runs_two_workers_for_real(recipe, level, extra, pipeline, 
     ckpts = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ckpt"))
     assert ckpts == [Path("train_parallel_cpu/checkpoint/resnet-1_3.ckpt")]  # rank 0 only
 
+
+
+def test_version_matrix_dry_run_and_arguments(env, tmp_path):
+    """scripts/version_matrix.sh (docs/compatibility.md): one venv per release, the core tests in each."""
+    proc = run("version_matrix.sh", "2.7.0", "2.10.0", "--dry-run", env=env, cwd=tmp_path,
+               extra_env={"WORK_DIR": str(tmp_path / "vm")})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "releases: 2.7.0 2.10.0"
+    assert lines[1].startswith(f"2.7.0: {sys.executable} -m venv {tmp_path / 'vm' / 'venv-2.7.0'}; "
+                               "pip install mindspore==2.7.0")
+    assert "pytest -n 0 tests/test_config.py tests/test_model.py" in lines[2] and "test_ms_compat.py" in lines[2]
+    assert not any(tmp_path.iterdir())  # a dry run creates nothing
+    bad = run("version_matrix.sh", "latest", env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "'latest' is neither a MindSpore version" in bad.stderr
