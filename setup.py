@@ -23,6 +23,10 @@ setup(
         "pyyaml",
         "pillow",
     ],
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "ruff"]},
+    extras_require={
+        # plots: model_zoo.resnet.plot_run (training curves)
+        "bench": ["matplotlib"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib"],
+    },
     license="Apache-2.0",
 )
