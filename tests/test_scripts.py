@@ -324,7 +324,10 @@ def test_cpu_launcher_runs_two_workers_for_real(recipe, level, extra, pipeline, 
     assert f"boost_level {level} | 2 rank(s) on CPU" in texts[0] and pipeline in texts[0]
     assert "after training: top-1" in texts[0] and "after training" not in texts[1]  # eval on rank 0 only
     ckpts = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ckpt"))
-    assert ckpts == [Path("train_parallel_cpu/checkpoint/resnet-1_3.ckpt")]  # rank 0 only
+    # rank 0 in checkpoint/, every other rank its own state in checkpoint/rank_<r>/ (save_rank_checkpoints:
+    # exact resume), all inside the run folder
+    assert ckpts == [Path("train_parallel_cpu/checkpoint/rank_1/resnet-1_3.ckpt"),
+                     Path("train_parallel_cpu/checkpoint/resnet-1_3.ckpt")]
 
 
 
