@@ -15,7 +15,8 @@ Cells (usable inside ``construct`` in PyNative and Graph mode):
 
 Functions (Python side, at build time): :func:`is_initialized`, :func:`get_rank`, :func:`get_size`,
 :func:`world_group`, :func:`create_group`, :func:`server_groups`, :func:`barrier`,
-:func:`data_parallel_reduce_config`.
+:func:`data_parallel_reduce_config`, and :func:`use_backend`, through which tests serve all of the above from
+an in-process loopback world of N simulated ranks (``tests/helpers/loopback.py``).
 """
 from __future__ import annotations
 
@@ -28,34 +29,58 @@ from mindspore.communication import management as _mgmt
 
 __all__ = [
     "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_groups",
-    "barrier", "data_parallel_reduce_config", "AllReduce", "AllGather", "Broadcast", "GradReducer",
+    "barrier", "data_parallel_reduce_config", "use_backend", "AllReduce", "AllGather", "Broadcast", "GradReducer",
 ]
 
 _CREATED_GROUPS: dict = {}
 
+# Where ranks, groups, collective primitives and the parallel context come from. None: MindSpore itself
+# (mindspore.communication, ops.AllReduce/AllGather/Broadcast, nn.DistributedGradReducer). Tests install an
+# in-process loopback world of N simulated ranks (tests/helpers/loopback.py) that serves the same names.
+_BACKEND = None
+
+
+def use_backend(backend) -> object:
+    """Serve every rank query and collective of this module from ``backend`` (None: MindSpore's).
+
+    ``backend`` provides ``GlobalComm`` (``INITED``, ``WORLD_COMM_GROUP``), ``get_rank``, ``get_group_size``,
+    ``create_group``, ``AllReduce``, ``AllGather``, ``Broadcast``, ``DistributedGradReducer`` and
+    ``get_auto_parallel_context`` with MindSpore's signatures. Returns the previous backend; groups created
+    under it are forgotten.
+    """
+    global _BACKEND
+    previous, _BACKEND = _BACKEND, backend
+    _CREATED_GROUPS.clear()
+    return previous
+
+
+def _api(module):
+    """``module`` (mindspore, ops, nn or the management module), or the installed backend that stands in for it."""
+    return module if _BACKEND is None else _BACKEND
+
 
 def is_initialized() -> bool:
     """Whether ``mindspore.communication.init()`` has run in this process."""
-    return bool(getattr(_mgmt.GlobalComm, "INITED", False))
+    return bool(getattr(_api(_mgmt).GlobalComm, "INITED", False))
 
 
 def world_group() -> str:
     """Name of the group holding every rank (backend specific, read from MindSpore)."""
-    return _mgmt.GlobalComm.WORLD_COMM_GROUP
+    return _api(_mgmt).GlobalComm.WORLD_COMM_GROUP
 
 
 def get_rank(group: Optional[str] = None) -> int:
     """Rank of this process in ``group`` (world by default); 0 without communication."""
     if not is_initialized():
         return 0
-    return int(_mgmt.get_rank(group or world_group()))
+    return int(_api(_mgmt).get_rank(group or world_group()))
 
 
 def get_size(group: Optional[str] = None) -> int:
     """Number of ranks in ``group`` (world by default); 1 without communication."""
     if not is_initialized():
         return 1
-    return int(_mgmt.get_group_size(group or world_group()))
+    return int(_api(_mgmt).get_group_size(group or world_group()))
 
 
 def create_group(rank_ids: Sequence[int], prefix: str = "ms_boost") -> str:
@@ -81,7 +106,7 @@ def create_group(rank_ids: Sequence[int], prefix: str = "ms_boost") -> str:
     digest = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:10]
     name = f"{prefix}_{len(ranks)}_{digest}"
     if name not in _CREATED_GROUPS:
-        _mgmt.create_group(name, ranks)
+        _api(_mgmt).create_group(name, ranks)
         _CREATED_GROUPS[name] = tuple(ranks)
     return name
 
@@ -128,10 +153,10 @@ def data_parallel_reduce_config() -> tuple:
         rank; ``mean`` is the context's ``gradients_mean``; ``degree`` the context's device number
         (the world size when unset).
     """
-    mode = ms.get_auto_parallel_context("parallel_mode")
+    mode = _api(ms).get_auto_parallel_context("parallel_mode")
     reduce = is_initialized() and get_size() > 1 and mode in ("data_parallel", "hybrid_parallel")
-    mean = bool(ms.get_auto_parallel_context("gradients_mean"))
-    degree = int(ms.get_auto_parallel_context("device_num") or 0) if reduce else 0
+    mean = bool(_api(ms).get_auto_parallel_context("gradients_mean"))
+    degree = int(_api(ms).get_auto_parallel_context("device_num") or 0) if reduce else 0
     # device_num defaults to 1 when the user did not set it: the world size is the degree then
     return reduce, mean, degree if degree > 1 else get_size()
 
@@ -162,9 +187,9 @@ class AllReduce(nn.Cell):
         self.op = op
         if self.active:
             if self.gathered:
-                self.gather = ops.AllGather(group or world_group())
+                self.gather = _api(ops).AllGather(group or world_group())
             else:
-                self.reduce = ops.AllReduce(ops.ReduceOp.SUM, group or world_group())
+                self.reduce = _api(ops).AllReduce(ops.ReduceOp.SUM, group or world_group())
 
     def construct(self, x):
         if not self.active:
@@ -175,7 +200,7 @@ class AllReduce(nn.Cell):
                 return stacked.max(axis=0)
             if self.op == "min":
                 return stacked.min(axis=0)
-            return stacked.prod(axis=0)
+            return ops.prod(stacked, 0)
         y = self.reduce(x)
         if self.mean:
             y = y / self.size
@@ -189,7 +214,7 @@ class AllGather(nn.Cell):
         super().__init__()
         self.active = get_size(group) > 1
         if self.active:
-            self.gather = ops.AllGather(group or world_group())
+            self.gather = _api(ops).AllGather(group or world_group())
 
     def construct(self, x):
         if self.active:
@@ -204,7 +229,7 @@ class Broadcast(nn.Cell):
         super().__init__()
         self.active = get_size(group) > 1
         if self.active:
-            self.bcast = ops.Broadcast(int(root), group or world_group())
+            self.bcast = _api(ops).Broadcast(int(root), group or world_group())
 
     def construct(self, x):
         if self.active:
@@ -229,7 +254,8 @@ class GradReducer(nn.Cell):
         size = get_size(group)
         self.active = bool(enabled) and size > 1
         if self.active:
-            self.reducer = nn.DistributedGradReducer(parameters, mean, degree or size, group=group or world_group())
+            self.reducer = _api(nn).DistributedGradReducer(parameters, mean, degree or size,
+                                                           group=group or world_group())
 
     def construct(self, grads):
         if self.active:
@@ -247,5 +273,5 @@ def barrier(group: Optional[str] = None) -> None:
     if get_size(group) <= 1:
         return
     token = Tensor([1.0], ms.float32)
-    out = ops.AllReduce(ops.ReduceOp.SUM, group or world_group())(token)
+    out = _api(ops).AllReduce(ops.ReduceOp.SUM, group or world_group())(token)
     out.asnumpy()

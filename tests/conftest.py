@@ -23,3 +23,16 @@ def _seed():
     ms.set_seed(0)
     np.random.seed(0)
     yield
+
+
+TUTORIAL_CLASSES = 6
+
+
+@pytest.fixture(scope="module")
+def data_path(tmp_path_factory) -> str:
+    """A tiny ImageNet-layout folder (train/ + val/, 6 classes of 32x32 JPEGs) for the tutorial tests."""
+    from model_zoo.resnet.src.synthetic_data import ensure_dataset
+
+    root = tmp_path_factory.mktemp("tutorial_data")
+    return str(ensure_dataset(root, num_classes=TUTORIAL_CLASSES, image_size=32, train_per_class=16,
+                              val_per_class=4, seed=0, verbose=False))

@@ -1,4 +1,4 @@
-"""ms_boost.adasum: tree schedule, pair/tree math, the update stage, multi-rank runs under msrun.
+"""ms_boost.adasum: tree schedule, pair/tree math, the update stage, multi-rank runs (loopback ranks, msrun).
 
 Every number is checked against the numpy reference below (float64), written independently of the
 module: the tree is the recursive split of ``[0, n)`` at the largest power of two below ``n`` (the
@@ -28,9 +28,17 @@ from ms_boost.adasum import (
     server_layout,
 )
 from ms_boost.update import OptimizerUpdate
+from tests.helpers.loopback import run_ranks
 from tests.helpers.msrun import run_msrun
 from tests.workers import adasum_steps as steps
-from tests.workers.adasum_worker import FP16_SHAPES, fp16_old_params, fp16_server_deltas
+from tests.workers.adasum_worker import (
+    FP16_SHAPES,
+    OPTIMIZER_STEPS,
+    fp16_old_params,
+    fp16_server_deltas,
+    layout_results,
+    mode_results,
+)
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -359,39 +367,58 @@ def test_bad_arguments_raise_with_the_name_and_value():
 
 
 # --------------------------------------------------------------------------------------------------
-# multi-rank under msrun: every rank equals the numpy reference of the whole training
+# multi-rank: every rank equals the numpy reference of the whole training
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.msrun
-@pytest.mark.parametrize("workers, device_numbers, model_mode", [(2, (1,), "graph"), (3, (1,), None),
-                                                                 (4, (1, 2), "pynative")],
-                         ids=["2ranks", "3ranks", "4ranks_and_2servers_x_2devices"])
-def test_msrun_training_matches_numpy_reference(workers, device_numbers, model_mode):
-    """Weights on every rank after the whole training (both modes) equal the numpy reference to 1e-5.
+@pytest.mark.parametrize("workers, device_numbers, optimizers, fp16, with_model", [
+    (3, (1,), ("momentum", "adam"), False, False),
+    (4, (2,), ("momentum",), True, True)],
+    ids=["3ranks", "2servers_x_2devices"])
+def test_loopback_training_matches_numpy_reference(workers, device_numbers, optimizers, fp16, with_model):
+    """PyNative, on simulated ranks (tests/helpers/loopback.py): weights on every rank after the whole training
+    equal the numpy reference to 1e-5: the tree over 3 servers (a carried leaf) with Momentum and Adam, and 2
+    servers of 2 devices (server-group mean, sharded AllGather) with the float16 cells and ``Model`` (the
+    tutorial's conv net runs in the msrun job and on one process). The msrun job below covers 4 servers and
+    2 x 2 in Graph mode. Each new AdaSum cell compiles its fused steps once per rank (they take Parameters), so
+    the cases are spread over the layouts rather than repeated."""
+    def rank_fn(rank):
+        return {**layout_results(),
+                **mode_results("pynative", device_numbers, with_model, optimizers, fp16, tutorial=False)}
 
-    One launch covers several layouts of the same world: 4 ranks run device_number 1 (4 servers) and
-    device_number 2 (2 servers x 2 devices).
-    """
-    results = run_msrun(WORKERS / "adasum_worker.py", workers=workers,
-                        args=[",".join(map(str, device_numbers))] + ([model_mode] if model_mode else []))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # AdaSum must be active on every rank (no "no-op" warning)
+        results = run_ranks(workers, rank_fn)
+    check_results(results, workers, device_numbers, "pynative", "pynative" if with_model else None, optimizers, fp16,
+                  tutorial=False)
+
+
+@pytest.mark.msrun
+def test_msrun_graph_training_matches_numpy_reference():
+    """Graph mode under a real 4-worker msrun job (MCCL): 4 servers, and 2 servers x 2 devices, plus Model."""
+    results = run_msrun(WORKERS / "adasum_worker.py", workers=4, args=["1,2", "graph", "graph"])
+    check_results(results, 4, (1, 2), "graph", "graph", ("momentum",))
+
+
+def check_results(results, workers: int, device_numbers, mode: str, model_mode, optimizers, fp16=True,
+                  tutorial=True) -> None:
+    """Every AdaSum case saved by ``adasum_worker.mode_results`` against the numpy reference."""
     init = steps.initial_weights()
     assert int(results[0]["layout/servers_when_device_number_is_world"]) == 1
     if workers > 2:  # a device_number that does not divide the ranks is refused, naming the key
         msg = str(results[0]["layout/non_divisor_error"])
         assert f"common.device_number={workers - 1}" in msg and f"({workers})" in msg
     for dn in device_numbers:
-        for mode in ("pynative", "graph"):
-            prefix = f"d{dn}/{mode}"
-            for opt, steps_count in (("momentum", 2), ("adam", 1)):
-                if opt == "adam" and mode == "graph":
-                    continue
-                ref = np_train(opt, steps_count, workers, dn)
-                _check_ranks(results, f"{prefix}/{opt}", ref)
-                np.testing.assert_array_equal(results[0][f"{prefix}/{opt}/frozen"], init["frozen"])
-                # AdaSum is not the mean: with more than one server the result differs from averaging deltas
-                assert np.abs(ref["w1"] - np_train(opt, steps_count, workers, workers)["w1"]).max() > 1e-4
+        prefix = f"d{dn}/{mode}"
+        for opt in optimizers:
+            steps_count = OPTIMIZER_STEPS[opt]
+            ref = np_train(opt, steps_count, workers, dn)
+            _check_ranks(results, f"{prefix}/{opt}", ref)
+            np.testing.assert_array_equal(results[0][f"{prefix}/{opt}/frozen"], init["frozen"])
+            # AdaSum is not the mean: with more than one server the result differs from averaging deltas
+            assert np.abs(ref["w1"] - np_train(opt, steps_count, workers, workers)["w1"]).max() > 1e-4
+        if fp16:
             _check_fp16_upstream_cell(results, prefix, workers // dn)
     if model_mode:
-        _check_model_cases(results, f"d{device_numbers[-1]}/{model_mode}", workers, device_numbers[-1])
+        _check_model_cases(results, f"d{device_numbers[-1]}/{model_mode}", workers, device_numbers[-1], tutorial)
 
 
 def _check_ranks(results, prefix: str, ref: dict) -> None:
@@ -426,12 +453,14 @@ def _check_fp16_upstream_cell(results, prefix: str, servers: int) -> None:
             np.testing.assert_array_equal(got, results[0][f"{prefix}/fp16_update/w{i}"])
 
 
-def _check_model_cases(results, prefix: str, workers: int, device_number: int) -> None:
+def _check_model_cases(results, prefix: str, workers: int, device_number: int, tutorial: bool) -> None:
     """ms_boost.Model with boost O2 + the tutorial's adasum dict (+ common.device_number)."""
     ref = np_train("momentum", 2, workers, device_number)
     _check_ranks(results, f"{prefix}/model/plain", ref)
     # an overflow (inf input on the last rank only) between the two steps changes nothing on any rank
     _check_ranks(results, f"{prefix}/model/overflow", ref)
+    if not tutorial:
+        return
     tutorial = sorted(k for k in results[0] if k.startswith(f"{prefix}/model/tutorial/"))
     assert tutorial
     for key in tutorial:

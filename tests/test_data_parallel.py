@@ -1,46 +1,109 @@
-"""Data-parallel training under msrun equals one process on the concatenated batch."""
+"""Data parallelism: the gradient reducer against numpy and whole trainings equal to one process on the
+concatenated batch, on 2-4 simulated ranks in one process (tests/helpers/loopback.py, PyNative); the same
+training under a real 2-worker msrun job in Graph mode, together with the other end-to-end scenarios
+(tests/test_msrun_e2e.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-
+import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn
+from mindspore import Parameter, Tensor, nn
 
-from ms_boost import Model
-from tests.helpers.msrun import run_msrun
+from ms_boost import BoostTrainOneStepWithLossScaleCell, Model, comm
+from tests.helpers.loopback import run_ranks
 from tests.helpers.nets import dataset, learnable_data, weights
-from tests.workers.common import make_plain_net
+from tests.workers.common import InfOnNegativeLabel, make_plain_net, rank_rows
 
-WORKER = Path(__file__).parent / "workers" / "data_parallel.py"
-STEPS, BATCH, WORKERS = 3, 4, 2
+STEPS, BATCH = 3, 4
+SHAPES = ((3, 2), (4,), (1,))
 
 
-def single_process_reference():
-    x, y = learnable_data(STEPS * BATCH * WORKERS, seed=1)
+def rank_grads(rank: int) -> list:
+    rng = np.random.default_rng(100 + rank)
+    return [rng.normal(0, 1, s).astype(np.float32) for s in SHAPES]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("mean", [True, False])
+def test_grad_reducer_world_and_server_groups_match_numpy(size, mean):
+    """comm.GradReducer over the world (degree = world size or a given one) and over server groups of 2."""
+    def rank_fn(rank):
+        params = [Parameter(Tensor(np.zeros(s, np.float32)), name=f"p{i}") for i, s in enumerate(SHAPES)]
+        grads = tuple(Tensor(g) for g in rank_grads(rank))
+        out = {"world": comm.GradReducer(params, mean)(grads),
+               "degree": comm.GradReducer(params, mean, degree=8)(grads),
+               "off": comm.GradReducer(params, mean, enabled=False)(grads)}
+        if size % 2 == 0:
+            group, _ = comm.server_groups(2)
+            out["server"] = comm.GradReducer(params, mean, 2, group)(grads)
+        return {k: [t.asnumpy() for t in v] for k, v in out.items()}
+
+    results = run_ranks(size, rank_fn)
+    every = [rank_grads(r) for r in range(size)]
+    for rank, res in enumerate(results):
+        for i in range(len(SHAPES)):
+            total = np.sum([g[i] for g in every], axis=0)
+            np.testing.assert_allclose(res["world"][i], total / size if mean else total, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(res["degree"][i], total / 8 if mean else total, rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(res["off"][i], every[rank][i])
+            if size % 2 == 0:
+                server = every[rank - rank % 2:rank - rank % 2 + 2]
+                part = np.sum([g[i] for g in server], axis=0)
+                np.testing.assert_allclose(res["server"][i], part / 2 if mean else part, rtol=1e-6, atol=1e-6)
+
+
+def single_process_reference(size: int, boost=None) -> list:
+    x, y = learnable_data(STEPS * BATCH * size, seed=1)
     net = make_plain_net()
     model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                  nn.Momentum(net.trainable_params(), 0.1, 0.9))
-    model.train(1, dataset(x, y, batch_size=BATCH * WORKERS), dataset_sink_mode=False)
+                  nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_config_dict=boost)
+    model.train(1, dataset(x, y, batch_size=BATCH * size), dataset_sink_mode=False)
     return weights(net)
 
 
-@pytest.mark.msrun
-@pytest.mark.parametrize("exec_mode", ["pynative", "graph"])
-def test_two_workers_mean_reducer_equals_concatenated_batch(exec_mode):
-    ranks = run_msrun(WORKER, WORKERS, args=[exec_mode, STEPS, BATCH])
-    ref = single_process_reference()
-    for r in range(1, WORKERS):
+def train_rank(rank: int, size: int, boost=None) -> list:
+    """One rank of the data-parallel training (tests/workers/e2e_graph.py does the same under msrun)."""
+    x, y = rank_rows(rank, size, STEPS, BATCH)
+    net = make_plain_net()
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_config_dict=boost)
+    model.train(1, dataset(x, y, batch_size=BATCH), dataset_sink_mode=False)
+    return weights(net)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_mean_reducer_training_equals_concatenated_batch(size):
+    ranks = run_ranks(size, lambda rank: train_rank(rank, size))
+    ref = single_process_reference(size)
+    for r in range(1, size):
         for i in range(len(ref)):
-            np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[r][f"w{i}"])
+            np.testing.assert_array_equal(ranks[0][i], ranks[r][i])
     for i, w in enumerate(ref):
-        np.testing.assert_allclose(ranks[0][f"w{i}"], w, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(ranks[0][i], w, rtol=0, atol=1e-5)
 
 
-@pytest.mark.msrun
 def test_overflow_on_one_rank_skips_the_step_on_every_rank():
-    ranks = run_msrun(Path(__file__).parent / "workers" / "overflow_one_rank.py", 2, args=["graph"])
-    for out in ranks:
-        assert not bool(out["of1"]) and bool(out["of2"])
-        assert float(out["changed"]) == 0.0
-    np.testing.assert_array_equal(ranks[0]["w"], ranks[1]["w"])
+    """Rank 1's inf loss on step 2 makes every rank skip that step (the overflow flag is all-reduced)."""
+    def rank_fn(rank):
+        x, y = learnable_data(8, seed=rank)
+        net = make_plain_net()
+        cell = BoostTrainOneStepWithLossScaleCell(InfOnNegativeLabel(net),
+                                                  nn.Momentum(net.trainable_params(), 0.1, 0.9),
+                                                  scale_sense=Tensor(64.0))
+        cell.set_train()
+        _, of1, _ = cell(Tensor(x), Tensor(y))
+        before = [p.asnumpy().copy() for p in cell.get_parameters()]
+        y_bad = y.copy()
+        if rank == 1:
+            y_bad[0] = -1 - y[0]
+        _, of2, _ = cell(Tensor(x), Tensor(y_bad))
+        after = [p.asnumpy().copy() for p in cell.get_parameters()]
+        changed = max(float(np.abs(a - b).max()) for a, b in zip(before, after) if a.dtype.kind == "f")
+        return bool(of1.asnumpy()), bool(of2.asnumpy()), changed, net.fc.weight.asnumpy()
+
+    ranks = run_ranks(2, rank_fn)
+    for of1, of2, changed, _ in ranks:
+        assert not of1 and of2
+        assert changed == 0.0
+    np.testing.assert_array_equal(ranks[0][3], ranks[1][3])
+    assert ms.get_context("mode") == ms.PYNATIVE_MODE

@@ -1,20 +1,19 @@
-"""DimReduce on 2 msrun CPU workers: PCA handshake, row blocks, identical weights = one process on the full batch."""
+"""DimReduce on 2-4 simulated ranks (tests/helpers/loopback.py): PCA handshake, ceil(k/R) row blocks, identical
+weights = one process on the full batch; Graph mode under a real msrun job in tests/test_msrun_e2e.py."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor
 
-from tests.helpers.msrun import run_msrun
+from tests.helpers.loopback import run_ranks
 from tests.helpers.nets import dataset, learnable_data, weights
-from tests.workers.common import make_plain_net
+from tests.workers.common import make_plain_net, rank_rows
 from tests.workers.dim_reduce_worker import dim_reduce_stage, stage2_model
 
-WORKER = Path(__file__).parent / "workers" / "dim_reduce_worker.py"
 STEPS, BATCH, K = 3, 8, 3  # K = 3 rows over 2 ranks: blocks of 2 rows, the last one padded
 
 
@@ -41,39 +40,66 @@ def _one_process_reference(ckpt_dir, pca_path, k, size=2):
     return weights(net), dim_reduce_stage(model)
 
 
-@pytest.mark.msrun
-@pytest.mark.parametrize("mode", ["pynative", "graph"])
-def test_two_ranks_equal_one_process(tmp_path, mode):
+def numpy_row_block(full: np.ndarray, rank: int, size: int) -> np.ndarray:
+    """Rows [rank*h, rank*h + h) of the (k, M) matrix with h = ceil(k / size), zero rows past k."""
+    height = -(-full.shape[0] // size)
+    padded = np.concatenate([full, np.zeros((height * size - full.shape[0], full.shape[1]), full.dtype)])
+    return padded[rank * height:(rank + 1) * height]
+
+
+def train_rank(rank: int, size: int, ckpt_dir: str, pca_path: str) -> dict:
+    """One rank of the stage-2 training (tests/workers/e2e_graph.py does the same under msrun)."""
+    x, y = rank_rows(rank, size, STEPS, BATCH)
+    net = make_plain_net()
+    model = stage2_model(net, ckpt_dir, pca_path, K)
+    model.train(1, dataset(x, y, batch_size=BATCH), dataset_sink_mode=False)
+    stage = dim_reduce_stage(model)
+    result = {f"w{i}": w for i, w in enumerate(weights(net))}
+    result.update(pca_rows=stage.pca_rows.asnumpy(), inv_hessian=stage.inv_hessian.asnumpy(),
+                  step_last=stage.step_last.asnumpy())
+    return result
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_loopback_ranks_equal_one_process(tmp_path, size):
+    """PyNative on simulated ranks (tests/helpers/loopback.py): K = 3 rows over 2 ranks (blocks of 2, the last
+    padded) and 4 ranks (blocks of 1, the last rank holds only padding)."""
     ckpt_dir = _stage1_checkpoints(str(tmp_path / "stage1"), 6)
-    pca_path = str(tmp_path / "pca_mat.npy")  # does not exist yet: rank 0 computes it, rank 1 waits
-    results = run_msrun(WORKER, workers=2, args=[mode, ckpt_dir, pca_path, K, STEPS, BATCH], timeout=600)
+    pca_path = str(tmp_path / "pca_mat.npy")  # does not exist yet: rank 0 computes it, the others wait
+    results = run_ranks(size, lambda rank: train_rank(rank, size, ckpt_dir, pca_path))
+    _check_ranks(results, ckpt_dir, pca_path, size)
+
+
+def _check_ranks(results, ckpt_dir, pca_path, size):
     assert os.path.isfile(pca_path)
     full = np.load(pca_path, allow_pickle=False)
     assert full.shape[0] == K
-    # rank 0 keeps rows 0-1, rank 1 keeps row 2 plus one zero padding row
-    np.testing.assert_array_equal(results[0]["pca_rows"], full[:2])
-    np.testing.assert_array_equal(results[1]["pca_rows"][0], full[2])
-    assert not results[1]["pca_rows"][1].any()
-    # identical weights and BFGS state on both ranks
-    names = sorted(results[0])
-    for name in names:
-        if name != "pca_rows":
-            np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=name)
+    for rank, res in enumerate(results):  # each rank keeps its ceil(K / size) rows, zero-padded
+        np.testing.assert_array_equal(res["pca_rows"], numpy_row_block(full, rank, size))
+    # identical weights and BFGS state on every rank
+    for rank in range(1, size):
+        for name in sorted(results[0]):
+            if name != "pca_rows":
+                np.testing.assert_array_equal(results[0][name], results[rank][name], err_msg=name)
     assert np.abs(results[0]["step_last"]).max() > 0  # a step was accepted in the subspace
-    ref_weights, ref_stage = _one_process_reference(ckpt_dir, pca_path, K)
+    ref_weights, ref_stage = _one_process_reference(ckpt_dir, pca_path, K, size)
     for i, ref in enumerate(ref_weights):
         np.testing.assert_allclose(results[0][f"w{i}"], ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(results[0]["inv_hessian"], ref_stage.inv_hessian.asnumpy(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.msrun
 def test_failure_on_root_is_a_clear_error_on_every_rank(tmp_path):
     ckpt_dir = _stage1_checkpoints(str(tmp_path / "stage1"), 3)  # 3 checkpoints: too few for K = 3
-    with pytest.raises(AssertionError) as info:
-        run_msrun(WORKER, workers=2, args=["pynative", ckpt_dir, str(tmp_path / "p.npy"), K, 1, 4], timeout=300)
-    text = str(info.value)
-    assert "needs at least 4 stage-1 checkpoints" in text  # rank 0's own error
-    assert "could not be prepared by server root rank(s) [0]" in text  # rank 1 told, not left hanging
+
+    def rank_fn(rank):
+        net = make_plain_net()
+        with pytest.raises(Exception) as info:  # noqa: B017 -- each rank's own message is checked below
+            stage2_model(net, ckpt_dir, str(tmp_path / "p.npy"), K)
+        return str(info.value)
+
+    messages = run_ranks(2, rank_fn)
+    assert "needs at least 4 stage-1 checkpoints" in messages[0]  # rank 0's own error
+    assert "could not be prepared by server root rank(s) [0]" in messages[1]  # rank 1 told, not left hanging
     assert not os.path.exists(tmp_path / "p.npy")
 
 

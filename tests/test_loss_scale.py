@@ -1,15 +1,12 @@
 """Tests of ms_boost.loss_scale: GroupLossScaleManager in upstream's documented usage."""
 from __future__ import annotations
 
-import textwrap
-
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
 from ms_boost.loss_scale import GroupLossScaleManager, group_scale_update, is_group_manager, require_group_manager
-from tests.helpers.msrun import run_msrun
 
 ALPHA = 2.0 ** (1.0 / 1000.0)
 BETA = 2.0 ** -0.5
@@ -229,42 +226,29 @@ def test_require_group_manager():
 
 
 # ---------------------------------------------------------------------------------------------- multi-rank
-WORKER = textwrap.dedent('''
-    import sys
-    import mindspore as ms
-    import numpy as np
-    from mindspore import nn
-    from mindspore.communication import init
-
-    from tests.helpers.msrun import save_result
-    from tests import test_loss_scale as t
-
-    ms.set_context(mode=ms.GRAPH_MODE if sys.argv[1] == "graph" else ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
-    init()
-    from ms_boost import comm
-
-    rank = comm.get_rank()
-    manager, net = t.build(max_loss_scale=2.0 ** 120)
+def overflow_on_rank_1(rank: int) -> dict:
+    """One step of the group loss-scale cell where only rank 1's batch overflows the conv group."""
+    manager, net = build(max_loss_scale=2.0 ** 120)
     manager.scales.set_data(ms.Tensor(np.array([1.0, 2.0 ** 100, 8.0, 1.0], np.float32)))
     opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
-    step = t.GroupScaleStep(nn.WithLossCell(net, t.LOSS), opt, manager)
+    step = GroupScaleStep(nn.WithLossCell(net, LOSS), opt, manager)
     before = np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()])
-    # only rank 1 sees the batch that overflows the conv group
-    _, overflow = step(*t.data(scale=1e10 if rank == 1 else 1.0))
+    _, overflow = step(*data(scale=1e10 if rank == 1 else 1.0))
     after = np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()])
-    save_result(overflow=np.array(bool(overflow.asnumpy())), scales=manager.group_loss_scales(),
-                moved=np.array(np.abs(after - before).max()))
-''')
+    return {"overflow": np.array(bool(overflow.asnumpy())), "scales": manager.group_loss_scales(),
+            "moved": np.array(np.abs(after - before).max())}
 
 
-@pytest.mark.msrun
-@pytest.mark.parametrize("run_mode", ["pynative", "graph"])
-def test_overflow_on_one_rank_skips_every_rank(tmp_path, run_mode):
-    script = tmp_path / "group_loss_scale_worker.py"
-    script.write_text(WORKER)
-    results = run_msrun(script, workers=2, args=[run_mode], timeout=300)
+def check_overflow_on_one_rank(results: list) -> None:
     for rank, r in enumerate(results):
         assert bool(r["overflow"]), rank
         assert float(r["moved"]) == 0.0, rank
         np.testing.assert_allclose(r["scales"], [2.0 ** 100 * BETA, 8.0 * ALPHA], rtol=1e-6)
+
+
+def test_overflow_on_one_rank_skips_every_rank():
+    """2 simulated ranks (tests/helpers/loopback.py, PyNative); Graph mode: the msrun job of
+    tests/test_msrun_e2e.py."""
+    from tests.helpers.loopback import run_ranks
+
+    check_overflow_on_one_rank(run_ranks(2, overflow_on_rank_1))

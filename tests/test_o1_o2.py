@@ -1,9 +1,6 @@
 """Model-level acceptance of the light boost algorithms: boost_level O1 / O2 and manual mode, on CPU."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import mindspore as ms
 import numpy as np
 import pytest
@@ -15,7 +12,6 @@ from ms_boost.grad_freeze import FreezeOpt
 from ms_boost.grad_process import CentralizedGradients
 from ms_boost.less_bn import CommonHeadLastFN
 from ms_boost.loss_scale import GroupLossScaleManager
-from tests.helpers.msrun import run_msrun
 from tests.helpers.nets import dataset, learnable_data, weights
 from tests.test_less_bn import TinyResNet
 from tests.test_loss_scale import AmpNet
@@ -148,22 +144,31 @@ LIGHT_O1 = {"boost": {"mode": "manual", "less_bn": True, "grad_freeze": True},
             "common": {"gradient_split_groups": [2]}}
 
 
-@pytest.mark.msrun
-@pytest.mark.parametrize("exec_mode", ["pynative", "graph"])
-def test_two_ranks_light_o1_equals_one_process_on_the_big_batch(exec_mode):
-    """LessBN head + gradient centralization + freezing + gradient-split groups, data parallel on 2 ranks:
-    the ranks stay identical and equal one process on the concatenated batch (no BatchNorm in this net)."""
-    steps, batch, workers = 3, 4, 2
-    ranks = run_msrun(Path(__file__).parent / "workers" / "data_parallel.py", workers,
-                      args=[exec_mode, steps, batch, json.dumps(LIGHT_O1)], timeout=400)
+def light_o1_reference(steps: int, batch: int, workers: int) -> list:
+    """One process on the concatenated batch (checks the LIGHT_O1 pipeline it builds)."""
     x, y = learnable_data(steps * batch * workers, seed=1)
     net = make_plain_net()
     model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_config_dict=LIGHT_O1)
     assert isinstance(model._optimizer, FreezeOpt)  # pylint: disable=protected-access
     assert [p.comm_fusion for p in net.trainable_params()] == [1, 1, 2, 2]
     model.train(1, dataset(x, y, batch_size=batch * workers), dataset_sink_mode=False)
-    reference = weights(net)
+    return weights(net)
+
+
+def check_light_o1_ranks(ranks: list, reference: list) -> None:
     assert len(ranks[0]) == len(reference) == 4  # conv weight/bias, FN head weight and multiplier
     for i, w in enumerate(reference):
-        np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
-        np.testing.assert_allclose(ranks[0][f"w{i}"], w, rtol=0, atol=1e-5)
+        for r in range(1, len(ranks)):
+            np.testing.assert_array_equal(ranks[0][i], ranks[r][i])
+        np.testing.assert_allclose(ranks[0][i], w, rtol=0, atol=1e-5)
+
+
+def test_two_ranks_light_o1_equals_one_process_on_the_big_batch():
+    """LessBN head + gradient centralization + freezing + gradient-split groups, data parallel on 2 simulated
+    ranks (tests/helpers/loopback.py, PyNative): the ranks stay identical and equal one process on the
+    concatenated batch (no BatchNorm in this net). Graph mode: the msrun job of tests/test_msrun_e2e.py."""
+    from tests.helpers.loopback import run_ranks
+    from tests.test_data_parallel import BATCH, STEPS, train_rank
+
+    ranks = run_ranks(2, lambda rank: train_rank(rank, 2, LIGHT_O1))
+    check_light_o1_ranks(ranks, light_o1_reference(STEPS, BATCH, 2))

@@ -1,20 +1,16 @@
-"""THOR under msrun with 2 CPU workers: identical weights on both ranks, equal to one process on the
-concatenated batch (factors are mean-all-reduced before inversion; inverses split across ranks and
-broadcast)."""
+"""Data-parallel THOR on 2-3 simulated ranks (tests/helpers/loopback.py): identical weights on every rank, equal to
+one process on the concatenated batch (factors are mean-all-reduced before inversion; inverses split across
+ranks and broadcast). Graph mode under a real msrun job: tests/test_msrun_e2e.py."""
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from mindspore import nn
 
-from tests.helpers.msrun import run_msrun
+from tests.helpers.loopback import run_ranks
 from tests.helpers.nets import dataset, learnable_data
-from tests.workers.common import make_plain_net
+from tests.workers.common import make_plain_net, rank_rows
 
-WORKER = Path(__file__).parent / "workers" / "thor_data_parallel.py"
 STEPS, BATCH, WORKERS = 4, 4, 2
 
 
@@ -33,28 +29,47 @@ def build_thor_model(split_indices, distribute_inverses: bool = True):
     return net, opt, model
 
 
-def single_process_reference():
-    x, y = learnable_data(STEPS * BATCH * WORKERS, seed=1)
+def single_process_reference(size: int = WORKERS):
+    x, y = learnable_data(STEPS * BATCH * size, seed=1)
     net, opt, model = build_thor_model(None)
-    model.train(1, dataset(x, y, batch_size=BATCH * WORKERS), dataset_sink_mode=False)
+    model.train(1, dataset(x, y, batch_size=BATCH * size), dataset_sink_mode=False)
     return [p.asnumpy().copy() for p in net.trainable_params()], opt
 
 
-@pytest.mark.msrun
-@pytest.mark.parametrize("exec_mode,split,distribute", [("graph", [0], True), ("pynative", None, True),
-                                                         ("graph", None, False)])
-def test_two_workers_equal_one_process_on_the_concatenated_batch(exec_mode, split, distribute):
-    ranks = run_msrun(WORKER, WORKERS, args=[exec_mode, STEPS, BATCH, json.dumps(split), int(distribute)])
-    ref, ref_opt = single_process_reference()
-    assert [int(r["step"][0]) for r in ranks] == [STEPS] * WORKERS
-    if distribute:  # the inversion work is split: every rank owned some factors
+def train_rank(rank: int, size: int, split, distribute: bool) -> dict:
+    """One rank of the data-parallel THOR training (tests/workers/e2e_graph.py does the same under msrun)."""
+    x, y = rank_rows(rank, size, STEPS, BATCH)
+    net, opt, model = build_thor_model(split, distribute)
+    model.train(1, dataset(x, y, batch_size=BATCH), dataset_sink_mode=False)
+    owned = sum(1 for owner in opt.inverse_owner if owner == rank)
+    return {"owned": np.array(owned), "step": opt.global_step.asnumpy(),
+            **{f"w{i}": p.asnumpy() for i, p in enumerate(net.trainable_params())},
+            **{f"a_inv{i}": p.asnumpy() for i, p in enumerate(opt.a_inverses)},
+            **{f"g_inv{i}": p.asnumpy() for i, p in enumerate(opt.g_inverses)}}
+
+
+@pytest.mark.parametrize("size,split,distribute", [(3, [0], True), (2, None, False)])
+def test_loopback_ranks_equal_one_process_on_the_concatenated_batch(size, split, distribute):
+    """PyNative on simulated ranks (tests/helpers/loopback.py): factors mean-all-reduced (fused in two split
+    groups, or one), inverses split across 3 ranks and broadcast from their owner, or all computed everywhere.
+    The msrun job of tests/test_msrun_e2e.py runs the split case on 2 ranks in Graph mode."""
+    ranks = run_ranks(size, lambda rank: train_rank(rank, size, split, distribute))
+    check_ranks(ranks, size, distribute)
+
+
+def check_ranks(ranks: list, size: int, distribute: bool) -> None:
+    ref, ref_opt = single_process_reference(size)
+    jobs = 2 * len(ref_opt.thor_layers)
+    assert [int(r["step"][0]) for r in ranks] == [STEPS] * size
+    if distribute:  # the inversion work is split: every rank owned some factors, each factor one owner
         assert all(int(r["owned"]) > 0 for r in ranks)
-        assert sum(int(r["owned"]) for r in ranks) == 2 * len(ref_opt.thor_layers)
+        assert sum(int(r["owned"]) for r in ranks) == jobs
     else:
-        assert all(int(r["owned"]) == 2 * len(ref_opt.thor_layers) for r in ranks)
-    for key in ranks[0]:
-        if key != "owned":
-            np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+        assert all(int(r["owned"]) == jobs for r in ranks)
+    for rank in range(1, size):
+        for key in ranks[0]:
+            if key != "owned":
+                np.testing.assert_array_equal(ranks[0][key], ranks[rank][key], err_msg=key)
     for i, w in enumerate(ref):
         np.testing.assert_allclose(ranks[0][f"w{i}"], w, rtol=1e-4, atol=2e-5, err_msg=f"w{i}")
     for i, p in enumerate(ref_opt.a_inverses):

@@ -1,9 +1,10 @@
-"""msrun worker for tests/test_adasum.py: one process = one rank.
+"""msrun worker for tests/test_adasum.py: one process = one rank (the loopback tests call
+:func:`layout_results` and :func:`mode_results` on simulated ranks).
 
-Usage: ``adasum_worker.py DEVICE_NUMBERS [MODEL_MODE]``. In PyNative and then Graph mode, for each
-device number D of the comma-separated DEVICE_NUMBERS, it trains ``TwoLayerLinear`` with AdaSum
-across servers of D ranks (Momentum 2 steps; Adam 1 step in PyNative), runs the upstream-named
-``AdaSum`` cell on float16 deltas (one all-zero tensor, one zero on server 0 only), and
+Usage: ``adasum_worker.py DEVICE_NUMBERS MODES [MODEL_MODE]``. In each of the comma-separated MODES
+(``pynative``, ``graph``), for each device number D of the comma-separated DEVICE_NUMBERS, it trains
+``TwoLayerLinear`` with AdaSum across servers of D ranks (Momentum 2 steps; Adam 1 step in PyNative),
+runs the upstream-named ``AdaSum`` cell on float16 deltas (one all-zero tensor, one zero on server 0 only), and
 ``AdaSumUpdate`` on float16 weights whose inner stage adds those deltas. With MODEL_MODE (``pynative``
 or ``graph``) it also trains, in that mode and with the last D, through ``ms_boost.Model``: the same
 linear model (plain, and with a loss scale and an overflow step injected on the last rank), and the
@@ -74,7 +75,7 @@ def linear_batches(with_overflow: bool):
     return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
 
 
-def model_cases(device_number: int) -> dict:
+def model_cases(device_number: int, tutorial: bool = True) -> dict:
     """Train through ms_boost.Model; return the weights of each case."""
     boost = {**TUTORIAL_BOOST, "common": {"device_number": device_number}}
     out = {}
@@ -88,6 +89,8 @@ def model_cases(device_number: int) -> dict:
         model.train(1, dataset(x, y, batch_size=x.shape[0] // (3 if case == "overflow" else 2)),
                     dataset_sink_mode=False)
         out.update({f"{case}/{p.name}": p.asnumpy().copy() for p in net.trainable_params()})
+    if not tutorial:
+        return out
     # the tutorial's call, as written (the only addition: common.device_number for this CPU layout)
     net = make_net()
     init_weights = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
@@ -132,13 +135,8 @@ class Fp16UpdateStep(nn.Cell):
         return self.update(loss, ())
 
 
-def main() -> None:
-    device_numbers = [int(d) for d in sys.argv[1].split(",")]
-    model_mode = sys.argv[2] if len(sys.argv) > 2 else None
-    ms.set_device("CPU")
-    ms.device_context.cpu.op_tuning.threads_num(1)  # tiny ops: one kernel thread per rank is fastest
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+def layout_results() -> dict:
+    """server_layout on this world: one server when device_number is the world size; a non-divisor refused."""
     results = {"layout/servers_when_device_number_is_world": np.array(server_layout(comm.get_size())[0])}
     if comm.get_size() > 2:
         try:
@@ -146,26 +144,53 @@ def main() -> None:
             results["layout/non_divisor_error"] = np.array("")
         except ValueError as exc:
             results["layout/non_divisor_error"] = np.array(str(exc))
-    for mode_name, mode in (("pynative", ms.PYNATIVE_MODE), ("graph", ms.GRAPH_MODE)):
-        ms.set_context(mode=mode)
-        for dn in device_numbers:
-            prefix = f"d{dn}/{mode_name}"
-            for opt, steps in (("momentum", 2), ("adam", 1)):
-                if opt == "adam" and mode_name == "graph":
-                    continue  # the optimizer only changes the deltas; Adam's graph is MindSpore's own
-                for name, value in train_linear(opt, steps, dn).items():
-                    results[f"{prefix}/{opt}/{name}"] = value
-            cell = UpstreamApiStep(dn)
-            cell(to_float16_tuple(fp16_server_deltas(comm.get_rank() // dn)))
-            for i, p in enumerate(cell.params):
-                results[f"{prefix}/fp16/p{i}"] = p.asnumpy()
-            step = Fp16UpdateStep(dn)
-            step(Tensor(0.0, ms.float32))
-            for i, w in enumerate(step.weights):
-                results[f"{prefix}/fp16_update/w{i}"] = w.asnumpy()
-        if mode_name == model_mode:
-            for name, value in model_cases(device_numbers[-1]).items():
-                results[f"d{device_numbers[-1]}/{mode_name}/model/{name}"] = value
+    return results
+
+
+OPTIMIZER_STEPS = {"momentum": 2, "adam": 1}
+
+
+def mode_results(mode_name: str, device_numbers, with_model: bool, optimizers=("momentum", "adam"),
+                 fp16: bool = True, tutorial: bool = True) -> dict:
+    """The AdaSum cases of this rank in the current execution mode, keyed ``d<D>/<mode_name>/...``:
+    the linear training with each of ``optimizers``, the float16 cells (``fp16``), ``Model`` (``with_model``,
+    last device number; the tutorial's conv net too with ``tutorial``)."""
+    results = {}
+    for dn in device_numbers:
+        prefix = f"d{dn}/{mode_name}"
+        for opt in optimizers:
+            for name, value in train_linear(opt, OPTIMIZER_STEPS[opt], dn).items():
+                results[f"{prefix}/{opt}/{name}"] = value
+        if not fp16:
+            continue
+        cell = UpstreamApiStep(dn)
+        cell(to_float16_tuple(fp16_server_deltas(comm.get_rank() // dn)))
+        for i, p in enumerate(cell.params):
+            results[f"{prefix}/fp16/p{i}"] = p.asnumpy()
+        step = Fp16UpdateStep(dn)
+        step(Tensor(0.0, ms.float32))
+        for i, w in enumerate(step.weights):
+            results[f"{prefix}/fp16_update/w{i}"] = w.asnumpy()
+    if with_model:
+        for name, value in model_cases(device_numbers[-1], tutorial).items():
+            results[f"d{device_numbers[-1]}/{mode_name}/model/{name}"] = value
+    return results
+
+
+def main() -> None:
+    device_numbers = [int(d) for d in sys.argv[1].split(",")]
+    modes = sys.argv[2].split(",")  # the modes to run, e.g. "graph" or "pynative,graph"
+    model_mode = sys.argv[3] if len(sys.argv) > 3 else None
+    ms.set_device("CPU")
+    ms.device_context.cpu.op_tuning.threads_num(1)  # tiny ops: one kernel thread per rank is fastest
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    results = layout_results()
+    for mode_name in modes:
+        ms.set_context(mode=ms.GRAPH_MODE if mode_name == "graph" else ms.PYNATIVE_MODE)
+        # the optimizer only changes the deltas; Adam's graph is MindSpore's own: momentum alone in Graph mode
+        optimizers = ("momentum",) if mode_name == "graph" else ("momentum", "adam")
+        results.update(mode_results(mode_name, device_numbers, mode_name == model_mode, optimizers))
     save_result(**results)
 
 

@@ -27,16 +27,22 @@ def data_parallel_shard(mode: str, steps: int, batch: int, seed: int = 1) -> tup
     from mindspore.communication import init
 
     from ms_boost import comm
-    from tests.helpers.nets import learnable_data
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank, size = comm.get_rank(), comm.get_size()
+    return (rank, size) + rank_rows(rank, size, steps, batch, seed)
+
+
+def rank_rows(rank: int, size: int, steps: int, batch: int, seed: int = 1) -> tuple:
+    """``(x, y)`` of rank ``rank`` of ``size``: step ``s`` gets rows ``[s*B*n + r*B, s*B*n + (r+1)*B)``."""
+    from tests.helpers.nets import learnable_data
+
     x, y = learnable_data(steps * batch * size, seed=seed)
     rows = [s * batch * size + rank * batch + i for s in range(steps) for i in range(batch)]
-    return rank, size, x[rows], y[rows]
+    return x[rows], y[rows]
 
 
 def make_plain_net(seed: int = 5) -> PlainConvNet:

@@ -1,11 +1,5 @@
-"""msrun worker: stage 2 (DimReduce) through ms_boost.Model on every rank; saves weights and stage state.
-
-Usage: dim_reduce_worker.py MODE WEIGHT_LOAD_DIR PCA_MAT_PATH N_COMPONENTS STEPS PER_RANK_BATCH
-Step s of rank r trains on rows [s*B*R + r*B, s*B*R + (r+1)*B) of a fixed data set, so one process on the
-concatenated batch of B*R rows is the reference. Rank 0 computes the PCA matrix into PCA_MAT_PATH from the
-checkpoints in WEIGHT_LOAD_DIR; every rank keeps its own block of rows.
-"""
-import sys
+"""Stage 2 (DimReduce) through ms_boost.Model, as the multi-rank tests build it (loopback ranks in
+tests/test_dim_reduce_msrun.py, the msrun job of tests/workers/e2e_graph.py)."""
 
 from mindspore import nn
 
@@ -26,25 +20,3 @@ def stage2_model(net, ckpt_dir: str, pca_path: str, k: int) -> Model:
 def dim_reduce_stage(model: Model) -> DimReduceUpdate:
     """The DimReduce stage inside a Model's train network."""
     return [c for _, c in model.train_network.cells_and_names() if isinstance(c, DimReduceUpdate)][0]
-
-
-def main() -> None:
-    from tests.helpers.msrun import save_result
-    from tests.helpers.nets import dataset, weights
-    from tests.workers.common import data_parallel_shard, make_plain_net
-
-    mode, ckpt_dir, pca_path = sys.argv[1], sys.argv[2], sys.argv[3]
-    k, steps, batch = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-    _, _, x, y = data_parallel_shard(mode, steps, batch)
-    net = make_plain_net()
-    model = stage2_model(net, ckpt_dir, pca_path, k)
-    model.train(1, dataset(x, y, batch_size=batch), dataset_sink_mode=False)
-    stage = dim_reduce_stage(model)
-    result = {f"w{i}": w for i, w in enumerate(weights(net))}
-    result.update(pca_rows=stage.pca_rows.asnumpy(), inv_hessian=stage.inv_hessian.asnumpy(),
-                  step_last=stage.step_last.asnumpy())
-    save_result(**result)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,11 @@
-"""Worker for the checkpoint-resume test (a separate process per phase).
+"""Worker for the checkpoint-resume test (one process per phase, every configuration in it).
 
-Usage: resume.py MODE PHASE STEPS CKPT_DIR OUT_NPZ BOOST_JSON
-  PHASE=straight: train 2*STEPS steps, save weights.
-  PHASE=first:    train STEPS steps with ModelCheckpoint saving the train network at the end.
-  PHASE=second:   fresh process: build the same Model, load that checkpoint into the train network,
-                  train the next STEPS steps, save weights.
+Usage: resume.py PHASE STEPS WORK_DIR CONFIGS_JSON
+  CONFIGS_JSON maps a name to ``[mode, boost_config_dict]``; for each, in WORK_DIR/<name>/:
+  PHASE=fresh:  train 2*STEPS steps straight, save every train-network Parameter to straight.npz; then, on a
+                new Model, train STEPS steps with ModelCheckpoint saving the train network at the end.
+  PHASE=resume: a new process: build the same Model, load that checkpoint into the train network, train the
+                next STEPS steps, save every train-network Parameter to resumed.npz.
 """
 import glob
 import json
@@ -19,28 +20,43 @@ from mindspore.train import CheckpointConfig, DynamicLossScaleManager, ModelChec
 from ms_boost import Model
 from tests.helpers.nets import dataset, learnable_data, make_net
 
-mode, phase, steps, ckpt_dir, out, boost = sys.argv[1:7]
-steps = int(steps)
-boost = json.loads(boost)
-ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-ms.set_device("CPU")
-ms.set_seed(0)
-x, y = learnable_data(2 * steps * 8, seed=2)
-net = make_net()
-model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-              nn.Momentum(net.trainable_params(), 0.05, 0.9), boost_config_dict=boost,
-              loss_scale_manager=DynamicLossScaleManager(2.0 ** 12, 2, 2))
-if phase == "straight":
-    model.train(1, dataset(x, y, 8), dataset_sink_mode=False)
-elif phase == "first":
-    ckpt = ModelCheckpoint(prefix="resume", directory=ckpt_dir,
-                           config=CheckpointConfig(save_checkpoint_steps=steps, keep_checkpoint_max=1))
-    model.train(1, dataset(x[: steps * 8], y[: steps * 8], 8), callbacks=[ckpt], dataset_sink_mode=False)
-else:
-    files = sorted(glob.glob(os.path.join(ckpt_dir, "*.ckpt")))
-    params = ms.load_checkpoint(files[-1])
-    not_loaded, _ = ms.load_param_into_net(model.train_network, params, strict_load=True)
-    model.train(1, dataset(x[steps * 8:], y[steps * 8:], 8), dataset_sink_mode=False)
-if phase != "first":
-    state = {p.name: p.asnumpy() for p in model.train_network.get_parameters()}
-    np.savez(out, **state)
+
+def build(mode: str, boost: dict) -> Model:
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    ms.set_seed(0)
+    net = make_net()
+    return Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                 nn.Momentum(net.trainable_params(), 0.05, 0.9), boost_config_dict=boost,
+                 loss_scale_manager=DynamicLossScaleManager(2.0 ** 12, 2, 2))
+
+
+def save_state(model: Model, out: str) -> None:
+    np.savez(out, **{p.name: p.asnumpy() for p in model.train_network.get_parameters()})
+
+
+def main() -> None:
+    phase, steps, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    configs = json.loads(sys.argv[4])
+    ms.set_device("CPU")
+    x, y = learnable_data(2 * steps * 8, seed=2)
+    for name, (mode, boost) in configs.items():
+        folder = os.path.join(work, name)
+        os.makedirs(folder, exist_ok=True)
+        if phase == "fresh":
+            model = build(mode, boost)
+            model.train(1, dataset(x, y, 8), dataset_sink_mode=False)
+            save_state(model, os.path.join(folder, "straight.npz"))
+            model = build(mode, boost)
+            ckpt = ModelCheckpoint(prefix="resume", directory=folder,
+                                   config=CheckpointConfig(save_checkpoint_steps=steps, keep_checkpoint_max=1))
+            model.train(1, dataset(x[: steps * 8], y[: steps * 8], 8), callbacks=[ckpt], dataset_sink_mode=False)
+        else:
+            model = build(mode, boost)
+            files = sorted(glob.glob(os.path.join(folder, "*.ckpt")))
+            ms.load_param_into_net(model.train_network, ms.load_checkpoint(files[-1]), strict_load=True)
+            model.train(1, dataset(x[steps * 8:], y[steps * 8:], 8), dataset_sink_mode=False)
+            save_state(model, os.path.join(folder, "resumed.npz"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""End-to-end under a real msrun job (2 CPU workers, MCCL, Graph mode): one job runs every scenario of
+tests/workers/e2e_graph.py (one msrun start instead of one per scenario); the tests below check each against
+numpy or the one-process reference. The same code paths on 2-4 simulated ranks in PyNative mode are tested
+on the loopback world (tests/test_comm.py, test_data_parallel.py, test_dim_reduce_msrun.py,
+test_thor_distributed.py)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers.msrun import run_msrun
+from tests.test_comm import rank_vector
+from tests.test_dim_reduce_msrun import _stage1_checkpoints, numpy_row_block
+from tests.workers import e2e_graph as e2e
+
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    work = tmp_path_factory.mktemp("e2e")
+    _stage1_checkpoints(str(work / "stage1"), 6)
+    assert not (work / "pca_mat.npy").exists()  # rank 0 computes it, rank 1 waits through the status exchange
+    ranks = run_msrun(Path(__file__).parent / "workers" / "e2e_graph.py", WORKERS, args=[work], timeout=900)
+    return work, ranks
+
+
+def scenario(ranks, name: str) -> list:
+    return [{k[len(name) + 1:]: v for k, v in r.items() if k.startswith(name + "/")} for r in ranks]
+
+
+@pytest.mark.msrun
+def test_comm_collectives(job):
+    assert e2e.comm_vector(1).tolist() == rank_vector(1).tolist()
+    xs = np.stack([rank_vector(r) for r in range(WORKERS)])
+    for out in scenario(job[1], "comm"):
+        np.testing.assert_allclose(out["sum"], xs.sum(0))
+        np.testing.assert_allclose(out["mean"], xs.mean(0))
+        np.testing.assert_allclose(out["max"], xs.max(0))
+        np.testing.assert_allclose(out["min"], xs.min(0))
+        np.testing.assert_allclose(out["prod"], xs.prod(0))
+        np.testing.assert_allclose(out["gather"], xs.reshape(-1))
+        np.testing.assert_allclose(out["bcast"], xs[WORKERS - 1])
+        np.testing.assert_allclose(out["server_mean"], xs.mean(0))
+        np.testing.assert_allclose(out["server_gather"], xs.reshape(-1))
+        np.testing.assert_array_equal(out["servers"], [[0, 1]])
+
+
+@pytest.mark.msrun
+def test_data_parallel_mean_reducer_equals_concatenated_batch(job):
+    from tests.test_data_parallel import BATCH, STEPS, single_process_reference
+
+    assert (STEPS, BATCH) == (e2e.DP_STEPS, e2e.DP_BATCH)
+    ranks = scenario(job[1], "dp")
+    ref = single_process_reference(WORKERS)
+    for i, w in enumerate(ref):
+        np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
+        np.testing.assert_allclose(ranks[0][f"w{i}"], w, rtol=0, atol=1e-5)
+
+
+@pytest.mark.msrun
+def test_overflow_on_one_rank_skips_the_step_on_every_rank(job):
+    ranks = scenario(job[1], "overflow")
+    for out in ranks:
+        assert not bool(out["of1"]) and bool(out["of2"])
+        assert float(out["changed"]) == 0.0
+    np.testing.assert_array_equal(ranks[0]["w"], ranks[1]["w"])
+
+
+@pytest.mark.msrun
+def test_group_loss_scale_overflow_on_one_rank_skips_every_rank(job):
+    from tests.test_loss_scale import check_overflow_on_one_rank
+
+    check_overflow_on_one_rank(scenario(job[1], "group_overflow"))
+
+
+@pytest.mark.msrun
+def test_light_o1_two_ranks_equal_one_process_on_the_big_batch(job):
+    from tests.test_data_parallel import BATCH, STEPS
+    from tests.test_o1_o2 import check_light_o1_ranks, light_o1_reference
+
+    ranks = [[r[f"w{i}"] for i in range(len(r))] for r in scenario(job[1], "light_o1")]
+    check_light_o1_ranks(ranks, light_o1_reference(STEPS, BATCH, WORKERS))
+
+
+@pytest.mark.msrun
+def test_dim_reduce_two_ranks_equal_one_process(job):
+    from tests.test_dim_reduce_msrun import BATCH, STEPS, K, _one_process_reference
+
+    assert (STEPS, BATCH, K) == (e2e.DIM_STEPS, e2e.DIM_BATCH, e2e.DIM_K)
+    work, ranks = job[0], scenario(job[1], "dim_reduce")
+    pca_path = str(work / "pca_mat.npy")
+    assert os.path.isfile(pca_path)
+    full = np.load(pca_path, allow_pickle=False)
+    assert full.shape[0] == e2e.DIM_K
+    for rank, res in enumerate(ranks):  # rank 0 keeps rows 0-1, rank 1 row 2 plus one zero padding row
+        np.testing.assert_array_equal(res["pca_rows"], numpy_row_block(full, rank, WORKERS))
+    for name in ranks[0]:
+        if name != "pca_rows":
+            np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+    assert np.abs(ranks[0]["step_last"]).max() > 0  # a step was accepted in the subspace
+    ref_weights, ref_stage = _one_process_reference(str(work / "stage1"), pca_path, e2e.DIM_K, WORKERS)
+    for i, ref in enumerate(ref_weights):
+        np.testing.assert_allclose(ranks[0][f"w{i}"], ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ranks[0]["inv_hessian"], ref_stage.inv_hessian.asnumpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.msrun
+def test_thor_two_ranks_equal_one_process(job):
+    from tests.test_thor_distributed import BATCH, STEPS, check_ranks
+
+    assert (STEPS, BATCH) == (e2e.THOR_STEPS, e2e.THOR_BATCH)
+    check_ranks(scenario(job[1], "thor"), WORKERS, distribute=True)
