@@ -3,6 +3,7 @@ weights = one process on the full batch; Graph mode under a real msrun job in te
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from mindspore import Tensor
 
 from tests.helpers.loopback import run_ranks
+from tests.helpers.msrun import run_msrun
 from tests.helpers.nets import dataset, learnable_data, weights
 from tests.workers.common import make_plain_net, rank_rows
 from tests.workers.dim_reduce_worker import dim_reduce_stage, stage2_model

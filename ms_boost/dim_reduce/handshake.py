@@ -123,6 +123,7 @@ def _root_prepare(target: str, specs, n_components: int, num_weights: int, pca_m
 
 
 _POLL_SECONDS = 0.05
+_MIN_CONNECT_SECONDS = 10.0  # starting / reaching the store under load: never less than this
 _STORES: Dict[tuple, object] = {}  # kept open for the life of the process (rank 0 serves it)
 _CALLS = itertools.count()  # handshakes in this process: a key namespace each, the same on every rank
 
@@ -160,7 +161,8 @@ class _StoreStatus:
         if key not in _STORES:
             try:
                 _STORES[key] = TCPStore(address[0], address[1], world_size=world, is_master=rank == 0,
-                                        timeout=timedelta(seconds=max(1.0, self.timeout)), wait_for_workers=False)
+                                        timeout=timedelta(seconds=max(_MIN_CONNECT_SECONDS, self.timeout)),
+                                        wait_for_workers=False)
             except Exception as exc:  # noqa: BLE001 -- name the rank that serves the store
                 if rank == 0:
                     raise RuntimeError(f"rank 0 cannot serve the PCA handshake store on {address[0]}:{address[1]} "
