@@ -177,46 +177,53 @@ class DimReduceUpdate(nn.Cell):
             Parameter(Tensor(np.zeros(s, np.float32)), name=f"dim_reduce.momentum.{w.name}", requires_grad=False)
             for w, s in zip(weights, self.shapes))
         ids = {id(w) for w in weights}
-        # State the forward pass may change (BatchNorm statistics): restored after every trial.
+        # State the forward pass may change (BatchNorm statistics): restored after the line search.
         self.net_state = ParameterTuple(p for p in network.get_parameters() if id(p) not in ids
                                         and not p.requires_grad)
+        # float32 state is snapshot as one flat buffer; other dtypes (exact copies) one by one
+        self.flat_state = ParameterTuple(p for p in self.net_state if p.dtype == ms.float32)
+        self.other_state = ParameterTuple(p for p in self.net_state if p.dtype != ms.float32)
+        self.layout = self.shapes
+        self.state_layout = tuple(tuple(int(d) for d in p.shape) for p in self.flat_state)
 
     def construct(self, loss, grads, *inputs):
         return self._step(loss, grads, *inputs)
 
     def _step(self, loss, grads, *inputs):
-        """One DimReduce step (shared with the upstream-signature :class:`DimReduce`)."""
-        flat_grad = flatten_tensors(grads)
+        """One DimReduce step (shared with the upstream-signature :class:`DimReduce`).
+
+        Weights, their saved copy, the residual momentum and the BatchNorm snapshot are handled as flat
+        float32 buffers by a few compiled functions (``_flat``, ``_write``, ...): one concatenation, one
+        split and one assignment per parameter for each write, instead of per-parameter arithmetic. The
+        trials write ``w0 + t P^T d`` directly (no restore in between), the final write puts
+        ``w0 + t P^T d - alpha mu``, and the network state is restored once after the line search.
+        """
+        flat_grad = _flat(*grads)
         g_local = project(self.pca_rows, flat_grad)
         packed = ops.concat((g_local, ops.reshape(ops.cast(loss, ms.float32), (1,))))
         gathered = ops.reshape(self.gather(packed), (self.rank_size, self.height + 1))
         g = ops.reshape(gathered[:, :self.height], (-1,))[:self.n_components]
         old_loss = ops.reduce_sum(gathered[:, self.height]) / self.rank_size
 
-        h = ops.where(self.has_pair,
-                      bfgs_inverse_update(self.inv_hessian, self.step_last, g - self.grad_last, self.curvature_eps),
-                      self.inv_hessian)
-        d = quasi_newton_direction(h, g)
-        slope = ops.reduce_sum(g * d)
+        h, d, slope = _direction(self.inv_hessian, self.step_last, self.grad_last, g, self.has_pair,
+                                 self.curvature_eps)
         d_padded = ops.concat((d, ops.zeros(self.pad, ms.float32))) if self.pad else d
         d_local = d_padded[self.block_start:self.block_start + self.height]
         back = self.sum_ranks(back_project(self.pca_rows, ops.stack((d_local, g_local))))
-        direction = split_flat(back[0], self.shapes)
-        grad_in_subspace = split_flat(back[1], self.shapes)
+        direction = back[0]
 
-        saved = ()
-        for w in self.weights:
-            saved += (ops.deepcopy(w),)
-        saved_state = ()
-        for p in self.net_state:
-            saved_state += (ops.deepcopy(p),)
+        saved = _flat(*self.weights)
+        saved_state = _flat(*self.flat_state)
+        saved_other = ()
+        for p in self.other_state:
+            saved_other += (ops.deepcopy(p),)
 
         # the first trial always runs (no control flow); later ones only while nothing was accepted
-        accepted = self._trial(saved, saved_state, direction, self.trial_steps[0], old_loss, slope, *inputs)
+        accepted = self._trial(saved, direction, self.trial_steps[0], old_loss, slope, *inputs)
         step = ops.where(accepted, self.trial_steps[0], self.zero)
         for i in range(1, self.max_search_time):
             if not accepted:
-                ok = self._trial(saved, saved_state, direction, self.trial_steps[i], old_loss, slope, *inputs)
+                ok = self._trial(saved, direction, self.trial_steps[i], old_loss, slope, *inputs)
                 step = ops.where(ok, self.trial_steps[i], step)
                 accepted = ok
 
@@ -224,41 +231,60 @@ class DimReduceUpdate(nn.Cell):
         done = ops.depend(done, ops.assign(self.grad_last, ops.where(accepted, g, self.grad_last)))
         done = ops.depend(done, ops.assign(self.step_last, ops.where(accepted, step * d, self.step_last)))
         done = ops.depend(done, ops.assign(self.has_pair, self.has_pair | accepted))
-        new_momentum = ()
-        for m, grad, sub in zip(self.momentum, grads, grad_in_subspace):
-            mu = residual_momentum(m, ops.cast(grad, ms.float32), sub, self.gamma)
-            new_momentum += (mu,)
-            done = ops.depend(done, ops.assign(m, mu))
-        done = ops.depend(done, self._assign_weights(saved, direction, step, new_momentum))
+        mu = _momentum_step(self.layout, self.gamma, flat_grad, back[1], *self.momentum)
+        done = ops.depend(done, _write(self.layout, saved + step * direction - self.alpha * mu, *self.weights))
+        done = ops.depend(done, self._restore_state(saved_state, saved_other, accepted))
         return ops.depend(loss, done)
 
-    def _trial(self, saved, saved_state, direction, t, old_loss, slope, *inputs):
-        """Armijo test of the step ``t``: write the trial weights, average the loss over ranks, restore."""
-        trial = self._assign_weights(saved, direction, t, None)
+    def _trial(self, saved, direction, t, old_loss, slope, *inputs):
+        """Armijo test of the step ``t``: write ``w0 + t P^T d``, average the loss over ranks."""
+        trial = _write(self.layout, saved + t * direction, *self.weights)
         new_loss = self.mean_ranks(ops.cast(self.network(*inputs), ms.float32))
         new_loss = ops.depend(new_loss, trial)
-        ok = armijo_accepts(new_loss, old_loss, t, slope, self.sigma)
-        return ops.depend(ok, self._restore(saved, saved_state, ok))
+        return armijo_accepts(new_loss, old_loss, t, slope, self.sigma)
 
-    def _assign_weights(self, base, direction, step, momentum):
-        r""":math:`w \leftarrow w_0 + t\,P^\top d\,[-\,\alpha\mu]` for every weight."""
-        done = self.zero
-        for i in range(len(self.shapes)):
-            value = ops.cast(base[i], ms.float32) + step * direction[i]
-            if momentum is not None:
-                value = value - self.alpha * momentum[i]
-            w = self.weights[i]
-            done = ops.depend(done, ops.assign(w, ops.cast(value, w.dtype)))
-        return done
-
-    def _restore(self, saved, saved_state, after):
-        """Put back the weights and the network state saved before the line search."""
-        done = self.zero
-        for w, value in zip(self.weights, saved):
-            done = ops.depend(done, ops.assign(w, ops.depend(value, after)))
-        for p, value in zip(self.net_state, saved_state):
+    def _restore_state(self, saved_state, saved_other, after):
+        """Put back the network state (BatchNorm statistics) saved before the line search."""
+        done = _write(self.state_layout, ops.depend(saved_state, after), *self.flat_state)
+        for p, value in zip(self.other_state, saved_other):
             done = ops.depend(done, ops.assign(p, ops.depend(value, after)))
         return done
+
+
+# Compiled pieces of the step (``ms.jit``): in PyNative mode each runs as one graph instead of dozens of
+# small operations; inside a Graph-mode construct they are inlined. Layouts are Python constants; every
+# Tensor is a separate argument (a tuple of Tensors would be frozen into the graph as a constant).
+@ms.jit
+def _flat(*tensors):
+    """All tensors flattened, cast to float32 and concatenated (:func:`flatten_tensors`)."""
+    if not tensors:
+        return ops.zeros((0,), ms.float32)
+    return flatten_tensors(tensors)
+
+
+@ms.jit
+def _write(layout, flat, *params):
+    """Assign consecutive pieces of ``flat`` (shapes of ``layout``) to ``params``, cast to their dtypes."""
+    pieces = split_flat(flat, layout)
+    out = ()
+    for i in range(len(params)):
+        out = out + (ops.assign(params[i], ops.cast(pieces[i], params[i].dtype)),)
+    return out
+
+
+@ms.jit
+def _momentum_step(layout, gamma, flat_grad, grad_in_subspace, *momentum):
+    r"""Residual momentum :math:`\mu \leftarrow \gamma\mu + (\nabla - P^\top g)` on the flat buffer; returns it."""
+    mu = residual_momentum(flatten_tensors(momentum), flat_grad, grad_in_subspace, gamma)
+    return ops.depend(mu, _write(layout, mu, *momentum))
+
+
+@ms.jit
+def _direction(inv_hessian, step_last, grad_last, g, has_pair, eps):
+    r"""BFGS-updated :math:`H` (when a pair exists), :math:`d = -Hg` and the slope :math:`g^\top d`."""
+    h = ops.where(has_pair, bfgs_inverse_update(inv_hessian, step_last, g - grad_last, eps), inv_hessian)
+    d = quasi_newton_direction(h, g)
+    return h, d, ops.reduce_sum(g * d)
 
 
 class DimReduce(DimReduceUpdate):
