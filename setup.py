@@ -22,6 +22,8 @@ setup(
         "pyyaml",
         "pillow",
     ],
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "ruff"]},
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "ruff"],
+                    # `python -m bench` plots (matplotlib); the THOR sweep fits with scikit-learn
+                    "bench": ["matplotlib", "scikit-learn"]},
     license="Apache-2.0",
 )

@@ -18,7 +18,8 @@ One step, given the loss :math:`L` and the rank-averaged gradient :math:`\nabla`
 The stage writes the weights itself with ``ops.assign``; the optimizer that ``Model`` holds (upstream
 replaces it with ``SGD(lr=1)``) is not called. Every piece of state -- ``H``, ``g_last``, ``s_last``,
 the "has a BFGS pair" flag and the residual momentum -- is a ``Parameter`` (``requires_grad=False``),
-so checkpoints capture it.
+so checkpoints capture it. ``dim_reduce.step_size`` records the step length the last line search
+accepted (0 when none), for monitoring.
 
 Distribution: the ``k`` rows of :math:`P` are split in blocks of :math:`\lceil k/R\rceil` rows over the
 ``R`` ranks (zero-padded; any ``k`` and ``R``). Gradients are the same on every rank (the train cell
@@ -173,6 +174,8 @@ class DimReduceUpdate(nn.Cell):
         self.step_last = Parameter(Tensor(np.zeros(k, np.float32)), name="dim_reduce.step_last",
                                    requires_grad=False)
         self.has_pair = Parameter(Tensor(False), name="dim_reduce.has_pair", requires_grad=False)
+        # diagnostics: the step length the last line search accepted (rho^m), 0 when it accepted none
+        self.step_size = Parameter(Tensor(0.0, ms.float32), name="dim_reduce.step_size", requires_grad=False)
         self.momentum = ParameterTuple(
             Parameter(Tensor(np.zeros(s, np.float32)), name=f"dim_reduce.momentum.{w.name}", requires_grad=False)
             for w, s in zip(weights, self.shapes))
@@ -231,6 +234,7 @@ class DimReduceUpdate(nn.Cell):
         done = ops.depend(done, ops.assign(self.grad_last, ops.where(accepted, g, self.grad_last)))
         done = ops.depend(done, ops.assign(self.step_last, ops.where(accepted, step * d, self.step_last)))
         done = ops.depend(done, ops.assign(self.has_pair, self.has_pair | accepted))
+        done = ops.depend(done, ops.assign(self.step_size, step))
         mu = _momentum_step(self.layout, self.gamma, flat_grad, back[1], *self.momentum)
         done = ops.depend(done, _write(self.layout, saved + step * direction - self.alpha * mu, *self.weights))
         done = ops.depend(done, self._restore_state(saved_state, saved_other, accepted))
