@@ -417,6 +417,7 @@ class FreezeOpt(nn.Cell):
             self.learning_rate = inners[0].learning_rate
             self.atom_lrs = ()
         self._inners = tuple(inners)
+        self._set_steps = {}  # train set -> its compiled PyNative step (_SetStep), built on first use
 
     # -- construction helpers --------------------------------------------------------------------
     @staticmethod
@@ -532,11 +533,10 @@ class FreezeOpt(nn.Cell):
         The position comes from :attr:`global_step` (a Parameter), so a loaded checkpoint resumes exactly.
         """
         step = self.global_step
-        trained = self.trained_atoms(int(step.asnumpy()[0]))
-        done = step
-        for a in range(self.n_atoms):
-            if trained[a]:
-                done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
+        index = self.schedule[int(step.asnumpy()[0]) % self.period]
+        if index not in self._set_steps:
+            self._set_steps[index] = _SetStep(self, index)
+        done = self._set_steps[index](step, *gradients)
         return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
 
     def construct(self, gradients):
@@ -548,6 +548,32 @@ class FreezeOpt(nn.Cell):
             if row[a]:
                 done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
         done = ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
+        return done
+
+
+class _SetStep(nn.Cell):
+    """The optimizers of one train set as one compiled function (``ms.jit``): in PyNative mode a step
+    launches one graph, not one per inner optimizer (with their learning-rate and step assignments)."""
+
+    def __init__(self, freeze_opt: FreezeOpt, index: int):
+        super().__init__(auto_prefix=False)
+        atoms = [a for a in range(freeze_opt.n_atoms) if freeze_opt._mask[index][a]]
+        self.opts = nn.CellList([freeze_opt.opts[a] for a in atoms], auto_prefix=False)
+        self.atom_steps = ParameterTuple([freeze_opt.atom_steps[a] for a in atoms])
+        self.sync_lr = freeze_opt.sync_lr
+        if self.sync_lr:
+            self.learning_rate = freeze_opt.learning_rate
+            self.atom_lrs = ParameterTuple([freeze_opt.atom_lrs[a] for a in atoms])
+        self.indices = tuple(freeze_opt.atom_indices[a] for a in atoms)
+
+    @ms.jit
+    def construct(self, step, *gradients):
+        done = step
+        for k in range(len(self.indices)):
+            if self.sync_lr:
+                done = ops.depend(done, ops.assign(self.atom_lrs[k], self.learning_rate))
+            done = ops.depend(done, ops.assign(self.atom_steps[k], step))
+            done = ops.depend(done, self.opts[k](_take(gradients, self.indices[k])))
         return done
 
 

@@ -103,6 +103,12 @@ class DimReduceUpdate(nn.Cell):
         rank: this rank (default: :func:`ms_boost.comm.get_rank`).
         rank_size: number of ranks sharing the rows of ``P`` (default: :func:`ms_boost.comm.get_size`).
         curvature_eps: the BFGS update is skipped when :math:`y^\top s \le` this.
+        carry_search: off (default): every line search tries :math:`\rho^0, \rho^1, \dots` as upstream does,
+            so after a search that accepts nothing the next step (same :math:`H`, no new BFGS pair) usually
+            proposes a step of the same length and fails again. On: the trial steps are
+            :math:`c\rho^m` with a scale :math:`c` (``dim_reduce.search_scale``) that a failed search
+            multiplies by :math:`\rho^{\text{max\_search\_time}}` (the next search starts where this one
+            stopped) and an accepted step grows by :math:`1/\rho` up to 1.
 
     Inputs:
         ``(loss, grads, *inputs)``: the step's loss, the rank-averaged gradients (tuple matching
@@ -119,8 +125,11 @@ class DimReduceUpdate(nn.Cell):
     def __init__(self, network: nn.Cell, weights: Sequence[Parameter], pca_mat, n_components: int,
                  rho: float = 0.55, gamma: float = 0.9, alpha: float = 0.001, sigma: float = 0.4,
                  max_search_time: int = 2, rank: Optional[int] = None, rank_size: Optional[int] = None,
-                 curvature_eps: float = 1e-20):
+                 curvature_eps: float = 1e-20, carry_search: bool = False):
         super().__init__(auto_prefix=False)
+        if not isinstance(carry_search, bool):
+            raise ValueError(f"dim_reduce.carry_search={carry_search!r} must be true or false.")
+        self.carry_search = carry_search
         self.rho = _check_unit_interval("rho", rho)
         self.gamma = _check_unit_interval("gamma", gamma, low_open=False)
         self.sigma = _check_unit_interval("sigma", sigma)
@@ -164,6 +173,14 @@ class DimReduceUpdate(nn.Cell):
         self.mean_ranks = comm.AllReduce("mean")
         self.trial_steps = tuple(Tensor(float(self.rho) ** m, ms.float32) for m in range(max_search_time))
         self.max_search_time = int(max_search_time)
+        if carry_search:
+            # the line search's scale, carried from step to step: a search that accepts nothing makes the next
+            # one start where it stopped (scale * rho^max_search_time); each accepted step grows it back by 1/rho
+            self.search_scale = Parameter(Tensor(1.0, ms.float32), name="dim_reduce.search_scale",
+                                          requires_grad=False)
+            self.shrink = Tensor(float(self.rho) ** self.max_search_time, ms.float32)
+            self.grow = Tensor(1.0 / float(self.rho), ms.float32)
+            self.one = Tensor(1.0, ms.float32)
         self.zero = Tensor(0.0, ms.float32)
         self.false = Tensor(False)
         k = self.n_components
@@ -222,13 +239,19 @@ class DimReduceUpdate(nn.Cell):
             saved_other += (ops.deepcopy(p),)
 
         # the first trial always runs (no control flow); later ones only while nothing was accepted
-        accepted = self._trial(saved, direction, self.trial_steps[0], old_loss, slope, *inputs)
-        step = ops.where(accepted, self.trial_steps[0], self.zero)
+        scale = self.search_scale if self.carry_search else None
+        t = self.trial_steps[0] * scale if self.carry_search else self.trial_steps[0]
+        accepted = self._trial(saved, direction, t, old_loss, slope, *inputs)
+        step = ops.where(accepted, t, self.zero)
         for i in range(1, self.max_search_time):
             if not accepted:
-                ok = self._trial(saved, direction, self.trial_steps[i], old_loss, slope, *inputs)
-                step = ops.where(ok, self.trial_steps[i], step)
+                t = self.trial_steps[i] * scale if self.carry_search else self.trial_steps[i]
+                ok = self._trial(saved, direction, t, old_loss, slope, *inputs)
+                step = ops.where(ok, t, step)
                 accepted = ok
+        if self.carry_search:
+            new_scale = ops.where(accepted, ops.minimum(scale * self.grow, self.one), scale * self.shrink)
+            step = ops.depend(step, ops.assign(self.search_scale, new_scale))
 
         done = ops.assign(self.inv_hessian, ops.where(accepted, h, self.inv_hessian))
         done = ops.depend(done, ops.assign(self.grad_last, ops.where(accepted, g, self.grad_last)))
@@ -488,4 +511,5 @@ def build_dim_reduce_update(network: nn.Cell, weights, dim_cfg, common_cfg=None)
                               dim_cfg.timeout, device_number)
     return DimReduceUpdate(network, weights, rows, dim_cfg.n_components, rho=dim_cfg.rho, gamma=dim_cfg.gamma,
                            alpha=dim_cfg.alpha, sigma=dim_cfg.sigma,
-                           max_search_time=getattr(dim_cfg, "max_search_time", 2))
+                           max_search_time=getattr(dim_cfg, "max_search_time", 2),
+                           carry_search=getattr(dim_cfg, "carry_search", False))
