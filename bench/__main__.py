@@ -50,10 +50,13 @@ REGISTRY: List[Run] = [
         "DimReduce step vs SGD step, PyNative mode, width 16"),
     Run("dim_reduce_e2e", "bench_dim_reduce.py", (), ("--quick",), ("dim_reduce.md",),
         "stage 1 + DimReduce vs SGD continuation, accuracy per epoch"),
-    Run("pca", "bench_pca.py", (), None, ("dim_reduce.md",), "streaming PCA time and peak memory vs M"),
-    Run("adasum", "bench_adasum.py", (), None, ("adasum.md",),
+    Run("pca", "bench_pca.py", (), ("--sizes", "300000", "1000000", "--num", "40"), ("dim_reduce.md",),
+        "streaming PCA time and peak memory vs M"),
+    Run("adasum", "bench_adasum.py", (), ("--workers", "2", "--rounds", "3", "--epochs", "3", "--train_per_class",
+                                          "50"), ("adasum.md",),
         "AdaSum vs mean all-reduce under msrun: step time, convergence at a large global batch"),
-    Run("thor", "bench_thor.py", (), None, ("thor.md",), "THOR vs Momentum"),
+    Run("thor", "bench_thor.py", (), ("--epochs", "3", "--seeds", "0", "--frequency", "10", "--timed_steps", "20"),
+        ("thor.md",), "THOR vs Momentum"),
 ]
 
 
