@@ -22,8 +22,11 @@ setup(
         "pyyaml",
         "pillow",
     ],
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3", "ruff"],
-                    # `python -m bench` plots (matplotlib); the THOR sweep fits with scikit-learn
-                    "bench": ["matplotlib", "scikit-learn"]},
+    extras_require={
+        # plots: model_zoo.resnet.plot_run (training curves), `python -m bench` figures;
+        # the THOR sweep fits with scikit-learn
+        "bench": ["matplotlib", "scikit-learn"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib"],
+    },
     license="Apache-2.0",
 )

@@ -9,16 +9,37 @@ Public names mirror ``mindspore.boost``: AutoBoost, BoostTrainOneStepCell,
 BoostTrainOneStepWithLossScaleCell, LessBN, GradientFreeze, FreezeOpt, freeze_cell,
 GradientAccumulation, AdaSum, DimReduce, GroupLossScaleManager, OptimizerProcess, ParameterProcess;
 plus Model, build_train_network, the THOR optimizer ``thor`` with its layers and converters, and
-the communication layer ``ms_boost.comm``. Algorithm modules load on first use.
+the communication layer ``ms_boost.comm``; ``register_algorithm`` plugs in a user's algorithm
+(``docs/adding_an_algorithm.md``).
 """
 from __future__ import annotations
 
-import importlib
 import logging
 
-from ms_boost.config import AutoBoost, BoostConfigError
+from ms_boost.compat import (
+    AdaSum,
+    Conv2dThor,
+    ConvertModelUtils,
+    ConvertNetUtils,
+    DenseThor,
+    DimReduce,
+    EmbeddingThor,
+    FreezeOpt,
+    GradientAccumulation,
+    GradientFreeze,
+    GroupLossScaleManager,
+    LessBN,
+    OptimizerProcess,
+    ParameterProcess,
+    freeze_cell,
+    thor,
+)
+from ms_boost.config import AutoBoost
 from ms_boost.model import Model, build_train_network
+from ms_boost.registry import register_algorithm, registered, unregister_algorithm
+from ms_boost.spec import AlgorithmSpec, BuildContext
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
+from ms_boost.validation import BoostConfigError
 
 __version__ = "0.1.0"
 
@@ -30,34 +51,15 @@ if not _logger.handlers:
     _logger.setLevel(logging.INFO)
     _logger.propagate = False
 
-# name -> module that defines it (imported lazily: each algorithm module loads only when used)
-_LAZY = {
-    "LessBN": "ms_boost.less_bn",
-    "GradientFreeze": "ms_boost.grad_freeze",
-    "FreezeOpt": "ms_boost.grad_freeze",
-    "freeze_cell": "ms_boost.grad_freeze",
-    "GradientAccumulation": "ms_boost.grad_accumulation",
-    "GroupLossScaleManager": "ms_boost.loss_scale",
-    "OptimizerProcess": "ms_boost.grad_process",
-    "ParameterProcess": "ms_boost.grad_process",
-    "AdaSum": "ms_boost.adasum",
-    "DimReduce": "ms_boost.dim_reduce",
-    "thor": "ms_boost.thor",
-    "DenseThor": "ms_boost.thor",
-    "Conv2dThor": "ms_boost.thor",
-    "EmbeddingThor": "ms_boost.thor",
-    "ConvertNetUtils": "ms_boost.thor",
-    "ConvertModelUtils": "ms_boost.thor",
-}
+# ``ms_boost.thor`` is the optimizer factory (upstream's ``mindspore.nn.thor``): the import above bound the
+# name after the ``ms_boost.thor`` package was loaded, and later submodule imports do not rebind it. Reach
+# the package's contents with ``from ms_boost.thor import ...`` or ``from ms_boost.thor import layers``
+# (``import ms_boost.thor.layers as L`` resolves through the attribute, which is the function).
 
-__all__ = ["AutoBoost", "BoostConfigError", "Model", "build_train_network", "BoostTrainOneStepCell",
-           "BoostTrainOneStepWithLossScaleCell", *_LAZY]
-
-
-def __getattr__(name):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ms_boost' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__all__ = [
+    "AutoBoost", "BoostConfigError", "Model", "build_train_network", "BoostTrainOneStepCell",
+    "BoostTrainOneStepWithLossScaleCell", "AlgorithmSpec", "BuildContext", "register_algorithm",
+    "unregister_algorithm", "registered", "LessBN", "GradientFreeze", "FreezeOpt", "freeze_cell",
+    "GradientAccumulation", "GroupLossScaleManager", "OptimizerProcess", "ParameterProcess", "AdaSum", "DimReduce",
+    "thor", "DenseThor", "Conv2dThor", "EmbeddingThor", "ConvertNetUtils", "ConvertModelUtils",
+]

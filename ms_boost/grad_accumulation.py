@@ -21,9 +21,11 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from ms_boost.update import OptimizerUpdate
+from ms_boost.sections import GradAccumulationConfig
+from ms_boost.spec import AlgorithmSpec, BuildContext
+from ms_boost.update import OptimizerUpdate, UpdateStage
 
-__all__ = ["AccumulateUpdate", "GradientAccumulation"]
+__all__ = ["AccumulateUpdate", "GradientAccumulation", "SPEC"]
 
 _add_into = C.MultitypeFuncGraph("ms_boost_add_into")
 _clear = C.MultitypeFuncGraph("ms_boost_clear")
@@ -48,15 +50,7 @@ def _scaled_one(factor, total):
     return total * factor.astype(total.dtype)
 
 
-def _check_steps(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"grad_accumulation: {name} must be an int >= 1, got {value!r} ({type(value).__name__}).")
-    if value < 1:
-        raise ValueError(f"grad_accumulation: {name}={value} is out of range; allowed: {name} >= 1.")
-    return value
-
-
-class AccumulateUpdate(nn.Cell):
+class AccumulateUpdate(UpdateStage):
     """Update stage: accumulate ``k`` gradients, then run ``inner`` once with their mean.
 
     Args:
@@ -73,13 +67,12 @@ class AccumulateUpdate(nn.Cell):
         Tensor, the micro-step counter after the call (0 right after an update), for ``ops.depend``.
 
     Raises:
-        TypeError, ValueError: ``k`` is not an int >= 1.
+        TypeError, ValueError: ``k`` is not an int in ``[1, 2**31 - 1]`` (the int32 counter).
     """
 
     def __init__(self, inner: nn.Cell, weights, k: int):
-        super().__init__(auto_prefix=False)
-        self.k = _check_steps("grad_accumulation_step", k)
-        self.inner = inner
+        self.k = GradAccumulationConfig(grad_accumulation_step=k).grad_accumulation_step
+        super().__init__(inner)
         weights = weights if isinstance(weights, ParameterTuple) else ParameterTuple(list(weights))
         self.accumulators = weights.clone(prefix="grad_accumulation", init="zeros")
         self.counter = Parameter(Tensor(0, mstype.int32), name="accumulation_step", requires_grad=False)
@@ -119,7 +112,7 @@ class GradientAccumulation(nn.Cell):
 
     def __init__(self, max_accumulation_step: int, optimizer):
         super().__init__(auto_prefix=False)
-        _check_steps("max_accumulation_step", max_accumulation_step)
+        GradAccumulationConfig(grad_accumulation_step=max_accumulation_step)  # the one rule for the value
         if not hasattr(optimizer, "parameters"):
             raise TypeError(f"GradientAccumulation: optimizer must expose 'parameters', got "
                             f"{type(optimizer).__name__}.")
@@ -131,3 +124,25 @@ class GradientAccumulation(nn.Cell):
     def construct(self, loss, grads):
         return ops.depend(loss, self.stage(loss, grads))
 
+
+
+def _stage(inner, weights, cfg: GradAccumulationConfig, ctx: BuildContext):
+    if cfg.grad_accumulation_step == 1:
+        return None  # every step updates: no stage
+    return AccumulateUpdate(inner, weights, cfg.grad_accumulation_step)
+
+
+def _describe(cfg: GradAccumulationConfig, ctx: BuildContext) -> str:
+    return f"accumulate x{cfg.grad_accumulation_step}"
+
+
+def _warn_config(cfg: GradAccumulationConfig):
+    if cfg.grad_accumulation_step == 1:
+        return ("grad_accumulation is on with grad_accumulation.grad_accumulation_step=1: every step updates the "
+                "weights (no accumulation)")
+    return None
+
+
+#: Gradient accumulation for the pipeline: the outermost update stage.
+SPEC = AlgorithmSpec(name="grad_accumulation", section=GradAccumulationConfig, order=30, in_enable_all=True,
+                     stage=_stage, describe=_describe, warn_config=_warn_config)

@@ -36,8 +36,11 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.nn.layer.normalization import _BatchNorm
 
+from ms_boost import comm
 from ms_boost.grad_accumulation import AccumulateUpdate
 from ms_boost.grad_process import OptimizerProcess, optimizer_params
+from ms_boost.sections import GradFreezeConfig
+from ms_boost.topology import Topology
 
 logger = logging.getLogger("ms_boost")
 
@@ -73,8 +76,8 @@ def _check_probability(name: str, value) -> float:
 # --------------------------------------------------------------------------------------------------
 # schedule
 # --------------------------------------------------------------------------------------------------
-#: Upper bound of ``total_steps``: the step counter is an int32 Parameter.
-MAX_TOTAL_STEPS = 2 ** 31 - 1
+#: Upper bound of ``total_steps`` (int64, as ``GradFreezeConfig``); the lazy schedule needs no memory for it.
+MAX_TOTAL_STEPS = 2 ** 63 - 1
 #: Entries of the schedule table FreezeOpt keeps on the device for Graph mode (4 MB of int32).
 DEVICE_TABLE_MAX = 2 ** 20
 
@@ -84,7 +87,7 @@ class FreezeSchedule:
 
     ``schedule[t]`` is the number of leading groups frozen at step ``t`` (see :func:`freeze_schedule`
     for the definition); :meth:`values` gives a block of steps at once. Nothing of size ``total_steps``
-    is ever built, so ``total_steps`` may be as large as the int32 step counter allows.
+    is ever built, so ``total_steps`` may be as large as int64 allows.
 
     How the interval schedule (``freeze_type=1``) is evaluated at any ``t`` without the steps before it:
 
@@ -178,7 +181,7 @@ def freeze_schedule(param_groups: int, freeze_type: int, freeze_p: float, total_
         param_groups: ``G >= 1``.
         freeze_type: 0 or 1.
         freeze_p: share of steps training every group, in ``[0, 1]``.
-        total_steps: length of the schedule, ``1 <= total_steps <= 2**31 - 1`` (the int32 step counter).
+        total_steps: length of the schedule, ``1 <= total_steps <= 2**63 - 1``.
         seed: seed of the random schedule (``freeze_type=1``).
 
     Returns:
@@ -309,7 +312,7 @@ class FreezeOpt(nn.Cell):
             upstream passes them); ``train_strategy[t]`` names the set trained at step ``t``. Sets may
             overlap. None: one set holding every parameter.
         train_strategy: per-step index into ``train_parameter_groups`` (list, tuple, numpy array, 1-D int32
-            Tensor or a lazy :class:`FreezeSchedule`, as :class:`GradientFreeze` passes; at most 2**31 - 1 steps;
+            Tensor or a lazy :class:`FreezeSchedule`, as :class:`GradientFreeze` passes;
             Graph mode at most ``DEVICE_TABLE_MAX`` steps), used cyclically. None: ``0, 1, ...,
             len(train_parameter_groups)-1`` cyclically.
 
@@ -635,8 +638,6 @@ def freeze_cell(reducer_flag, network, optimizer, sens, grad, use_grad_accumulat
     Returns:
         tuple of cells, one per train parameter group.
     """
-    from ms_boost import comm
-
     if not isinstance(optimizer, FreezeOpt):
         raise TypeError(f"freeze_cell: optimizer must be a FreezeOpt, got {type(optimizer).__name__}.")
     steps = int(max_accumulation_step) if use_grad_accumulation else 1
@@ -644,7 +645,8 @@ def freeze_cell(reducer_flag, network, optimizer, sens, grad, use_grad_accumulat
     for group in range(optimizer.groups_num):
         weights = optimizer.group_parameters(group)
         if reducer_flag:
-            _, default_mean, default_degree = comm.data_parallel_reduce_config()
+            topology = Topology.current()
+            default_mean, default_degree = topology.mean, topology.degree
             reducer = comm.GradReducer(weights, default_mean if mean is None else mean, degree or default_degree)
         else:
             reducer = nn.Identity()
@@ -673,11 +675,10 @@ class GradientFreeze:
     """
 
     def __init__(self, param_groups: int, freeze_type: int, freeze_p: float, total_steps: int, seed: int = 0):
-        self._param_groups = _check_int("param_groups", param_groups, 1)
-        self._freeze_type = _check_int("freeze_type", freeze_type, 0, 1)
-        self._freeze_p = _check_probability("freeze_p", freeze_p)
-        self._total_steps = _check_int("total_steps", total_steps, 1, MAX_TOTAL_STEPS)
-        self._seed = _check_int("seed", seed, 0)
+        cfg = GradFreezeConfig(param_groups=param_groups, freeze_type=freeze_type, freeze_p=freeze_p,
+                               total_steps=total_steps, seed=seed)  # the one rule for each value
+        self._param_groups, self._freeze_type, self._freeze_p = cfg.param_groups, cfg.freeze_type, cfg.freeze_p
+        self._total_steps, self._seed = cfg.total_steps, cfg.seed
 
     def split_parameters_groups(self, net: nn.Cell, freeze_para_groups_number: int) -> List[List[Parameter]]:
         """The train parameter groups of ``net``: group ``i`` holds ``g_i .. g_{G-1}`` (see the module doc).
@@ -702,8 +703,8 @@ class GradientFreeze:
         The groups are cut over the network's trainable parameters that ``optimizer`` updates (network
         order); parameters the optimizer holds outside the network join the output-side group.
 
-        Raises:
-            ValueError: ``param_groups`` is more than the number of parameters.
+        More groups than trainable parameters are clamped to one group per parameter (logged, as upstream
+        runs ``GradientFreeze(10, ...)`` on any network).
         """
         if not isinstance(optimizer, nn.Optimizer):
             raise TypeError(f"grad_freeze: optimizer must be a mindspore.nn.Optimizer, got "
@@ -712,11 +713,14 @@ class GradientFreeze:
         ordered = [p for p in network.trainable_params() if id(p) in opt_ids]
         seen = {id(p) for p in ordered}
         extra = [p for p in optimizer.parameters if id(p) not in seen]
-        chunks = partition_parameters(ordered, self._param_groups, OptimizerProcess.build_params_dict(network))
+        groups = min(self._param_groups, max(len(ordered), 1))
+        if groups < self._param_groups:
+            logger.info("grad_freeze: param_groups=%d clamped to %d, the number of trainable parameters",
+                        self._param_groups, groups)
+        chunks = partition_parameters(ordered, groups, OptimizerProcess.build_params_dict(network))
         chunks[-1] = chunks[-1] + extra
         train_groups = [[p for chunk in chunks[i:] for p in chunk] for i in range(len(chunks))]
-        schedule = FreezeSchedule(self._param_groups, self._freeze_type, self._freeze_p, self._total_steps,
-                                  self._seed)
+        schedule = FreezeSchedule(groups, self._freeze_type, self._freeze_p, self._total_steps, self._seed)
         head = schedule.values(0, min(len(schedule), 65536))
         logger.info("grad_freeze: %d groups of %s parameters; %.1f%% of the first %d of %d steps freeze some group",
                     len(chunks), [len(c) for c in chunks], 100.0 * float(np.mean(head > 0)), len(head),
@@ -736,5 +740,5 @@ def apply_grad_freeze(network: nn.Cell, optimizer: nn.Optimizer, grad_freeze_cfg
         ``(network, FreezeOpt)``.
     """
     freezer = GradientFreeze(grad_freeze_cfg.param_groups, grad_freeze_cfg.freeze_type, grad_freeze_cfg.freeze_p,
-                             grad_freeze_cfg.total_steps, seed=getattr(grad_freeze_cfg, "seed", 0))
+                             grad_freeze_cfg.total_steps, seed=grad_freeze_cfg.seed)
     return freezer.freeze_generate(network, optimizer)

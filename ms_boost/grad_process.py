@@ -33,6 +33,8 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
+from ms_boost.fn_head import CommonHeadLastFN
+
 logger = logging.getLogger("ms_boost")
 
 __all__ = [
@@ -89,8 +91,6 @@ def gc_applies(param: Parameter, owner: Optional[nn.Cell]) -> bool:
         param: the parameter.
         owner: the cell that directly holds ``param`` (None when unknown).
     """
-    from ms_boost.less_bn import CommonHeadLastFN  # local: less_bn imports this module
-
     if len(param.shape) < 2:
         return False
     if isinstance(owner, nn.Conv2d) and owner.group > 1:

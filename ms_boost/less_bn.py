@@ -38,100 +38,21 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common import dtype as mstype
-from mindspore.common.initializer import initializer
+from mindspore import nn
 from mindspore.nn.layer.normalization import _BatchNorm
 from mindspore.ops.primitive import Primitive
 
+from ms_boost.fn_head import CommonHeadLastFN, l2_normalize
 from ms_boost.grad_process import OptimizerProcess, ParameterProcess
+from ms_boost.sections import LessBNConfig
+from ms_boost.spec import AlgorithmSpec, BuildContext
 
 logger = logging.getLogger("ms_boost")
 
 __all__ = [
     "l2_normalize", "CommonHeadLastFN", "LessBN", "LessBNReport", "convert_less_bn",
-    "apply_less_bn", "apply_less_bn_eval",
+    "apply_less_bn", "apply_less_bn_eval", "SPEC",
 ]
-
-
-# --------------------------------------------------------------------------------------------------
-# math and the FN head
-# --------------------------------------------------------------------------------------------------
-def l2_normalize(x: Tensor, axis: int = 1, epsilon: float = 1e-12) -> Tensor:
-    r"""Scale ``x`` to unit L2 norm along ``axis``.
-
-    .. math::
-
-        \operatorname{norm}(x) = \frac{x}{\max(\lVert x \rVert_2, \epsilon)}
-
-    Args:
-        x: input tensor.
-        axis: axis along which the norm is taken.
-        epsilon: lower bound of the norm (keeps a zero row finite).
-    """
-    norm = ops.sqrt((x * x).sum(axis=axis, keepdims=True))
-    return x / ops.maximum(norm, epsilon)
-
-
-class CommonHeadLastFN(nn.Cell):
-    r"""Feature-normalised last layer: a cosine classifier with a learned scale.
-
-    .. math::
-
-        y = m \cdot \left(\operatorname{norm}(x)\,\operatorname{norm}(W)^\top + b\right)
-
-    where rows of ``x`` (features) and of ``W`` (one per class) are L2-normalised
-    (:func:`l2_normalize`) and ``m`` is a trainable scalar ``multiplier`` initialised to 1. The
-    normalisation is computed in float32 and the output cast back to the input's dtype.
-
-    Args:
-        in_channels: input features.
-        out_channels: output features (classes).
-        weight_init: initializer name, Tensor, number, or an existing ``Parameter`` of shape
-            ``(out_channels, in_channels)``, which is then used as the weight itself (not copied).
-        bias_init: initializer of the bias.
-        has_bias: whether the layer has a bias ``b``.
-
-    Inputs:
-        - **x** (Tensor) - shape ``(N, in_channels)``.
-
-    Outputs:
-        Tensor of shape ``(N, out_channels)``.
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, weight_init="normal", bias_init="zeros",
-                 has_bias: bool = True):
-        super().__init__()
-        self.in_channels = int(in_channels)
-        self.out_channels = int(out_channels)
-        shape = (self.out_channels, self.in_channels)
-        if isinstance(weight_init, Parameter):
-            if tuple(weight_init.shape) != shape:
-                raise ValueError(f"CommonHeadLastFN: weight_init Parameter '{weight_init.name}' has shape "
-                                 f"{tuple(weight_init.shape)}, expected {shape}.")
-            self.weight = weight_init
-        else:
-            self.weight = Parameter(initializer(weight_init, shape, mstype.float32), name="weight")
-        self.multiplier = Parameter(Tensor(np.ones([1], np.float32)), name="multiplier")
-        self.has_bias = bool(has_bias)
-        if self.has_bias:
-            if isinstance(bias_init, Parameter):
-                self.bias = bias_init
-            else:
-                self.bias = Parameter(initializer(bias_init, (self.out_channels,), mstype.float32), name="bias")
-
-    def construct(self, x):
-        dtype = x.dtype
-        features = l2_normalize(x.astype(mstype.float32), 1)
-        weight = l2_normalize(self.weight.astype(mstype.float32), 1)
-        out = ops.matmul(features, weight.T)
-        if self.has_bias:
-            out = out + self.bias.astype(mstype.float32)
-        return (self.multiplier * out).astype(dtype)
-
-    def extend_repr(self):
-        return f"in_channels={self.in_channels}, out_channels={self.out_channels}, has_bias={self.has_bias}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -531,3 +452,16 @@ def apply_less_bn_eval(network: nn.Cell, less_bn_cfg) -> nn.Cell:
     if isinstance(network, LessBN):
         return network
     return LessBN(network, fn_flag=less_bn_cfg.fn_flag)
+
+
+def _rewrite_train(network, optimizer, cfg: LessBNConfig, ctx: BuildContext):
+    return apply_less_bn(network, optimizer, cfg, ctx.common)
+
+
+def _rewrite_eval(network, cfg: LessBNConfig, ctx: BuildContext):
+    return apply_less_bn_eval(network, cfg)
+
+
+#: The LessBN algorithm for the pipeline (network rewrite for training and evaluation).
+SPEC = AlgorithmSpec(name="less_bn", section=LessBNConfig, order=10, levels=("O1", "O2"), in_enable_all=True,
+                     rewrite_train=_rewrite_train, rewrite_eval=_rewrite_eval)

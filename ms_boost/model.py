@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Optional
+from typing import Optional
 
 from mindspore import Tensor, nn
 from mindspore.train import Model as _MsModel
@@ -22,6 +22,8 @@ from mindspore.train.loss_scale_manager import LossScaleManager
 
 from ms_boost import comm
 from ms_boost.config import AutoBoost, BoostConfigError, resolve
+from ms_boost.loss_scale import is_group_manager
+from ms_boost.thor.convert import ConvertModelUtils
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 
 logger = logging.getLogger("ms_boost")
@@ -32,10 +34,6 @@ _AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _AMP_KWARGS = ("cast_model_type", "keep_batchnorm_fp32", "loss_scale_manager")
 
 
-def _is_group_manager(obj: Any) -> bool:
-    return callable(getattr(obj, "unscale_and_update", None))
-
-
 def _amp_config(level: str, kwargs: dict) -> dict:
     if not isinstance(level, str) or level not in _AMP_LEVELS:
         raise ValueError(f"amp_level={level!r} is not allowed; allowed: {list(_AMP_LEVELS)}.")
@@ -44,7 +42,7 @@ def _amp_config(level: str, kwargs: dict) -> dict:
             raise ValueError(f"build_train_network: unknown argument {key!r}; allowed: {list(_AMP_KWARGS)} "
                              f"(plus boost_config_dict).")
     lsm = kwargs.get("loss_scale_manager")
-    if lsm is not None and not isinstance(lsm, LossScaleManager) and not _is_group_manager(lsm):
+    if lsm is not None and not isinstance(lsm, LossScaleManager) and not is_group_manager(lsm):
         raise TypeError(f"loss_scale_manager must be a mindspore LossScaleManager or an ms_boost "
                         f"GroupLossScaleManager, got {type(lsm).__name__}.")
     kbf = kwargs.get("keep_batchnorm_fp32")
@@ -55,14 +53,12 @@ def _amp_config(level: str, kwargs: dict) -> dict:
 
 def _train_cell(network: nn.Cell, optimizer, boost: AutoBoost, loss_scale_manager) -> nn.Cell:
     """Wrap a loss network into the right ms_boost train cell."""
-    if boost.enabled("loss_scale_group") and not _is_group_manager(loss_scale_manager):
-        raise BoostConfigError(
-            "boost.loss_scale_group is enabled but loss_scale_manager is "
-            f"{type(loss_scale_manager).__name__ if loss_scale_manager is not None else 'None'}; pass "
-            "loss_scale_manager=ms_boost.GroupLossScaleManager(init_loss_scale, loss_scale_groups).")
+    for spec in boost.enabled_specs():
+        if spec.check_model is not None:
+            spec.check_model(boost.section(spec.name), loss_scale_manager)
     if loss_scale_manager is None:
         return BoostTrainOneStepCell(network, optimizer, boost_config=boost).set_train()
-    if _is_group_manager(loss_scale_manager):
+    if is_group_manager(loss_scale_manager):
         scale_sense = loss_scale_manager
     else:
         scale_sense = loss_scale_manager.get_update_cell()
@@ -161,3 +157,8 @@ class Model(_MsModel):
                 logger.info("%s", self.boost.summary())
         return super().train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
                              sink_size=sink_size, initial_epoch=initial_epoch)
+
+
+# THOR's ConvertModelUtils builds this Model (registered here, by the upper layer, so that ms_boost.thor never
+# imports ms_boost.model).
+ConvertModelUtils.model_class = Model

@@ -18,31 +18,27 @@ import logging
 from typing import Any, Optional, Union
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from ms_boost import comm
+from ms_boost import comm, pipeline
 from ms_boost.config import AutoBoost, resolve
-from ms_boost.update import build_update
+from ms_boost.loss_scaler import make_loss_scaler
+from ms_boost.topology import Topology
+from ms_boost.update import StageHooks, stage_chain
 
 logger = logging.getLogger("ms_boost")
 
 __all__ = ["BoostTrainOneStepCell", "BoostTrainOneStepWithLossScaleCell", "build_reducer"]
 
 
-def build_reducer(boost: AutoBoost, weights) -> comm.GradReducer:
-    """The data-parallel gradient reducer the configuration asks for.
+def build_reducer(boost: AutoBoost, weights, topology: Optional[Topology] = None) -> comm.GradReducer:
+    """The data-parallel gradient reducer the configuration asks for (see :func:`ms_boost.pipeline.build_reducer`).
 
     Follows MindSpore's parallel context (``set_auto_parallel_context(parallel_mode=DATA_PARALLEL,
     gradients_mean=...)``): identity in stand-alone mode or on one rank. With AdaSum on, gradients are
-    averaged only among the ``common.device_number`` ranks of a server; AdaSum combines the servers.
+    averaged only among the ranks of a server; AdaSum combines the servers.
     """
-    reduce, mean, degree = comm.data_parallel_reduce_config()
-    if reduce and boost.enabled("adasum"):
-        per_server = comm.server_size(boost.common.device_number)
-        group, _ = comm.server_groups(per_server)
-        return comm.GradReducer(weights, mean, per_server, group, enabled=group is not None)
-    return comm.GradReducer(weights, mean, degree, None, enabled=reduce)
+    return pipeline.build_reducer(boost, weights, pipeline.build_context(boost, topology))
 
 
 class BoostTrainOneStepCell(nn.Cell):
@@ -68,8 +64,14 @@ class BoostTrainOneStepCell(nn.Cell):
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.sens = 1.0 if sens is None else float(sens)
-        self.reducer = build_reducer(self.boost, self.weights)
-        self.update = build_update(self.boost, network, optimizer, self.weights)
+        self.topology = Topology.current(self.boost.common.device_number)  # built and validated once
+        ctx = pipeline.build_context(self.boost, self.topology)
+        self.reducer = pipeline.build_reducer(self.boost, self.weights, ctx)
+        self.update = pipeline.build_update(self.boost, network, optimizer, self.weights, ctx)
+
+    def stage_hooks(self):
+        """The stages of the update chain that offer hooks (:class:`~ms_boost.update.StageHooks`)."""
+        return [stage for stage in stage_chain(self.update) if isinstance(stage, StageHooks)]
 
     def construct(self, *inputs):
         loss = self.network(*inputs)
@@ -80,21 +82,8 @@ class BoostTrainOneStepCell(nn.Cell):
         return loss
 
 
-# Per-tensor steps mapped over tuples with HyperMap: a Python loop in ``construct`` unrolls into one call
-# per tensor, which exceeds Graph mode's call-depth limit on deep networks (ResNet-101 has ~300 tensors).
-_non_finite = ops.MultitypeFuncGraph("non_finite")
-_scale_by = ops.MultitypeFuncGraph("scale_by")
+# Buffer snapshot/restore mapped over tuples with HyperMap (a Python loop would unroll one call per tensor).
 _copy_into = ops.MultitypeFuncGraph("copy_into")
-
-
-@_non_finite.register("Tensor")
-def _non_finite_tensor(g):
-    return ops.cast(ops.logical_not(ops.isfinite(g).all()), ms.float32)
-
-
-@_scale_by.register("Tensor", "Tensor")
-def _scale_tensor(factor, g):
-    return g * ops.cast(factor, g.dtype)
 
 
 @_copy_into.register("Tensor", "Tensor")
@@ -103,11 +92,6 @@ def _copy_tensor(dst, src):
 
 
 _hyper_map = ops.HyperMap()
-
-
-def _non_finite_count(grads) -> Tensor:
-    """Number of gradients holding an inf or NaN (a float32 scalar)."""
-    return ops.addn(_hyper_map(_non_finite, grads))
 
 
 class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
@@ -133,49 +117,26 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, scale_sense: Any,
                  boost_config: Union[AutoBoost, str, None] = None):
         super().__init__(network, optimizer, sens=None, boost_config=boost_config)
-        self.group_manager = None
-        self.scale_update_cell = None
-        if callable(getattr(scale_sense, "unscale_and_update", None)):  # a GroupLossScaleManager
-            self.group_manager = scale_sense.bind(self.weights)  # learns the order of the gradients
-            value = 1.0
-        elif isinstance(scale_sense, nn.Cell):
-            self.scale_update_cell = scale_sense
-            value = float(scale_sense.get_loss_scale())
-        elif isinstance(scale_sense, Tensor):
-            arr = scale_sense.asnumpy()
-            if arr.size != 1:
-                raise ValueError(f"scale_sense must hold one value (shape () or (1,)), got shape {arr.shape}.")
-            value = float(arr.reshape(()))
-        elif isinstance(scale_sense, (int, float)) and not isinstance(scale_sense, bool):
-            value = float(scale_sense)
-        else:
-            raise TypeError("scale_sense must be a loss-scale update Cell, a Tensor, a number or a "
-                            f"GroupLossScaleManager, got {type(scale_sense).__name__}.")
-        if not np.isfinite(value) or value <= 0:
-            raise ValueError(f"scale_sense must be a positive finite loss scale, got {value}.")
-        self.scale_sense = Parameter(Tensor(value, ms.float32), name="scale_sense")
-        self.use_group = self.group_manager is not None
-        self.use_update_cell = self.scale_update_cell is not None
-        self.overflow_reduce = comm.AllReduce("sum")  # non-finite gradients, summed over the ranks
         # An optimizer built with loss_scale=S divides the gradients by S itself (MindSpore's convention for
-        # FixedLossScaleManager(drop_overflow_update=False)); the cell leaves that share of the scale in.
-        self.optimizer_loss_scale = float(getattr(optimizer, "loss_scale", 1.0) or 1.0)
+        # FixedLossScaleManager(drop_overflow_update=False)); the scaler leaves that share of the scale in.
+        optimizer_loss_scale = float(optimizer.loss_scale) if hasattr(optimizer, "loss_scale") else 1.0
+        self.loss_scaler = make_loss_scaler(scale_sense, self.weights, optimizer_loss_scale or 1.0)
+        self.scale_sense = Parameter(Tensor(self.loss_scaler.initial_scale, ms.float32), name="scale_sense")
         # Buffers the forward pass writes (BatchNorm moving statistics): snapshotted before the step and
-        # restored on overflow, so an overflow step leaves the network exactly as it was.
-        # (A group manager's scales are excluded: their back-off on overflow must stick.)
-        manager_params = set() if self.group_manager is None else {
-            id(p) for p in self.group_manager.get_parameters()}
-        # THOR's scratch statistics and factors are only folded in by the (skipped) optimizer step: no restore.
-        from ms_boost.thor import thor_state_parameters
-
-        manager_params |= {id(p) for p in thor_state_parameters(network)}
+        # restored on overflow, so an overflow step leaves the network exactly as it was. Skipped: the
+        # scaler's own state (a back-off must stick) and the stages' transient state (e.g. THOR's scratch
+        # statistics, folded in only by the skipped update).
+        skipped = {id(p) for p in self.loss_scaler.state_parameters()}
+        hooks = self.stage_hooks()
+        for stage in hooks:
+            skipped |= {id(p) for p in stage.transient_parameters()}
         self.buffers = ParameterTuple(p for p in network.get_parameters()
                                       if not p.requires_grad and p.dtype in (ms.float32, ms.float16)
-                                      and id(p) not in manager_params)
+                                      and id(p) not in skipped)
         self.buffer_shadows = self.buffers.clone(prefix="overflow_shadow", init="same")
         self.has_buffers = len(self.buffers) > 0
-        if hasattr(optimizer, "bind_loss_scale"):  # THOR unscales its captured G by the live loss scale
-            optimizer.bind_loss_scale(self.scale_sense)
+        for stage in hooks:  # e.g. THOR unscales its captured output gradients by the live loss scale
+            stage.bind_loss_scale(self.scale_sense)
 
     def set_sense_scale(self, sens) -> None:
         """Set the loss scale (as MindSpore's loss-scale cell)."""
@@ -190,14 +151,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         sens = ops.ones_like(loss) * ops.cast(scaling_sens, loss.dtype)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
         grads = self.reducer(grads)
-        if self.use_group:
-            grads, overflow = self.group_manager.unscale_and_update(grads)
-        else:
-            inv = ops.reciprocal(scaling_sens) * self.optimizer_loss_scale
-            grads = _hyper_map(ops.partial(_scale_by, inv), grads)
-            overflow = self.overflow_reduce(ops.reshape(_non_finite_count(grads), (1,)))[0] > 0.5
-            if self.use_update_cell:
-                overflow = self.scale_update_cell(self.scale_sense, overflow)
+        grads, overflow = self.loss_scaler(scaling_sens, grads)
         if not overflow:
             loss = ops.depend(loss, self.update(loss, grads, *inputs))
         elif self.has_buffers:

@@ -10,7 +10,10 @@ Rules checked by ``validate`` (each failure names the field, e.g. ``server_list[
 ``rank_id`` values are unique and exactly ``0..n-1``; ``device_id`` is unique within a server; device
 IPs are unique IPv4 addresses; schema 1.0 ``server_id`` is an IPv4 address (1.2: any unique name);
 ``server_count`` equals the number of servers; ``status`` is ``completed``; schema 1.2's optional
-``super_pod_list`` names only listed servers, each at most once.
+``super_pod_list`` names only listed servers, each at most once. Numbers (ids, ports, IP octets) are ASCII
+digits only (``"٠"`` is not a rank id). Files: a key given twice in one JSON object, invalid UTF-8, nesting
+deeper than a rank table needs, an output path naming a folder are errors naming the file; outputs are
+written to a temporary file renamed into place, removed on any failure.
 
 Command line::
 
@@ -41,6 +44,9 @@ __all__ = [
 
 SUPPORTED_VERSIONS = ("1.0", "1.2")
 MAX_DEVICE_ID = 63
+MAX_DEPTH = 8  # a rank table nests 5 levels deep (table, super_pod_list, pod, server_list, server)
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only (str.isdigit and \d accept other scripts' digits)
+_IPV4 = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}")
 
 
 class RankTableError(ValueError):
@@ -93,10 +99,11 @@ def _int_field(where: str, value: Any, low: int = 0, high: Optional[int] = None)
         raise RankTableError(f"{where}={value!r} must be a decimal integer string.")
     if isinstance(value, int):
         number = value
-    elif isinstance(value, str) and re.fullmatch(r"\d+", value):
+    elif isinstance(value, str) and _DIGITS.fullmatch(value):
         number = int(value)
     else:
-        raise RankTableError(f"{where}={value!r} must be a decimal integer string such as \"0\".")
+        raise RankTableError(f"{where}={value!r} must be a decimal integer string of ASCII digits 0-9 such as "
+                             f"\"0\".")
     if number < low or (high is not None and number > high):
         raise RankTableError(f"{where}={value!r} must be in [{low}, {high if high is not None else 'inf'}].")
     return number
@@ -105,6 +112,8 @@ def _int_field(where: str, value: Any, low: int = 0, high: Optional[int] = None)
 def _ipv4_field(where: str, value: Any) -> str:
     if not isinstance(value, str):
         raise RankTableError(f"{where}={value!r} must be an IPv4 address string.")
+    if not _IPV4.fullmatch(value):
+        raise RankTableError(f"{where}={value!r} is not an IPv4 address (four dot-separated ASCII decimal numbers).")
     try:
         ipaddress.IPv4Address(value)
     except ipaddress.AddressValueError:
@@ -230,6 +239,66 @@ def _validate_super_pods(pods: Any, servers: Mapping[str, str]) -> None:
             placed[server_id] = m_where
 
 
+def _read_text(path: Path, what: str = "rank tables are UTF-8 JSON") -> str:
+    """The file's text; ``RankTableError`` naming the file on an unreadable file or invalid UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RankTableError(f"{path}: cannot read ({exc.strerror or exc}).") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RankTableError(f"{path}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                             f"{what}.") from None
+
+
+def _no_duplicate_keys(pairs: List[Tuple[str, Any]]) -> dict:
+    result: dict = {}
+    for key, value in pairs:
+        if key in result:
+            raise RankTableError(f"key {key!r} is given twice in one JSON object (values {result[key]!r:.60} and "
+                                 f"{value!r:.60}); each key may appear once.")
+        result[key] = value
+    return result
+
+
+def _depth(text: str) -> int:
+    """Deepest nesting of ``[``/``{`` in a JSON text, outside strings (a linear scan, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _parse_json(path: Path, text: str) -> Any:
+    """Parse a rank table's JSON text: duplicate keys and deep nesting are errors naming the file."""
+    depth = _depth(text)
+    if depth > MAX_DEPTH:
+        raise RankTableError(f"{path}: JSON nested {depth} levels deep; a rank table nests at most {MAX_DEPTH}.")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise RankTableError(f"{path}: not valid JSON ({exc}).") from None
+    except RankTableError as exc:
+        raise RankTableError(f"{path}: {exc}") from None
+    except RecursionError:  # pragma: no cover - guarded by the depth check above
+        raise RankTableError(f"{path}: JSON nested too deeply for a rank table.") from None
+
+
 def load(path: Union[str, Path]) -> Tuple[dict, RankTable]:
     """Read and validate a rank table file; returns ``(raw dict, RankTable)``.
 
@@ -239,10 +308,7 @@ def load(path: Union[str, Path]) -> Tuple[dict, RankTable]:
     path = Path(path)
     if not path.is_file():
         raise RankTableError(f"{path}: no such rank table file.")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise RankTableError(f"{path}: not valid JSON ({exc}).") from None
+    raw = _parse_json(path, _read_text(path))
     try:
         return raw, validate(raw)
     except RankTableError as exc:
@@ -257,7 +323,7 @@ def parse_visible_devices(text: str) -> List[int]:
     ids: List[int] = []
     for part in str(text).split(","):
         part = part.strip()
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        match = re.fullmatch(r"([0-9]{1,9})(?:-([0-9]{1,9}))?", part)
         if not match:
             raise RankTableError(f"visible_devices={text!r}: {part!r} is not a device id or a range like 0-7.")
         low = int(match.group(1))
@@ -294,8 +360,11 @@ def parse_hccn_conf(text: str) -> Dict[int, str]:
     """Device IPs from an ``/etc/hccn.conf`` text (lines ``address_<device_id>=<ipv4>``; others ignored)."""
     result: Dict[int, str] = {}
     for number, line in enumerate(text.splitlines(), start=1):
-        match = re.fullmatch(r"\s*address_(\d+)\s*=\s*(\S+)\s*", line)
+        match = re.fullmatch(r"\s*address_([0-9]+)\s*=\s*(\S+)\s*", line)
         if not match:
+            if line.strip().startswith("address_"):
+                raise RankTableError(f"hccn.conf line {number}: {line.strip()[:80]!r} is not "
+                                     f"'address_<device_id>=<ipv4>' with ASCII digits.")
             continue
         device_id = _int_field(f"hccn.conf line {number} device id", match.group(1), high=MAX_DEVICE_ID)
         if device_id in result:
@@ -375,14 +444,33 @@ def merge(tables: Sequence[Mapping]) -> dict:
 
 
 def write(table: Mapping, path: Union[str, Path]) -> Path:
-    """Write ``table`` as indented JSON, atomically (temporary file renamed into place)."""
+    """Write ``table`` as indented JSON, atomically (temporary file renamed into place).
+
+    Raises:
+        RankTableError: ``path`` names a folder, or the file cannot be written (the message names the path);
+            the temporary file is removed on any failure.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        json.dump(table, out, indent=4)
-        out.write("\n")
-    os.replace(tmp, path)
+    if path.is_dir():
+        raise RankTableError(f"output {str(path)!r} is a folder; give a file name such as "
+                             f"{str(path / 'rank_table.json')!r}.")
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(table, out, indent=4)
+            out.write("\n")
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise RankTableError(f"output {str(path)!r}: cannot write ({exc.strerror or exc}).") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return path
 
 
@@ -398,7 +486,7 @@ def _cmd_generate(args) -> int:
         conf = Path(args.hccn_conf)
         if not conf.is_file():
             raise RankTableError(f"--hccn_conf {conf}: no such file.")
-        ips = parse_hccn_conf(conf.read_text(encoding="utf-8"))
+        ips = parse_hccn_conf(_read_text(conf, "hccn.conf must be UTF-8 (or ASCII) text"))
     visible = parse_visible_devices(args.visible_devices) if args.visible_devices else None
     table = generate(args.server_ip, ips, visible)
     output = args.output or f"hccl_{len(table['server_list'][0]['device'])}p_{args.server_ip}.json"
@@ -440,6 +528,13 @@ def _cmd_devices(args) -> int:
     return 0
 
 
+def _ascii_index(text: str) -> int:
+    """argparse type: a non-negative integer of ASCII digits (``int()`` would take ``"٠"``)."""
+    if not _DIGITS.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer of ASCII digits 0-9")
+    return int(text)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry; returns the exit status (2 with a message on any rank-table error)."""
     parser = argparse.ArgumentParser(prog="hccl_tool.py", description=__doc__.split("\n\n")[0])
@@ -463,7 +558,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     inf.set_defaults(func=_cmd_info)
     dev = sub.add_parser("devices", help="'device_id rank_id device_ip' lines of one server (for launchers)")
     dev.add_argument("file")
-    dev.add_argument("--server_index", type=int, default=0, help="0-based position in server_list")
+    dev.add_argument("--server_index", type=_ascii_index, default=0, help="0-based position in server_list")
     dev.set_defaults(func=_cmd_devices)
     args = parser.parse_args(argv)
     try:

@@ -54,7 +54,7 @@ require_dir() { [ -d "$2" ] || die "$1 '$2' is not a folder"; }
 
 # require_int NAME VALUE MIN: a decimal integer >= MIN.
 require_int() {
-    [[ "$2" =~ ^[0-9]+$ ]] || die "$1 must be an integer, got '$2'"
+    [[ "$2" =~ ^[0123456789]+$ ]] || die "$1 must be an integer, got '$2' (ASCII digits 0-9)"
     [ "$2" -ge "$3" ] || die "$1 must be >= $3, got '$2'"
 }
 
@@ -71,24 +71,55 @@ config_arg() {
     abs_path "$1"
 }
 
+# Overrides whose value names an INPUT (a file or folder read by the run). Their relative values are made
+# absolute against the folder the launcher was started from. Every other value is passed on unchanged:
+# relative OUTPUT paths (--checkpoint_dir, --output_path, --export_file_name, ...) are relative to the run
+# folder, where every launcher starts its processes. Matched on the last part of a dotted key, so
+# --boost_config_dict.dim_reduce.pca_mat_path counts as pca_mat_path.
+INPUT_KEYS=(data_path config config_path pretrained resume checkpoint_file_path ckpt_file pca_mat_path
+            weight_load_dir rank_table_file boost_config_path)
+
+# is_input_key --KEY: whether KEY (its last dotted part) names an input path.
+is_input_key() {
+    local name="${1#--}" key
+    name="${name##*.}"
+    for key in "${INPUT_KEYS[@]}"; do [ "${name}" = "${key}" ] && return 0; done
+    return 1
+}
+
+# input_path VALUE: VALUE made absolute when it is a relative path ("", "synthetic", "none" and absolute
+# paths stay as they are).
+input_path() {
+    case "$1" in
+        ""|synthetic|none|None|null|/*) echo "$1" ;;
+        *) abs_path "$1" ;;
+    esac
+}
+
 # split_options [CONFIG_PATH] ARGS...: sets CONFIG_PATH (an optional first argument not starting with --,
 # else the Momentum baseline recipe), DRY_RUN from --dry-run, LAUNCHER from --launcher X, and EXTRA_ARGS to
-# the remaining --key value overrides, with values naming existing relative paths made absolute (the
-# launchers run each device in its own folder).
+# the remaining --key value (or --key=value) overrides, the values of input keys (INPUT_KEYS) made absolute.
 split_options() {
     CONFIG_PATH="${CONFIG_DIR}/resnet50_imagenet_momentum.yaml"
     if [ $# -ge 1 ] && [[ "$1" != --* ]]; then CONFIG_PATH="$(config_arg "$1")"; shift; fi
     EXTRA_ARGS=()
+    local key=""
     while [ $# -gt 0 ]; do
         case "$1" in
-            --dry-run|--dry_run) DRY_RUN=1 ;;
+            --dry-run|--dry_run) DRY_RUN=1; key="" ;;
             --launcher)
                 [ $# -ge 2 ] || die "--launcher needs a value (msrun or mpirun)"
-                LAUNCHER="$2"; shift ;;
-            --launcher=*) LAUNCHER="${1#--launcher=}" ;;
-            --*) EXTRA_ARGS+=("$1") ;;
+                LAUNCHER="$2"; shift; key="" ;;
+            --launcher=*) LAUNCHER="${1#--launcher=}"; key="" ;;
+            --*=*)
+                if is_input_key "${1%%=*}"; then EXTRA_ARGS+=("${1%%=*}=$(input_path "${1#*=}")");
+                else EXTRA_ARGS+=("$1"); fi
+                key="" ;;
+            --*) EXTRA_ARGS+=("$1"); key="$1" ;;
             *)
-                if [ -e "$1" ]; then EXTRA_ARGS+=("$(abs_path "$1")"); else EXTRA_ARGS+=("$1"); fi ;;
+                if [ -n "${key}" ] && is_input_key "${key}"; then EXTRA_ARGS+=("$(input_path "$1")");
+                else EXTRA_ARGS+=("$1"); fi
+                key="" ;;
         esac
         shift
     done
@@ -128,14 +159,14 @@ msrun_launch() {
             echo "rank ${rank}: RANK_ID=${rank} LOCAL_RANK=${i} RANK_SIZE=${worker_num} NODE_RANK=${node_rank}" \
                  "MS_SCHED_HOST=${master_addr} MS_SCHED_PORT=${master_port} DEVICE_TARGET=${target}" \
                  "$(print_env CUDA_VISIBLE_DEVICES)"
-            echo "  cwd: $(pwd)  log: ${log_dir}/worker_${rank}.log"
+            echo "  cwd: ${run_dir}  log: ${log_dir}/worker_${rank}.log"
         done
         echo "cmd: $(quote_cmd "${cmd[@]}")"
         return 0
     fi
     mkdir -p "${run_dir}"
     echo "starting ${local_num} of ${worker_num} worker(s) on ${target} (node ${node_rank}); logs in ${log_dir}"
-    "${cmd[@]}"
+    (cd "${run_dir}" && "${cmd[@]}")
 }
 
 # run_logged DIR LOG CMD...: run CMD in DIR, output to the terminal and to LOG; returns CMD's status.

@@ -159,7 +159,7 @@ def test_wrong_type(section, key, value, kind):
     d = {section: {key: value}}
     if section == "boost":
         d["boost"]["mode"] = "manual"
-    with pytest.raises(kind, match=f"'{section}.{key}"):
+    with pytest.raises(kind, match=rf"boost config {section}\.{key} must be"):
         AutoBoost("O1", d)
 
 
@@ -171,7 +171,7 @@ def test_wrong_type(section, key, value, kind):
     ("thor", "frequency", 0), ("thor", "damping", -1.0),
 ])
 def test_out_of_range(section, key, value):
-    with pytest.raises(ValueError, match=f"'{section}.{key}.*(range|increasing)"):
+    with pytest.raises(ValueError, match=rf"boost config {section}\.{key}=.*(out of range; allowed|increasing)"):
         AutoBoost("O1", {section: {key: value}})
 
 
@@ -194,3 +194,66 @@ def test_missing_or_bad_config_file(tmp_path):
 def test_enabled_unknown_name():
     with pytest.raises(ValueError, match="unknown boost algorithm"):
         AutoBoost("O1").enabled("turbo")
+
+
+# ---- bounded, well-named errors (issue 12 item 4) -------------------------------------------------
+def test_integers_bounded_by_their_counters():
+    with pytest.raises(ValueError, match=r"grad_accumulation_step=2147483648 is out of range; allowed: "
+                                         r"1 <= value <= 2147483647 \(the micro-step counter is an int32\)"):
+        AutoBoost("O0", {"grad_accumulation": {"grad_accumulation_step": 2 ** 31}})
+    assert AutoBoost("O0", {"grad_accumulation": {"grad_accumulation_step": 2 ** 31 - 1}}) \
+        .grad_accumulation.grad_accumulation_step == 2 ** 31 - 1
+    with pytest.raises(ValueError, match=r"thor\.frequency=2147483648 .*int32"):
+        AutoBoost("O0", {"thor": {"frequency": 2 ** 31}})
+    # total_steps: 10**12 as an int is a valid schedule length (the schedule is built lazily); int64 bounds it
+    assert AutoBoost("O1", {"grad_freeze": {"total_steps": 10 ** 12}}).grad_freeze.total_steps == 10 ** 12
+    with pytest.raises(ValueError, match=r"total_steps=9223372036854775808 is out of range.*int64"):
+        AutoBoost("O1", {"grad_freeze": {"total_steps": 2 ** 63}})
+    with pytest.raises(TypeError, match=r"grad_freeze\.total_steps must be an int, got 1000000000000\.0"):
+        AutoBoost("O1", {"grad_freeze": {"total_steps": 1e12}})
+
+
+def test_duplicate_keys_rejected_naming_both_lines(tmp_path):
+    y = tmp_path / "dup.yaml"
+    y.write_text("boost:\n  mode: manual\ngrad_freeze:\n  freeze_p: 0.5\n  param_groups: 4\n  freeze_p: 0.9\n")
+    with pytest.raises(ValueError, match=r"dup\.yaml'.*'freeze_p' is given twice in one mapping \(lines 4 and 6\)"):
+        AutoBoost("O1", str(y))
+    j = tmp_path / "dup.json"
+    j.write_text('{\n  "boost": {"mode": "manual"},\n  "common": {\n    "device_number": 2,\n'
+                 '    "device_number": 4\n  }\n}\n')
+    with pytest.raises(ValueError, match=r"dup\.json'.*'device_number' is given twice in one object "
+                                         r"\(lines 4 and 5\)"):
+        AutoBoost("O1", str(j))
+    # a YAML merge key overridden by an explicit key is not a duplicate
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("grad_freeze:\n  <<: {freeze_p: 0.5, param_groups: 4}\n  freeze_p: 0.25\n")
+    assert AutoBoost("O1", str(ok)).grad_freeze.freeze_p == 0.25
+
+
+def test_invalid_utf8_names_the_file(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"grad_freeze:\n  freeze_p: 0.5 # caf\xe9\n")
+    with pytest.raises(ValueError, match=r"latin1\.yaml' is not valid UTF-8 \(byte 34"):
+        AutoBoost("O1", str(bad))
+
+
+def test_error_messages_are_bounded(tmp_path):
+    # ~300 bytes of YAML aliases: printed in full, the value is 10**6 items (megabytes of message)
+    levels = ["&a [x, x, x, x, x, x, x, x, x, x]"]
+    for prev, name in zip("abcde", "bcdef"):
+        levels.append(f"&{name} [{', '.join([f'*{prev}'] * 10)}]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("boost:\n  mode: [" + ", ".join(levels) + "]\n")
+    assert bomb.stat().st_size < 400
+    with pytest.raises(ValueError, match=r"'boost.mode'=\[\['x', 'x'.*\.\.\..*is not allowed") as info:
+        AutoBoost("O1", str(bomb))
+    assert len(str(info.value)) < 1000
+    with pytest.raises((TypeError, ValueError)) as info:
+        AutoBoost("O1", {"common": {"gradient_split_groups": ["x" * 10 ** 6]}})
+    assert len(str(info.value)) < 1000 and "gradient_split_groups[0]" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        AutoBoost("O1", {"grad_freeze": {"k" * 10 ** 6: 1}})
+    assert len(str(info.value)) < 1000
+    with pytest.raises(ValueError) as info:
+        AutoBoost("O1", {"boost": {"mode": "m" * 10 ** 6}})
+    assert len(str(info.value)) < 1000

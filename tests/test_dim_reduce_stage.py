@@ -245,9 +245,9 @@ def test_bad_arguments():
         DimReduceUpdate(loss_net, weights, p, 4)
     with pytest.raises(ValueError, match=r"pca_mat of shape \(3, 52\)"):
         DimReduceUpdate(loss_net, weights, p[:, :-1], 3)
-    with pytest.raises(ValueError, match=r"dim_reduce.rho=1.5 must be in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"dim_reduce\.rho=1\.5 is out of range; allowed: 0\.0 < value < 1\.0"):
         DimReduceUpdate(loss_net, weights, p, 3, rho=1.5)
-    with pytest.raises(ValueError, match=r"dim_reduce.sigma=0 must be in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"dim_reduce\.sigma=0 is out of range; allowed: 0\.0 < value < 1\.0"):
         DimReduceUpdate(loss_net, weights, p, 3, sigma=0)
     with pytest.raises(ValueError, match=r"dim_reduce.alpha=-1"):
         DimReduceUpdate(loss_net, weights, p, 3, alpha=-1)

@@ -17,6 +17,7 @@ from ms_boost.grad_freeze import (
     partition_parameters,
 )
 from ms_boost.grad_process import CentralizedGradients, OptimizerProcess
+from ms_boost.train_cell import BoostTrainOneStepCell
 from ms_boost.update import OptimizerUpdate
 from tests.helpers.nets import SmallConvNet
 
@@ -103,13 +104,22 @@ def test_bad_values_are_clear_errors(kwargs, exc, match):
         GradientFreeze(**args)
 
 
-def test_more_groups_than_parameters_is_an_error():
+def test_more_groups_than_parameters_is_clamped_impossible_values_stay_errors():
+    """Upstream's documented GradientFreeze(10, 1, 0.5, 2000) runs on any network: more groups than trainable
+    parameters become one group per parameter (issue 11); 0, negative and non-integer counts stay errors."""
     net = dense_stack(2)  # 4 trainable parameters
     opt = nn.SGD(net.trainable_params(), 0.1)
+    _, clamped = GradientFreeze(5, 1, 0.5, 10).freeze_generate(net, opt)
+    _, exact = GradientFreeze(4, 1, 0.5, 10).freeze_generate(net, opt)  # per parameter
+    assert clamped.n_atoms == exact.n_atoms == 4 and clamped.groups_num == exact.groups_num == 4
+    one = nn.Dense(3, 1, has_bias=False)  # a one-parameter network
+    _, freeze_opt = GradientFreeze(10, 1, 0.5, 2000).freeze_generate(one, nn.SGD(one.trainable_params(), 0.1))
+    assert freeze_opt.n_atoms == 1 and freeze_opt.groups_num == 1
     with pytest.raises(ValueError, match="param_groups=5 is more than the 4 trainable parameters"):
-        GradientFreeze(5, 1, 0.5, 10).freeze_generate(net, opt)
-    _, freeze_opt = GradientFreeze(4, 1, 0.5, 10).freeze_generate(net, opt)  # per parameter is allowed
-    assert freeze_opt.n_atoms == 4
+        partition_parameters(net.trainable_params(), 5, OptimizerProcess.build_params_dict(net))
+    for bad, kind in ((0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(kind, match="param_groups"):
+            GradientFreeze(bad, 1, 0.5, 10)
 
 
 # ---------------------------------------------------------------------------------------------- groups
@@ -352,20 +362,21 @@ def test_lazy_schedule_equals_the_step_by_step_definition():
         np.testing.assert_array_equal(lazy.values(steps // 3, steps // 2), ref[steps // 3:steps // 3 + steps // 2])
 
 
-def test_huge_total_steps_is_lazy_and_bounded_by_the_step_counter():
+def test_huge_total_steps_is_lazy():
     import time
 
     start = time.perf_counter()
-    lazy = FreezeSchedule(10, 1, 0.7, 2 ** 31 - 1, seed=3)  # would be 8 GiB as an array
-    values = [lazy[t] for t in (0, 12345, 1_500_000_000, 2 ** 31 - 2)]
+    lazy = FreezeSchedule(10, 1, 0.7, 10 ** 12, seed=3)  # 3.6 TiB as an int32 array
+    values = [lazy[t] for t in (0, 12345, 1_500_000_000, 10 ** 12 - 1)]
     assert time.perf_counter() - start < 2.0
     assert values[0] == 0 and values[-1] == 0 and all(0 <= v <= 9 for v in values)
     # the same entries as the definition on a prefix long enough to cross several cache blocks
     np.testing.assert_array_equal(lazy.values(0, 10000), eager_reference(10, 1, 0.7, 10001, 3)[:10000])
-    with pytest.raises(ValueError, match=r"total_steps=1000000000000 .*2147483647"):
-        GradientFreeze(10, 1, 0.7, 10 ** 12)
+    net = dense_stack(3)
+    _, freeze_opt = GradientFreeze(3, 1, 0.7, 10 ** 12).freeze_generate(net, nn.SGD(net.trainable_params(), 0.1))
+    assert freeze_opt.period == 10 ** 12 and not freeze_opt.table_complete
     with pytest.raises(ValueError, match="total_steps"):
-        freeze_schedule(10, 1, 0.7, 2 ** 31)
+        freeze_schedule(10, 1, 0.7, 2 ** 63)
 
 
 def test_freeze_opt_with_lazy_schedule_longer_than_the_device_table(monkeypatch):
@@ -394,3 +405,19 @@ def test_freeze_opt_with_lazy_schedule_longer_than_the_device_table(monkeypatch)
             freeze_opt(ms.mutable(tuple(ops.ones_like(p) for p in params)))
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_default_o1_on_a_network_with_fewer_parameters_than_groups():
+    """O1's default param_groups=10 (which the user never set) on a 4-parameter network: clamped, trains."""
+    net = dense_stack(2)
+    loss_net = nn.WithLossCell(net, nn.MSELoss())
+    boost = AutoBoost("O1")
+    assert boost.grad_freeze.param_groups == 10
+    train_net, freeze_opt = boost.network_auto_process_train(loss_net, nn.SGD(net.trainable_params(), 0.1))
+    assert isinstance(freeze_opt, FreezeOpt) and freeze_opt.groups_num == len(train_net.trainable_params())
+    before = [p.asnumpy().copy() for p in train_net.trainable_params()]
+    step = BoostTrainOneStepCell(train_net, freeze_opt, boost_config=boost)
+    x, y = Tensor(np.ones((2, 3), np.float32)), Tensor(np.zeros((2, 3), np.float32))
+    step(x, y)
+    after = [p.asnumpy() for p in train_net.trainable_params()]
+    assert all(np.isfinite(a).all() for a in after) and any(np.abs(a - b).max() > 0 for a, b in zip(after, before))

@@ -236,3 +236,100 @@ def test_cli_errors_exit_2_with_the_file_and_field(tmp_path):
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert message in proc.stderr, (args, proc.stderr)
         assert proc.stderr.startswith(f"hccl_tool.py {args[0]}: error: ")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# hostile input (issue 12 item 5): non-ASCII digits, duplicate keys, deep nesting, bad UTF-8, output folders
+# ---------------------------------------------------------------------------------------------------------------
+NON_ASCII = [
+    ("arabic-indic rank_id", ("server_list", 0, "device", 0, "rank_id"), "\u0660",
+     r"server_list\[0\]\.device\[0\]\.rank_id='\u0660' must be a decimal integer string of ASCII digits"),
+    ("devanagari device_id", ("server_list", 0, "device", 1, "device_id"), "\u0967",
+     r"server_list\[0\]\.device\[1\]\.device_id='\u0967' must be a decimal integer string of ASCII digits"),
+    ("fullwidth server_count", ("server_count",), "\uff12", r"server_count='\uff12' must be a decimal integer"),
+    ("arabic-indic device_ip", ("server_list", 0, "device", 2, "device_ip"), "192.1.27.\u0666",
+     r"device\[2\]\.device_ip='192\.1\.27\.\u0666' is not an IPv4 address \(four dot-separated ASCII"),
+    ("arabic-indic server_id", ("server_list", 1, "server_id"), "10.155.111.\u0661\u0664\u0661",
+     r"server_list\[1\]\.server_id='10\.155\.111\.\u0661\u0664\u0661' is not an IPv4 address"),
+    ("5000-digit rank_id", ("server_list", 0, "device", 0, "rank_id"), "9" * 5000, r"must be a decimal integer"),
+]
+
+
+@pytest.mark.parametrize("case, path, value, message", NON_ASCII, ids=[m[0] for m in NON_ASCII])
+def test_numbers_must_be_ascii_digits(case, path, value, message):
+    assert int(value[-1]) >= 0  # python's int() itself would take every one of these digits
+    with pytest.raises(RankTableError, match=message):
+        validate(_set(table_16(), path, value))
+
+
+def test_numbers_in_arguments_and_hccn_conf_must_be_ascii_digits(tmp_path, capsys):
+    with pytest.raises(RankTableError, match=r"visible_devices='\u0660-3'"):
+        parse_visible_devices("\u0660-3")
+    with pytest.raises(RankTableError, match=r"device id='\u0661' must be a decimal integer string of ASCII"):
+        parse_device_ips("\u0661:192.1.27.6")
+    with pytest.raises(RankTableError, match=r"hccn.conf line 2: 'address_\u0661=192.1.27.7' is not"):
+        parse_hccn_conf("address_0=192.1.27.6\naddress_\u0661=192.1.27.7\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["devices", str(TABLE_16), "--server_index", "\u0661"])
+    assert exit_info.value.code == 2
+    assert "'\u0661' is not a non-negative integer of ASCII digits 0-9" in capsys.readouterr().err
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def test_duplicate_keys_deep_nesting_and_bad_utf8_are_named_errors(tmp_path):
+    text = TABLE_8.read_text()
+    twice = tmp_path / "twice.json"
+    twice.write_text(text.replace('"rank_id": "3"', '"rank_id": "3", "rank_id": "9"', 1))
+    assert twice.read_text() != text
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    nested = tmp_path / "nested.json"  # valid JSON, nesting beyond a rank table's, strings with brackets ignored
+    nested.write_text(json.dumps({"version": "1.0", "x": [[[[[[[[["[[[["]]]]]]]]]}))
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(text.replace('"completed"', '"compl\u00e9ted"').encode("latin-1"))
+    cases = [
+        (twice, f"{twice}: key 'rank_id' is given twice in one JSON object (values '3' and '9')"),
+        (deep, f"{deep}: JSON nested 100000 levels deep; a rank table nests at most 8"),
+        (nested, f"{nested}: JSON nested 10 levels deep"),  # not 14: brackets in strings
+        (latin, f"{latin}: not valid UTF-8 (byte 0xe9 at offset"),
+    ]
+    for path, message in cases:
+        with pytest.raises(RankTableError) as info:
+            load(path)
+        assert str(info.value).startswith(message), str(info.value)
+        proc = _cli("validate", path)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"hccl_tool.py validate: error: {message}"), \
+            proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+    conf = tmp_path / "hccn.conf"
+    conf.write_bytes(b"address_0=192.1.27.6\n# caf\xe9\n")
+    proc = _cli("generate", "--server_ip", "10.0.0.1", "--hccn_conf", conf, "-o", tmp_path / "t.json")
+    assert proc.returncode == 2 and f"{conf}: not valid UTF-8 (byte 0xe9 at offset 26)" in proc.stderr
+
+
+def test_output_naming_a_folder_is_an_error_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    for args in (["generate", "--server_ip", "10.0.0.1", "--device_ips", "0:192.1.27.6", "-o", out],
+                 ["merge", TABLE_8, "-o", out]):
+        proc = _cli(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert f"error: output '{out}' is a folder; give a file name such as '{out / 'rank_table.json'}'" \
+            in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(tmp_path.rglob("*")) == [out]
+    # a failure after the temporary file exists (here: json.dump of an unserialisable value) removes it
+    from rank_table import hccl_tool
+    with pytest.raises(TypeError):
+        hccl_tool.write({"version": object()}, tmp_path / "t.json")
+    assert sorted(tmp_path.rglob("*")) == [out]
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(hccl_tool.os, "replace", refuse)
+    with pytest.raises(RankTableError, match=r"output '.*t\.json': cannot write \(Permission denied\)"):
+        hccl_tool.write({"version": "1.0"}, tmp_path / "t.json")
+    assert sorted(tmp_path.rglob("*")) == [out]

@@ -219,6 +219,39 @@ def test_relative_paths_in_overrides_become_absolute(env, tmp_path):
     assert proc.returncode == 0 and f"--pretrained {tmp_path / 'weights.ckpt'}" in proc.stdout
 
 
+@pytest.mark.parametrize("script, args, cwd_of_rank", [
+    ("run_standalone_train.sh", ["synthetic"], "train_standalone"),
+    ("run_distribute_train.sh", [TABLE_8, "synthetic"], "train_parallel/device0"),
+    ("run_distribute_train_cpu.sh", [2, "synthetic"], "train_parallel_cpu"),
+    ("run_distribute_train_gpu.sh", [2, "synthetic"], "train_parallel_gpu"),
+    ("run_multinode_train.sh", [4, 2, 0, "10.0.0.1", "synthetic"], "train_multinode"),
+    ("run_stage_1.sh", ["synthetic"], "stage_1"),
+    ("run_eval.sh", ["synthetic", "weights.ckpt"], "eval"),
+])
+def test_only_input_paths_become_absolute_outputs_stay_in_the_run_folder(script, args, cwd_of_rank, env, tmp_path):
+    """Issue 12 item 6: an existing ./checkpoint must not turn --checkpoint_dir into a path outside the run."""
+    for name in ("checkpoint", "resnet18", "out"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "weights.ckpt").write_bytes(b"")
+    proc = run(script, *args, "--dry-run", "--checkpoint_dir", "checkpoint", "--net_name", "resnet18",
+               "--export_file_name=out", "--pretrained", "weights.ckpt", "--boost_config_dict.dim_reduce.pca_mat_path",
+               "new/pca.npy", "--resume=run1", "--data_path", "synthetic", env=env, cwd=tmp_path,
+               extra_env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert proc.returncode == 0, proc.stderr
+    printed = ranks(proc.stdout)
+    cmd = printed[0].get("cmd") or proc.stdout.strip().splitlines()[-1]
+    assert cmd.endswith(f"--checkpoint_dir checkpoint --net_name resnet18 --export_file_name=out "
+                        f"--pretrained {tmp_path / 'weights.ckpt'} --boost_config_dict.dim_reduce.pca_mat_path "
+                        f"{tmp_path / 'new' / 'pca.npy'} --resume={tmp_path / 'run1'} --data_path synthetic"), cmd
+    assert printed[0]["cwd"] == str(tmp_path / cwd_of_rank)  # relative outputs land in the run folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "out", "resnet18", "weights.ckpt"]
+
+
+def test_integers_must_be_ascii_digits(env, tmp_path):
+    proc = run("run_distribute_train_cpu.sh", "\u0662", "synthetic", "--dry-run", env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "WORKER_NUM must be an integer, got '\u0662' (ASCII digits 0-9)" in proc.stderr
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # real runs on CPU
 # ---------------------------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def test_base_cycle_and_bad_files(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_yaml(tmp_path / "missing.yaml")
     (tmp_path / "unsafe.yaml").write_text("x: !!python/object/apply:os.system ['true']\n")
-    with pytest.raises(yaml.YAMLError):
+    with pytest.raises(ValueError, match="unsafe.yaml.*not valid YAML.*python/object"):
         load_yaml(tmp_path / "unsafe.yaml")
 
 

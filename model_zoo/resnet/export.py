@@ -47,4 +47,8 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as err:  # a clear message and status 1, not a traceback
+        print(f"export.py: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)

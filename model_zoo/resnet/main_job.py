@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from model_zoo.resnet.src.callbacks import format_duration  # noqa: E402
 from model_zoo.resnet.src.config import parse_config  # noqa: E402
-from model_zoo.resnet.src.trainer import train  # noqa: E402
+from model_zoo.resnet.src.trainer import TrainingDiverged, train  # noqa: E402
 
 QUICKSTART_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet18_synthetic_quickstart.yaml"
 
@@ -51,4 +51,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (TrainingDiverged, ValueError) as err:  # a clear message and status 1, not a traceback
+        print(f"main_job: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -29,10 +29,6 @@ line-search decision (losses are averaged in floating point) and the same new we
 from __future__ import annotations
 
 import logging
-import math as _pymath
-import os
-import sys
-import time
 from typing import Optional, Sequence
 
 import mindspore as ms
@@ -40,6 +36,15 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_boost import comm
+from ms_boost.dim_reduce.handshake import (  # noqa: F401 -- re-exported: the handshake lived here
+    DEFAULT_PCA_FILE_NAME,
+    _devices_per_server,
+    _PeerFailed,
+    _root_prepare,
+    _StatusExchange,
+    local_pca_rows,
+    prepare_pca_matrix,
+)
 from ms_boost.dim_reduce.math import (
     armijo_accepts,
     back_project,
@@ -51,39 +56,12 @@ from ms_boost.dim_reduce.math import (
     residual_momentum,
     split_flat,
 )
-from ms_boost.dim_reduce.pca import ParamSpec, compute_pca_matrix, open_pca_matrix, parameter_specs
+from ms_boost.dim_reduce.pca import parameter_specs
+from ms_boost.sections import DimReduceConfig
 
 logger = logging.getLogger("ms_boost")
 
 __all__ = ["DimReduceUpdate", "DimReduce", "prepare_pca_matrix", "build_dim_reduce_update", "local_pca_rows"]
-
-DEFAULT_PCA_FILE_NAME = "pca_mat.npy"
-
-
-def _check_unit_interval(name: str, value, low_open: bool = True, high_open: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _pymath.isfinite(value):
-        raise ValueError(f"dim_reduce.{name}={value!r} must be a finite number.")
-    low_ok = value > 0 if low_open else value >= 0
-    high_ok = value < 1 if high_open else value <= 1
-    if not (low_ok and high_ok):
-        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-        raise ValueError(f"dim_reduce.{name}={value!r} must be in {lo}0, 1{hi}.")
-    return float(value)
-
-
-def local_pca_rows(pca_mat, n_components: int, rank: int, rank_size: int) -> np.ndarray:
-    """This rank's zero-padded block of PCA rows, ``(ceil(k/R), M)`` float32.
-
-    Args:
-        pca_mat: the full ``(>= k, M)`` matrix (array or memory map; only the needed rows are read).
-        n_components: ``k``.
-        rank: this rank.
-        rank_size: ``R``.
-    """
-    start, stop, height = local_row_block(n_components, rank, rank_size)
-    rows = np.zeros((height, pca_mat.shape[1]), dtype=np.float32)
-    rows[:stop - start] = np.asarray(pca_mat[start:stop], dtype=np.float32)
-    return rows
 
 
 class DimReduceUpdate(nn.Cell):
@@ -130,15 +108,9 @@ class DimReduceUpdate(nn.Cell):
         if not isinstance(carry_search, bool):
             raise ValueError(f"dim_reduce.carry_search={carry_search!r} must be true or false.")
         self.carry_search = carry_search
-        self.rho = _check_unit_interval("rho", rho)
-        self.gamma = _check_unit_interval("gamma", gamma, low_open=False)
-        self.sigma = _check_unit_interval("sigma", sigma)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < _pymath.inf:
-            raise ValueError(f"dim_reduce.alpha={alpha!r} must be a finite number >= 0.")
-        self.alpha = float(alpha)
-        for name, value in (("n_components", n_components), ("max_search_time", max_search_time)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"dim_reduce.{name}={value!r} must be a positive integer.")
+        cfg = DimReduceConfig(rho=rho, gamma=gamma, alpha=alpha, sigma=sigma, n_components=n_components,
+                              max_search_time=max_search_time)  # the one rule for each value
+        self.rho, self.gamma, self.sigma, self.alpha = cfg.rho, cfg.gamma, cfg.sigma, cfg.alpha
         self.curvature_eps = float(curvature_eps)
         self.network = network
         weights = tuple(weights)
@@ -340,176 +312,21 @@ class DimReduce(DimReduceUpdate):
         return self._step(loss, grads, *inputs)
 
 
-def _stderr_progress(message: str) -> None:
-    print(f"[ms_boost.dim_reduce] {message}", file=sys.stderr, flush=True)
-
-
-def _devices_per_server(device_number: Optional[int], world: int) -> int:
-    """Ranks per server: ``device_number`` capped at the world size (one server when it is larger)."""
-    if device_number is None:
-        return world
-    if isinstance(device_number, bool) or not isinstance(device_number, int) or device_number < 1:
-        raise ValueError(f"common.device_number={device_number!r} must be a positive integer.")
-    per_server = comm.server_size(device_number, world)
-    if world % per_server:
-        raise ValueError(f"common.device_number={device_number} must divide the number of ranks ({world}).")
-    return per_server
-
-
-class _PeerFailed(Exception):
-    """Raised inside a root's computation when the status exchange shows another rank failed."""
-
-
-class _StatusExchange:
-    """Status of every rank by one tiny AllGather per call (identity on one process).
-
-    While the server roots prepare the PCA matrix, every rank calls :meth:`exchange` the same number of
-    times: a root once per unit of work (one checkpoint read, one chunk), the others in a loop. Each
-    collective therefore waits for at most one unit of work -- far below any backend timeout -- and all
-    ranks see the same status vector, so they leave the loop on the same call.
-    """
-
-    BUSY, DONE, FAILED = 0.0, 1.0, 2.0
-
-    def __init__(self, roots: Sequence[int]):
-        self.gather = comm.AllGather()
-        self.roots = list(roots)
-
-    def exchange(self, status: float) -> np.ndarray:
-        return self.gather(Tensor(np.array([status], np.float32))).asnumpy().reshape(-1)
-
-    def failed(self, flags: np.ndarray) -> list:
-        return [r for r, f in enumerate(flags) if f == self.FAILED]
-
-    def tick(self) -> None:
-        """A root between two units of work: report busy; stop if a peer failed."""
-        flags = self.exchange(self.BUSY)
-        if self.failed(flags):
-            raise _PeerFailed(self.failed(flags))
-
-    def wait(self, status: float) -> np.ndarray:
-        """Report ``status`` until every root is done or some rank failed; returns the last status vector."""
-        while True:
-            flags = self.exchange(status)
-            if self.failed(flags) or all(flags[r] == self.DONE for r in self.roots):
-                return flags
-
-
-def _root_prepare(target: str, specs, n_components: int, num_weights: int, pca_mat_path, weight_load_dir,
-                  timeout: float, progress, heartbeat) -> None:
-    """Server root: check an existing matrix, or compute it from the checkpoints into ``target``."""
-    rank = comm.get_rank()
-    if pca_mat_path and os.path.isfile(pca_mat_path):
-        open_pca_matrix(target, n_components, num_weights)
-        if progress:
-            progress(f"rank {rank}: using PCA matrix {target}")
-        return
-    if not weight_load_dir:
-        raise ValueError(f"dim_reduce.pca_mat_path={pca_mat_path!r} does not exist and weight_load_dir is None: "
-                         f"nothing to compute the PCA matrix from.")
-    folder = os.path.dirname(os.path.abspath(target))
-    if not os.path.isdir(folder):
-        raise ValueError(f"dim_reduce.pca_mat_path={target!r}: folder {folder!r} does not exist, so the computed "
-                         f"PCA matrix cannot be saved there.")
-    if progress:
-        progress(f"rank {rank}: computing the PCA of {weight_load_dir} into {target}")
-    compute_pca_matrix(str(weight_load_dir), n_components, specs, output=target, progress=progress,
-                       deadline=time.monotonic() + float(timeout), heartbeat=heartbeat)
-
-
-def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_path: Optional[str] = None,
-                       weight_load_dir: Optional[str] = None, timeout: float = 1800,
-                       device_number: Optional[int] = None, progress=_stderr_progress) -> np.ndarray:
-    """Get this rank's block of PCA rows: load ``pca_mat_path`` or compute it from ``weight_load_dir``.
-
-    Protocol (collectives only: no file polling, no sleep, no long blocking collective):
-
-    1. On each server (``device_number`` consecutive ranks) only the first rank -- the *root* -- touches
-       the source: it checks ``pca_mat_path`` when that file exists, otherwise it computes the PCA of the
-       checkpoints in ``weight_load_dir`` (streaming, :func:`compute_pca_matrix`) into ``pca_mat_path``
-       (or ``weight_load_dir/pca_mat.npy``), written under a temporary name and renamed. The root stops
-       with ``TimeoutError`` once ``timeout`` seconds have passed.
-    2. Meanwhile every rank exchanges a status flag with one tiny AllGather per unit of the roots' work
-       (:class:`_StatusExchange`) until every root is done or one failed. On failure every rank raises --
-       the root its own error, the others a ``RuntimeError`` naming it -- so no rank is left waiting in a
-       later collective, and the wait is bounded by the roots' ``timeout``.
-    3. Every rank reads only its own block of rows from the finished file (memory map); one more flag
-       exchange turns any read failure into an error on all ranks.
-
-    Args:
-        specs: ``(name, shape)`` of the trainable parameters in network order.
-        n_components: ``k``.
-        pca_mat_path: an existing ``.npy`` to load, or where to save the computed matrix.
-        weight_load_dir: folder of stage-1 checkpoints (needed when ``pca_mat_path`` does not exist).
-        timeout: seconds the root may spend preparing the matrix.
-        device_number: ranks per server (``common.device_number``); capped at the world size.
-        progress: message sink for the root's progress (None: silent).
-
-    Returns:
-        ``(ceil(k / R), M)`` float32 block of rows for this rank (zero-padded).
-
-    Raises:
-        ValueError: neither source given, bad shapes, too few checkpoints (see :func:`compute_pca_matrix`).
-        TimeoutError: the root ran out of ``timeout``.
-        RuntimeError: another rank failed to prepare or read the matrix.
-    """
-    rank, world = comm.get_rank(), comm.get_size()
-    per_server = _devices_per_server(device_number, world)
-    num_weights = int(sum(int(np.prod(s, dtype=np.int64)) for _, s in specs))
-    if not pca_mat_path and not weight_load_dir:
-        raise ValueError("dim_reduce needs pca_mat_path (an existing PCA matrix .npy) or weight_load_dir "
-                         "(a folder of stage-1 checkpoints to compute it from); both are None.")
-    if pca_mat_path and not str(pca_mat_path).endswith(".npy"):
-        raise ValueError(f"dim_reduce.pca_mat_path={pca_mat_path!r} must name a .npy file.")
-    target = str(pca_mat_path) if pca_mat_path else os.path.join(str(weight_load_dir), DEFAULT_PCA_FILE_NAME)
-    status = _StatusExchange(range(0, world, per_server))
-    error = None
-    if rank % per_server == 0:
-        try:
-            _root_prepare(target, specs, n_components, num_weights, pca_mat_path, weight_load_dir, timeout,
-                          progress, status.tick)
-        except _PeerFailed as exc:  # the exchange that showed it was the last one for every rank
-            raise RuntimeError(f"rank {rank}: rank(s) {exc.args[0]} failed to prepare the PCA matrix "
-                               f"(see their error); dim_reduce cannot start.") from None
-        except Exception as exc:  # noqa: BLE001 -- any failure must reach the other ranks, then re-raise
-            error = exc
-        flags = status.wait(status.FAILED if error is not None else status.DONE)
-    else:
-        flags = status.wait(status.BUSY)
-    if error is not None:
-        raise error
-    if status.failed(flags):
-        raise RuntimeError(f"rank {rank}: the PCA matrix could not be prepared by server root rank(s) "
-                           f"{status.failed(flags)} (see their error); dim_reduce cannot start.")
-    try:
-        rows = local_pca_rows(open_pca_matrix(target, n_components, num_weights), n_components, rank, world)
-    except Exception as exc:  # noqa: BLE001 -- reported to every rank first
-        error = exc
-    failed = status.failed(status.exchange(status.FAILED if error is not None else status.DONE))
-    if error is not None:
-        raise ValueError(f"rank {rank} cannot read the PCA matrix {target!r} prepared by its server's root "
-                         f"rank {rank - rank % per_server}: {error}") from error
-    if failed:
-        raise RuntimeError(f"rank(s) {failed} could not read the PCA matrix {target!r}; dim_reduce cannot start.")
-    return rows
-
-
 def build_dim_reduce_update(network: nn.Cell, weights, dim_cfg, common_cfg=None) -> DimReduceUpdate:
     """Build the DimReduce stage from the ``dim_reduce`` and ``common`` configuration sections.
 
     Args:
         network: the loss network.
         weights: trainable parameters in gradient order.
-        dim_cfg: object with ``rho, gamma, alpha, sigma, n_components, pca_mat_path, weight_load_dir, timeout``
-            and optionally ``max_search_time`` (``ms_boost.config.DimReduceConfig``).
+        dim_cfg: the ``dim_reduce`` section (:class:`~ms_boost.sections.DimReduceConfig`).
         common_cfg: object with ``device_number`` (ranks per server), or None for one server.
     """
     weights = tuple(weights)
     specs = parameter_specs(weights)
-    device_number = getattr(common_cfg, "device_number", None) if common_cfg is not None else None
+    device_number = None if common_cfg is None else common_cfg.device_number
     rows = prepare_pca_matrix(specs, dim_cfg.n_components, dim_cfg.pca_mat_path, dim_cfg.weight_load_dir,
                               dim_cfg.timeout, device_number)
     return DimReduceUpdate(network, weights, rows, dim_cfg.n_components, rho=dim_cfg.rho, gamma=dim_cfg.gamma,
                            alpha=dim_cfg.alpha, sigma=dim_cfg.sigma,
-                           max_search_time=getattr(dim_cfg, "max_search_time", 2),
+                           max_search_time=dim_cfg.max_search_time,
                            carry_search=getattr(dim_cfg, "carry_search", False))

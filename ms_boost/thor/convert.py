@@ -21,8 +21,10 @@ from typing import Optional
 from mindspore import Parameter, nn
 from mindspore import log as logger
 from mindspore.graph import api as _graph_api
+from mindspore.train import Model as _MsModel
 
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
+from ms_boost.thor.optimizer import THOR
 
 __all__ = ["ConvertNetUtils", "ConvertModelUtils", "ConvertedLayer"]
 
@@ -187,14 +189,23 @@ class ConvertNetUtils:
 
 
 class ConvertModelUtils:
-    """Build the Model that trains a THOR network (upstream API)."""
+    """Build the Model that trains a THOR network (upstream API).
+
+    Attributes:
+        model_class: the Model class built; ``ms_boost.model`` sets it to :class:`ms_boost.Model` when it is
+            imported (the face registers itself with the layer below, so this module never imports upward;
+            ``import ms_boost`` always loads it first). MindSpore's Model otherwise.
+    """
+
+    model_class: type = _MsModel
 
     @staticmethod
     def convert_to_thor_model(model, network: nn.Cell, loss_fn=None, optimizer=None, metrics=None, amp_level="O0",
                               loss_scale_manager=None, keep_batchnorm_fp32=False):
         """Return a Model whose ``train`` runs THOR and whose ``eval`` works.
 
-        With a THOR optimizer, the returned :class:`ms_boost.Model` trains ``optimizer.thor_network`` (the
+        With a THOR optimizer, the returned :attr:`model_class` (:class:`ms_boost.Model`) trains
+        ``optimizer.thor_network`` (the
         converted copy of ``network``, sharing its Parameters) with ``loss_fn``, ``optimizer``, ``metrics``,
         ``amp_level``, ``loss_scale_manager`` and ``keep_batchnorm_fp32``; ``model`` is returned unchanged
         for any other optimizer. ``network`` may also be a ``TrainOneStepCell`` built around the THOR
@@ -207,10 +218,8 @@ class ConvertModelUtils:
             network, loss_fn, optimizer, metrics, amp_level, loss_scale_manager, keep_batchnorm_fp32: as
                 given to that Model.
         """
-        from ms_boost.thor.optimizer import THOR
-
         if isinstance(network, nn.TrainOneStepCell) and isinstance(network.optimizer, THOR):
-            return _model_class()(network)
+            return ConvertModelUtils.model_class(network)
         if not isinstance(optimizer, THOR):
             return model
         train_net = optimizer.thor_network
@@ -220,18 +229,11 @@ class ConvertModelUtils:
         kwargs = {"metrics": metrics, "amp_level": amp_level, "keep_batchnorm_fp32": keep_batchnorm_fp32}
         if loss_scale_manager is not None:
             kwargs["loss_scale_manager"] = loss_scale_manager
-        thor_model = _model_class()(train_net, loss_fn=loss_fn, optimizer=optimizer, **kwargs)
+        thor_model = ConvertModelUtils.model_class(train_net, loss_fn=loss_fn, optimizer=optimizer, **kwargs)
         scale = getattr(getattr(thor_model, "_train_network", None), "scale_sense", None)
         if isinstance(scale, Parameter):
             optimizer.bind_loss_scale(scale)
         return thor_model
-
-
-def _model_class():
-    """ms_boost.Model (the drop-in Model with boost); imported lazily to keep the layers independent."""
-    from ms_boost.model import Model
-
-    return Model
 
 
 def _shares_parameters(a: nn.Cell, b: nn.Cell) -> bool:

@@ -379,3 +379,19 @@ class EmbeddingThor(ThorLayer):
     def extend_repr(self):
         return (f"vocab_size={self.vocab_size}, embedding_size={self.embedding_size}, "
                 f"use_one_hot={self.use_one_hot}, padding_idx={self.padding_idx}, factor_decay={self.factor_decay}")
+
+
+def thor_state_parameters(network: nn.Cell) -> list:
+    """THOR bookkeeping Parameters of ``network``'s THOR layers (capture flags, scratch statistics, factors).
+
+    They are not model buffers: a skipped (overflow) step may leave new statistics in the scratch buffers
+    without effect, so they need no snapshot/restore.
+    """
+    found, seen = [], set()
+    for _, cell in network.cells_and_names():
+        if isinstance(cell, ThorLayer):
+            for param in cell.thor_parameters().values():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    found.append(param)
+    return found

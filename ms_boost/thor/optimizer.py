@@ -38,9 +38,11 @@ from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_boost import comm
 from ms_boost.thor import math as thor_math
-from ms_boost.thor.layers import ThorLayer
+from ms_boost.thor.layers import ThorLayer, thor_state_parameters
+from ms_boost.topology import Topology
+from ms_boost.update import StageHooks
 
-__all__ = ["THOR", "thor"]
+__all__ = ["THOR"]
 
 
 def _default_decay_filter(param) -> bool:
@@ -140,7 +142,7 @@ def _balance(costs: Sequence[float], size: int) -> list:
     return owner
 
 
-class THOR(nn.Optimizer):
+class THOR(nn.Optimizer, StageHooks):
     r"""Second-order optimizer THOR over the THOR layers of ``net`` (see the module docstring for the step).
 
     Build it with :func:`thor`, which converts the network first. ``net`` must already contain
@@ -300,7 +302,7 @@ class THOR(nn.Optimizer):
         self.split_indices = split_indices
         groups = _split_groups(split_indices, self.n_layers)
         _check_bool("distribute_inverses", distribute_inverses)
-        reduce, _, _ = comm.data_parallel_reduce_config()
+        reduce = Topology.current().data_parallel
         self.distributed = bool(reduce)
         self.rank = comm.get_rank() if self.distributed else 0
         size = comm.get_size() if self.distributed else 1
@@ -362,6 +364,11 @@ class THOR(nn.Optimizer):
     def get_frequency(self) -> int:
         """Refresh interval of factors and inverses (upstream API)."""
         return self.frequency
+
+    def transient_parameters(self) -> list:
+        """THOR's capture flags, scratch statistics and factors: folded in only by the optimizer step, so an
+        overflow step (whose update is skipped) needs no snapshot/restore of them."""
+        return thor_state_parameters(self._thor_network)
 
     def bind_loss_scale(self, loss_scale) -> None:
         """Divide captured output gradients by ``loss_scale`` (a Parameter read during the backward pass, e.g. a
@@ -557,29 +564,3 @@ def _unique(params: list) -> list:
             seen.add(id(p))
             out.append(p)
     return out
-
-
-def thor(net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
-         use_nesterov=False, decay_filter=_default_decay_filter, split_indices=None, enable_clip_grad=False,
-         frequency=100, *, factor_decay: float = 0.0, block_size: int = 128) -> THOR:
-    r"""Build the THOR optimizer for ``net`` (upstream ``mindspore.nn.thor`` signature).
-
-    ``net`` is **not** modified: its Dense / Conv2d / Embedding layers are converted on a copy of the
-    cells that contain them (:meth:`ConvertNetUtils.convert_to_thor_net`), which shares every Parameter
-    with ``net`` -- training the copy trains ``net``'s weights. Train the copy: ``opt.thor_network``, or
-    let :meth:`ConvertModelUtils.convert_to_thor_model` put it in the Model.
-
-    Args:
-        net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
-            decay_filter, split_indices, enable_clip_grad, frequency: see :class:`THOR`.
-        factor_decay: running-average decay of the factors in [0, 1) (0: latest capture only).
-        block_size: diagonal block size of the factor inverses.
-
-    Returns:
-        The :class:`THOR` optimizer; ``opt.thor_network`` is the converted network.
-    """
-    from ms_boost.thor.convert import ConvertNetUtils
-
-    converted = ConvertNetUtils().convert_to_thor_net(net, factor_decay=factor_decay)
-    return THOR(converted, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
-                decay_filter, split_indices, enable_clip_grad, frequency, block_size=block_size)

@@ -50,11 +50,13 @@ class ProgressMonitor(Callback):
         rank: rank printed in the prefix when ``rank_size > 1``.
         rank_size: number of ranks.
         stream: where to print (``sys.stdout``).
-        stop_on_nan: request the end of training on a NaN/Inf loss.
+        stop_on_nan: request the end of training on a NaN/Inf loss (``failure`` then says why).
+        step_offset: global step the run starts from (a resumed run's checkpoint step).
     """
 
     def __init__(self, total_steps: int, steps_per_epoch: int, batch_size: int, log_interval: int = 10,
-                 rank: int = 0, rank_size: int = 1, stream: Optional[TextIO] = None, stop_on_nan: bool = True):
+                 rank: int = 0, rank_size: int = 1, stream: Optional[TextIO] = None, stop_on_nan: bool = True,
+                 step_offset: int = 0):
         super().__init__()
         if log_interval < 1:
             raise ValueError(f"log_interval={log_interval} must be >= 1.")
@@ -65,6 +67,8 @@ class ProgressMonitor(Callback):
         self.prefix = f"[rank {rank}/{rank_size}] " if rank_size > 1 else ""
         self.stream = stream
         self.stop_on_nan = stop_on_nan
+        self.step_offset = int(step_offset)
+        self.failure: Optional[str] = None
         self.losses: List[float] = []
         self._last_time = 0.0
         self._last_step = 0
@@ -73,16 +77,19 @@ class ProgressMonitor(Callback):
 
     def on_train_begin(self, run_context) -> None:
         self._start = self._last_time = time.time()
-        self._last_step = 0
+        self._last_step = self.step_offset
         self._anchor = None
 
     def on_train_step_end(self, run_context) -> None:
         params = run_context.original_args()
-        step = int(params.cur_step_num)
+        step = self.step_offset + int(params.cur_step_num)
         loss = loss_value(params.net_outputs)
         self.losses.append(loss)
         if not math.isfinite(loss) and self.stop_on_nan:
-            self._print(f"step {step}: loss is {loss}; stopping (lower lr_max or raise loss_scale).")
+            epoch, in_epoch = (step - 1) // self.steps_per_epoch + 1, (step - 1) % self.steps_per_epoch + 1
+            self.failure = (f"training diverged: step {step} (epoch {epoch}, step {in_epoch}): loss is {loss}; "
+                            f"stopped (lower lr_max or raise loss_scale)")
+            self._print(self.failure + ".")
             run_context.request_stop()
             return
         if step - self._last_step < self.log_interval and step != self.total_steps:

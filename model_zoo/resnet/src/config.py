@@ -14,38 +14,59 @@ the value is converted to the type of the YAML default:
 * list: ``a,b,c`` or a YAML flow list ``[a, b]``; items take the type of the default's first item.
 
 An unknown key raises ``ValueError`` naming it and the closest known keys. ``--help`` prints every key
-with its value, type and the comment written next to it in the YAML file. Files are read with
-``yaml.safe_load`` and nothing read is ever evaluated.
+with its value, type and the comment written next to it in the YAML file. Files are read with a
+``yaml.SafeLoader`` (nothing read is ever evaluated) that also rejects a key given twice in one mapping
+(naming both lines), a file that is not UTF-8 (naming the file and the byte offset) and documents whose
+aliases expand to more than :data:`MAX_NODES` values; values quoted in error messages are cut to
+:data:`MAX_QUOTE` characters.
 """
 from __future__ import annotations
 
 import copy
 import difflib
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
-__all__ = ["Config", "ConfigHelp", "load_yaml", "parse_value", "apply_overrides", "parse_config"]
+__all__ = ["Config", "ConfigHelp", "MAX_NODES", "MAX_QUOTE", "load_yaml", "parse_value", "apply_overrides",
+           "parse_config", "config_source", "quote"]
+
+MAX_NODES = 100_000
+"""Most values (mappings, lists and scalars, aliases counted as expanded) a recipe may hold."""
+MAX_QUOTE = 200
+"""Longest quoted value in an error message (longer ones are cut with ``...``)."""
 
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def quote(value: Any, limit: int = MAX_QUOTE) -> str:
+    """``repr(value)`` cut to ``limit`` characters (error messages stay short whatever the input)."""
+    text = reprlib.Repr()
+    text.maxstring = text.maxother = limit
+    text.maxlist = text.maxdict = text.maxtuple = text.maxset = 8
+    text.maxlevel = 3
+    out = text.repr(value)
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
 class Config(Mapping):
     """Read-only recipe configuration: ``cfg.batch_size`` or ``cfg["batch_size"]``.
 
-    Nested mappings are ``Config`` objects too.
+    Nested mappings are ``Config`` objects too. ``source`` is the recipe file it was read from (if any).
     """
 
-    def __init__(self, data: Mapping):
+    def __init__(self, data: Mapping, source: Optional[Union[str, Path]] = None):
         object.__setattr__(self, "_data", {k: Config(v) if isinstance(v, Mapping) else copy.deepcopy(v)
                                            for k, v in data.items()})
+        object.__setattr__(self, "_source", None if source is None else str(source))
 
     def __getattr__(self, name: str) -> Any:
-        if name == "_data":  # not initialised yet (copy/pickle protocols probe attributes first)
+        if name in ("_data", "_source"):  # not initialised yet (copy/pickle protocols probe attributes first)
             raise AttributeError(name)
         try:
             return self._data[name]
@@ -78,7 +99,12 @@ class Config(Mapping):
             raise ValueError(f"replace: unknown config keys {unknown}.")
         data = self.to_dict()
         data.update(changes)
-        return Config(data)
+        return Config(data, source=self._source)
+
+
+def config_source(cfg: Config) -> Optional[str]:
+    """The recipe file ``cfg`` was read from (``None`` for a config built in code)."""
+    return cfg.__dict__.get("_source")
 
 
 def _deep_merge(base: Dict[str, Any], update: Mapping) -> Dict[str, Any]:
@@ -91,15 +117,64 @@ def _deep_merge(base: Dict[str, Any], update: Mapping) -> Dict[str, Any]:
     return merged
 
 
+class _RecipeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a key given twice in one mapping, naming both lines."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: Dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key; SafeLoader reports it below
+                    continue
+                line = key_node.start_mark.line + 1
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {quote(key)} is given twice (lines {first} and {line}); keep one.",
+                        key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _count_nodes(data: Any, limit: int) -> int:
+    """Values in ``data`` with aliases counted as expanded; stops counting past ``limit``."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return count
+
+
 def _read_mapping(path: Path) -> Dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist.")
-    with open(path, encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"config file {str(path)!r} is not UTF-8 text: byte {err.start} "
+                         f"({raw[err.start:err.start + 1]!r}) is invalid; save it as UTF-8.") from None
+    try:
+        data = yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        message = str(err)
+        if len(message) > 4 * MAX_QUOTE:
+            message = message[: 4 * MAX_QUOTE] + "..."
+        raise ValueError(f"config file {str(path)!r} is not valid YAML: {message}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(data).__name__}.")
+    if _count_nodes(data, MAX_NODES) > MAX_NODES:
+        raise ValueError(f"config file {str(path)!r} expands to more than {MAX_NODES} values (YAML aliases "
+                         f"repeat their anchor); a recipe is a small mapping.")
     return data
 
 
@@ -117,7 +192,7 @@ def load_yaml(path: Union[str, Path], _seen: Tuple[Path, ...] = ()) -> Dict[str,
     if base is None:
         return data
     if not isinstance(base, str):
-        raise ValueError(f"config {str(path)!r}: 'base' must be a file name, got {base!r}.")
+        raise ValueError(f"config {str(path)!r}: 'base' must be a file name, got {quote(base)}.")
     return _deep_merge(load_yaml(path.parent / base, (*_seen, path)), data)
 
 
@@ -140,17 +215,17 @@ def _parse_scalar(key: str, text: str, default: Any) -> Any:
             return True
         if lowered in _FALSE:
             return False
-        raise ValueError(f"--{key}={text!r}: expected a bool (true/false, yes/no, on/off, 1/0).")
+        raise ValueError(f"--{key}={quote(text)}: expected a bool (true/false, yes/no, on/off, 1/0).")
     if isinstance(default, int):
         try:
             return int(text.strip())
         except ValueError:
-            raise ValueError(f"--{key}={text!r}: expected an int.") from None
+            raise ValueError(f"--{key}={quote(text)}: expected an int.") from None
     if isinstance(default, float):
         try:
             return float(text.strip())
         except ValueError:
-            raise ValueError(f"--{key}={text!r}: expected a float.") from None
+            raise ValueError(f"--{key}={quote(text)}: expected a float.") from None
     if default is None:
         return None if text.strip().lower() in ("null", "none", "~") else text
     return text
@@ -169,7 +244,7 @@ def parse_value(key: str, text: str, default: Any) -> Any:
         if stripped.startswith("["):
             items = yaml.safe_load(stripped)
             if not isinstance(items, list):
-                raise ValueError(f"--{key}={text!r}: expected a list.")
+                raise ValueError(f"--{key}={quote(text)}: expected a list.")
             items = [str(item) for item in items]
         else:
             items = [item.strip() for item in stripped.split(",")] if stripped else []
@@ -187,7 +262,7 @@ def _split_argv(argv: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
     while index < len(argv):
         token = argv[index]
         if not token.startswith("--") or len(token) == 2:
-            raise ValueError(f"unexpected command-line argument {token!r}: expected --key value.")
+            raise ValueError(f"unexpected command-line argument {quote(token)}: expected --key value.")
         if "=" in token:
             key, value = token[2:].split("=", 1)
             pairs.append((key, value))
@@ -224,12 +299,12 @@ def apply_overrides(data: Mapping, overrides: Sequence[Tuple[str, Optional[str]]
                 raise ValueError(f"--{key} is a section; override its keys one by one (--{key}.<name> value).")
             close = difflib.get_close_matches(key, list(flat), n=5, cutoff=0.6)
             hint = f" Did you mean: {', '.join('--' + c for c in close)}?" if close else ""
-            raise ValueError(f"unknown config key --{key}.{hint} (--help lists every key)")
+            raise ValueError(f"unknown config key --{quote(key)[1:-1]}.{hint} (--help lists every key)")
         if text is None:
             if isinstance(flat[key], bool):
                 text = "true"
             else:
-                raise ValueError(f"--{key} needs a value (current: {flat[key]!r}).")
+                raise ValueError(f"--{key} needs a value (current: {quote(flat[key])}).")
         value = parse_value(key, text, flat[key])
         flat[key] = value
         _set_dotted(result, key, value)
@@ -306,9 +381,9 @@ def parse_config(argv: Sequence[str], default_config: Union[str, Path], prog: st
     data = load_yaml(config_path)
     for key in _flatten(data):
         if not all(_KEY_RE.match(part) for part in key.split(".")):
-            raise ValueError(f"config {str(config_path)!r}: key {key!r} is not an identifier.")
+            raise ValueError(f"config {str(config_path)!r}: key {quote(key)} is not an identifier.")
     data = apply_overrides(data, _split_argv(rest))
     if want_help:
         print(ConfigHelp.render(data, config_path, prog))
         raise SystemExit(0)
-    return Config(data)
+    return Config(data, source=Path(config_path).resolve())

@@ -16,11 +16,12 @@ recipe (``configs/``)          ``optimizer``   boost_level  notes
 from __future__ import annotations
 
 import copy
+import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -28,19 +29,24 @@ import numpy as np
 from mindspore import Tensor, nn
 from mindspore.train import DynamicLossScaleManager, FixedLossScaleManager
 
-from model_zoo.resnet.src.callbacks import ProgressMonitor, checkpoint_callbacks, format_duration
-from model_zoo.resnet.src.config import Config
+from model_zoo.resnet.src.callbacks import ProgressMonitor, format_duration
+from model_zoo.resnet.src.config import Config, config_source
+from model_zoo.resnet.src.data_check import check_images
 from model_zoo.resnet.src.dataset import class_folders, create_dataset
 from model_zoo.resnet.src.loss import CrossEntropySmooth
 from model_zoo.resnet.src.lr_generator import get_lr, get_thor_damping, get_thor_lr
+from model_zoo.resnet.src.metrics import MetricsLogger, append_record, truncate_metrics
 from model_zoo.resnet.src.resnet import create_model, init_group_params, init_weight
+from model_zoo.resnet.src.run_state import GuardedCheckpoint, TrainingDiverged, find_resume_checkpoint, read_manifest
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import Model, comm
+from ms_boost.config import AutoBoost
 
 __all__ = [
     "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
     "load_weights", "build_loss", "learning_rate", "build_optimizer", "loss_scale_manager", "boost_config_dict",
     "build_model", "train_dataset", "eval_dataset", "evaluate", "inference_network", "train",
+    "recipe_structure", "recipe_manifest", "resume_state", "TrainingDiverged",
 ]
 
 OPTIMIZERS = ("Momentum", "SGD", "THOR")
@@ -124,7 +130,7 @@ def build_network(cfg: Config) -> nn.Cell:
     return net
 
 
-def load_weights(net: nn.Cell, checkpoint: Union[str, Path]) -> List[str]:
+def load_weights(net: nn.Cell, checkpoint: Union[str, Path], entries: Optional[Dict[str, Any]] = None) -> List[str]:
     """Load a checkpoint's weights into ``net`` by exact parameter name.
 
     Extra entries (optimizer moments, boost and THOR state, the step counter) are ignored, so checkpoints
@@ -142,7 +148,8 @@ def load_weights(net: nn.Cell, checkpoint: Union[str, Path]) -> List[str]:
     wanted = {p.name for p in net.get_parameters()}
     # Exact names only: MindSpore would otherwise fall back to stripping prefixes and could load an optimizer
     # moment ("moments.fc.weight") in place of a missing weight.
-    params = {name: value for name, value in ms.load_checkpoint(str(path)).items() if name in wanted}
+    entries = ms.load_checkpoint(str(path)) if entries is None else entries
+    params = {name: value for name, value in entries.items() if name in wanted}
     mismatched = [f"{p.name} {tuple(p.shape)} vs {tuple(params[p.name].shape)}" for p in net.get_parameters()
                   if p.name in params and tuple(p.shape) != tuple(params[p.name].shape)]
     if mismatched:
@@ -157,14 +164,75 @@ def load_weights(net: nn.Cell, checkpoint: Union[str, Path]) -> List[str]:
     return [p.name for p in net.get_parameters()]
 
 
+def _eval_boost(cfg: Config) -> AutoBoost:
+    """The recipe's boost plan, resolved only to know how it changes the network's structure."""
+    return AutoBoost(cfg.boost_level, boost_config_dict(cfg, total_steps=1, for_structure=True))
+
+
+def recipe_structure(cfg: Config) -> Dict[str, Any]:
+    """What decides a checkpoint's parameter set: network, width, classes and LessBN's conversion."""
+    boost = _eval_boost(cfg)
+    less_bn = boost.enabled("less_bn")
+    return {"net_name": cfg.net_name, "base_width": int(cfg.base_width), "class_num": int(cfg.class_num),
+            "less_bn": bool(less_bn), "fn_flag": bool(boost.less_bn.fn_flag) if less_bn else None}
+
+
+def _describe(structure: Dict[str, Any]) -> str:
+    head = (f"{structure.get('net_name')} width {structure.get('base_width')}, {structure.get('class_num')} classes")
+    if structure.get("less_bn"):
+        return head + f", LessBN ({'FN head' if structure.get('fn_flag') else 'no FN head'})"
+    return head + ", plain BatchNorm"
+
+
+def recipe_manifest(cfg: Config) -> Dict[str, Any]:
+    """The run manifest stored in every checkpoint (``ms_boost_run``) and in ``<output_path>/run.json``."""
+    source = config_source(cfg)
+    return {"format": 1, "recipe": Path(source).stem if source else None, "recipe_path": source,
+            "structure": recipe_structure(cfg), "boost_level": cfg.boost_level, "optimizer": cfg.optimizer,
+            "config": cfg.to_dict()}
+
+
+def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], action: str) -> None:
+    if manifest is None:
+        return
+    mine, theirs = recipe_structure(cfg), manifest.get("structure")
+    if theirs == mine:
+        return
+    recipe = manifest.get("recipe") or "?"
+    theirs = theirs if isinstance(theirs, dict) else {}
+    if all(theirs.get(k) == mine[k] for k in ("less_bn", "fn_flag")):  # same recipe family, other sizes
+        diff = [k for k in ("net_name", "base_width", "class_num") if theirs.get(k) != mine[k]]
+        raise ValueError(f"checkpoint {str(path)!r} does not fit the network: it was written (recipe {recipe!r}) "
+                         f"with {', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}, this config has "
+                         f"{', '.join(f'{k}={mine[k]!r}' for k in diff)}; give the same "
+                         f"{' '.join('--' + k for k in diff)}.")
+    hint = f" --config {manifest['recipe_path']}" if manifest.get("recipe_path") else f" the recipe {recipe!r}"
+    source = config_source(cfg)
+    raise ValueError(f"checkpoint {str(path)!r} was written by recipe {recipe!r} ({_describe(theirs)}), but "
+                     f"this recipe ({Path(source).stem if source else 'given config'}) builds "
+                     f"{_describe(mine)}; {action} it with{hint} (and the same --net_name/--base_width/--class_num).")
+
+
 def inference_network(cfg: Config) -> nn.Cell:
-    """The plain network of the recipe with ``checkpoint_file_path`` loaded, in inference mode (eval/export)."""
+    """The recipe's network in inference mode with ``checkpoint_file_path`` loaded (eval/export).
+
+    The network is built the way the recipe's training network was: the boost plan's evaluation rewrite
+    (``AutoBoost.network_auto_process_eval``: LessBN's reduced BatchNorms and FN head) is applied, so every
+    recipe's own checkpoint loads. A checkpoint whose manifest names a recipe of another structure is
+    refused with that recipe's name.
+    """
     if not cfg.checkpoint_file_path:
         raise ValueError("checkpoint_file_path is empty; give --checkpoint_file_path <file.ckpt>.")
     setup_runtime(cfg.replace(run_distribute=False))
+    path = Path(os.path.expanduser(str(cfg.checkpoint_file_path)))
+    if not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} does not exist.")
+    entries = ms.load_checkpoint(str(path))
+    _check_recipe(cfg, path, read_manifest(path, entries), "evaluate/export")
     net = create_model(cfg.net_name, class_num=cfg.class_num, base_width=cfg.base_width,
                        zero_init_residual=cfg.zero_init_residual)
-    load_weights(net, cfg.checkpoint_file_path)
+    net = _eval_boost(cfg).network_auto_process_eval(net)
+    load_weights(net, path, entries)
     net.set_train(False)
     return net
 
@@ -227,13 +295,16 @@ def loss_scale_manager(cfg: Config):
     return FixedLossScaleManager(float(cfg.loss_scale), drop_overflow_update=bool(cfg.drop_overflow_update))
 
 
-def boost_config_dict(cfg: Config, total_steps: int) -> Optional[Dict[str, Any]]:
+def boost_config_dict(cfg: Config, total_steps: int, for_structure: bool = False) -> Optional[Dict[str, Any]]:
     """The recipe's ``boost_config_dict`` with the model zoo's conventions filled in.
 
     * ``grad_freeze.total_steps: 0`` becomes the run's total number of steps;
     * ``dim_reduce.weight_load_dir: ""`` becomes ``<folder of pretrained>/checkpoint_pca`` (where stage 1
       saved its weight-only checkpoints), and ``dim_reduce.pca_mat_path: ""`` becomes ``None``
       (computed from the checkpoints).
+
+    With ``for_structure`` (eval/export only need to know how the plan changes the network) an empty
+    ``weight_load_dir`` without ``pretrained`` is accepted.
     """
     raw = cfg.boost_config_dict.to_dict() if isinstance(cfg.boost_config_dict, Config) else {}
     if not raw:
@@ -244,6 +315,8 @@ def boost_config_dict(cfg: Config, total_steps: int) -> Optional[Dict[str, Any]]
         freeze["total_steps"] = int(total_steps)
     dim = result.get("dim_reduce")
     if isinstance(dim, dict):
+        if dim.get("weight_load_dir") == "" and for_structure and not cfg.pretrained:
+            dim["weight_load_dir"] = "<not needed for the network structure>"
         if dim.get("weight_load_dir") == "":
             if not cfg.pretrained:
                 raise ValueError("boost_config_dict.dim_reduce.weight_load_dir is empty and pretrained is not set; "
@@ -295,20 +368,120 @@ def evaluate(model: Model, cfg: Config) -> Dict[str, float]:
     return {"top_1_accuracy": float(result["top_1_accuracy"]), "top_5_accuracy": float(result["top_5_accuracy"])}
 
 
-def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch: int,
-                        total_steps: int) -> List[Any]:
+def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch: int, total_steps: int,
+                        step_offset: int) -> List[Any]:
     monitor = ProgressMonitor(total_steps, steps_per_epoch, cfg.batch_size * run.rank_size, cfg.log_interval,
-                              run.rank, run.rank_size)
-    callbacks: List[Any] = [monitor]
-    if cfg.save_checkpoint:
-        directory = os.path.join(cfg.output_path, cfg.checkpoint_dir)
-        steps = cfg.save_checkpoint_steps or cfg.save_checkpoint_epochs * steps_per_epoch
-        callbacks += checkpoint_callbacks(run.rank, directory, cfg.checkpoint_prefix, steps, cfg.keep_checkpoint_max)
-        if cfg.pca_checkpoint:
-            callbacks += checkpoint_callbacks(run.rank, os.path.join(directory, cfg.pca_checkpoint_dir),
-                                              cfg.checkpoint_prefix, cfg.pca_checkpoint_steps or steps_per_epoch,
-                                              cfg.pca_keep_checkpoint_max, saved_network=net)
+                              run.rank, run.rank_size, step_offset=step_offset)
+    directory = os.path.join(cfg.output_path, cfg.checkpoint_dir)
+    steps = (cfg.save_checkpoint_steps or cfg.save_checkpoint_epochs * steps_per_epoch) if cfg.save_checkpoint else 0
+    own = directory if run.rank == 0 else os.path.join(directory, f"rank_{run.rank}")
+    write = bool(cfg.save_checkpoint) and (run.rank == 0 or bool(cfg.save_rank_checkpoints))
+    guard = GuardedCheckpoint(None, own, cfg.checkpoint_prefix, steps, cfg.keep_checkpoint_max,
+                              int(cfg.divergence_check_steps), steps_per_epoch, step_offset,
+                              manifest=dict(recipe_manifest(cfg), rank=run.rank, rank_size=run.rank_size), write=write)
+    callbacks: List[Any] = [monitor, guard]
+    if cfg.save_checkpoint and cfg.pca_checkpoint:
+        callbacks.append(GuardedCheckpoint(net, os.path.join(directory, cfg.pca_checkpoint_dir), cfg.checkpoint_prefix,
+                                           cfg.pca_checkpoint_steps or steps_per_epoch, cfg.pca_keep_checkpoint_max,
+                                           0, steps_per_epoch, step_offset, manifest=None, write=run.rank == 0))
+    if cfg.metrics_file and run.rank == 0:
+        callbacks.append(MetricsLogger(os.path.join(cfg.output_path, cfg.metrics_file),
+                                       learning_rate(cfg, steps_per_epoch), steps_per_epoch, step_offset))
+    if cfg.summary_dir:
+        from mindspore.train import SummaryCollector
+
+        # no loss-landscape collection: it would save a full checkpoint every step, unguarded
+        callbacks.append(SummaryCollector(os.path.join(os.path.expanduser(cfg.summary_dir), f"rank_{run.rank}"),
+                                          collect_freq=max(1, int(cfg.log_interval)),
+                                          collect_specified_data={"collect_landscape": None}))
     return callbacks
+
+
+RESUME_DATA = ("exact", "fast")
+
+
+def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, Optional[Path]]:
+    """Load ``cfg.resume`` (a checkpoint, or a run folder's newest one) into the whole train network.
+
+    Restores every Parameter of the train network: weights, BatchNorm statistics, optimizer moments and
+    step counter (the learning-rate position), loss scale and its counters, and the boost state
+    (freezing position, accumulation buffers, AdaSum, DimReduce and THOR state). Training continues at
+    the checkpoint's global step (the data set is positioned there by :func:`train`).
+
+    Returns:
+        ``(global_step, checkpoint)``; ``(0, None)`` without ``resume``.
+
+    Raises:
+        ValueError: no checkpoint, another recipe's checkpoint, another ``steps_per_epoch``, or nothing
+            left to train.
+    """
+    if not cfg.resume:
+        return 0, None
+    _choice("resume_data", cfg.resume_data, RESUME_DATA)
+    path = find_resume_checkpoint(cfg.resume, cfg.checkpoint_dir, cfg.checkpoint_prefix)
+    rank = comm.get_rank()
+    if rank > 0:
+        # each rank's own state (optimizer moments differ between ranks under AdaSum); rank 0's otherwise
+        own = path.parent / f"rank_{rank}" / path.name
+        if own.is_file():
+            path = own
+        else:
+            print(f"[rank {rank}] resume: no {str(own)!r}; this rank continues from rank 0's state (exact only "
+                  f"when every rank's optimizer/boost state equals rank 0's; save_rank_checkpoints keeps them).",
+                  flush=True)
+    entries = ms.load_checkpoint(str(path))
+    manifest = read_manifest(path, entries)
+    if manifest is None:
+        raise ValueError(f"resume: checkpoint {str(path)!r} has no '{'ms_boost_run'}' manifest (written by "
+                         f"another tool?); --resume needs a checkpoint train.py wrote. Use --pretrained to start "
+                         f"from its weights only.")
+    _check_recipe(cfg, path, manifest, "resume")
+    step, saved_spe = int(manifest.get("global_step", -1)), int(manifest.get("steps_per_epoch", -1))
+    if saved_spe != steps_per_epoch:
+        raise ValueError(f"resume: checkpoint {str(path)!r} was written with {saved_spe} steps per epoch, this run "
+                         f"has {steps_per_epoch} (batch_size, rank count, data set or steps_per_epoch changed); "
+                         f"exact resume needs the same.")
+    if step < 1:
+        raise ValueError(f"resume: checkpoint {str(path)!r} records global step {step}; nothing to resume.")
+    if step >= int(cfg.epoch_size) * steps_per_epoch:
+        raise ValueError(f"resume: checkpoint {str(path)!r} is at step {step}, the end of epoch_size "
+                         f"{cfg.epoch_size} x {steps_per_epoch} steps or later; raise --epoch_size to train further.")
+    network = model.train_network
+    wanted = {p.name: p for p in network.get_parameters()}
+    missing = sorted(set(wanted) - set(entries))
+    if missing:
+        raise ValueError(f"resume: checkpoint {str(path)!r} lacks {len(missing)} Parameter(s) of this run's train "
+                         f"network (first: {missing[:5]}); was it written by another recipe or boost setting "
+                         f"(it says recipe {manifest.get('recipe')!r}, boost_level {manifest.get('boost_level')!r})?")
+    mismatched = [f"{name} {tuple(p.shape)} vs {tuple(entries[name].shape)}" for name, p in wanted.items()
+                  if tuple(p.shape) != tuple(entries[name].shape)]
+    if mismatched:
+        raise ValueError(f"resume: checkpoint {str(path)!r} does not fit this run's train network: "
+                         f"{mismatched[:3]} (network vs checkpoint).")
+    ms.load_param_into_net(network, {name: entries[name] for name in wanted}, strict_load=True)
+    changed = sorted(key for key, value in (manifest.get("config") or {}).items()
+                     if key not in _RESUME_FREE_KEYS and cfg.get(key) != value)
+    if changed and comm.get_rank() == 0:
+        print(f"resume: note: these keys differ from the checkpoint's run: {changed}", flush=True)
+    return step, path
+
+
+_RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints",
+                     "epoch_size", "output_path", "log_interval", "run_eval",
+                     "eval_before_train", "check_data", "summary_dir", "metrics_file", "save_checkpoint",
+                     "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "divergence_check_steps",
+                     "num_parallel_workers", "checkpoint_file_path", "export_file_name", "export_file_format",
+                     "export_batch_size"}
+
+
+def check_training_data(cfg: Config, run: RunInfo) -> None:
+    """Pillow-verify the splits this run reads (``check_data``: auto = once per file list)."""
+    if cfg.check_data == "never":
+        return
+    splits = [True] + ([False] if (cfg.run_eval or cfg.eval_before_train) and run.rank == 0 else [])
+    for train in splits:
+        check_images(split_folder(cfg, train), cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)),
+                     verbose=run.rank == 0)
 
 
 def _say(run: RunInfo, text: str) -> None:
@@ -320,12 +493,19 @@ def train(cfg: Config) -> Dict[str, Any]:
     """Run the recipe.
 
     Returns:
-        ``rank``, ``rank_size``, ``steps_per_epoch``, ``total_steps``, ``losses`` (one per step),
-        ``before``/``after`` (top-1/top-5 on rank 0 when asked), ``train_seconds``, ``wall_seconds``,
-        ``checkpoint_dir`` and the trained ``model``.
+        ``rank``, ``rank_size``, ``steps_per_epoch``, ``total_steps``, ``initial_epoch``, ``resumed_from``,
+        ``losses`` (one per step of this process), ``before``/``after`` (top-1/top-5 on rank 0 when asked),
+        ``train_seconds``, ``wall_seconds``, ``checkpoint_dir``, ``last_checkpoint`` and the trained ``model``.
+
+    Raises:
+        TrainingDiverged: a loss or a Parameter of the train network became non-finite (no checkpoint with
+            non-finite values is written; the message names the step, the Parameter and the last good
+            checkpoint).
+        ValueError: bad configuration, undecodable images, or a checkpoint ``--resume`` cannot continue from.
     """
     run = setup_runtime(cfg)
     started = time.time()
+    check_training_data(cfg, run)
     dataset = train_dataset(cfg, run)
     steps_per_epoch = dataset.get_dataset_size()
     total_steps = steps_per_epoch * int(cfg.epoch_size)
@@ -333,25 +513,61 @@ def train(cfg: Config) -> Dict[str, Any]:
     loss = build_loss(cfg)
     opt = build_optimizer(cfg, net, steps_per_epoch)
     model = build_model(cfg, net, loss, opt, total_steps)
+    step_offset, resumed = resume_state(cfg, model, steps_per_epoch)
+    initial_epoch = step_offset // steps_per_epoch
+    if step_offset:
+        # The data engine replays (exact) or skips (fast) the finished epochs, so the next batch is the one
+        # the uninterrupted run would have read (exact) or at least comes from the right epoch (fast).
+        ds.config.set_fast_recovery(cfg.resume_data == "fast")
+        dataset.set_init_step(step_offset)
     _say(run, f"{cfg.net_name} (base_width {cfg.base_width}, {cfg.class_num} classes) | optimizer {cfg.optimizer} | "
               f"boost_level {cfg.boost_level} | {run.rank_size} rank(s) on {run.device_target} | "
               f"{steps_per_epoch} steps/epoch x {cfg.epoch_size} epochs, batch {cfg.batch_size}/rank")
+    if resumed is not None:
+        _say(run, f"resumed from {resumed} at step {step_offset} (epoch {initial_epoch + 1}, step "
+                  f"{step_offset % steps_per_epoch + 1}); training to epoch {cfg.epoch_size}")
     results: Dict[str, Any] = {"rank": run.rank, "rank_size": run.rank_size, "steps_per_epoch": steps_per_epoch,
-                               "total_steps": total_steps,
+                               "total_steps": total_steps, "initial_epoch": initial_epoch, "resumed_from": resumed,
                                "checkpoint_dir": os.path.join(cfg.output_path, cfg.checkpoint_dir)}
+    metrics_path = Path(cfg.output_path) / cfg.metrics_file if cfg.metrics_file else None
+    if run.rank == 0:
+        os.makedirs(cfg.output_path, exist_ok=True)
+        manifest = dict(recipe_manifest(cfg), steps_per_epoch=steps_per_epoch, rank_size=run.rank_size)
+        (Path(cfg.output_path) / "run.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n",
+                                                       encoding="utf-8")
+        if metrics_path is not None:
+            if resumed is None:
+                metrics_path.write_text("", encoding="utf-8")
+            else:
+                truncate_metrics(metrics_path, step_offset)
     if cfg.eval_before_train and run.rank == 0:
         results["before"] = evaluate(model, cfg)
         _say(run, f"before training: top-1 {results['before']['top_1_accuracy']:.4f}  "
                   f"top-5 {results['before']['top_5_accuracy']:.4f}")
-    callbacks = _training_callbacks(cfg, run, net, steps_per_epoch, total_steps)
+        if metrics_path is not None:
+            append_record(metrics_path, dict(kind="eval", step=step_offset, epoch=initial_epoch, **results["before"]))
+    callbacks = _training_callbacks(cfg, run, net, steps_per_epoch, total_steps, step_offset)
     train_start = time.time()
-    model.train(int(cfg.epoch_size), dataset, callbacks=callbacks, dataset_sink_mode=bool(cfg.dataset_sink_mode))
+    model.train(int(cfg.epoch_size), dataset, callbacks=callbacks, dataset_sink_mode=bool(cfg.dataset_sink_mode),
+                initial_epoch=initial_epoch)
     results["train_seconds"] = time.time() - train_start
-    results["losses"] = list(callbacks[0].losses)
+    monitor, guard = callbacks[0], callbacks[1]
+    results["losses"] = list(monitor.losses)
+    results["last_checkpoint"] = guard.last_good
+    failure = guard.failure or monitor.failure
+    if failure:
+        if monitor.failure and not guard.failure:
+            good = (f"the last good checkpoint is {str(guard.last_good)!r}" if guard.last_good else
+                    "no checkpoint was written before")
+            failure = f"{failure}; {good}"
+        raise TrainingDiverged(failure)
     if cfg.run_eval and run.rank == 0:
         results["after"] = evaluate(model, cfg)
         _say(run, f"after training: top-1 {results['after']['top_1_accuracy']:.4f}  "
                   f"top-5 {results['after']['top_5_accuracy']:.4f}")
+        if metrics_path is not None:
+            append_record(metrics_path, dict(kind="eval", step=total_steps, epoch=int(cfg.epoch_size),
+                                             **results["after"]))
     results["model"] = model
     results["wall_seconds"] = time.time() - started
     _say(run, f"total wall time {format_duration(results['wall_seconds'])} ({results['wall_seconds']:.1f} s)")

@@ -1,0 +1,207 @@
+"""What a training run leaves behind and reads back: checkpoints that are never non-finite, the recipe they
+need, and the state to resume from.
+
+* :class:`GuardedCheckpoint` (every rank checks, rank 0 writes): every ``check_steps`` steps, at every
+  checkpoint step and at the end it checks that every Parameter of the train network (weights, BatchNorm
+  statistics, optimizer moments, loss scale, boost state) is finite. A non-finite value stops training;
+  :func:`~.trainer.train` then raises :class:`TrainingDiverged` naming the step, the first non-finite
+  Parameter and the newest checkpoint (which, since no checkpoint is written after a failed check, is
+  finite: rotation never removes the last good checkpoint). Checkpoints are written to a temporary file and
+  renamed, so a killed run never leaves half a checkpoint.
+* Every checkpoint carries ``ms_boost_run`` (a JSON manifest: recipe, network structure, global step,
+  epoch, steps per epoch) so eval/export can tell which recipe a checkpoint needs and ``--resume`` where
+  to continue.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+from mindspore.train import Callback
+
+__all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheckpoint", "read_manifest",
+           "find_resume_checkpoint", "checkpoint_step"]
+
+MANIFEST_KEY = "ms_boost_run"
+_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
+
+
+class TrainingDiverged(RuntimeError):
+    """Training stopped because a loss or a Parameter of the train network became NaN or infinite."""
+
+
+def first_non_finite(arrays: Iterable[Tuple[str, np.ndarray]]) -> Optional[str]:
+    """``"<name> (<k> of <n> values non-finite, e.g. nan)"`` for the first array holding NaN/Inf, else ``None``.
+
+    Integer and boolean arrays are always finite.
+    """
+    for name, value in arrays:
+        value = np.asarray(value)
+        if value.dtype.kind not in "fc":
+            continue
+        bad = ~np.isfinite(value)
+        if bad.any():
+            example = value[bad].flat[0]
+            return f"{name} ({int(bad.sum())} of {value.size} values non-finite, e.g. {example})"
+    return None
+
+
+def checkpoint_step(path: Path, steps_per_epoch: int) -> int:
+    """Global step of a ``<prefix>-<epoch>_<step>.ckpt`` file name (``-1`` if the name has another form)."""
+    match = _NAME.match(Path(path).name)
+    if not match:
+        return -1
+    return (int(match.group("epoch")) - 1) * steps_per_epoch + int(match.group("step"))
+
+
+def _atomic_save(items: List[Dict[str, Any]], path: Path, append: Dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.ckpt")  # save_checkpoint wants the suffix
+    try:
+        ms.save_checkpoint(items, str(tmp), append_dict=append)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+class GuardedCheckpoint(Callback):
+    """Finite-checked checkpoints of the whole train network, with rotation and the run manifest.
+
+    Args:
+        network: the cell whose Parameters are checked and saved (the train network when ``None``:
+            weights, optimizer and boost state).
+        directory: checkpoint folder (rank 0 creates it).
+        prefix: files are ``<prefix>-<epoch>_<step in epoch>.ckpt`` (epoch and step count across resumes).
+        save_steps: global steps between checkpoints (0: none).
+        keep_max: newest checkpoints kept (older files with this prefix in ``directory`` are deleted).
+        check_steps: global steps between extra finiteness checks (0: only at checkpoints and the end).
+        steps_per_epoch: steps of one epoch.
+        step_offset: global step the run starts from (the resumed checkpoint's).
+        manifest: JSON-able dict stored in every checkpoint under :data:`MANIFEST_KEY` (``None``: nothing
+            but the Parameters, e.g. the weight-only checkpoints the PCA reads).
+        write: this rank writes files (rank 0); the others only check, so every rank stops at the same step.
+    """
+
+    def __init__(self, network: Optional[nn.Cell], directory: str, prefix: str, save_steps: int, keep_max: int,
+                 check_steps: int, steps_per_epoch: int, step_offset: int = 0,
+                 manifest: Optional[Dict[str, Any]] = None, write: bool = True):
+        super().__init__()
+        self.network = network
+        self.directory = Path(directory)
+        self.prefix = prefix
+        self.save_steps = max(0, int(save_steps))
+        self.keep_max = max(1, int(keep_max))
+        self.check_steps = max(0, int(check_steps))
+        self.steps_per_epoch = max(1, int(steps_per_epoch))
+        self.step_offset = int(step_offset)
+        self.manifest = None if manifest is None else dict(manifest)
+        self.write = write
+        self.failure: Optional[str] = None
+        self.saved: List[Path] = []
+        self.last_good: Optional[Path] = None
+        self._last_checked = -1
+        if write:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            existing = sorted((p for p in self.directory.glob(f"{prefix}-*.ckpt") if _NAME.match(p.name)),
+                              key=lambda p: checkpoint_step(p, self.steps_per_epoch))
+            self.last_good = existing[-1] if existing else None
+
+    # -- callback hooks ----------------------------------------------------------------------------------
+    def on_train_step_end(self, run_context) -> None:
+        params = run_context.original_args()
+        step = self.step_offset + int(params.cur_step_num)
+        save = self.save_steps and step % self.save_steps == 0
+        check = self.check_steps and step % self.check_steps == 0
+        if save or check:
+            self._visit(params, step, save, run_context)
+
+    def on_train_end(self, run_context) -> None:
+        params = run_context.original_args()
+        step = self.step_offset + int(params.cur_step_num)
+        if self.failure is None and step != self._last_checked and step > self.step_offset:
+            self._visit(params, step, self.save_steps > 0, run_context)
+
+    # -- work ----------------------------------------------------------------------------------------------
+    def _visit(self, params, step: int, save: bool, run_context) -> None:
+        net = self.network if self.network is not None else params.train_network
+        arrays = [(p.name, p.asnumpy()) for p in net.get_parameters()]
+        self._last_checked = step
+        bad = first_non_finite(arrays)
+        if bad is not None:
+            epoch, in_epoch = (step - 1) // self.steps_per_epoch + 1, (step - 1) % self.steps_per_epoch + 1
+            good = (f"the last good checkpoint is {str(self.last_good)!r}" if self.last_good else
+                    "no checkpoint was written before")
+            self.failure = (f"training diverged: at step {step} (epoch {epoch}, step {in_epoch}) the train network "
+                            f"holds non-finite values: first {bad}. Nothing was saved at this step; {good}. Lower "
+                            f"lr_max (or use a dynamic loss scale) and continue from it with --resume <checkpoint>.")
+            run_context.request_stop()
+            return
+        if save and self.write:
+            self._save(arrays, step)
+
+    def _save(self, arrays: List[Tuple[str, np.ndarray]], step: int) -> None:
+        epoch, in_epoch = (step - 1) // self.steps_per_epoch + 1, (step - 1) % self.steps_per_epoch + 1
+        path = self.directory / f"{self.prefix}-{epoch}_{in_epoch}.ckpt"
+        append = {}
+        if self.manifest is not None:
+            manifest = dict(self.manifest, global_step=step, epoch=epoch, step_in_epoch=in_epoch,
+                            steps_per_epoch=self.steps_per_epoch)
+            append[MANIFEST_KEY] = json.dumps(manifest, sort_keys=True)
+        items = [{"name": name, "data": ms.Tensor(value)} for name, value in arrays]
+        _atomic_save(items, path, append or None)
+        self.last_good = path
+        if path not in self.saved:
+            self.saved.append(path)
+        self._rotate()
+
+    def _rotate(self) -> None:
+        files = sorted((p for p in self.directory.glob(f"{self.prefix}-*.ckpt") if _NAME.match(p.name)),
+                       key=lambda p: checkpoint_step(p, self.steps_per_epoch))
+        for old in files[:-self.keep_max]:
+            if old != self.last_good:  # never the newest (finite) checkpoint
+                old.unlink(missing_ok=True)
+
+
+def read_manifest(path: Path, entries: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """The ``ms_boost_run`` manifest of a checkpoint (``None`` for checkpoints written before it existed)."""
+    entries = ms.load_checkpoint(str(path)) if entries is None else entries
+    raw = entries.get(MANIFEST_KEY)
+    if not isinstance(raw, str):
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def find_resume_checkpoint(target: str, checkpoint_dir: str, prefix: str) -> Path:
+    """The checkpoint ``--resume`` names: the file itself, or the newest ``<prefix>-E_S.ckpt`` of a run folder.
+
+    A run folder is searched in ``<dir>/<checkpoint_dir>`` and then ``<dir>``; "newest" is the largest
+    (epoch, step) in the file name.
+
+    Raises:
+        ValueError: nothing to resume from at ``target``.
+    """
+    path = Path(os.path.expanduser(target))
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise ValueError(f"resume={target!r} is neither a checkpoint file nor a run folder.")
+    for folder in (path / checkpoint_dir, path):
+        found = [p for p in folder.glob(f"{prefix}-*.ckpt") if _NAME.match(p.name)] if folder.is_dir() else []
+        if found:
+            def key(p: Path) -> Tuple[int, int]:
+                match = _NAME.match(p.name)
+                return int(match.group("epoch")), int(match.group("step"))
+            return max(found, key=key)
+    raise ValueError(f"resume={target!r}: no '{prefix}-<epoch>_<step>.ckpt' checkpoint in {str(path)!r} or "
+                     f"{str(path / checkpoint_dir)!r}.")
+

@@ -1,0 +1,147 @@
+"""What ms_boost needs from MindSpore's mixed-precision code, on every MindSpore release setup.py allows.
+
+``ms_boost.model`` builds its training network the way ``mindspore.amp.build_train_network`` does, which
+upstream does with three private helpers of ``mindspore.train.amp`` (``_config_level``,
+``_auto_mixed_precision_process``, ``_add_loss_network``). Private names may change between releases, so
+this module offers the same three steps through public API:
+
+* :func:`amp_level_config` - the per-level defaults documented for ``build_train_network``
+  (``keep_batchnorm_fp32``, ``cast_model_type``, ``loss_scale_manager``), a fresh loss-scale manager per call;
+* :func:`apply_amp_level` - the network cast for a level, with public ``mindspore.amp.auto_mixed_precision``
+  (``O2`` keeps the black-list cells such as BatchNorm in float32, ``O3`` casts everything);
+* :func:`with_loss` - the loss network, casting the backbone's output (and the label) to float32 before the
+  loss when the backbone runs in float16/bfloat16.
+
+``use_private=True`` (default ``None``: automatic) selects the private helpers where the installed
+MindSpore still has them with the expected signature, so results are identical to upstream's
+``build_train_network``; ``False`` forces the public path.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.amp import DynamicLossScaleManager, auto_mixed_precision
+
+__all__ = ["AMP_LEVELS", "amp_level_config", "apply_amp_level", "has_private_amp", "with_loss"]
+
+AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
+_LOW = (ms.float16, ms.bfloat16)
+
+
+def _private_amp() -> Optional[Any]:
+    """``mindspore.train.amp`` when it has the three private helpers with the expected arguments, else None."""
+    try:
+        from mindspore.train import amp as private  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - a MindSpore without mindspore.train.amp
+        return None
+    expected = {"_auto_mixed_precision_process": ["network", "config", "level"],
+                "_add_loss_network": ["network", "loss_fn", "cast_model_type"]}
+    for name, params in expected.items():
+        func = getattr(private, name, None)
+        if func is None or list(inspect.signature(func).parameters) != params:
+            return None
+    table = getattr(private, "_config_level", None)
+    if not isinstance(table, dict) or not set(AMP_LEVELS) <= set(table):
+        return None
+    return private
+
+
+def has_private_amp() -> bool:
+    """Whether the installed MindSpore has the private ``mindspore.train.amp`` helpers ms_boost can use."""
+    return _private_amp() is not None
+
+
+def _check_level(level: str) -> None:
+    if not isinstance(level, str) or level not in AMP_LEVELS:
+        raise ValueError(f"amp_level={level!r} is not allowed; allowed: {list(AMP_LEVELS)}.")
+
+
+def _select(use_private: Optional[bool]):
+    private = _private_amp()
+    if use_private and private is None:
+        raise RuntimeError(f"MindSpore {ms.__version__} lacks the private mindspore.train.amp helpers "
+                           "(_config_level, _auto_mixed_precision_process, _add_loss_network); use_private=False "
+                           "uses the public API.")
+    return private if use_private is not False else None
+
+
+def amp_level_config(level: str) -> dict:
+    """Defaults of an amp level, as ``build_train_network`` documents them.
+
+    Args:
+        level: ``O0``, ``O1``, ``O2``, ``O3`` or ``auto``.
+
+    Returns:
+        ``{"keep_batchnorm_fp32": bool, "cast_model_type": dtype, "loss_scale_manager": manager or None}``;
+        ``O2`` gets a new ``DynamicLossScaleManager()`` on every call (never shared between networks).
+    """
+    _check_level(level)
+    low = level in ("O2", "O3")
+    return {"keep_batchnorm_fp32": level == "O2",
+            "cast_model_type": ms.float16 if low else ms.float32,
+            "loss_scale_manager": DynamicLossScaleManager() if level == "O2" else None}
+
+
+def apply_amp_level(network: nn.Cell, config: dict, level: str, use_private: Optional[bool] = None) -> nn.Cell:
+    """Cast ``network`` for an amp level, as ``build_train_network`` does.
+
+    Args:
+        network: the backbone (or loss network).
+        config: :func:`amp_level_config` of ``level``, possibly with user overrides.
+        level: the amp level.
+        use_private: see the module docstring.
+
+    Returns:
+        The processed network (may be a new cell).
+    """
+    _check_level(level)
+    private = _select(use_private)
+    if private is not None:
+        return private._auto_mixed_precision_process(network, config, level)  # pylint: disable=protected-access
+    cast = config["cast_model_type"]
+    if cast == ms.float16 or (level == "O2" and not config["keep_batchnorm_fp32"]):
+        return auto_mixed_precision(network, "O2" if config["keep_batchnorm_fp32"] else "O3")
+    if cast == ms.float32 and level in ("O2", "O3"):
+        return network  # cast_model_type=float32 overrides the level: stays float32
+    return auto_mixed_precision(network, level)
+
+
+class _Float32LossCell(nn.Cell):
+    """Loss on a low-precision backbone: output and label cast to float32 before the loss."""
+
+    def __init__(self, backbone: nn.Cell, loss_fn: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self._backbone = backbone
+        self._loss_fn = loss_fn
+
+    def construct(self, data, label):
+        out = ops.cast(self._backbone(data), ms.float32)
+        if label.dtype in (ms.float16, ms.bfloat16):
+            label = ops.cast(label, ms.float32)
+        return self._loss_fn(out, label)
+
+
+def with_loss(network: nn.Cell, loss_fn: nn.Cell, cast_model_type, use_private: Optional[bool] = None) -> nn.Cell:
+    """Loss network on top of ``network``, as ``build_train_network`` adds it.
+
+    Args:
+        network: the (amp-processed) backbone.
+        loss_fn: the loss cell.
+        cast_model_type: the level's ``cast_model_type``.
+        use_private: see the module docstring.
+
+    Returns:
+        ``nn.WithLossCell`` for a float32 backbone; for a float16/bfloat16 one (or one processed at amp level
+        O2/O3/auto) a loss cell computing ``loss_fn(float32(backbone(x)), label)``.
+    """
+    if not isinstance(loss_fn, nn.Cell):
+        raise TypeError(f"loss_fn must be a mindspore.nn.Cell, got {type(loss_fn).__name__}.")
+    private = _select(use_private)
+    if private is not None:
+        return private._add_loss_network(network, loss_fn, cast_model_type)  # pylint: disable=protected-access
+    if cast_model_type in _LOW or getattr(network, "_amp_level", None) in ("O2", "O3", "auto"):
+        return _Float32LossCell(network, loss_fn)
+    return nn.WithLossCell(network, loss_fn)

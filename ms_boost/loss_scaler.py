@@ -1,0 +1,148 @@
+"""One loss-scaler interface for the train cell: fixed, dynamic (an update cell) and per-group scales.
+
+A :class:`LossScaler` is a Cell called as ``scaler(scale, grads) -> (grads, overflow)``: it divides the
+gradients by the scale that produced them, decides whether the step overflowed on any rank, and updates
+its scale(s). ``scale`` is the train cell's ``scale_sense`` Parameter (the sensitivity of the backward
+pass). The train cell skips the update when ``overflow`` is True.
+
+* :class:`FixedLossScaler` -- ``g / S``; overflow = some gradient on some rank is not finite.
+* :class:`DynamicLossScaler` -- as fixed, then MindSpore's update cell (``DynamicLossScaleUpdateCell``,
+  ``FixedLossScaleUpdateCell``) updates ``S`` and returns the overflow flag.
+* :class:`GroupLossScaler` -- a :class:`~ms_boost.loss_scale.GroupLossScaleManager`: per-group scales
+  applied inside the network (``S = 1`` here), unscaled and updated per group.
+
+:func:`make_loss_scaler` picks one from what the user passed as ``scale_sense``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence, Tuple
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from ms_boost import comm
+from ms_boost.loss_scale import GroupLossScaleManager
+
+__all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler"]
+
+# Per-tensor steps mapped over tuples with HyperMap: a Python loop in ``construct`` unrolls into one call
+# per tensor, which exceeds Graph mode's call-depth limit on deep networks (ResNet-101 has ~300 tensors).
+_non_finite = ops.MultitypeFuncGraph("non_finite")
+_scale_by = ops.MultitypeFuncGraph("scale_by")
+
+
+@_non_finite.register("Tensor")
+def _non_finite_tensor(g):
+    return ops.cast(ops.logical_not(ops.isfinite(g).all()), ms.float32)
+
+
+@_scale_by.register("Tensor", "Tensor")
+def _scale_tensor(factor, g):
+    return g * ops.cast(factor, g.dtype)
+
+
+_hyper_map = ops.HyperMap()
+
+
+def non_finite_count(grads) -> Tensor:
+    """Number of gradients holding an inf or NaN (a float32 scalar)."""
+    return ops.addn(_hyper_map(_non_finite, grads))
+
+
+class LossScaler(nn.Cell):
+    """Base: ``construct(scale, grads) -> (grads, overflow)``.
+
+    Attributes:
+        initial_scale: the value the train cell's ``scale_sense`` starts at.
+    """
+
+    initial_scale: float = 1.0
+
+    def state_parameters(self) -> Sequence[Parameter]:
+        """The scaler's own Parameters (not restored by the overflow snapshot: a back-off must stick)."""
+        return ()
+
+
+class FixedLossScaler(LossScaler):
+    """Divide by ``scale / optimizer_loss_scale``; overflow when any gradient on any rank is not finite.
+
+    Args:
+        value: the loss scale ``S`` (> 0, finite).
+        optimizer_loss_scale: the share of ``S`` an optimizer built with ``loss_scale=S`` divides by
+            itself (MindSpore's convention with ``FixedLossScaleManager(S, drop_overflow_update=False)``).
+    """
+
+    def __init__(self, value: float, optimizer_loss_scale: float = 1.0):
+        super().__init__(auto_prefix=False)
+        self.initial_scale = float(value)
+        self.optimizer_loss_scale = float(optimizer_loss_scale)
+        self.overflow_reduce = comm.AllReduce("sum")  # non-finite gradients, summed over the ranks
+
+    def unscale(self, scale, grads) -> Tuple[Any, Tensor]:
+        inv = ops.reciprocal(scale) * self.optimizer_loss_scale
+        grads = _hyper_map(ops.partial(_scale_by, inv), grads)
+        overflow = self.overflow_reduce(ops.reshape(non_finite_count(grads), (1,)))[0] > 0.5
+        return grads, overflow
+
+    def construct(self, scale, grads):
+        return self.unscale(scale, grads)
+
+
+class DynamicLossScaler(FixedLossScaler):
+    """:class:`FixedLossScaler`, then ``update_cell(scale, overflow)`` updates the scale in place."""
+
+    def __init__(self, update_cell: nn.Cell, optimizer_loss_scale: float = 1.0):
+        super().__init__(float(update_cell.get_loss_scale()), optimizer_loss_scale)
+        self.update_cell = update_cell
+
+    def construct(self, scale, grads):
+        grads, overflow = self.unscale(scale, grads)
+        overflow = self.update_cell(scale, overflow)
+        return grads, overflow
+
+
+class GroupLossScaler(LossScaler):
+    """Per-group scales of a :class:`~ms_boost.loss_scale.GroupLossScaleManager` (the train cell's scale is 1)."""
+
+    def __init__(self, manager: GroupLossScaleManager, weights):
+        super().__init__(auto_prefix=False)
+        self.manager = manager.bind(weights)  # learns the order of the gradients
+
+    def state_parameters(self) -> Sequence[Parameter]:
+        return tuple(self.manager.get_parameters())
+
+    def construct(self, scale, grads):
+        return self.manager.unscale_and_update(grads)
+
+
+def make_loss_scaler(scale_sense: Any, weights, optimizer_loss_scale: float = 1.0) -> LossScaler:
+    """The scaler for what the user passed as ``scale_sense``.
+
+    Args:
+        scale_sense: a :class:`GroupLossScaleManager`, a loss-scale update Cell (``manager.get_update_cell()``),
+            a Tensor holding one value, or a positive number.
+        weights: the parameters in gradient order (a group manager needs them).
+        optimizer_loss_scale: see :class:`FixedLossScaler`.
+
+    Raises:
+        TypeError: ``scale_sense`` is none of these.
+        ValueError: the scale is not a positive finite number, or the Tensor holds more than one value.
+    """
+    if isinstance(scale_sense, GroupLossScaleManager):
+        return GroupLossScaler(scale_sense, weights)
+    if isinstance(scale_sense, nn.Cell):
+        scaler = DynamicLossScaler(scale_sense, optimizer_loss_scale)
+    elif isinstance(scale_sense, Tensor):
+        arr = scale_sense.asnumpy()
+        if arr.size != 1:
+            raise ValueError(f"scale_sense must hold one value (shape () or (1,)), got shape {arr.shape}.")
+        scaler = FixedLossScaler(float(arr.reshape(())), optimizer_loss_scale)
+    elif isinstance(scale_sense, (int, float)) and not isinstance(scale_sense, bool):
+        scaler = FixedLossScaler(float(scale_sense), optimizer_loss_scale)
+    else:
+        raise TypeError("scale_sense must be a loss-scale update Cell, a Tensor, a number or a "
+                        f"GroupLossScaleManager, got {type(scale_sense).__name__}.")
+    if not np.isfinite(scaler.initial_scale) or scaler.initial_scale <= 0:
+        raise ValueError(f"scale_sense must be a positive finite loss scale, got {scaler.initial_scale}.")
+    return scaler

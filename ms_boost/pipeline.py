@@ -1,0 +1,112 @@
+"""The pipeline: one ordered list of enabled algorithm specs -> rewrites, reducer, update stages, summary.
+
+Everything the train cell runs and everything :meth:`AutoBoost.summary` says is derived here from the
+same list (``boost.enabled_specs()``, sorted by :attr:`AlgorithmSpec.order`), so the description cannot
+drift from what is built. The functions take the resolved :class:`~ms_boost.config.AutoBoost` (duck:
+``enabled_specs()``, ``section(name)``, ``common``, ``level``); this module imports no algorithm.
+
+Chain built by :func:`build_update` (lower order wraps higher)::
+
+    stage(order 30) -> stage(order 40) -> ... -> apply (the spec's ``apply`` or OptimizerUpdate)
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+from mindspore import nn
+
+from ms_boost import comm
+from ms_boost.spec import REDUCTION_ORDER, AlgorithmSpec, BuildContext
+from ms_boost.topology import Topology
+from ms_boost.update import OptimizerUpdate
+
+__all__ = ["build_context", "rewrite_train", "rewrite_eval", "build_reducer", "build_update", "describe_steps"]
+
+
+def build_context(boost, topology: Optional[Topology] = None) -> BuildContext:
+    """The :class:`BuildContext` of ``boost`` (the topology of this process when None)."""
+    if topology is None:
+        topology = Topology.current(boost.common.device_number)
+    return BuildContext(common=boost.common, topology=topology, level=boost.level)
+
+
+def _single(specs: List[AlgorithmSpec], hook: str) -> Optional[AlgorithmSpec]:
+    found = [s for s in specs if getattr(s, hook) is not None]
+    if len(found) > 1:
+        raise ValueError(f"boost: {[s.name for s in found]} each provide a '{hook}' hook; at most one enabled "
+                         f"algorithm may (switch one off).")
+    return found[0] if found else None
+
+
+def rewrite_train(boost, network: nn.Cell, optimizer, ctx: Optional[BuildContext] = None) -> Tuple[nn.Cell, Any]:
+    """Apply every enabled spec's ``rewrite_train`` in order; returns ``(network, optimizer)``."""
+    ctx = build_context(boost) if ctx is None else ctx
+    for spec in boost.enabled_specs():
+        if spec.rewrite_train is not None:
+            network, optimizer = spec.rewrite_train(network, optimizer, boost.section(spec.name), ctx)
+    return network, optimizer
+
+
+def rewrite_eval(boost, network: nn.Cell, ctx: Optional[BuildContext] = None) -> nn.Cell:
+    """Apply every enabled spec's ``rewrite_eval`` in order."""
+    ctx = build_context(boost) if ctx is None else ctx
+    for spec in boost.enabled_specs():
+        if spec.rewrite_eval is not None:
+            network = spec.rewrite_eval(network, boost.section(spec.name), ctx)
+    return network
+
+
+def build_reducer(boost, weights, ctx: BuildContext) -> comm.GradReducer:
+    """The data-parallel gradient reducer: an enabled spec's ``reducer`` (data-parallel runs only), else
+    the mean over ``topology.degree`` ranks (identity in stand-alone mode or on one rank)."""
+    topology = ctx.topology
+    spec = _single(boost.enabled_specs(), "reducer")
+    if topology.data_parallel and spec is not None:
+        return spec.reducer(weights, boost.section(spec.name), ctx)
+    return comm.GradReducer(weights, topology.mean, topology.degree, None, enabled=topology.data_parallel)
+
+
+def build_update(boost, network: nn.Cell, optimizer, weights, ctx: BuildContext) -> nn.Cell:
+    """Compose the update stages of the enabled specs around the apply stage; returns the outermost."""
+    specs = boost.enabled_specs()
+    weights = tuple(weights)
+    applier = _single(specs, "apply")
+    if applier is not None:
+        stage = applier.apply(network, optimizer, weights, boost.section(applier.name), ctx)
+    else:
+        stage = OptimizerUpdate(optimizer)
+    for spec in reversed(specs):
+        if spec.stage is not None:
+            built = spec.stage(stage, weights, boost.section(spec.name), ctx)
+            if built is not None:
+                stage = built
+    return stage
+
+
+def _default_reduction(topology: Topology) -> str:
+    if topology.size == 1:
+        return "no gradient reduction (1 rank)"
+    return f"mean all-reduce across {topology.size} ranks (data parallel)"
+
+
+def describe_steps(boost, topology: Topology) -> str:
+    """The summary's pipeline line: the steps of the enabled specs in order, the reduction, the apply step."""
+    ctx = BuildContext(common=boost.common, topology=topology, level=boost.level)
+    specs = boost.enabled_specs()
+    reducer = _single(specs, "reducer")
+    steps = []
+    reduction_done = False
+    for spec in specs:
+        if not reduction_done and reducer is None and spec.order > REDUCTION_ORDER:
+            steps.append(_default_reduction(topology))
+            reduction_done = True
+        if spec.describe is not None:
+            text = spec.describe(boost.section(spec.name), ctx)
+            if text:
+                steps.append(text)
+                reduction_done = reduction_done or spec is reducer
+    if not reduction_done and reducer is None:
+        steps.append(_default_reduction(topology))
+    apply_texts = [s.apply_text for s in specs if s.apply_text]
+    steps.append(apply_texts[-1] if apply_texts else "optimizer")
+    return " -> ".join(steps)

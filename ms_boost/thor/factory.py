@@ -1,0 +1,33 @@
+"""The upstream-style THOR factory :func:`thor` (``mindspore.nn.thor`` signature)."""
+from __future__ import annotations
+
+from mindspore import nn
+
+from ms_boost.thor.convert import ConvertNetUtils
+from ms_boost.thor.optimizer import THOR, _default_decay_filter
+
+__all__ = ["thor"]
+
+
+def thor(net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
+         use_nesterov=False, decay_filter=_default_decay_filter, split_indices=None, enable_clip_grad=False,
+         frequency=100, *, factor_decay: float = 0.0, block_size: int = 128) -> THOR:
+    r"""Build the THOR optimizer for ``net`` (upstream ``mindspore.nn.thor`` signature).
+
+    ``net`` is **not** modified: its Dense / Conv2d / Embedding layers are converted on a copy of the
+    cells that contain them (:meth:`ConvertNetUtils.convert_to_thor_net`), which shares every Parameter
+    with ``net`` -- training the copy trains ``net``'s weights. Train the copy: ``opt.thor_network``, or
+    let :meth:`ConvertModelUtils.convert_to_thor_model` put it in the Model.
+
+    Args:
+        net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
+            decay_filter, split_indices, enable_clip_grad, frequency: see :class:`THOR`.
+        factor_decay: running-average decay of the factors in [0, 1) (0: latest capture only).
+        block_size: diagonal block size of the factor inverses.
+
+    Returns:
+        The :class:`THOR` optimizer; ``opt.thor_network`` is the converted network.
+    """
+    converted = ConvertNetUtils().convert_to_thor_net(net, factor_decay=factor_decay)
+    return THOR(converted, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
+                decay_filter, split_indices, enable_clip_grad, frequency, block_size=block_size)

@@ -1,0 +1,132 @@
+"""Arrows point one way: no import cycle inside ms_boost, no ms_boost import hidden inside a function,
+and config.py / the communication and validation layers import no algorithm module.
+
+The graph is read from the source with ``ast`` (no module is executed): an edge ``a -> b`` for every
+``import ms_boost.b`` / ``from ms_boost.b import ...`` / ``from ms_boost import b`` in ``a``.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ms_boost"
+ALGORITHMS = ("ms_boost.adasum", "ms_boost.dim_reduce", "ms_boost.thor", "ms_boost.grad_freeze",
+              "ms_boost.grad_accumulation", "ms_boost.less_bn", "ms_boost.loss_scale", "ms_boost.grad_process")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported(node, known) -> list:
+    """ms_boost modules an Import/ImportFrom node imports (``from pkg import sub`` counts sub if a module)."""
+    out = []
+    if isinstance(node, ast.Import):
+        out = [a.name for a in node.names if a.name.startswith("ms_boost")]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("ms_boost"):
+        for alias in node.names:
+            sub = f"{node.module}.{alias.name}"
+            out.append(sub if sub in known else node.module)
+    return [m for m in out if m in known]
+
+
+def graph():
+    return _graph(PACKAGE)
+
+
+@functools.cache
+def _graph(package):
+    del package  # cache key: the tree parsed
+    known = modules()
+    edges, hidden = {}, []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        edges[name] = set()
+        for node in tree.body:  # module level (also inside if/try at module level)
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    break
+                edges[name].update(imported(sub, known))
+        for func in ast.walk(tree):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for sub in ast.walk(func):
+                    if imported(sub, known):
+                        edges[name].update(imported(sub, known))  # a cycle hidden in a function is a cycle
+                        hidden.append(f"{name}.{func.name} imports {imported(sub, known)}")
+    # a package's submodule import runs the package's __init__ first: that is not an edge back
+    for name in edges:
+        edges[name].discard(name)
+    return edges, hidden
+
+
+def find_cycle(edges):
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def ancestors_of(edges, start):
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_no_import_cycle_in_ms_boost():
+    edges, _ = graph()
+    assert "ms_boost.config" in edges and len(edges) > 30  # the parser sees the package
+    cycle = find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_cycle_detector_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_ms_boost_import_inside_functions():
+    _, hidden = graph()
+    assert hidden == []
+
+
+def test_bottom_layers_import_no_algorithm():
+    edges, _ = graph()
+    for bottom in ("ms_boost.comm", "ms_boost.validation", "ms_boost.topology", "ms_boost.sections",
+                   "ms_boost.spec", "ms_boost.update", "ms_boost.pipeline"):
+        reached = ancestors_of(edges, bottom)
+        assert not [m for m in reached if m.startswith(ALGORITHMS)], (bottom, sorted(reached))
+    direct = edges["ms_boost.config"]
+    assert not [m for m in direct if m.startswith(ALGORITHMS)], sorted(direct)
+    # algorithms never reach up to the face or the train cells
+    for name in edges:
+        if name.startswith(ALGORITHMS):
+            up = {"ms_boost.model", "ms_boost.train_cell", "ms_boost.config", "ms_boost.compat", "ms_boost"}
+            assert not (ancestors_of(edges, name) & up), (name, sorted(ancestors_of(edges, name) & up))

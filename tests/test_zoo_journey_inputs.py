@@ -1,0 +1,200 @@
+"""The journey's bad inputs and side roads (split from test_zoo_journey.py so pytest-xdist can run both files at
+once): a mid-epoch resume, ``resume_data: fast``, a diverging run, the divergence guard, a truncated JPEG, the
+metrics plot, and the recipe loader's limits. Same tiny runs as test_zoo_journey.py.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+from types import SimpleNamespace
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from model_zoo.resnet import plot_run
+from model_zoo.resnet.src.config import MAX_NODES, load_yaml, parse_config
+from model_zoo.resnet.src.data_check import check_images
+from model_zoo.resnet.src.run_state import MANIFEST_KEY, GuardedCheckpoint, read_manifest
+from tests.test_zoo_journey import CONFIGS, ROOT, assert_same_state, run, small, state
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("journey_inputs_cache")
+
+
+def test_resume_mid_epoch_is_exact_and_fast_data_mode_is_not(cache_dir, tmp_path):
+    recipe = "resnet50_imagenet_boost_o1.yaml"
+    run(recipe, small(cache_dir, tmp_path / "a") + ["--save_checkpoint_steps", "1", "--keep_checkpoint_max", "9"])
+    middle = tmp_path / "a" / "checkpoint" / "resnet-2_1.ckpt"
+    resumed = run(recipe, small(cache_dir, tmp_path / "b") + ["--resume", str(middle), "--save_checkpoint_steps", "1"])
+    assert len(resumed["losses"]) == 1 and "(global 4/4)" in resumed["stdout"]
+    assert_same_state(tmp_path / "a" / "checkpoint" / "resnet-2_2.ckpt", tmp_path / "b" / "checkpoint" /
+                      "resnet-2_2.ckpt")
+    # fast data recovery skips the pipeline instead of replaying it: other augmentations, other weights
+    run(recipe, small(cache_dir, tmp_path / "c") + ["--resume", str(middle), "--resume_data", "fast",
+                                                     "--summary_dir", str(tmp_path / "summary")])
+    assert list((tmp_path / "summary" / "rank_0").glob("events.out.events.summary.*"))  # SummaryCollector on
+    assert not (tmp_path / "summary" / "rank_0" / "ckpt_dir").exists()  # no unguarded landscape checkpoints
+    with pytest.raises(AssertionError):
+        assert_same_state(tmp_path / "a" / "checkpoint" / "resnet-2_2.ckpt",
+                          tmp_path / "c" / "checkpoint" / "resnet-2_2.ckpt")
+    with pytest.raises(ValueError, match="raise --epoch_size"):
+        run(recipe, small(cache_dir, tmp_path / "d") + ["--resume", str(tmp_path / "a")])
+    with pytest.raises(ValueError, match="neither a checkpoint file nor a run folder"):
+        run(recipe, small(cache_dir, tmp_path / "d") + ["--resume", str(tmp_path / "missing")])
+
+
+def test_diverging_run_exits_1_naming_step_and_parameter_and_keeps_only_finite_checkpoints(cache_dir, tmp_path):
+    """lr_max 300 with a dynamic loss scale: the loss stays finite while BatchNorm statistics turn inf."""
+    args = small(cache_dir, tmp_path, epochs=4) + ["--lr_max", "300", "--save_checkpoint_steps", "1",
+                                                     "--keep_checkpoint_max", "3", "--amp_level", "O0",
+                                                     "--loss_scale_type", "dynamic"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
+    proc = subprocess.run([sys.executable, str(ROOT / "model_zoo" / "resnet" / "train.py"), "--config",
+                           str(CONFIGS / "resnet50_imagenet_momentum.yaml"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    message = proc.stderr.strip().splitlines()[-1]
+    assert message.startswith("train.py: error: training diverged: at step ")
+    assert "non-finite values: first " in message and "last good checkpoint is" in message
+    step = int(message.split("at step ")[1].split(" ")[0])
+    files = sorted((tmp_path / "checkpoint").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    assert 1 <= len(files) <= 3
+    assert str(files[-1]) in message  # the newest file is the last good one
+    assert read_manifest(files[-1])["global_step"] == step - 1
+    for path in files:
+        for name, value in state(path).items():
+            assert np.isfinite(value).all(), (path.name, name)
+
+
+class _Params(SimpleNamespace):
+    pass
+
+
+class _Context:
+    def __init__(self, params):
+        self.params, self.stopped = params, False
+
+    def original_args(self):
+        return self.params
+
+    def request_stop(self):
+        self.stopped = True
+
+
+def test_guard_names_first_non_finite_statistic_writes_nothing_and_never_rotates_out_last_good(tmp_path):
+    net = nn.SequentialCell([nn.Dense(3, 4), nn.BatchNorm1d(4)])
+    guard = GuardedCheckpoint(None, str(tmp_path), "resnet", save_steps=1, keep_max=2, check_steps=0,
+                              steps_per_epoch=2, manifest={"recipe": "r"})
+    params = _Params(train_network=net, cur_step_num=0)
+    context = _Context(params)
+    for step in (1, 2, 3):
+        params.cur_step_num = step
+        guard.on_train_step_end(context)
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["resnet-1_2.ckpt", "resnet-2_1.ckpt"]  # rotated
+    assert json.loads(ms.load_checkpoint(str(tmp_path / "resnet-2_1.ckpt"))[MANIFEST_KEY])["global_step"] == 3
+    stat = next(p for p in net.get_parameters() if p.name.endswith("moving_variance"))
+    value = stat.asnumpy()
+    value[2] = np.inf
+    stat.set_data(ms.Tensor(value))
+    params.cur_step_num = 4
+    guard.on_train_step_end(context)
+    assert context.stopped
+    assert "at step 4 (epoch 2, step 2)" in guard.failure and f"first {stat.name} (1 of 4" in guard.failure
+    assert "resnet-2_1.ckpt" in guard.failure
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["resnet-1_2.ckpt", "resnet-2_1.ckpt"]
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
+
+
+def test_truncated_jpeg_is_listed_before_training(cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("MS_BOOST_CACHE", str(tmp_path / "stamps"))
+    with redirect_stdout(io.StringIO()):
+        run("resnet50_imagenet_momentum.yaml", small(cache_dir, tmp_path / "warm", epochs=1) +
+            ["--save_checkpoint", "false", "--steps_per_epoch", "1"])  # renders the set; its check passes
+    source = next(p for p in cache_dir.iterdir() if p.is_dir())
+    root = tmp_path / "data"
+    shutil.copytree(source, root)
+    assert check_images(root / "train", "auto") == 40
+    assert check_images(root / "train", "auto") is None  # remembered: same file list
+    victim = sorted((root / "train").rglob("*.jpg"))[7] if list((root / "train").rglob("*.jpg")) else \
+        sorted((root / "train").rglob("*.JPEG"))[7]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"1 of 40 images under .*cannot be decoded.*\n  {victim}: "):
+        run("resnet50_imagenet_momentum.yaml", small(cache_dir, tmp_path / "bad", epochs=1) +
+            ["--data_path", str(root)])
+    with pytest.raises(ValueError, match="check_data='sometimes' is not allowed"):
+        check_images(root / "train", "sometimes")
+    assert check_images(root / "train", "never") is None
+
+
+def test_metrics_file_and_plot_render_png(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    records = [{"kind": "step", "step": s, "epoch": (s - 1) // 2 + 1, "loss": 2.3 - 0.1 * s, "lr": 0.1 / s,
+                "loss_scale": 1024.0, "step_time": 0.2} for s in range(1, 5)]
+    records += [{"kind": "epoch", "epoch": 1, "step": 2, "loss": 2.15, "epoch_time": 0.4},
+                {"kind": "eval", "epoch": 2, "step": 4, "top_1_accuracy": 0.3, "top_5_accuracy": 0.7}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"kind": "step", "step": 1, "loss": 2.0, "lr": 0.1, "loss_scale": None}) + "\n")
+    out = tmp_path / "plots" / "curves.png"
+    with redirect_stdout(io.StringIO()):
+        assert plot_run.main([str(run_dir), str(other), "-o", str(out), "--labels", "a,b"]) == out
+    png = out.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    from PIL import Image
+
+    with Image.open(out) as image:
+        pixels = np.asarray(image.convert("L"))
+    assert pixels.std() > 10  # something was drawn
+    with pytest.raises(ValueError, match="does not exist"):
+        plot_run.plot_runs([str(tmp_path / "nothing")], str(out))
+    with pytest.raises(SystemExit):
+        plot_run.main([str(tmp_path / "nothing"), "-o", str(out)])
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "step", "step": 1, "loss": 1.0}) + "\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"pip install ms_boost\[bench\]"):
+        plot_run.plot_runs([str(tmp_path)], str(tmp_path / "x.png"))
+
+
+def test_recipe_loader_rejects_duplicates_bad_utf8_and_alias_bombs(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("lr: 0.1\nsection:\n  a: 1\n  b: 2\n  a: 3\n")
+    with pytest.raises(ValueError, match=r"dup.yaml.*key 'a' is given twice \(lines 3 and 5\)"):
+        load_yaml(dup)
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(ValueError, match=r"latin1.yaml.*not UTF-8.*byte 9"):
+        load_yaml(bad)
+    bomb = tmp_path / "bomb.yaml"
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, "
+              f"*a{i - 1}, *a{i - 1}, *a{i - 1}]" for i in range(1, 8)]
+    bomb.write_text("\n".join(lines) + "\n")
+    assert bomb.stat().st_size < 600
+    with pytest.raises(ValueError, match=f"more than {MAX_NODES} values") as err:
+        load_yaml(bomb)
+    assert len(str(err.value)) < 400
+    base = tmp_path / "base.yaml"
+    base.write_text("base: [" + ", ".join(["1"] * 5000) + "]\n")
+    with pytest.raises(ValueError, match="'base' must be a file name") as err:
+        load_yaml(base)
+    assert len(str(err.value)) < 400
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("lr: 0.1\n")
+    with pytest.raises(ValueError, match="expected a float") as err:
+        parse_config(["--lr", "x" * 100_000], ok)
+    assert len(str(err.value)) < 400
