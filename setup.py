@@ -24,8 +24,9 @@ setup(
         "pillow",
     ],
     extras_require={
-        # plots: model_zoo.resnet.plot_run (training curves)
-        "bench": ["matplotlib"],
+        # plots: model_zoo.resnet.plot_run (training curves), `python -m bench` figures;
+        # the THOR sweep fits with scikit-learn
+        "bench": ["matplotlib", "scikit-learn"],
         "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib"],
     },
     license="Apache-2.0",
