@@ -11,6 +11,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_boost.dim_reduce import DimReduce, DimReduceUpdate, build_dim_reduce_update, prepare_pca_matrix
 from ms_boost.dim_reduce.pca import parameter_specs
+from ms_boost.sections import DimReduceConfig
 from tests.helpers.nets import learnable_data, make_net
 
 HP = {"rho": 0.55, "gamma": 0.9, "alpha": 0.01, "sigma": 0.4}
@@ -315,11 +316,11 @@ def test_builder_from_config_sections(tmp_path, mode):
     loss_net, weights = mlp()
     folder = str(tmp_path / "ckpt")
     _save_trajectory(folder, weights, 5)
-    cfg = types.SimpleNamespace(rho=0.5, gamma=0.8, alpha=0.002, sigma=0.3, n_components=3,
-                                pca_mat_path=str(tmp_path / "p.npy"), weight_load_dir=folder, timeout=60,
-                                max_search_time=3)
+    cfg = DimReduceConfig(rho=0.5, gamma=0.8, alpha=0.002, sigma=0.3, n_components=3,
+                          pca_mat_path=str(tmp_path / "p.npy"), weight_load_dir=folder, timeout=60,
+                          max_search_time=3, carry_search=True)
     stage = build_dim_reduce_update(loss_net, weights, cfg, types.SimpleNamespace(device_number=8))
-    assert stage.pca_rows.shape == (3, 53) and len(stage.trial_steps) == 3
+    assert stage.pca_rows.shape == (3, 53) and len(stage.trial_steps) == 3 and stage.carry_search
     x, y = mlp_data()
     before = float(loss_net(Tensor(x), Tensor(y)).asnumpy())
     step = TrainStep(loss_net, weights, stage)

@@ -105,11 +105,9 @@ class DimReduceUpdate(nn.Cell):
                  max_search_time: int = 2, rank: Optional[int] = None, rank_size: Optional[int] = None,
                  curvature_eps: float = 1e-20, carry_search: bool = False):
         super().__init__(auto_prefix=False)
-        if not isinstance(carry_search, bool):
-            raise ValueError(f"dim_reduce.carry_search={carry_search!r} must be true or false.")
-        self.carry_search = carry_search
         cfg = DimReduceConfig(rho=rho, gamma=gamma, alpha=alpha, sigma=sigma, n_components=n_components,
-                              max_search_time=max_search_time)  # the one rule for each value
+                              max_search_time=max_search_time, carry_search=carry_search)  # one rule per value
+        self.carry_search = cfg.carry_search
         self.rho, self.gamma, self.sigma, self.alpha = cfg.rho, cfg.gamma, cfg.sigma, cfg.alpha
         self.curvature_eps = float(curvature_eps)
         self.network = network
@@ -329,4 +327,4 @@ def build_dim_reduce_update(network: nn.Cell, weights, dim_cfg, common_cfg=None)
     return DimReduceUpdate(network, weights, rows, dim_cfg.n_components, rho=dim_cfg.rho, gamma=dim_cfg.gamma,
                            alpha=dim_cfg.alpha, sigma=dim_cfg.sigma,
                            max_search_time=dim_cfg.max_search_time,
-                           carry_search=getattr(dim_cfg, "carry_search", False))
+                           carry_search=dim_cfg.carry_search)
