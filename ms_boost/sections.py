@@ -198,6 +198,8 @@ class DimReduceConfig(Section):
         weight_load_dir: folder of stage-1 weight checkpoints.
         timeout: seconds a rank waits for the PCA matrix before a clear error.
         max_search_time: line-search trials per step (ms_boost addition; upstream hard-codes 2), <= 64.
+        carry_search: start each line search where the previous one stopped (ms_boost addition, off by default:
+            upstream restarts at step 1 every time, so a failed search repeats forever; see docs/dim_reduce.md).
     """
 
     rho: float = 0.55
@@ -209,6 +211,7 @@ class DimReduceConfig(Section):
     weight_load_dir: Optional[str] = None
     timeout: int = 1800
     max_search_time: int = 2
+    carry_search: bool = False
 
     SECTION: ClassVar[str] = "dim_reduce"
     ALIASES: ClassVar[Dict[str, str]] = {"n_component": "n_components"}
@@ -222,6 +225,7 @@ class DimReduceConfig(Section):
         "weight_load_dir": check_optional_path,
         "timeout": _int(low=1),
         "max_search_time": _int(low=1, high=64),
+        "carry_search": check_bool,
     }
 
 
