@@ -15,7 +15,8 @@ setup(
     packages=find_packages(include=["ms_boost", "ms_boost.*", "model_zoo", "model_zoo.*"]),
     package_data={"model_zoo": ["resnet/configs/*.yaml"]},
     install_requires=[
-        "mindspore>=2.7",
+        # measured with scripts/version_matrix.sh, see docs/compatibility.md
+        "mindspore>=2.9,<2.11",
         # MindSpore 2.10's PyNative scalar ops raise "compiled using NumPy 1.x" under numpy 2
         "numpy>=1.22,<2",
         "scipy",
@@ -23,8 +24,9 @@ setup(
         "pillow",
     ],
     extras_require={
-        # plots: model_zoo.resnet.plot_run (training curves)
-        "bench": ["matplotlib"],
+        # plots: model_zoo.resnet.plot_run (training curves), `python -m bench` figures;
+        # the THOR sweep fits with scikit-learn
+        "bench": ["matplotlib", "scikit-learn"],
         "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib"],
     },
     license="Apache-2.0",

@@ -55,13 +55,29 @@ def update_section(name: str, payload: dict, markdown: str) -> None:
     sections = sorted(k for k in data if k != "environment")
     sections = [k for k in sections if k == "pca"] + [k for k in sections if k != "pca"]
     parts += [data[s]["markdown"] + "\n" for s in sections]
-    if "environment" in data:
-        parts.append(f"Environment: `{json.dumps(data['environment'], sort_keys=True)}`")
+    try:
+        from bench.common import page_footer
+
+        parts += page_footer("python bench/bench_pca.py; python bench/bench_dim_reduce.py [--quick]; "
+                             "python bench/bench_dim_reduce.py --step_only [--mode pynative]")
+    except ImportError:
+        pass
+    parts.append("![DimReduce vs SGD continuation](dim_reduce_e2e_short_seed0_accuracy.png)"
+                 if (RESULTS / "dim_reduce_e2e_short_seed0_accuracy.png").exists() else "")
+    parts.append("![PCA time and memory](pca_scaling.png)" if (RESULTS / "pca_scaling.png").exists() else "")
     for path, text in ((json_path, json.dumps(data, indent=2, sort_keys=True)),
                        (RESULTS / "dim_reduce.md", "\n".join(parts))):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text + "\n", encoding="utf-8")
         os.replace(tmp, path)
+
+
+def _section_runs(name: str) -> list:
+    """The runs already in a section of the result file (kept when only some widths are re-measured)."""
+    path = RESULTS / "dim_reduce.json"
+    if not path.exists():
+        return []
+    return json.loads(path.read_text(encoding="utf-8")).get(name, {}).get("data", {}).get("runs", [])
 
 
 def _build(args, seed):
@@ -109,9 +125,11 @@ def _saver(folder: Path, net, steps_per_epoch: int, save_from: int, saves_per_ep
         """The tutorial's weight callback: the network's parameters ``saves_per_epoch`` times an epoch from
         epoch ``save_from`` on (the tutorial: twice an epoch)."""
 
+        step = 0
+
         def on_train_step_end(self, run_context):
-            cb = run_context.original_args()
-            step = cb.cur_step_num
+            self.step += 1
+            step = self.step
             epoch = (step - 1) // steps_per_epoch + 1
             if epoch >= save_from and step % max(1, steps_per_epoch // saves_per_epoch) == 0:
                 ms.save_checkpoint(net, str(folder / f"resnet-{epoch}_{step}.ckpt"))
@@ -156,18 +174,27 @@ def run_seed(args, seed: int, work: Path) -> dict:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     saver = _saver(ckpt_dir, net, steps, args.save_from, args.saves_per_epoch)
-    model.train(args.epochs1, train_set(), callbacks=[saver], dataset_sink_mode=False)
-    stage1_seconds = time.perf_counter() - start
+    curve_stage1, eval_seconds = [], 0.0
+    data1 = train_set()
+    for _ in range(args.epochs1):  # one epoch at a time, validation accuracy after each (the curves)
+        model.train(1, data1, callbacks=[saver], dataset_sink_mode=False)
+        tick = time.perf_counter()
+        curve_stage1.append(model.eval(val_set(), dataset_sink_mode=False)["acc"])
+        eval_seconds += time.perf_counter() - tick
+    stage1_seconds = time.perf_counter() - start - eval_seconds
     stage1_weights = work / f"seed{seed}" / "stage1_end.ckpt"
     ms.save_checkpoint(net, str(stage1_weights))
-    acc_stage1 = model.eval(val_set(), dataset_sink_mode=False)["acc"]
+    acc_stage1 = curve_stage1[-1]
     num_ckpts = len(list(ckpt_dir.glob("*.ckpt")))
     print(f"seed {seed}: stage 1 {args.epochs1} epochs in {stage1_seconds:.0f} s, val acc {acc_stage1:.4f}, "
           f"{num_ckpts} weight checkpoints", flush=True)
 
     plain_timer = _step_timer()
-    model.train(args.epochs2, train_set(), callbacks=[plain_timer], dataset_sink_mode=False)
-    acc_plain = model.eval(val_set(), dataset_sink_mode=False)["acc"]
+    curve_plain = []
+    for _ in range(args.epochs2):
+        model.train(1, data1, callbacks=[plain_timer], dataset_sink_mode=False)
+        curve_plain.append(model.eval(val_set(), dataset_sink_mode=False)["acc"])
+    acc_plain = curve_plain[-1]
     print(f"seed {seed}: plain continued {args.epochs2} epochs, val acc {acc_plain:.4f}", flush=True)
 
     # ---- stage 2: the tutorial's call -----------------------------------------------------------------------
@@ -181,9 +208,15 @@ def run_seed(args, seed: int, work: Path) -> dict:
     model2 = Model(net2, loss_fn=loss_fn(), optimizer=nn.SGD(net2.trainable_params(), learning_rate=1),
                    metrics={"acc"}, boost_level="O1", boost_config_dict=boost_dict)
     dim_timer = _step_timer()
-    model2.train(args.epochs2, train_set(), callbacks=[dim_timer], dataset_sink_mode=False)
-    stage2_seconds = time.perf_counter() - start
-    acc_dim = model2.eval(val_set(), dataset_sink_mode=False)["acc"]
+    curve_dim, eval_seconds = [], 0.0
+    data2 = train_set()
+    for _ in range(args.epochs2):
+        model2.train(1, data2, callbacks=[dim_timer], dataset_sink_mode=False)
+        tick = time.perf_counter()
+        curve_dim.append(model2.eval(val_set(), dataset_sink_mode=False)["acc"])
+        eval_seconds += time.perf_counter() - tick
+    stage2_seconds = time.perf_counter() - start - eval_seconds
+    acc_dim = curve_dim[-1]
     print(f"seed {seed}: DimReduce {args.epochs2} epochs, val acc {acc_dim:.4f}", flush=True)
     weights = sum(int(p.size) for p in net2.trainable_params())
     return {"seed": seed, "weights": weights, "steps_per_epoch": steps, "checkpoints": num_ckpts,
@@ -191,7 +224,8 @@ def run_seed(args, seed: int, work: Path) -> dict:
             "stage1_seconds": stage1_seconds, "stage2_dim_reduce_seconds_incl_pca_and_compile": stage2_seconds,
             "step_seconds_plain": plain_timer.median(), "step_seconds_dim_reduce": dim_timer.median(),
             "loss_plain_last_epoch": statistics.mean(plain_timer.losses[-steps:]),
-            "loss_dim_reduce_last_epoch": statistics.mean(dim_timer.losses[-steps:])}
+            "loss_dim_reduce_last_epoch": statistics.mean(dim_timer.losses[-steps:]),
+            "curve_stage1": curve_stage1, "curve_plain": curve_plain, "curve_dim_reduce": curve_dim}
 
 
 def render(section: dict) -> str:
@@ -225,21 +259,23 @@ def render(section: dict) -> str:
 def step_benchmark(args) -> dict:
     """Interleaved step times: plain SGD train step vs DimReduce train step (random orthonormal P of k rows).
 
-    Both train cells come from ``ms_boost.build_train_network`` on copies of the same network; each repeat
-    times one plain step and one DimReduce step back to back, so machine load affects both alike. The
-    share of DimReduce steps whose line search accepted a step is reported (accepted at the first trial:
-    one extra forward pass; otherwise two).
+    The train cells come from ``ms_boost.build_train_network`` on copies of the same network; each repeat
+    times one plain step, one DimReduce step and one step of a second, identical plain cell (its ratio to
+    the first is the noise floor), back to back, so machine load affects them alike. The line search's
+    outcome of every DimReduce step is read from ``dim_reduce.step_size``: accepted at the first trial
+    (one extra forward pass), at the second (two), or not at all (two).
     """
     import numpy as np
     from mindspore import Tensor, nn
 
+    from bench.common import quartiles_of
     from ms_boost import build_train_network
     from ms_boost.dim_reduce import DimReduceUpdate
     from ms_boost.dim_reduce.pca import write_npy_atomic
 
     results = []
     for width in args.step_widths:
-        nets = [_build(argparse.Namespace(**{**vars(args), "width": width}), 0) for _ in range(2)]
+        nets = [_build(argparse.Namespace(**{**vars(args), "width": width}), 0) for _ in range(3)]
         size = sum(int(p.size) for p in nets[0].trainable_params())
         rng = np.random.default_rng(0)
         pca = np.linalg.qr(rng.standard_normal((size, args.k)).astype(np.float32))[0].T
@@ -252,31 +288,35 @@ def step_benchmark(args) -> dict:
                      "dim_reduce": {"n_component": args.k, "pca_mat_path": pca_path}}
             loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
             plain = build_train_network(nets[0], nn.SGD(nets[0].trainable_params(), 0.01), loss, level="O0")
+            twin = build_train_network(nets[2], nn.SGD(nets[2].trainable_params(), 0.01), loss, level="O0")
             dim = build_train_network(nets[1], nn.SGD(nets[1].trainable_params(), 1.0), loss, level="O0",
                                       boost_level="O1", boost_config_dict=boost)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        plain.set_train(True)
-        dim.set_train(True)
+        for cell in (plain, twin, dim):
+            cell.set_train(True)
         stage = [c for _, c in dim.cells_and_names() if isinstance(c, DimReduceUpdate)][0]
         x = Tensor(rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32))
         y = Tensor(rng.integers(0, args.classes, args.batch).astype(np.int32))
-        plain(x, y).asnumpy()
-        dim(x, y).asnumpy()  # compile both
-        t_plain, t_dim, accepted = [], [], 0
+        for cell in (plain, twin, dim):
+            cell(x, y).asnumpy()  # compile
+        t_plain, t_dim, t_twin, outcomes = [], [], [], []
         for _ in range(args.step_repeats):
-            start = time.perf_counter()
-            plain(x, y).asnumpy()
-            t_plain.append(time.perf_counter() - start)
-            before = stage.step_last.asnumpy().copy()
-            start = time.perf_counter()
-            dim(x, y).asnumpy()
-            t_dim.append(time.perf_counter() - start)
-            accepted += int(not np.array_equal(before, stage.step_last.asnumpy()))
+            for cell, times in ((plain, t_plain), (dim, t_dim), (twin, t_twin)):
+                start = time.perf_counter()
+                cell(x, y).asnumpy()
+                times.append(time.perf_counter() - start)
+            outcomes.append(float(stage.step_size.asnumpy()))
         ratios = [d / p for d, p in zip(t_dim, t_plain)]
+        noise = [t / p for t, p in zip(t_twin, t_plain)]
+        first = sum(abs(o - 1.0) < 1e-6 for o in outcomes)
+        none = sum(o == 0.0 for o in outcomes)
         results.append({"width": width, "weights": size, "k": args.k, "batch": args.batch,
                         "plain_ms": 1e3 * statistics.median(t_plain), "dim_reduce_ms": 1e3 * statistics.median(t_dim),
-                        "ratio_median": statistics.median(ratios), "accepted_fraction": accepted / args.step_repeats,
+                        "ratio_median": statistics.median(ratios), "ratio_quartiles": quartiles_of(ratios),
+                        "noise_ratio": statistics.median(noise), "noise_quartiles": quartiles_of(noise),
+                        "accepted_fraction": (len(outcomes) - none) / len(outcomes),
+                        "first_trial_fraction": first / len(outcomes), "none_fraction": none / len(outcomes),
                         "repeats": args.step_repeats, "mode": args.mode})
         print(json.dumps(results[-1]), flush=True)
     return {"runs": results}
@@ -284,17 +324,26 @@ def step_benchmark(args) -> dict:
 
 def render_steps(section: dict) -> str:
     lines = ["## Step time: DimReduce vs plain SGD", "",
-             "ResNet-18 at 32 px, one process, random orthonormal P; plain and DimReduce steps interleaved, "
-             "medians over the repeats (ratio = median of the per-repeat ratios).", "",
-             "| base width | weights | k | batch | mode | plain step | DimReduce step | ratio | line search accepted |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "ResNet-18 at 32 px, one process, random orthonormal P, the same batch every step; a plain step, a "
+             "DimReduce step and a second identical plain step interleaved in every repeat, medians over the "
+             "repeats (ratio = median of the per-repeat ratios, quartiles in brackets). *Noise floor*: the "
+             "twin plain step / the plain step.", "",
+             "| base width | weights | k | batch | mode | plain step | DimReduce step | ratio | noise floor "
+             "| accepted at trial 1 / trial 2 / none |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in section["runs"]:
+        q = r.get("ratio_quartiles") or [float("nan")] * 2
+        second = r["accepted_fraction"] - r.get("first_trial_fraction", float("nan"))
         lines.append(f"| {r['width']} | {r['weights']:,} | {r['k']} | {r['batch']} | {r['mode']} | "
-                     f"{r['plain_ms']:.0f} ms | {r['dim_reduce_ms']:.0f} ms | {r['ratio_median']:.2f}x | "
-                     f"{100 * r['accepted_fraction']:.0f}% |")
+                     f"{r['plain_ms']:.0f} ms | {r['dim_reduce_ms']:.0f} ms | **{r['ratio_median']:.2f}x** "
+                     f"[{q[0]:.2f}, {q[1]:.2f}] | {r.get('noise_ratio', float('nan')):.2f} | "
+                     f"{100 * r.get('first_trial_fraction', float('nan')):.0f}% / {100 * second:.0f}% / "
+                     f"{100 * r.get('none_fraction', float('nan')):.0f}% |")
     lines += ["", "A DimReduce step is one forward + backward, the projection `P grad` (k x M), the back-projection "
-              "(2 x M), the k x k BFGS algebra, weight copies, and 1 (accepted at once) or 2 extra forward passes "
-              "of the line search (`max_search_time` = 2)."]
+              "(2 x M), the k x k BFGS algebra, flat copies of the weights and BatchNorm statistics, and 1 "
+              "(accepted at once) or 2 extra forward passes of the line search (`max_search_time` = 2). Its floor is "
+              "therefore 1 + (trials x forward / step): a forward pass costs about 0.6 of a plain training step "
+              "here, so about 1.6x with one trial and 2.2x with two."]
     return "\n".join(lines)
 
 
@@ -318,7 +367,14 @@ def main() -> None:
     parser.add_argument("--step_only", action="store_true", help="only the interleaved step-time benchmark")
     parser.add_argument("--step_widths", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--step_repeats", type=int, default=30)
+    parser.add_argument("--quick", action="store_true",
+                        help="step-time only: width 16, 5 repeats; end to end: the short configuration")
     args = parser.parse_args()
+    if args.quick and args.step_only:
+        args.step_widths, args.step_repeats = [16], 5
+    elif args.quick:  # the short end-to-end configuration (section e2e_short)
+        args.classes, args.train_per_class, args.epochs1, args.epochs2 = 12, 40, 10, 2
+        args.save_from, args.saves_per_epoch, args.lr_max, args.section = 3, 5, 0.05, "e2e_short"
 
     import mindspore as ms
 
@@ -326,7 +382,11 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
     if args.step_only:
         steps = step_benchmark(args)
-        update_section("steps", steps, render_steps(steps))
+        section = "steps" if args.mode == "graph" else f"steps_{args.mode}"
+        old = _section_runs(section)
+        widths = {r["width"] for r in steps["runs"]}
+        steps["runs"] = sorted([r for r in old if r["width"] not in widths] + steps["runs"], key=lambda r: r["width"])
+        update_section(section, steps, render_steps(steps))
         print(render_steps(steps))
         return
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_dim_reduce_"))

@@ -7,7 +7,10 @@ medians over repeats:
 * ms_boost O1 / upstream mindspore.boost O1, with and without gradient centralization (``gc_flag``);
   a contender that fails to build or train is reported in the table with its error instead of a time
 
-Usage: python bench/bench_overhead.py [--repeats 9] [--steps 10] [--batch 8]
+The noise floor is the ratio of two identical contenders (``mindspore O0 (twin)`` / ``mindspore O0``)
+timed the same way.
+
+Usage: python bench/bench_overhead.py [--repeats 9] [--steps 10] [--batch 8] [--quick]
 Writes bench/results/overhead.{md,json}.
 """
 from __future__ import annotations
@@ -25,18 +28,28 @@ import mindspore.dataset as ds  # noqa: E402
 from mindspore import nn  # noqa: E402
 from mindspore.train import Model as MsModel  # noqa: E402
 
-from bench.common import BenchConvNet, environment, random_batches, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    BenchConvNet,
+    environment,
+    load_average,
+    page_footer,
+    quartiles_of,
+    random_batches,
+    write_results,
+)
 from ms_boost import Model as BoostModel  # noqa: E402
 
 CONTENDERS = {
     "mindspore O0": (MsModel, "O0", None),
+    "mindspore O0 (twin)": (MsModel, "O0", None),  # identical contender: the noise floor
     "ms_boost O0": (BoostModel, "O0", None),
     "upstream O1": (MsModel, "O1", None),
     "upstream O1 (gc off)": (MsModel, "O1", {"less_bn": {"gc_flag": False}}),
     "ms_boost O1": (BoostModel, "O1", None),
     "ms_boost O1 (gc off)": (BoostModel, "O1", {"less_bn": {"gc_flag": False}}),
 }
-RATIOS = [("ms_boost O0", "mindspore O0"), ("ms_boost O1", "upstream O1"),
+NOISE = ("mindspore O0 (twin)", "mindspore O0")
+RATIOS = [NOISE, ("ms_boost O0", "mindspore O0"), ("ms_boost O1", "upstream O1"),
           ("ms_boost O1 (gc off)", "upstream O1 (gc off)")]
 
 
@@ -88,28 +101,40 @@ def main():
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="3 repeats of 5 steps (a few minutes)")
+    parser.add_argument("--modes", default="pynative,graph")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.steps = 3, 5
     ms.set_device("CPU")
     payload = {"env": environment(), "args": vars(args), "modes": {}}
     lines = ["# Overhead: ms_boost.Model vs mindspore.train.Model and upstream mindspore.boost", "",
              f"Small ResNet-like conv net (BatchNorm), batch {args.batch}, 3x32x32, CPU, {args.steps} steps per "
              f"epoch, median of {args.repeats} interleaved repeats after one warm-up epoch. "
              f"MindSpore {ms.__version__}. Command: `python bench/bench_overhead.py`.", ""]
-    for mode_name in ("pynative", "graph"):
+    for mode_name in args.modes.split(","):
         medians, times, errors = run_mode(mode_name, args.repeats, args.steps, args.batch)
         # paired: each repeat's ratio (the two ran back to back, under the same load), median over repeats
         ratios = {f"{a} / {b}": statistics.median(x / y for x, y in zip(times[a], times[b]))
                   for a, b in RATIOS if a in medians and b in medians}
-        payload["modes"][mode_name] = {"median_step_s": medians, "times": times, "errors": errors, "ratios": ratios}
+        quartiles = {f"{a} / {b}": quartiles_of([x / y for x, y in zip(times[a], times[b])])
+                     for a, b in RATIOS if a in medians and b in medians}
+        payload["modes"][mode_name] = {"median_step_s": medians, "times": times, "errors": errors, "ratios": ratios,
+                                       "ratio_quartiles": quartiles}
         lines += [f"## {mode_name}", "", "| contender | median step (ms) |", "|---|---|"]
         for name in CONTENDERS:
             cell = f"{medians[name] * 1e3:.2f}" if name in medians else f"fails: `{errors.get(name, '?')}`"
             lines.append(f"| {name} | {cell} |")
-        lines += ["", "| ratio (median over repeats of the paired per-repeat ratio) | value |", "|---|---|"]
+        lines += ["", "| ratio (median over repeats of the paired per-repeat ratio) | value | quartiles |",
+                  "|---|---|---|"]
         for a, b in RATIOS:
             key = f"{a} / {b}"
-            lines.append(f"| {key} | {ratios[key]:.3f} |" if key in ratios else f"| {key} | n/a ({b} fails) |")
+            label = f"{key} (noise floor: identical contenders)" if (a, b) == NOISE else key
+            lines.append(f"| {label} | {ratios[key]:.3f} | {quartiles[key][0]:.3f} .. {quartiles[key][1]:.3f} |"
+                         if key in ratios else f"| {label} | n/a ({b} fails) | |")
         lines.append("")
+    lines += page_footer("python bench/bench_overhead.py" + (" --quick" if args.quick else ""))
+    payload["load"] = load_average()
     write_results("overhead", payload, "\n".join(lines))
     print("\n".join(lines))
 

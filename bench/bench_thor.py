@@ -127,8 +127,15 @@ def step_time(args, data) -> dict:
         _sync(thor_cell(x, y))
         (refresh if step % args.time_frequency == 0 else other).append(time.perf_counter() - start)
     t_m, t_r, t_o = (statistics.median(v) for v in (momentum, refresh, other))
+    f = args.time_frequency
+    thor_all = [None] * len(momentum)
+    r_iter, o_iter = iter(refresh), iter(other)
+    for step in range(1, len(momentum) + 1):
+        thor_all[step - 1] = next(r_iter) if step % f == 0 else next(o_iter)
+    cycles = [sum(thor_all[k:k + f]) / sum(momentum[k:k + f]) for k in range(0, len(momentum) - f + 1, f)]
     amortized = {f: t_o + (t_r - t_o) / f for f in args.frequency}
     return {"momentum_s": t_m, "thor_refresh_s": t_r, "thor_other_s": t_o, "amortized_s": amortized,
+            "paired_ratio": statistics.median(cycles) if cycles else float("nan"), "cycles": cycles,
             "ratio": {f: a / t_m for f, a in amortized.items()},
             "samples": {"momentum": momentum, "refresh": refresh, "other": other}}
 
@@ -163,23 +170,30 @@ def markdown(args, conv: dict, steps: dict, env: dict) -> str:
             model = f"{reached * r['steps_per_epoch'] * step:.1f} s" if reached and step else "-"
             accs = " ".join(f"{a:.2f}" for a in r["accuracy"])
             lines.append(f"| {kind} | {seed} | {epochs} | {t} | {model} | {r['compile_s']:.1f} s | {accs} |")
-    if steps is None:
+    if not steps:
         return "\n".join(lines + ["", f"Environment: `{env}`"])
-    lines += ["", "## Step time (fixed batch, Momentum and THOR steps alternating, medians)", "",
-              f"Momentum step {steps['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
-              f"{steps['thor_other_s'] * 1e3:.1f} ms ({steps['thor_other_s'] / steps['momentum_s']:.2f}x), refresh "
-              f"step {steps['thor_refresh_s'] * 1e3:.1f} ms ({steps['thor_refresh_s'] / steps['momentum_s']:.2f}x) "
-              f"({len(steps['samples']['other'])} and {len(steps['samples']['refresh'])} samples).", "",
-              "| THOR frequency | amortized THOR step | vs Momentum |", "|---|---|---|"]
-    for f, ratio in steps["ratio"].items():
-        lines.append(f"| {f} | {steps['amortized_s'][f] * 1e3:.1f} ms | {ratio:.2f}x |")
+    if "momentum_s" in steps:  # a results file written before the per-mode timing
+        steps = {"graph": steps}
+    for mode, st in steps.items():
+        lines += ["", f"## Step time, {mode} mode (fixed batch, Momentum and THOR steps alternating, medians)", "",
+                  f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
+                  f"{st['thor_other_s'] * 1e3:.1f} ms ({st['thor_other_s'] / st['momentum_s']:.2f}x), refresh "
+                  f"step {st['thor_refresh_s'] * 1e3:.1f} ms ({st['thor_refresh_s'] / st['momentum_s']:.2f}x) "
+                  f"({len(st['samples']['other'])} and {len(st['samples']['refresh'])} samples; paired median ratio "
+                  f"per refresh cycle {st.get('paired_ratio', float('nan')):.2f}x at frequency {args.time_frequency}).",
+                  "", "| THOR frequency | amortized THOR step | vs Momentum |", "|---|---|---|"]
+        for f, ratio in st["ratio"].items():
+            lines.append(f"| {f} | {st['amortized_s'][f] * 1e3:.1f} ms | {ratio:.2f}x |")
     lines += ["", f"Environment: `{env}`"]
     return "\n".join(lines)
 
 
 def _step_seconds(kind: str, steps) -> float:
-    """Median step time of ``kind`` from the step-time measurement (amortized for THOR's frequency)."""
+    """Median step time of ``kind`` from the Graph-mode step-time measurement (amortized for THOR's frequency)."""
     if not steps:
+        return 0.0
+    steps = steps.get("graph", steps) if "momentum_s" not in steps else steps
+    if "momentum_s" not in steps:
         return 0.0
     if kind == "momentum":
         return steps["momentum_s"]
@@ -207,6 +221,7 @@ def main(argv=None) -> None:
                         help="frequencies whose amortized step time is reported")
     parser.add_argument("--time_frequency", type=int, default=10, help="THOR frequency while timing steps")
     parser.add_argument("--timed_steps", type=int, default=60)
+    parser.add_argument("--modes", nargs="+", default=["graph", "pynative"], help="execution modes timed")
     parser.add_argument("--skip_convergence", action="store_true")
     parser.add_argument("--skip_step_time", action="store_true")
     parser.add_argument("--kinds", nargs="*", default=None, help="e.g. momentum thor_10 (default: both)")
@@ -226,9 +241,14 @@ def main(argv=None) -> None:
     if not args.skip_convergence:
         for kind in args.kinds or ("momentum", f"thor_{args.conv_frequency}"):
             conv[kind] = {seed: convergence(kind, args, seed, data) for seed in args.seeds}
-    steps = None if args.skip_step_time else step_time(args, data)
-    if steps:
-        print({f"thor_{k}": f"{v:.2f}x" for k, v in steps["ratio"].items()})
+    steps = None
+    if not args.skip_step_time:
+        steps = {}
+        for mode in args.modes:
+            ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+            steps[mode] = step_time(args, data)
+            print(mode, {f"thor_{k}": f"{v:.2f}x" for k, v in steps[mode]["ratio"].items()}, flush=True)
+        ms.set_context(mode=ms.GRAPH_MODE)
     if args.no_write:
         return
     env = environment()

@@ -57,9 +57,56 @@ def median_time(fn, repeats: int) -> tuple:
     return statistics.median(times), times
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError, AttributeError):
+        return float("nan")
+
+
 def environment() -> dict:
+    """Machine and versions, for the result pages."""
     return {"mindspore": ms.__version__, "numpy": np.__version__, "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "machine": platform.machine()}
+            "cpu_count": os.cpu_count(), "machine": platform.machine(), "cpu_model": _cpu_model(),
+            "memory_gib": round(_memory_gib(), 1), "os": platform.platform(terse=True)}
+
+
+def load_average() -> list:
+    """1, 5 and 15 minute load averages (other jobs sharing the CPU)."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def quartiles_of(values) -> list:
+    """``[25th, 75th]`` percentiles (the spread of paired per-repeat ratios)."""
+    values = np.asarray(list(values), dtype=np.float64)
+    return [float(np.percentile(values, 25)), float(np.percentile(values, 75))] if values.size else []
+
+
+def page_footer(command: str, load_before: list = None) -> list:
+    """Markdown lines every result page ends with: machine, versions, load, how to reproduce."""
+    env = environment()
+    load = load_average()
+    lines = ["", "## Machine and reproduction", "",
+             f"- Machine: {env['cpu_count']} CPUs ({env['cpu_model']}), {env['memory_gib']} GiB, {env['os']}; "
+             f"shared with other jobs, so absolute times are indicative and only paired ratios are compared.",
+             f"- Versions: MindSpore {env['mindspore']}, numpy {env['numpy']}, Python {env['python']}.",
+             f"- Load average (1/5/15 min) when the page was written: {' / '.join(str(v) for v in load)}"
+             + (f"; at the start: {' / '.join(str(v) for v in load_before)}" if load_before else "") + ".",
+             f"- Reproduce: `{command}` (or `python -m bench` for every page)."]
+    return lines
 
 
 def write_results(name: str, payload: dict, markdown: str) -> None:

@@ -12,12 +12,16 @@ this module offers the same three steps through public API:
 * :func:`with_loss` - the loss network, casting the backbone's output (and the label) to float32 before the
   loss when the backbone runs in float16/bfloat16.
 
+Also :func:`cells_compile_cache`: MindSpore's registry of per-cell compile caches, which moved from
+``mindspore.common.api`` (2.7.x) to ``mindspore.graph.api`` (2.10); ``ms_boost.thor.convert`` needs it.
+
 ``use_private=True`` (default ``None``: automatic) selects the private helpers where the installed
 MindSpore still has them with the expected signature, so results are identical to upstream's
 ``build_train_network``; ``False`` forces the public path.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Optional
 
@@ -25,7 +29,8 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.amp import DynamicLossScaleManager, auto_mixed_precision
 
-__all__ = ["AMP_LEVELS", "amp_level_config", "apply_amp_level", "has_private_amp", "with_loss"]
+__all__ = ["AMP_LEVELS", "amp_level_config", "apply_amp_level", "cells_compile_cache", "has_private_amp",
+           "with_loss"]
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _LOW = (ms.float16, ms.bfloat16)
@@ -145,3 +150,19 @@ def with_loss(network: nn.Cell, loss_fn: nn.Cell, cast_model_type, use_private: 
     if cast_model_type in _LOW or getattr(network, "_amp_level", None) in ("O2", "O3", "auto"):
         return _Float32LossCell(network, loss_fn)
     return nn.WithLossCell(network, loss_fn)
+
+
+def cells_compile_cache() -> Optional[dict]:
+    """MindSpore's ``id(cell) -> compile cache`` registry (``cells_compile_cache``), or None if absent.
+
+    Looked up in ``mindspore.graph.api`` (MindSpore 2.10), then ``mindspore.common.api`` (2.7.x).
+    """
+    for module in ("mindspore.graph.api", "mindspore.common.api"):
+        try:
+            api = importlib.import_module(module)
+        except ImportError:
+            continue
+        registry = getattr(api, "cells_compile_cache", None)
+        if isinstance(registry, dict):
+            return registry
+    return None

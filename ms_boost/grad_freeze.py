@@ -27,8 +27,10 @@ the backward pass.
 from __future__ import annotations
 
 import logging
+import os
 from typing import List, Optional, Sequence
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -43,7 +45,7 @@ from ms_boost.topology import Topology
 logger = logging.getLogger("ms_boost")
 
 __all__ = [
-    "CONTINUOUS_STRATEGY", "INTERVAL_STRATEGY", "freeze_schedule", "partition_parameters",
+    "CONTINUOUS_STRATEGY", "INTERVAL_STRATEGY", "FreezeSchedule", "freeze_schedule", "partition_parameters",
     "FreezeOpt", "GradientFreeze", "freeze_cell", "apply_grad_freeze",
 ]
 
@@ -74,9 +76,94 @@ def _check_probability(name: str, value) -> float:
 # --------------------------------------------------------------------------------------------------
 # schedule
 # --------------------------------------------------------------------------------------------------
+#: Upper bound of ``total_steps`` (int64, as ``GradFreezeConfig``); the lazy schedule needs no memory for it.
+MAX_TOTAL_STEPS = 2 ** 63 - 1
+#: Entries of the schedule table FreezeOpt keeps on the device for Graph mode (4 MB of int32).
+DEVICE_TABLE_MAX = 2 ** 20
+
+
+class FreezeSchedule:
+    r"""A freezing schedule computed lazily from its seeded description (O(groups) memory).
+
+    ``schedule[t]`` is the number of leading groups frozen at step ``t`` (see :func:`freeze_schedule`
+    for the definition); :meth:`values` gives a block of steps at once. Nothing of size ``total_steps``
+    is ever built, so ``total_steps`` may be as large as int64 allows.
+
+    How the interval schedule (``freeze_type=1``) is evaluated at any ``t`` without the steps before it:
+
+    * step ``t >= 1`` freezes iff :math:`f_t < q t` with :math:`q = 1 - p` and :math:`f_t` the number of
+      freezing steps among ``1 .. t-1``; by induction :math:`f_t = \lceil q (t-1) \rceil` (in float64, as
+      the step-by-step rule computes it);
+    * the ``j``-th freezing step (``j = f_t``) takes the ``j``-th draw of
+      ``default_rng(seed).choice(levels, p=...)``, i.e. the ``j``-th uniform of PCG64(seed) mapped through
+      the cumulative level probabilities; PCG64 jumps to draw ``j`` in O(log j) (``advance``).
+
+    Args:
+        param_groups, freeze_type, freeze_p, total_steps, seed: as :func:`freeze_schedule`.
+    """
+
+    BLOCK = 4096
+
+    def __init__(self, param_groups: int, freeze_type: int, freeze_p: float, total_steps: int, seed: int = 0):
+        self.groups = _check_int("param_groups", param_groups, 1)
+        self.kind = _check_int("freeze_type", freeze_type, 0, 1)
+        self.p = _check_probability("freeze_p", freeze_p)
+        self.total_steps = _check_int("total_steps", total_steps, 1, MAX_TOTAL_STEPS)
+        self.seed = _check_int("seed", seed, 0)
+        self.trivial = self.groups == 1 or self.p == 1.0
+        if not self.trivial and self.kind == CONTINUOUS_STRATEGY:
+            zeros = int(round(self.p * (self.groups - 1) / (1.0 - self.p)))
+            self.pattern = np.array([0] * zeros + list(range(1, self.groups)), np.int32)
+        self.levels = np.arange(1, self.groups)
+        weights = (self.groups - self.levels).astype(np.float64)
+        cdf = (weights / weights.sum()).cumsum() if self.groups > 1 else np.ones(1)
+        self.cdf = cdf / cdf[-1]
+        self._block = (-1, None)
+
+    def __len__(self) -> int:
+        return self.total_steps
+
+    def __getitem__(self, t: int) -> int:
+        t = int(t)
+        if not 0 <= t < self.total_steps:
+            raise IndexError(f"step {t} outside the schedule of {self.total_steps} steps")
+        first, block = self._block
+        if block is None or not first <= t < first + self.BLOCK:
+            first = t - t % self.BLOCK
+            block = self.values(first, min(self.BLOCK, self.total_steps - first))
+            self._block = (first, block)
+        return int(block[t - first])
+
+    def values(self, start: int, count: int) -> np.ndarray:
+        """``int32`` entries ``start .. start + count - 1`` (within ``[0, total_steps)``)."""
+        if count < 0 or start < 0 or start + count > self.total_steps:
+            raise IndexError(f"steps [{start}, {start + count}) outside the schedule of {self.total_steps} steps")
+        t = np.arange(start, start + count, dtype=np.int64)
+        out = np.zeros(count, np.int32)
+        if self.trivial or count == 0:
+            return out
+        if self.kind == CONTINUOUS_STRATEGY:
+            out[:] = self.pattern[t % len(self.pattern)]
+        else:
+            q = 1.0 - self.p
+            before = np.ceil(q * (t - 1).astype(np.float64))  # freezing steps among 1 .. t-1
+            freezing = (t >= 1) & (before < q * t.astype(np.float64))
+            if freezing.any():
+                draws = before[freezing].astype(np.int64)
+                first = int(draws[0])
+                generator = np.random.PCG64(self.seed)
+                generator.advance(first)
+                uniform = np.random.Generator(generator).random(int(draws[-1]) - first + 1)
+                out[freezing] = self.levels[self.cdf.searchsorted(uniform[draws - first], side="right")]
+        if start + count == self.total_steps:
+            out[-1] = 0
+        return out
+
+
 def freeze_schedule(param_groups: int, freeze_type: int, freeze_p: float, total_steps: int,
                     seed: int = 0) -> np.ndarray:
-    r"""Number of leading parameter groups frozen at each step.
+    r"""Number of leading parameter groups frozen at each step, as an array (see :class:`FreezeSchedule`
+    for the lazy form that training uses).
 
     With ``G = param_groups`` and ``p = freeze_p``, entry ``t`` is ``s_t`` in ``[0, G-1]``:
 
@@ -94,7 +181,7 @@ def freeze_schedule(param_groups: int, freeze_type: int, freeze_p: float, total_
         param_groups: ``G >= 1``.
         freeze_type: 0 or 1.
         freeze_p: share of steps training every group, in ``[0, 1]``.
-        total_steps: length of the schedule, ``>= 1``.
+        total_steps: length of the schedule, ``1 <= total_steps <= 2**63 - 1``.
         seed: seed of the random schedule (``freeze_type=1``).
 
     Returns:
@@ -104,31 +191,25 @@ def freeze_schedule(param_groups: int, freeze_type: int, freeze_p: float, total_
         TypeError: an argument of the wrong type.
         ValueError: an argument out of range.
     """
-    groups = _check_int("param_groups", param_groups, 1)
-    kind = _check_int("freeze_type", freeze_type, 0, 1)
-    p = _check_probability("freeze_p", freeze_p)
-    steps = _check_int("total_steps", total_steps, 1)
-    seed = _check_int("seed", seed, 0)
-    schedule = np.zeros(steps, np.int32)
-    if groups == 1 or p == 1.0:
-        return schedule
-    if kind == CONTINUOUS_STRATEGY:
-        zeros = int(round(p * (groups - 1) / (1.0 - p)))
-        period = np.array([0] * zeros + list(range(1, groups)), np.int32)
-        schedule = np.resize(period, steps).astype(np.int32)
-    else:
-        levels = np.arange(1, groups)
-        weights = (groups - levels).astype(np.float64)
-        freezing = np.zeros(steps, bool)
-        frozen = 0
-        for t in range(1, steps):
-            if frozen < (1.0 - p) * t:  # share frozen so far, frozen / t, below 1 - p
-                freezing[t] = True
-                frozen += 1
-        rng = np.random.default_rng(seed)
-        schedule[freezing] = rng.choice(levels, size=int(freezing.sum()), p=weights / weights.sum())
-    schedule[-1] = 0
-    return schedule
+    schedule = FreezeSchedule(param_groups, freeze_type, freeze_p, total_steps, seed)
+    return schedule.values(0, schedule.total_steps)
+
+
+class _ArraySchedule:
+    """An explicit schedule (FreezeOpt's ``train_strategy`` list), with :class:`FreezeSchedule`'s interface."""
+
+    def __init__(self, values: np.ndarray):
+        self.array = values
+        self.total_steps = len(values)
+
+    def __len__(self) -> int:
+        return self.total_steps
+
+    def __getitem__(self, t: int) -> int:
+        return int(self.array[t])
+
+    def values(self, start: int, count: int) -> np.ndarray:
+        return self.array[start:start + count]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -230,14 +311,21 @@ class FreezeOpt(nn.Cell):
         train_parameter_groups: list of parameter sets (lists of Parameters, or of parameter-group dicts as
             upstream passes them); ``train_strategy[t]`` names the set trained at step ``t``. Sets may
             overlap. None: one set holding every parameter.
-        train_strategy: per-step index into ``train_parameter_groups`` (list, tuple, numpy array or 1-D int32
-            Tensor), used cyclically. None: ``0, 1, ..., len(train_parameter_groups)-1`` cyclically.
+        train_strategy: per-step index into ``train_parameter_groups`` (list, tuple, numpy array, 1-D int32
+            Tensor or a lazy :class:`FreezeSchedule`, as :class:`GradientFreeze` passes;
+            Graph mode at most ``DEVICE_TABLE_MAX`` steps), used cyclically. None: ``0, 1, ...,
+            len(train_parameter_groups)-1`` cyclically.
+
+    PyNative mode selects the groups on the host (one read of :attr:`global_step` per step, see
+    :meth:`host_step`); Graph mode selects them on the device from the table :attr:`train_strategy`.
 
     Attributes:
         parameters: every parameter of ``opt``, in ``opt``'s order (the gradients' order).
         learning_rate: the learning rate Parameter (fixed learning rate; assigning it changes every inner
             optimizer's rate), or the first inner optimizer's learning rate (dynamic or per-group rates).
         global_step: the step counter (int32 Parameter of shape (1,)), also the position in the schedule.
+        schedule: the schedule (``schedule[t]``, ``len(schedule)``), lazy when a :class:`FreezeSchedule`.
+        train_strategy: int32 Tensor, the schedule's first ``min(len(schedule), DEVICE_TABLE_MAX)`` entries.
         loss_scale: ``opt``'s static ``loss_scale`` (every inner optimizer divides the gradients by it).
         opts: the inner optimizers, one per set of parameters always trained together.
 
@@ -291,8 +379,12 @@ class FreezeOpt(nn.Cell):
         self._mask = np.array([[member[a[0], j] for a in atoms] for j in range(len(sets))], bool)
         self.train_mask = Tensor(self._mask)
         self.group_atoms = tuple(tuple(int(a) for a in np.flatnonzero(row)) for row in self._mask)
-        self.train_strategy = Tensor(strategy, mstype.int32)
+        self.schedule = strategy
         self.period = len(strategy)
+        # Graph mode selects on the device from this table: the whole schedule, or its first
+        # DEVICE_TABLE_MAX steps (then only PyNative mode, which selects on the host, can run it).
+        self.table_complete = self.period <= DEVICE_TABLE_MAX
+        self.train_strategy = Tensor(strategy.values(0, min(self.period, DEVICE_TABLE_MAX)), mstype.int32)
         self.groups_num = len(sets)
         self.n_atoms = len(atoms)
 
@@ -328,12 +420,19 @@ class FreezeOpt(nn.Cell):
             self.learning_rate = inners[0].learning_rate
             self.atom_lrs = ()
         self._inners = tuple(inners)
+        self._set_steps = {}  # train set -> its compiled PyNative step (_SetStep), built on first use
 
     # -- construction helpers --------------------------------------------------------------------
     @staticmethod
-    def _strategy(train_strategy, n_sets: int) -> np.ndarray:
+    def _strategy(train_strategy, n_sets: int):
+        """The schedule as an object with ``total_steps``, ``[t]`` and ``values(start, count)``."""
         if train_strategy is None:
-            return np.arange(n_sets, dtype=np.int32)
+            return _ArraySchedule(np.arange(n_sets, dtype=np.int32))
+        if isinstance(train_strategy, FreezeSchedule):
+            if train_strategy.groups > n_sets:
+                raise ValueError(f"FreezeOpt: the freeze schedule names up to {train_strategy.groups - 1} frozen "
+                                 f"groups; allowed: indices 0 <= i < {n_sets} of train_parameter_groups.")
+            return train_strategy
         if isinstance(train_strategy, Tensor):
             if train_strategy.ndim != 1 or train_strategy.dtype not in (mstype.int32, mstype.int64):
                 raise TypeError("FreezeOpt: a Tensor train_strategy must be 1-D with an integer dtype.")
@@ -343,15 +442,18 @@ class FreezeOpt(nn.Cell):
             if values.ndim != 1 or (values.size and not np.issubdtype(values.dtype, np.integer)):
                 raise TypeError("FreezeOpt: train_strategy must be a flat sequence of ints.")
         else:
-            raise TypeError(f"FreezeOpt: train_strategy must be None, a list/tuple/array of ints or a Tensor, got "
-                            f"{type(train_strategy).__name__}.")
+            raise TypeError(f"FreezeOpt: train_strategy must be None, a list/tuple/array of ints, a FreezeSchedule or "
+                            f"a Tensor, got {type(train_strategy).__name__}.")
         if values.size == 0:
             raise ValueError("FreezeOpt: train_strategy is empty.")
+        if values.size > MAX_TOTAL_STEPS:
+            raise ValueError(f"FreezeOpt: train_strategy has {values.size} entries; allowed: at most "
+                             f"{MAX_TOTAL_STEPS}.")
         bad = values[(values < 0) | (values >= n_sets)]
         if bad.size:
             raise ValueError(f"FreezeOpt: train_strategy holds {sorted(set(bad.tolist()))[:5]}; allowed: indices "
                              f"0 <= i < {n_sets} of train_parameter_groups.")
-        return values.astype(np.int32)
+        return _ArraySchedule(values.astype(np.int32))
 
     @staticmethod
     def _settings_by_parameter(inner) -> dict:
@@ -392,8 +494,7 @@ class FreezeOpt(nn.Cell):
 
     def trained_atoms(self, step: int) -> np.ndarray:
         """Which inner optimizers run at ``step`` (bool per element of :attr:`opts`); Python side."""
-        index = int(self.train_strategy.asnumpy()[step % self.period])
-        return self.train_mask.asnumpy()[index]
+        return self._mask[self.schedule[step % self.period]]
 
     def group_parameters(self, group: int) -> ParameterTuple:
         """The parameters of train group ``group`` in the order :meth:`apply_group` takes their gradients."""
@@ -419,7 +520,30 @@ class FreezeOpt(nn.Cell):
             start = start + count
         return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
 
+    def __call__(self, *args, **kwargs):
+        if ms.get_context("mode") == ms.GRAPH_MODE and os.getenv("MS_JIT") != "0":
+            if not self.table_complete:
+                raise ValueError(f"FreezeOpt: a schedule of {self.period} steps (grad_freeze.total_steps) runs only in "
+                                 f"PYNATIVE_MODE; GRAPH_MODE keeps the schedule on the device and allows at most "
+                                 f"{DEVICE_TABLE_MAX} steps.")
+            return super().__call__(*args, **kwargs)
+        return self.host_step(*args, **kwargs)
+
+    def host_step(self, gradients):
+        """PyNative step: the schedule position is read once (one host round trip per step, not one per
+        group), the trained groups are looked up on the host and only their optimizers are launched.
+
+        The position comes from :attr:`global_step` (a Parameter), so a loaded checkpoint resumes exactly.
+        """
+        step = self.global_step
+        index = self.schedule[int(step.asnumpy()[0]) % self.period]
+        if index not in self._set_steps:
+            self._set_steps[index] = _SetStep(self, index)
+        done = self._set_steps[index](step, *gradients)
+        return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
+
     def construct(self, gradients):
+        """Graph-mode step: the groups of this step selected on the device from :attr:`train_strategy`."""
         step = self.global_step
         row = self.train_mask[self.train_strategy[step % self.period]][0]
         done = step
@@ -427,6 +551,32 @@ class FreezeOpt(nn.Cell):
             if row[a]:
                 done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
         done = ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
+        return done
+
+
+class _SetStep(nn.Cell):
+    """The optimizers of one train set as one compiled function (``ms.jit``): in PyNative mode a step
+    launches one graph, not one per inner optimizer (with their learning-rate and step assignments)."""
+
+    def __init__(self, freeze_opt: FreezeOpt, index: int):
+        super().__init__(auto_prefix=False)
+        atoms = [a for a in range(freeze_opt.n_atoms) if freeze_opt._mask[index][a]]
+        self.opts = nn.CellList([freeze_opt.opts[a] for a in atoms], auto_prefix=False)
+        self.atom_steps = ParameterTuple([freeze_opt.atom_steps[a] for a in atoms])
+        self.sync_lr = freeze_opt.sync_lr
+        if self.sync_lr:
+            self.learning_rate = freeze_opt.learning_rate
+            self.atom_lrs = ParameterTuple([freeze_opt.atom_lrs[a] for a in atoms])
+        self.indices = tuple(freeze_opt.atom_indices[a] for a in atoms)
+
+    @ms.jit
+    def construct(self, step, *gradients):
+        done = step
+        for k in range(len(self.indices)):
+            if self.sync_lr:
+                done = ops.depend(done, ops.assign(self.atom_lrs[k], self.learning_rate))
+            done = ops.depend(done, ops.assign(self.atom_steps[k], step))
+            done = ops.depend(done, self.opts[k](_take(gradients, self.indices[k])))
         return done
 
 
@@ -570,9 +720,11 @@ class GradientFreeze:
         chunks = partition_parameters(ordered, groups, OptimizerProcess.build_params_dict(network))
         chunks[-1] = chunks[-1] + extra
         train_groups = [[p for chunk in chunks[i:] for p in chunk] for i in range(len(chunks))]
-        schedule = freeze_schedule(groups, self._freeze_type, self._freeze_p, self._total_steps, self._seed)
-        logger.info("grad_freeze: %d groups of %s parameters; %.1f%% of %d steps freeze some group",
-                    len(chunks), [len(c) for c in chunks], 100.0 * float(np.mean(schedule > 0)), len(schedule))
+        schedule = FreezeSchedule(groups, self._freeze_type, self._freeze_p, self._total_steps, self._seed)
+        head = schedule.values(0, min(len(schedule), 65536))
+        logger.info("grad_freeze: %d groups of %s parameters; %.1f%% of the first %d of %d steps freeze some group",
+                    len(chunks), [len(c) for c in chunks], 100.0 * float(np.mean(head > 0)), len(head),
+                    len(schedule))
         return network, FreezeOpt(optimizer, train_groups, schedule)
 
 

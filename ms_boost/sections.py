@@ -198,6 +198,8 @@ class DimReduceConfig(Section):
         weight_load_dir: folder of stage-1 weight checkpoints.
         timeout: seconds a rank waits for the PCA matrix before a clear error.
         max_search_time: line-search trials per step (ms_boost addition; upstream hard-codes 2), <= 64.
+        carry_search: start each line search where the previous one stopped (ms_boost addition, off by default:
+            upstream restarts at step 1 every time, so a failed search repeats forever; see docs/dim_reduce.md).
     """
 
     rho: float = 0.55
@@ -209,6 +211,7 @@ class DimReduceConfig(Section):
     weight_load_dir: Optional[str] = None
     timeout: int = 1800
     max_search_time: int = 2
+    carry_search: bool = False
 
     SECTION: ClassVar[str] = "dim_reduce"
     ALIASES: ClassVar[Dict[str, str]] = {"n_component": "n_components"}
@@ -222,6 +225,7 @@ class DimReduceConfig(Section):
         "weight_load_dir": check_optional_path,
         "timeout": _int(low=1),
         "max_search_time": _int(low=1, high=64),
+        "carry_search": check_bool,
     }
 
 
@@ -246,6 +250,7 @@ class ThorConfig(Section):
         use_nesterov: Nesterov momentum.
         split_indices: layer indices splitting the fused all-reduce of factors (0 is valid).
         enable_clip_grad: clip each preconditioned update tensor to norm 1.
+        kl_clip: trust-region bound c of the preconditioned step (None or 0: off); see docs/thor.md.
     """
 
     damping: Union[float, Tuple[float, ...]] = 0.03
@@ -257,6 +262,7 @@ class ThorConfig(Section):
     use_nesterov: bool = False
     split_indices: Optional[Tuple[int, ...]] = None
     enable_clip_grad: bool = False
+    kl_clip: Optional[float] = 1e-3
 
     SECTION: ClassVar[str] = "thor"
     RULES: ClassVar[Dict[str, Rule]] = {
@@ -269,4 +275,5 @@ class ThorConfig(Section):
         "use_nesterov": check_bool,
         "split_indices": _optional(lambda p, v: check_int_list(p, v, low=0)),
         "enable_clip_grad": check_bool,
+        "kl_clip": _optional(lambda p, v: check_float(p, v, low=0.0)),
     }

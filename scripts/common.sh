@@ -6,6 +6,10 @@
 #   PYTHON   interpreter to run (default: python3, or python when python3 is missing)
 #   MSRUN    msrun executable (default: msrun next to PYTHON, else on PATH)
 #   DRY_RUN  1 = print each device's command and environment instead of starting anything
+# Bounds on how long a rank waits for the others (see docs/model_zoo.md, "Stuck or dead ranks"):
+#   HCCL_CONNECT_TIMEOUT  Ascend: seconds to build the HCCL links (default here 600; CANN: 120..7200)
+#   HCCL_EXEC_TIMEOUT     Ascend: seconds a collective waits for the other devices (default here 1800)
+#   CLUSTER_TIME_OUT      msrun --cluster_time_out: seconds to wait for every process to join (default 600)
 
 set -euo pipefail
 
@@ -147,9 +151,10 @@ msrun_launch() {
     local target="$1" worker_num="$2" local_num="$3" node_rank="$4" master_addr="$5" master_port="$6"
     local run_dir="$7" config="$8" dataset="$9"
     local log_dir="${run_dir}/msrun_log"
+    collective_timeouts "${target}"
     local cmd=("${MSRUN}" "--worker_num=${worker_num}" "--local_worker_num=${local_num}"
                "--master_addr=${master_addr}" "--master_port=${master_port}" "--node_rank=${node_rank}"
-               "--log_dir=${log_dir}" "--join=True" "--cluster_time_out=600"
+               "--log_dir=${log_dir}" "--join=True" "--cluster_time_out=${CLUSTER_TIME_OUT}"
                "${TRAIN_PY}" --config "${config}" --data_path "${dataset}" --device_target "${target}"
                --run_distribute true --output_path "${run_dir}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
     local i rank
@@ -158,7 +163,7 @@ msrun_launch() {
             rank=$((node_rank * local_num + i))
             echo "rank ${rank}: RANK_ID=${rank} LOCAL_RANK=${i} RANK_SIZE=${worker_num} NODE_RANK=${node_rank}" \
                  "MS_SCHED_HOST=${master_addr} MS_SCHED_PORT=${master_port} DEVICE_TARGET=${target}" \
-                 "$(print_env CUDA_VISIBLE_DEVICES)"
+                 "$(print_env CUDA_VISIBLE_DEVICES) $(timeout_env "${target}")"
             echo "  cwd: ${run_dir}  log: ${log_dir}/worker_${rank}.log"
         done
         echo "cmd: $(quote_cmd "${cmd[@]}")"
@@ -167,6 +172,23 @@ msrun_launch() {
     mkdir -p "${run_dir}"
     echo "starting ${local_num} of ${worker_num} worker(s) on ${target} (node ${node_rank}); logs in ${log_dir}"
     (cd "${run_dir}" && "${cmd[@]}")
+}
+
+# collective_timeouts TARGET: export the bounds above that apply to TARGET (Ascend, GPU or CPU), validated.
+collective_timeouts() {
+    CLUSTER_TIME_OUT="${CLUSTER_TIME_OUT:-600}"
+    require_int CLUSTER_TIME_OUT "${CLUSTER_TIME_OUT}" 1
+    if [ "$1" = "Ascend" ]; then
+        export HCCL_CONNECT_TIMEOUT="${HCCL_CONNECT_TIMEOUT:-600}" HCCL_EXEC_TIMEOUT="${HCCL_EXEC_TIMEOUT:-1800}"
+        require_int HCCL_CONNECT_TIMEOUT "${HCCL_CONNECT_TIMEOUT}" 120
+        [ "${HCCL_CONNECT_TIMEOUT}" -le 7200 ] || die "HCCL_CONNECT_TIMEOUT must be <= 7200, got '${HCCL_CONNECT_TIMEOUT}'"
+        require_int HCCL_EXEC_TIMEOUT "${HCCL_EXEC_TIMEOUT}" 1
+    fi
+}
+
+# timeout_env TARGET: the "NAME=value" pairs collective_timeouts set for TARGET, for dry runs.
+timeout_env() {
+    if [ "$1" = "Ascend" ]; then print_env HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT; fi
 }
 
 # run_logged DIR LOG CMD...: run CMD in DIR, output to the terminal and to LOG; returns CMD's status.

@@ -15,6 +15,8 @@ Environment:
               script on every server with its SERVER_ID; default 0)
   RANK_SIZE   optional; when set it must equal the number of ranks in the table
   RUN_DIR     parent of the per-device folders (default ./train_parallel)
+  HCCL_CONNECT_TIMEOUT, HCCL_EXEC_TIMEOUT  bounds on HCCL link setup / a collective's wait, seconds
+              (default 600 / 1800; see scripts/common.sh)
 Each device d of this server runs in RUN_DIR/device<d> with DEVICE_ID and RANK_ID from the rank table,
 logging to RUN_DIR/device<d>/log.txt. The script waits for all of them and fails if any fails.
 USAGE
@@ -40,6 +42,7 @@ fi
 DEVICE_LINES="$("${PYTHON}" "${RANK_TABLE_TOOL}" devices "${RANK_TABLE_FILE}" --server_index "${SERVER_ID}")" \
     || die "SERVER_ID=${SERVER_ID} does not select a server of the rank table (see above)"
 export RANK_TABLE_FILE SERVER_ID
+collective_timeouts Ascend
 export RANK_SIZE="${TABLE_RANK_SIZE}"
 export DEVICE_NUM="$(wc -l <<<"${DEVICE_LINES}" | tr -d ' ')"
 RUN_DIR="$(abs_path "${RUN_DIR:-./train_parallel}")"
@@ -51,7 +54,8 @@ while read -r DEVICE_ID RANK_ID DEVICE_IP; do
     CMD=("${PYTHON}" "${TRAIN_PY}" --config "${CONFIG_PATH}" --data_path "${DATASET_PATH}" --device_target Ascend
          --run_distribute true --output_path "${DIR}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
     if [ "${DRY_RUN}" = "1" ]; then
-        echo "rank ${RANK_ID}: $(print_env DEVICE_ID RANK_ID RANK_SIZE DEVICE_NUM SERVER_ID RANK_TABLE_FILE) DEVICE_IP=${DEVICE_IP}"
+        echo "rank ${RANK_ID}: $(print_env DEVICE_ID RANK_ID RANK_SIZE DEVICE_NUM SERVER_ID RANK_TABLE_FILE) DEVICE_IP=${DEVICE_IP}" \
+             "$(timeout_env Ascend)"
         echo "  cwd: ${DIR}  log: ${DIR}/log.txt"
         echo "  cmd: $(quote_cmd "${CMD[@]}")"
         continue

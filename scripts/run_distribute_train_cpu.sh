@@ -10,7 +10,8 @@ Usage: bash scripts/run_distribute_train_cpu.sh WORKER_NUM DATASET_PATH [CONFIG_
   --dry-run      print every worker's command and environment, start nothing (also DRY_RUN=1)
   --key value    any config key, forwarded to train.py (e.g. --net_name resnet18 --steps_per_epoch 4)
 
-Environment: MASTER_PORT (default: random in 8200..8999), RUN_DIR (default ./train_parallel_cpu).
+Environment: MASTER_PORT (default: random in 8200..8999), RUN_DIR (default ./train_parallel_cpu),
+CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s).
 Logs: RUN_DIR/msrun_log/worker_<rank>.log; rank 0 writes the checkpoints under RUN_DIR.
 USAGE
 }

@@ -13,7 +13,7 @@ Usage: bash scripts/run_distribute_train_gpu.sh DEVICE_NUM DATASET_PATH [CONFIG_
   --key value    any config key, forwarded to train.py
 
 Environment: CUDA_VISIBLE_DEVICES (default 0..DEVICE_NUM-1), MASTER_PORT (msrun, default 8118),
-RUN_DIR (default ./train_parallel_gpu). Logs: RUN_DIR/msrun_log/worker_<rank>.log (msrun) or
+RUN_DIR (default ./train_parallel_gpu), CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s). Logs: RUN_DIR/msrun_log/worker_<rank>.log (msrun) or
 RUN_DIR/mpirun_log/1/rank.<rank>/stdout (mpirun).
 USAGE
 }

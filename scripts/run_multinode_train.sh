@@ -15,7 +15,8 @@ Usage: bash scripts/run_multinode_train.sh WORKER_NUM LOCAL_WORKER_NUM NODE_RANK
   --key value       any config key, forwarded to train.py
 
 Environment: DEVICE_TARGET (Ascend, GPU or CPU; default Ascend), MASTER_PORT (default 8118),
-RUN_DIR (default ./train_multinode). Ranks of node n are n*LOCAL_WORKER_NUM .. (n+1)*LOCAL_WORKER_NUM-1.
+RUN_DIR (default ./train_multinode), CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s),
+HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT (Ascend, default 600 / 1800 s). Ranks of node n are n*LOCAL_WORKER_NUM .. (n+1)*LOCAL_WORKER_NUM-1.
 With AdaSum (boost O2) set --boost_config_dict.common.device_number LOCAL_WORKER_NUM.
 USAGE
 }

@@ -260,3 +260,12 @@ def test_error_messages_are_bounded(tmp_path):
     with pytest.raises(ValueError) as info:
         AutoBoost("O1", {"boost": {"mode": "m" * 10 ** 6}})
     assert len(str(info.value)) < 1000
+
+
+def test_dim_reduce_carry_search_is_a_validated_key():
+    boost = AutoBoost("O0", {"boost": {"mode": "manual", "dim_reduce": True},
+                             "dim_reduce": {"carry_search": True}})
+    assert boost.dim_reduce.carry_search is True
+    assert AutoBoost("O0").dim_reduce.carry_search is False
+    with pytest.raises(TypeError, match="dim_reduce.carry_search"):
+        AutoBoost("O0", {"dim_reduce": {"carry_search": "yes"}})

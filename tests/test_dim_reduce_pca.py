@@ -164,3 +164,138 @@ def test_command_line(tmp_path):
     _assert_equal_up_to_sign(np.load(out, allow_pickle=False), _svd_components(rows, 3))
     proc = subprocess.run(cmd[:-3] + ["7", "--output", out], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "needs at least 8" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 12 item 7: stale temporaries, errors naming the path / option, the trainable-parameter manifest
+# ---------------------------------------------------------------------------------------------------------------
+ALGORITHM_STATE = {  # saved beside the weights by ms_boost's own algorithms and optimizers
+    "adasum_saved.bucket0": (4,), "dim_reduce.momentum.fc.weight": (3, 16), "dim_reduce.inv_hessian": (2, 2),
+    "thor_a_inverse.fc": (16, 16), "fc.matrix_a": (16, 16), "fc.thor_capture": (1,), "group_loss_scales": (2,),
+    "overflow_shadow.fc.weight": (3, 16), "moment1.fc.weight": (3, 16), "scale_sense": (1,),
+    "grad_accumulation.conv.weight": (4, 3, 2, 2), "accumulation_step": (1,),
+}
+
+
+def _save_with_state(folder, rows):
+    _save(folder, rows)
+    for i, path in enumerate(list_checkpoints(folder)):
+        items = [{"name": n, "data": v} for n, v in ms.load_checkpoint(path).items()]
+        items += [{"name": n, "data": Tensor(np.full(s, i + 0.5, np.float32))} for n, s in ALGORITHM_STATE.items()]
+        ms.save_checkpoint(items, path)
+    return folder
+
+
+def _spec_params():
+    return [ms.Parameter(Tensor(np.zeros(s, np.float32)), name=n) for n, s in SPECS]
+
+
+def test_manifest_selects_the_trainable_weights_and_the_default_exclude_covers_algorithm_state(tmp_path, capsys):
+    from ms_boost.dim_reduce.pca import MANIFEST_NAME, read_weight_manifest, write_weight_manifest
+
+    rows = _trajectory(6, seed=2)
+    folder = _save_with_state(str(tmp_path / "ckpt"), rows)
+    first = list_checkpoints(folder)[0]
+    assert infer_parameter_specs(first) == SPECS  # none of ALGORITHM_STATE is taken for a weight
+    assert len(infer_parameter_specs(first, exclude=r"^$")) == len(SPECS) + len(ALGORITHM_STATE) + 3
+    path = write_weight_manifest(_spec_params(), folder)
+    assert os.path.basename(path) == MANIFEST_NAME and read_weight_manifest(folder) == SPECS
+    assert not [f for f in os.listdir(folder) if f.endswith(".tmp")]
+    # the manifest beside the checkpoints wins over the regex, also for names the regex would keep
+    write_weight_manifest(_spec_params()[:3], folder)
+    got = compute_pca_matrix(folder, 2)
+    assert got.shape == (2, sum(int(np.prod(s)) for _, s in SPECS[:3]))
+    from ms_boost.dim_reduce.pca import main
+
+    base = ["--weight_load_dir", folder, "--n_components", "2", "--output", str(tmp_path / "pca.npy")]
+    assert main(base) == 0
+    assert f"3 parameters ({os.path.join(folder, MANIFEST_NAME)})" in capsys.readouterr().err
+    assert main(base + ["--exclude", r"^(?!conv\.weight$)"]) == 0  # the regex overrides the manifest
+    assert "1 parameters (--exclude '^(?!conv\\\\.weight$)')" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "ms_boost.dim_reduce.weights_manifest", "parameters": [{"name": "x", "shape": [-1]}]}')
+    with pytest.raises(ValueError, match=r"weights manifest '.*bad\.json': parameters\[0\]=.* must be"):
+        read_weight_manifest(str(bad))
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match=r"weights manifest '.*bad\.json' cannot be read"):
+        read_weight_manifest(str(bad))
+
+
+def test_bad_exclude_regex_is_an_error_naming_the_option(tmp_path, capsys):
+    folder = _save(str(tmp_path / "ckpt"), _trajectory(4))
+    with pytest.raises(ValueError, match=r"exclude='\(\[' is not a valid regular expression"):
+        infer_parameter_specs(list_checkpoints(folder)[0], exclude="([")
+    from ms_boost.dim_reduce.pca import main
+
+    assert main(["--weight_load_dir", folder, "--n_components", "2", "--output", str(tmp_path / "p.npy"),
+                 "--exclude", "(["]) == 2
+    err = capsys.readouterr().err
+    assert "error: --exclude='([' is not a valid regular expression (unterminated character set" in err, err
+    assert not (tmp_path / "p.npy").exists()
+
+
+def test_stale_temporaries_of_the_target_are_removed_with_a_log_line(tmp_path):
+    from ms_boost.dim_reduce import pca
+
+    folder = _save(str(tmp_path / "ckpt"), _trajectory(5))
+    out = tmp_path / "pca_mat.npy"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = pca._host()
+    stale = tmp_path / f".pca_pca_mat.npy.{host}.{dead.pid}.k2j4.npy.tmp"
+    legacy = tmp_path / ".pca_ab12cd34.npy.tmp"
+    live = tmp_path / f".pca_pca_mat.npy.{host}.1.x9.npy.tmp"  # pid 1 runs: a computation in progress
+    other_target = tmp_path / f".pca_other.npy.{host}.{dead.pid}.q.npy.tmp"
+    recent_other_host = tmp_path / ".pca_pca_mat.npy.node7.123.q.npy.tmp"
+    old_other_host = tmp_path / ".pca_pca_mat.npy.node8.123.q.npy.tmp"
+    for f in (stale, legacy, live, other_target, recent_other_host, old_other_host):
+        f.write_bytes(b"\0" * 1024)
+    old = time.time() - 2 * pca.STALE_TEMP_SECONDS
+    for f in (legacy, old_other_host):
+        os.utime(f, (old, old))
+    messages = []
+    compute_pca_matrix(folder, 2, SPECS, output=str(out), progress=messages.append)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".pca"))
+    assert left == sorted([live.name, other_target.name, recent_other_host.name])
+    for f in (stale, legacy, old_other_host):
+        assert any(f"removed stale temporary file {f} (0.0 MiB) left by an interrupted PCA" in m for m in messages)
+
+
+def test_any_exception_or_sigterm_removes_the_temporary_output(tmp_path, monkeypatch):
+    import signal
+
+    from ms_boost.dim_reduce import pca
+
+    folder = _save(str(tmp_path / "ckpt"), _trajectory(5))
+    out = tmp_path / "pca_mat.npy"
+
+    def fail(self, start, block):
+        assert any(p.name.endswith(".npy.tmp") for p in tmp_path.iterdir())  # the temporary exists now
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pca._NpyRowWriter, "write_columns", fail)
+    with pytest.raises(OSError, match="No space left"):
+        compute_pca_matrix(folder, 2, SPECS, output=str(out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+    def terminated(self, start, block):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(pca._NpyRowWriter, "write_columns", terminated)
+    with pytest.raises(SystemExit) as info:
+        pca.main(["--weight_load_dir", folder, "--n_components", "2", "--output", str(out), "--quiet"])
+    assert info.value.code == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert signal.getsignal(signal.SIGTERM) is not pca._terminate  # handler restored
+
+
+def test_non_finite_pca_matrix_error_names_the_file(tmp_path):
+    from ms_boost.dim_reduce import prepare_pca_matrix
+
+    path = str(tmp_path / "pca_mat.npy")
+    mat = np.ones((3, M), np.float32)
+    mat[1, 7] = np.nan
+    np.save(path, mat)
+    with pytest.raises(ValueError, match=rf"PCA matrix '{path}' holds NaN or infinite values \(1 in rows 0\.\.2; "
+                                         rf"first at row 1, column 7: nan\)"):
+        prepare_pca_matrix(SPECS, 3, path, None, progress=None)

@@ -11,6 +11,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_boost.dim_reduce import DimReduce, DimReduceUpdate, build_dim_reduce_update, prepare_pca_matrix
 from ms_boost.dim_reduce.pca import parameter_specs
+from ms_boost.sections import DimReduceConfig
 from tests.helpers.nets import learnable_data, make_net
 
 HP = {"rho": 0.55, "gamma": 0.9, "alpha": 0.01, "sigma": 0.4}
@@ -58,8 +59,9 @@ def np_dim_reduce_step(ws, state, x, y, p, rho, gamma, alpha, sigma, max_search_
     d = -h @ g
     direction = p.T @ d
     step, accepted, trials = 0.0, False, []
+    scale = state.get("scale", 1.0)  # carry_search: the scale carried between line searches
     for m in range(max_search_time):
-        t = rho ** m
+        t = scale * rho ** m
         new_loss, _ = np_loss_grad(unflat(flat_w + t * direction), x, y)
         trials.append(new_loss)
         if new_loss < loss + sigma * t * (g @ d):
@@ -67,6 +69,8 @@ def np_dim_reduce_step(ws, state, x, y, p, rho, gamma, alpha, sigma, max_search_
             break
     mu = gamma * state["mu"] + flat_g - p.T @ g
     new_state = dict(state, mu=mu)
+    if "scale" in state:
+        new_state["scale"] = min(1.0, scale / rho) if accepted else scale * rho ** max_search_time
     if accepted:
         new_state.update(h=h, g_last=g, s=step * d, has_pair=True)
     return unflat(flat_w + step * direction - alpha * mu), new_state, step, loss
@@ -168,6 +172,35 @@ def test_line_search_rejection_restores_weights_and_batchnorm(mode):
     stage(loss_net(x, y), grads, x, y)
     assert bool(stage.has_pair.asnumpy())
     assert float(loss_net(x, y).asnumpy()) < float(loss.asnumpy())
+
+
+def test_carry_search_continues_the_backtracking_in_the_next_step(mode):
+    """carry_search: a search that accepts nothing shrinks the next search's steps by rho^max_search_time;
+    accepted steps grow them back by 1/rho up to 1 (numpy reference with the scale)."""
+    k = 3
+    loss_net, weights = mlp()
+    p = subspace(weights, k)
+    stage = DimReduceUpdate(loss_net, weights, p, k, **HP, carry_search=True)
+    x, y = mlp_data()
+    xt, yt = Tensor(x), Tensor(y)
+    grads = ops.GradOperation(get_by_list=True)(loss_net, weights)(xt, yt)
+    stage(loss_net(xt, yt), tuple(-g for g in grads), xt, yt)  # ascent direction: every trial fails
+    assert float(stage.step_size.asnumpy()) == 0.0
+    np.testing.assert_allclose(float(stage.search_scale.asnumpy()), HP["rho"] ** 2, rtol=1e-6)
+    ws = [w.asnumpy().astype(np.float64) for w in weights]
+    state = dict(np_initial_state(k, p.shape[1]), scale=HP["rho"] ** 2,
+                 mu=np.concatenate([m.asnumpy().ravel() for m in stage.momentum]).astype(np.float64))
+    step = TrainStep(loss_net, weights, stage)
+    steps = []
+    for _ in range(4):
+        step(xt, yt)
+        ws, state, t, _ = np_dim_reduce_step(ws, state, x.astype(np.float64), y, p.astype(np.float64), **HP)
+        steps.append(t)
+        np.testing.assert_allclose(float(stage.step_size.asnumpy()), t, rtol=1e-6)
+        np.testing.assert_allclose(float(stage.search_scale.asnumpy()), state["scale"], rtol=1e-6)
+        for got, ref in zip(weights, ws):
+            np.testing.assert_allclose(got.asnumpy(), ref, rtol=1e-5, atol=1e-5)
+    assert steps[0] == pytest.approx(HP["rho"] ** 2)  # the first search started where the failed one stopped
 
 
 def test_upstream_signature_divides_by_loss_scale(mode):
@@ -283,11 +316,11 @@ def test_builder_from_config_sections(tmp_path, mode):
     loss_net, weights = mlp()
     folder = str(tmp_path / "ckpt")
     _save_trajectory(folder, weights, 5)
-    cfg = types.SimpleNamespace(rho=0.5, gamma=0.8, alpha=0.002, sigma=0.3, n_components=3,
-                                pca_mat_path=str(tmp_path / "p.npy"), weight_load_dir=folder, timeout=60,
-                                max_search_time=3)
+    cfg = DimReduceConfig(rho=0.5, gamma=0.8, alpha=0.002, sigma=0.3, n_components=3,
+                          pca_mat_path=str(tmp_path / "p.npy"), weight_load_dir=folder, timeout=60,
+                          max_search_time=3, carry_search=True)
     stage = build_dim_reduce_update(loss_net, weights, cfg, types.SimpleNamespace(device_number=8))
-    assert stage.pca_rows.shape == (3, 53) and len(stage.trial_steps) == 3
+    assert stage.pca_rows.shape == (3, 53) and len(stage.trial_steps) == 3 and stage.carry_search
     x, y = mlp_data()
     before = float(loss_net(Tensor(x), Tensor(y)).asnumpy())
     step = TrainStep(loss_net, weights, stage)

@@ -9,6 +9,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ms_boost.config import AutoBoost
 from ms_boost.grad_freeze import (
     FreezeOpt,
+    FreezeSchedule,
     GradientFreeze,
     apply_grad_freeze,
     freeze_cell,
@@ -324,6 +325,86 @@ def test_freeze_cell_with_gradient_accumulation():
     for i, (b, p) in enumerate(zip(before, params)):
         mean = (grads[0][i].asnumpy() + grads[1][i].asnumpy()) / 2 if i >= 2 else 0.0
         np.testing.assert_allclose(b - p.asnumpy(), 0.1 * mean, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------- lazy schedule
+def eager_reference(groups, kind, p, steps, seed):
+    """The schedule built step by step (the definition): O(steps), for comparison with the lazy form."""
+    out = np.zeros(steps, np.int32)
+    if groups == 1 or p == 1.0:
+        return out
+    if kind == 0:
+        out[:] = continuous_reference(groups, p, steps + 1)[:steps]
+    else:
+        levels = np.arange(1, groups)
+        weights = (groups - levels).astype(np.float64)
+        freezing = np.zeros(steps, bool)
+        frozen = 0
+        for t in range(1, steps):
+            if frozen < (1.0 - p) * t:
+                freezing[t] = True
+                frozen += 1
+        rng = np.random.default_rng(seed)
+        out[freezing] = rng.choice(levels, size=int(freezing.sum()), p=weights / weights.sum())
+    out[-1] = 0
+    return out
+
+
+def test_lazy_schedule_equals_the_step_by_step_definition():
+    rng = np.random.default_rng(11)
+    for groups, kind, p, steps, seed in [(10, 1, 0.7, 5000, 0), (6, 1, 0.3, 3001, 7), (4, 0, 0.5, 77, 0),
+                                         (5, 1, 0.0, 50, 2), (7, 1, 0.123, 4097, 5), (3, 1, 0.999, 2000, 9)]:
+        ref = eager_reference(groups, kind, p, steps, seed)
+        np.testing.assert_array_equal(freeze_schedule(groups, kind, p, steps, seed), ref)
+        lazy = FreezeSchedule(groups, kind, p, steps, seed)
+        picks = rng.integers(0, steps, 64)
+        assert [lazy[int(t)] for t in picks] == ref[picks].tolist()
+        np.testing.assert_array_equal(lazy.values(steps // 3, steps // 2), ref[steps // 3:steps // 3 + steps // 2])
+
+
+def test_huge_total_steps_is_lazy():
+    import time
+
+    start = time.perf_counter()
+    lazy = FreezeSchedule(10, 1, 0.7, 10 ** 12, seed=3)  # 3.6 TiB as an int32 array
+    values = [lazy[t] for t in (0, 12345, 1_500_000_000, 10 ** 12 - 1)]
+    assert time.perf_counter() - start < 2.0
+    assert values[0] == 0 and values[-1] == 0 and all(0 <= v <= 9 for v in values)
+    # the same entries as the definition on a prefix long enough to cross several cache blocks
+    np.testing.assert_array_equal(lazy.values(0, 10000), eager_reference(10, 1, 0.7, 10001, 3)[:10000])
+    net = dense_stack(3)
+    _, freeze_opt = GradientFreeze(3, 1, 0.7, 10 ** 12).freeze_generate(net, nn.SGD(net.trainable_params(), 0.1))
+    assert freeze_opt.period == 10 ** 12 and not freeze_opt.table_complete
+    with pytest.raises(ValueError, match="total_steps"):
+        freeze_schedule(10, 1, 0.7, 2 ** 63)
+
+
+def test_freeze_opt_with_lazy_schedule_longer_than_the_device_table(monkeypatch):
+    """PyNative selects on the host from the lazy schedule at any position; Graph mode refuses clearly."""
+    import ms_boost.grad_freeze as gf
+
+    monkeypatch.setattr(gf, "DEVICE_TABLE_MAX", 4)
+    net = dense_stack(3)
+    _, freeze_opt = GradientFreeze(3, 1, 0.4, 10 ** 6, seed=2).freeze_generate(
+        net, nn.SGD(net.trainable_params(), 0.1))
+    assert not freeze_opt.table_complete and freeze_opt.train_strategy.shape == (4,)
+    params = list(freeze_opt.parameters)
+    lazy = FreezeSchedule(3, 1, 0.4, 10 ** 6, seed=2)
+    start = 777_777
+    ops.assign(freeze_opt.global_step, Tensor([start], ms.int32))  # as a resumed checkpoint
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    for t in range(start, start + 6):
+        before = [p.asnumpy().copy() for p in params]
+        freeze_opt(ms.mutable(tuple(ops.ones_like(p) for p in params)))
+        changed = [not np.array_equal(b, p.asnumpy()) for b, p in zip(before, params)]
+        assert changed == [i // 2 >= lazy[t] for i in range(len(params))], t
+    assert int(freeze_opt.global_step.asnumpy()[0]) == start + 6
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        with pytest.raises(ValueError, match="runs only in PYNATIVE_MODE"):
+            freeze_opt(ms.mutable(tuple(ops.ones_like(p) for p in params)))
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 def test_default_o1_on_a_network_with_fewer_parameters_than_groups():

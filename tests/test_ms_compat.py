@@ -87,3 +87,10 @@ def test_bad_level_and_missing_private_helpers(monkeypatch):
     with pytest.raises(RuntimeError, match="lacks the private mindspore.train.amp helpers"):
         compat.apply_amp_level(_net(), compat.amp_level_config("O1"), "O1", use_private=True)
     assert _loss("O2", use_private=None) == pytest.approx(_numpy_loss(), rel=5e-3)  # automatic -> public
+
+
+def test_cells_compile_cache_is_the_registry_cells_register_in():
+    registry = compat.cells_compile_cache()
+    assert isinstance(registry, dict)
+    net = _net()
+    assert registry.get(id(net)) is net.compile_cache  # Cell.__init__ registered the new cell there

@@ -32,7 +32,8 @@ def env(tmp_path_factory) -> dict:
     full = dict(os.environ)
     full.update({"PATH": os.pathsep.join([str(Path(sys.executable).parent), full.get("PATH", "")]),
                  "PYTHON": sys.executable, "MS_BOOST_CACHE": str(cache), "GLOG_v": "3"})
-    for name in ("SERVER_ID", "RANK_SIZE", "RUN_DIR", "DRY_RUN", "CUDA_VISIBLE_DEVICES", "CONFIG_PATH"):
+    for name in ("SERVER_ID", "RANK_SIZE", "RUN_DIR", "DRY_RUN", "CUDA_VISIBLE_DEVICES", "CONFIG_PATH",
+                 "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CLUSTER_TIME_OUT"):
         full.pop(name, None)
     return full
 
@@ -247,6 +248,30 @@ def test_only_input_paths_become_absolute_outputs_stay_in_the_run_folder(script,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "out", "resnet18", "weights.ckpt"]
 
 
+def test_launchers_bound_how_long_a_rank_waits_for_the_others(env, tmp_path):
+    """Issue 12 item 8: the launchers set the settings that bound a collective's wait (docs/model_zoo.md)."""
+    ascend = run("run_distribute_train.sh", TABLE_8, "synthetic", "--dry-run", env=env, cwd=tmp_path)
+    assert ascend.returncode == 0, ascend.stderr
+    printed = ranks(ascend.stdout)
+    assert all(printed[r]["HCCL_CONNECT_TIMEOUT"] == "600" and printed[r]["HCCL_EXEC_TIMEOUT"] == "1800"
+               for r in range(8))
+    chosen = run("run_multinode_train.sh", 4, 2, 1, "10.0.0.1", "synthetic", "--dry-run", env=env, cwd=tmp_path,
+                 extra_env={"HCCL_EXEC_TIMEOUT": "300", "CLUSTER_TIME_OUT": "90"})
+    assert chosen.returncode == 0, chosen.stderr
+    printed = ranks(chosen.stdout)
+    assert printed[2]["HCCL_EXEC_TIMEOUT"] == "300" and printed[3]["HCCL_CONNECT_TIMEOUT"] == "600"
+    assert "--cluster_time_out=90 " in chosen.stdout.strip().splitlines()[-1]
+    cpu = run("run_distribute_train_cpu.sh", 2, "synthetic", "--dry-run", env=env, cwd=tmp_path)
+    assert "--cluster_time_out=600 " in cpu.stdout and "HCCL" not in cpu.stdout
+    for name, value, message in [("HCCL_CONNECT_TIMEOUT", "60", "HCCL_CONNECT_TIMEOUT must be >= 120, got '60'"),
+                                 ("HCCL_CONNECT_TIMEOUT", "9000", "HCCL_CONNECT_TIMEOUT must be <= 7200"),
+                                 ("HCCL_EXEC_TIMEOUT", "1e3", "HCCL_EXEC_TIMEOUT must be an integer, got '1e3'"),
+                                 ("CLUSTER_TIME_OUT", "-1", "CLUSTER_TIME_OUT must be an integer, got '-1'")]:
+        bad = run("run_distribute_train.sh", TABLE_8, "synthetic", "--dry-run", env=env, cwd=tmp_path,
+                  extra_env={name: value})
+        assert bad.returncode == 2 and message in bad.stderr, (name, bad.stderr)
+
+
 def test_integers_must_be_ascii_digits(env, tmp_path):
     proc = run("run_distribute_train_cpu.sh", "\u0662", "synthetic", "--dry-run", env=env, cwd=tmp_path)
     assert proc.returncode == 2 and "WORKER_NUM must be an integer, got '\u0662' (ASCII digits 0-9)" in proc.stderr
@@ -300,8 +325,23 @@ def test_cpu_launcher_runs_two_workers_for_real(recipe, level, extra, pipeline, 
     assert f"boost_level {level} | 2 rank(s) on CPU" in texts[0] and pipeline in texts[0]
     assert "after training: top-1" in texts[0] and "after training" not in texts[1]  # eval on rank 0 only
     ckpts = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ckpt"))
-    # rank 0 writes the run's checkpoint; under AdaSum each server's optimizer state follows its own gradients, so
-    # the other server's first rank keeps its own in checkpoint/rank_1 (resume: tests/test_zoo_journey.py, msrun)
+    # rank 0 in checkpoint/, every other rank its own state in checkpoint/rank_<r>/ (save_rank_checkpoints:
+    # exact resume), all inside the run folder
     assert ckpts == [Path("train_parallel_cpu/checkpoint/rank_1/resnet-1_3.ckpt"),
                      Path("train_parallel_cpu/checkpoint/resnet-1_3.ckpt")]
 
+
+
+def test_version_matrix_dry_run_and_arguments(env, tmp_path):
+    """scripts/version_matrix.sh (docs/compatibility.md): one venv per release, the core tests in each."""
+    proc = run("version_matrix.sh", "2.7.0", "2.10.0", "--dry-run", env=env, cwd=tmp_path,
+               extra_env={"WORK_DIR": str(tmp_path / "vm")})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "releases: 2.7.0 2.10.0"
+    assert lines[1].startswith(f"2.7.0: {sys.executable} -m venv {tmp_path / 'vm' / 'venv-2.7.0'}; "
+                               "pip install mindspore==2.7.0")
+    assert "pytest -n 0 tests/test_config.py tests/test_model.py" in lines[2] and "test_ms_compat.py" in lines[2]
+    assert not any(tmp_path.iterdir())  # a dry run creates nothing
+    bad = run("version_matrix.sh", "latest", env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "'latest' is neither a MindSpore version" in bad.stderr

@@ -14,18 +14,22 @@ from tests.workers.common import make_plain_net, rank_rows
 STEPS, BATCH, WORKERS = 4, 4, 2
 
 
-def build_thor_model(split_indices, distribute_inverses: bool = True):
-    """The plain conv net (no BatchNorm) trained by THOR through ConvertModelUtils and ms_boost.Model."""
+def build_thor_model(split_indices, distribute_inverses: bool = True, loss_scale: bool = False):
+    """The plain conv net (no BatchNorm) trained by THOR through ConvertModelUtils and ms_boost.Model
+    (with ``loss_scale``: a fixed loss scale of 8 divided out by the optimizer)."""
     from ms_boost.thor import THOR, ConvertModelUtils, ConvertNetUtils
 
     net = make_plain_net()
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     thor_net = ConvertNetUtils().convert_to_thor_net(net)
-    opt = THOR(thor_net, 0.1, 0.05, 0.9, weight_decay=1e-3, frequency=2, split_indices=split_indices,
-               distribute_inverses=distribute_inverses, block_size=16)
+    opt = THOR(thor_net, 0.1, 0.05, 0.9, weight_decay=1e-3, loss_scale=8.0 if loss_scale else 1.0, frequency=2,
+               split_indices=split_indices, distribute_inverses=distribute_inverses, block_size=16)
+    import mindspore as ms
+
     from ms_boost import Model
 
-    model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt), net, loss, opt)
+    kwargs = {"loss_scale_manager": ms.FixedLossScaleManager(8.0, drop_overflow_update=False)} if loss_scale else {}
+    model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt, **kwargs), net, loss, opt, **kwargs)
     return net, opt, model
 
 

@@ -4,20 +4,29 @@ Before stage 2 starts, the first rank of every server (its *root*) loads or comp
 (:func:`ms_boost.dim_reduce.pca.compute_pca_matrix`) while all ranks exchange a status flag through tiny
 collectives, so every rank leaves together -- with the rows, or with an error naming the rank that failed.
 (Moved out of :mod:`ms_boost.dim_reduce.stage`, which re-exports these names.)
+
+Under ``msrun`` (``MS_SCHED_HOST``/``MS_SCHED_PORT`` set) the flags go through MindSpore's TCP key-value
+store (``mindspore.mint.distributed.TCPStore``, served by rank 0 on ``MS_SCHED_PORT + 1``, or on
+``MS_BOOST_STORE_PORT``), polled without any blocking collective: every wait is bounded by
+``dim_reduce.timeout`` and a rank that never arrives -- dead, or alive but stuck -- is named in the error.
+Without those variables (e.g. an HCCL rank-table launch) the flags go through tiny AllGathers instead,
+whose wait is bounded by the backend's own collective timeout (see ``docs/dim_reduce.md``).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from datetime import timedelta
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from mindspore import Tensor
 
 from ms_boost import comm
 from ms_boost.dim_reduce.math import local_row_block
-from ms_boost.dim_reduce.pca import ParamSpec, compute_pca_matrix, open_pca_matrix
+from ms_boost.dim_reduce.pca import ParamSpec, check_finite_rows, compute_pca_matrix, open_pca_matrix
 from ms_boost.topology import Topology
 
 __all__ = ["prepare_pca_matrix", "local_pca_rows", "DEFAULT_PCA_FILE_NAME"]
@@ -113,12 +122,173 @@ def _root_prepare(target: str, specs, n_components: int, num_weights: int, pca_m
                        deadline=time.monotonic() + float(timeout), heartbeat=heartbeat)
 
 
+_POLL_SECONDS = 0.05
+_MIN_CONNECT_SECONDS = 10.0  # starting / reaching the store under load: never less than this
+_STORES: Dict[tuple, object] = {}  # kept open for the life of the process (rank 0 serves it)
+_CALLS = itertools.count()  # handshakes in this process: a key namespace each, the same on every rank
+
+
+def _store_address() -> Optional[tuple]:
+    """``(host, port)`` of the handshake store under msrun, else None (use collectives)."""
+    host, port = os.environ.get("MS_SCHED_HOST"), os.environ.get("MS_SCHED_PORT")
+    override = os.environ.get("MS_BOOST_STORE_PORT")
+    if not host or not (port or override):
+        return None
+    text = override if override else port
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) + (0 if override else 1) < 65536:
+        name = "MS_BOOST_STORE_PORT" if override else "MS_SCHED_PORT"
+        raise ValueError(f"{name}={text!r} is not a port number (ASCII digits, 1..65535).")
+    return host, int(text) + (0 if override else 1)
+
+
+class _StoreStatus:
+    """Per-rank status flags in MindSpore's TCP key-value store; every wait bounded, missing ranks named.
+
+    Keys (a fresh namespace per handshake): ``<ns>/<phase>/<rank>`` is 1 once the rank finished that phase;
+    ``<ns>/fail/<rank>`` is 1 once it failed and ``<ns>/failed`` counts failed ranks (store values are
+    counters, so success and failure never share a key). Reads use ``add(key, 0)``, which never blocks.
+    """
+
+    DONE = 1
+
+    def __init__(self, address: tuple, rank: int, world: int, roots: Sequence[int], timeout: float):
+        from mindspore.mint.distributed import TCPStore  # noqa: PLC0415
+
+        self.rank, self.world, self.roots = rank, world, list(roots)
+        self.timeout = float(timeout)
+        self.ns = f"ms_boost/pca_handshake/{next(_CALLS)}"
+        key = (address, rank == 0)
+        if key not in _STORES:
+            try:
+                _STORES[key] = TCPStore(address[0], address[1], world_size=world, is_master=rank == 0,
+                                        timeout=timedelta(seconds=max(_MIN_CONNECT_SECONDS, self.timeout)),
+                                        wait_for_workers=False)
+            except Exception as exc:  # noqa: BLE001 -- name the rank that serves the store
+                if rank == 0:
+                    raise RuntimeError(f"rank 0 cannot serve the PCA handshake store on {address[0]}:{address[1]} "
+                                       f"({exc}); set MS_BOOST_STORE_PORT to a free port.") from None
+                raise TimeoutError(f"rank {rank}: rank 0 did not reach the PCA handshake within dim_reduce.timeout="
+                                   f"{self.timeout:g} s (its store {address[0]}:{address[1]} is unreachable: {exc}); "
+                                   f"rank 0 is dead or stuck before the handshake.") from None
+        self.store = _STORES[key]
+
+    def _add(self, key: str, amount: int) -> int:
+        try:
+            return int(self.store.add(f"{self.ns}/{key}", amount))
+        except Exception as exc:  # noqa: BLE001
+            raise RuntimeError(f"rank {self.rank}: the PCA handshake store (served by rank 0) failed: {exc}; "
+                               f"rank 0 has probably stopped (see its error).") from None
+
+    def done(self, phase: str) -> None:
+        self._add(f"{phase}/{self.rank}", self.DONE)
+
+    def report_failure(self) -> None:
+        """Mark this rank failed, if the store still answers (the caller is already raising)."""
+        try:
+            self._add(f"fail/{self.rank}", 1)
+            self._add("failed", 1)
+        except RuntimeError:
+            pass
+
+    def status(self, phase: str, ranks: Sequence[int]) -> Dict[int, int]:
+        return {r: self._add(f"{phase}/{r}", 0) for r in ranks}
+
+    def failed_ranks(self) -> List[int]:
+        if self._add("failed", 0) == 0:
+            return []
+        return [r for r in range(self.world) if self._add(f"fail/{r}", 0)]
+
+    def tick(self) -> None:
+        """A root between two units of work: stop if a peer failed."""
+        failed = self.failed_ranks()
+        if failed:
+            raise _PeerFailed(failed)
+
+    def wait(self, phase: str, ranks: Sequence[int], deadline: float, what: str) -> Dict[int, int]:
+        """Poll until every rank of ``ranks`` has a status in ``phase`` or some rank failed.
+
+        Raises:
+            TimeoutError: ``deadline`` passed; names the ranks that never reached the handshake and those
+                that reached it but have not finished ``what``.
+        """
+        while True:
+            flags = self.status(phase, ranks)
+            if all(flags.values()) or self._add("failed", 0):
+                return flags
+            if time.monotonic() > deadline:
+                pending = [r for r, v in flags.items() if not v]
+                arrived = self.status("arrived", pending)
+                absent = [r for r in pending if not arrived[r]]
+                slow = [r for r in pending if arrived[r]]
+                self.report_failure()  # release the others at once
+                parts = []
+                if absent:
+                    parts.append(f"rank(s) {absent} never reached the PCA handshake (dead, or alive but stuck)")
+                if slow:
+                    parts.append(f"rank(s) {slow} reached it but did not finish {what}")
+                raise TimeoutError(f"rank {self.rank}: {'; '.join(parts)} within dim_reduce.timeout="
+                                   f"{self.timeout:g} s; dim_reduce cannot start.")
+            time.sleep(_POLL_SECONDS)
+
+
+def _read_rows(target: str, n_components: int, num_weights: int, rank: int, world: int) -> np.ndarray:
+    rows = local_pca_rows(open_pca_matrix(target, n_components, num_weights), n_components, rank, world)
+    start = local_row_block(n_components, rank, world)[0]
+    check_finite_rows(rows, target, first_row=start)
+    return rows
+
+
+def _prepare_with_store(address, target, specs, n_components, num_weights, pca_mat_path, weight_load_dir,
+                        timeout, progress, rank, world, per_server) -> np.ndarray:
+    start = time.monotonic()
+    roots = list(range(0, world, per_server))
+    status = _StoreStatus(address, rank, world, roots, timeout)
+    status.done("arrived")
+    if rank in roots:
+        try:
+            _root_prepare(target, specs, n_components, num_weights, pca_mat_path, weight_load_dir, timeout,
+                          progress, status.tick)
+        except _PeerFailed as exc:
+            raise RuntimeError(f"rank {rank}: rank(s) {exc.args[0]} failed during the PCA handshake "
+                               f"(see their error); dim_reduce cannot start.") from None
+        except BaseException:
+            status.report_failure()
+            raise
+        status.done("prepared")
+    else:
+        root = rank - rank % per_server
+        # the root stops at its own deadline (timeout after it arrived); allow a little for its report
+        flags = status.wait("prepared", [root], start + float(timeout) + 2.0,
+                            f"preparing the PCA matrix {target!r}")
+        failed = status.failed_ranks()
+        if flags[root] != status.DONE:
+            raise RuntimeError(f"rank {rank}: the PCA matrix could not be prepared by server root rank(s) "
+                               f"{[root]} (see their error); dim_reduce cannot start.")
+        if failed:
+            raise RuntimeError(f"rank {rank}: rank(s) {failed} failed during the PCA handshake (see their error); "
+                               f"dim_reduce cannot start.")
+    try:
+        rows = _read_rows(target, n_components, num_weights, rank, world)
+    except BaseException as exc:
+        status.report_failure()
+        raise ValueError(f"rank {rank} cannot read the PCA matrix {target!r} prepared by its server's root "
+                         f"rank {rank - rank % per_server}: {exc}") from exc
+    status.done("read")
+    deadline = max(start + float(timeout), time.monotonic() + min(float(timeout), 30.0))
+    flags = status.wait("read", range(world), deadline, f"reading the PCA matrix {target!r}")
+    failed = status.failed_ranks()
+    if failed:
+        raise RuntimeError(f"rank {rank}: rank(s) {failed} failed during the PCA handshake (see their error); "
+                           f"dim_reduce cannot start.")
+    return rows
+
+
 def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_path: Optional[str] = None,
                        weight_load_dir: Optional[str] = None, timeout: float = 1800,
                        device_number: Optional[int] = None, progress=_stderr_progress) -> np.ndarray:
     """Get this rank's block of PCA rows: load ``pca_mat_path`` or compute it from ``weight_load_dir``.
 
-    Protocol (collectives only: no file polling, no sleep, no long blocking collective):
+    Protocol (no file polling, no long blocking collective):
 
     1. On each server (``device_number`` consecutive ranks) only the first rank -- the *root* -- touches
        the source: it checks ``pca_mat_path`` when that file exists, otherwise it computes the PCA of the
@@ -131,6 +301,11 @@ def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_pa
        later collective, and the wait is bounded by the roots' ``timeout``.
     3. Every rank reads only its own block of rows from the finished file (memory map); one more flag
        exchange turns any read failure into an error on all ranks.
+    4. Under msrun the flags live in MindSpore's TCP key-value store instead (module docstring): every
+       rank first marks its arrival; each wait is bounded by ``timeout`` (reading: by ``timeout`` from the
+       start, at least ``min(timeout, 30)`` s after this rank's own read), and a ``TimeoutError`` names the
+       ranks that never reached the handshake (dead, or alive but stuck) and those still working. A rank
+       that fails marks itself failed, so the others stop at their next poll.
 
     Args:
         specs: ``(name, shape)`` of the trainable parameters in network order.
@@ -158,6 +333,10 @@ def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_pa
     if pca_mat_path and not str(pca_mat_path).endswith(".npy"):
         raise ValueError(f"dim_reduce.pca_mat_path={pca_mat_path!r} must name a .npy file.")
     target = str(pca_mat_path) if pca_mat_path else os.path.join(str(weight_load_dir), DEFAULT_PCA_FILE_NAME)
+    address = _store_address() if world > 1 else None
+    if address is not None:
+        return _prepare_with_store(address, target, specs, n_components, num_weights, pca_mat_path,
+                                   weight_load_dir, timeout, progress, rank, world, per_server)
     status = _StatusExchange(range(0, world, per_server))
     error = None
     if rank % per_server == 0:
@@ -178,7 +357,7 @@ def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_pa
         raise RuntimeError(f"rank {rank}: the PCA matrix could not be prepared by server root rank(s) "
                            f"{status.failed(flags)} (see their error); dim_reduce cannot start.")
     try:
-        rows = local_pca_rows(open_pca_matrix(target, n_components, num_weights), n_components, rank, world)
+        rows = _read_rows(target, n_components, num_weights, rank, world)
     except Exception as exc:  # noqa: BLE001 -- reported to every rank first
         error = exc
     failed = status.failed(status.exchange(status.FAILED if error is not None else status.DONE))

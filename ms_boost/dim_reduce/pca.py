@@ -27,6 +27,19 @@ The algorithm never holds :math:`X` in memory:
 Peak memory is a few chunks of ``N x chunk_columns`` float64 plus one checkpoint, independent of ``N*M``.
 The rows of :math:`P` are orthonormal and equal ``numpy.linalg.svd(X_c)[2][:k]`` up to sign.
 
+Which parameters: the trainable ones, in network order. The stage-1 run writes them beside its
+weight-only checkpoints (:func:`write_weight_manifest` -> ``weights_manifest.json``: names and shapes of
+``network.trainable_params()``); the command line and :func:`compute_pca_matrix` read that manifest when
+present. Without one they fall back to every floating-point parameter of the first checkpoint whose name
+does not match :data:`DEFAULT_EXCLUDE` (BatchNorm statistics, optimizer moments and the state of ms_boost's
+own algorithms); ``--exclude`` / ``--names_file`` override both.
+
+Temporary files: the output is written to ``.pca_<output name>.<host>.<pid>.<random>.npy.tmp`` beside it
+and renamed; on any exception (and on SIGTERM in the command line) it is removed, and a run that was
+killed harder (SIGKILL, power loss) leaves one that the next computation of the same target removes,
+with a log line (``.pca_*.npy.tmp`` of this host whose process is gone, or of any host untouched for
+``STALE_TEMP_SECONDS``).
+
 Command line::
 
     python -m ms_boost.dim_reduce.pca --weight_load_dir DIR --n_components 32 --output pca_mat.npy
@@ -34,8 +47,11 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import signal
+import socket
 import sys
 import tempfile
 import time
@@ -46,7 +62,8 @@ import numpy as np
 __all__ = [
     "ParamSpec", "DEFAULT_EXCLUDE", "CHECKPOINT_SUFFIXES", "parameter_specs", "list_checkpoints",
     "infer_parameter_specs", "read_flat_weights", "gram_eigen_components", "compute_pca_matrix",
-    "open_pca_matrix", "write_npy_atomic", "main",
+    "open_pca_matrix", "check_finite_rows", "write_npy_atomic", "write_weight_manifest", "read_weight_manifest",
+    "MANIFEST_NAME", "remove_stale_temporaries", "main",
 ]
 
 ParamSpec = Tuple[str, Tuple[int, ...]]
@@ -54,9 +71,18 @@ ParamSpec = Tuple[str, Tuple[int, ...]]
 #: Names that are saved beside the weights but are not trainable: BatchNorm statistics and optimizer /
 #: loss-scale state (used by the command line when no explicit list of names is given).
 DEFAULT_EXCLUDE = (r"(^|\.)(moving_mean|moving_variance)$"
-                   r"|^(moments|accum|momentum|adam_m|adam_v|moment1|moment2|grad_accumulation)\."
-                   r"|^(global_step|learning_rate|beta1_power|beta2_power|scale_sense|loss_scale"
-                   r"|current_iterator_step|last_overflow_iterator_step|epoch_num|step_num)$")
+                   r"|^(moments|accum|momentum|adam_m|adam_v|moment1|moment2|mean_grads|mean_square|v|m"
+                   r"|grad_accumulation|accumulators|adasum_saved|dim_reduce|overflow_shadow|thor_[a-z_]+)\."
+                   r"|(^|\.)(matrix_a|matrix_g|matrix_a_batch|matrix_g_batch|thor_[a-z_]+|accumulation_step"
+                   r"|group_loss_scales|scale_sense|loss_scale|global_step|learning_rate)$"
+                   r"|^(beta1_power|beta2_power|current_iterator_step|last_overflow_iterator_step|epoch_num"
+                   r"|step_num)$")
+
+#: File name of the trainable-parameter manifest written beside stage-1 checkpoints.
+MANIFEST_NAME = "weights_manifest.json"
+_MANIFEST_FORMAT = "ms_boost.dim_reduce.weights_manifest"
+#: A temporary PCA output of another host (or of an older ms_boost) untouched this long is stale.
+STALE_TEMP_SECONDS = 3600.0
 
 CHECKPOINT_SUFFIXES = (".ckpt", ".safetensors")
 
@@ -119,6 +145,81 @@ def _is_float(value) -> bool:
     return value.dtype in (ms.float16, ms.float32, ms.float64, ms.bfloat16)
 
 
+def _compile_exclude(exclude: Optional[str], option: str = "exclude"):
+    if not exclude:
+        return None
+    try:
+        return re.compile(exclude)
+    except re.error as exc:
+        raise ValueError(f"{option}={exclude!r} is not a valid regular expression ({exc}).") from None
+
+
+def write_weight_manifest(network_or_params, folder: str) -> str:
+    """Write ``folder/weights_manifest.json``: names and shapes of the trainable parameters, in order.
+
+    Called by the code that saves stage-1 checkpoints, so the PCA knows exactly which saved tensors are
+    trainable weights (algorithm state such as ``adasum_saved.*``, ``dim_reduce.*``, ``thor_*`` or
+    optimizer moments is saved beside them).
+
+    Args:
+        network_or_params: a ``Cell`` (its ``trainable_params()``) or a list of parameters.
+        folder: the folder of the weight-only checkpoints (created if missing).
+
+    Returns:
+        The manifest's path (written atomically).
+    """
+    params = network_or_params.trainable_params() if hasattr(network_or_params, "trainable_params") \
+        else list(network_or_params)
+    specs = parameter_specs(params)
+    if not specs:
+        raise ValueError("write_weight_manifest: the network has no trainable parameter.")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, MANIFEST_NAME)
+    text = json.dumps({"format": _MANIFEST_FORMAT, "version": 1,
+                       "parameters": [{"name": n, "shape": list(s)} for n, s in specs]}, indent=1)
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST_NAME}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def read_weight_manifest(path: str) -> List[ParamSpec]:
+    """``[(name, shape), ...]`` from a manifest file (or a folder holding ``weights_manifest.json``).
+
+    Raises:
+        ValueError: unreadable file, invalid JSON or UTF-8, or a malformed entry (the message names the file).
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"weights manifest {path!r} cannot be read: {exc}") from None
+    entries = data.get("parameters") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("format") != _MANIFEST_FORMAT or not isinstance(entries, list) \
+            or not entries:
+        raise ValueError(f"weights manifest {path!r} is not an ms_boost weights manifest "
+                         f"(expected {{'format': {_MANIFEST_FORMAT!r}, 'parameters': [...]}}).")
+    specs: List[ParamSpec] = []
+    seen = set()
+    for i, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name or name in seen or not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise ValueError(f"weights manifest {path!r}: parameters[{i}]={str(entry)[:120]} must be "
+                             f"{{'name': unique non-empty string, 'shape': [non-negative ints]}}.")
+        seen.add(name)
+        specs.append((name, tuple(shape)))
+    return specs
+
+
 def infer_parameter_specs(checkpoint: str, exclude: Optional[str] = DEFAULT_EXCLUDE) -> List[ParamSpec]:
     """Floating-point parameters of a checkpoint, in file order, minus names matching ``exclude``.
 
@@ -126,7 +227,7 @@ def infer_parameter_specs(checkpoint: str, exclude: Optional[str] = DEFAULT_EXCL
     ``CheckpointConfig(saved_network=net)`` lists parameters in the network's order, so this gives the
     trainable weights in the order stage 2 uses, once BatchNorm statistics are excluded.
     """
-    pattern = re.compile(exclude) if exclude else None
+    pattern = _compile_exclude(exclude)
     specs = []
     for name, value in _load(checkpoint, None).items():
         if pattern is not None and pattern.search(name):
@@ -247,14 +348,17 @@ class _NpyRowWriter:
     def __init__(self, path: str, shape: Tuple[int, int]):
         self.path = path
         self.shape = shape
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, self.tmp = tempfile.mkstemp(prefix=".pca_", suffix=".npy.tmp", dir=directory)
+        fd, self.tmp = _mkstemp_for(path)
         self._file = os.fdopen(fd, "w+b")
-        np.lib.format.write_array_header_2_0(
-            self._file, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
-                         "fortran_order": False, "shape": shape})
-        self.offset = self._file.tell()
-        self._file.truncate(self.offset + shape[0] * shape[1] * 4)
+        try:
+            np.lib.format.write_array_header_2_0(
+                self._file, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                             "fortran_order": False, "shape": shape})
+            self.offset = self._file.tell()
+            self._file.truncate(self.offset + shape[0] * shape[1] * 4)
+        except BaseException:
+            self.abort()
+            raise
 
     def write_columns(self, start: int, block: np.ndarray) -> None:
         block = np.ascontiguousarray(block, dtype=np.float32)
@@ -275,10 +379,82 @@ class _NpyRowWriter:
             os.remove(self.tmp)
 
 
+_TEMP_RE = re.compile(r"\.pca_(?P<target>.+)\.(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.[^./]+\.npy\.tmp$")
+_LEGACY_TEMP_RE = re.compile(r"\.pca_[A-Za-z0-9_]{8}\.npy\.tmp$")  # tempfile names of ms_boost before 12/2026
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40] or "host"
+
+
+def _mkstemp_for(path: str) -> Tuple[int, str]:
+    """A temporary file beside ``path`` named after it, this host and this process."""
+    directory = os.path.dirname(os.path.abspath(path))
+    return tempfile.mkstemp(prefix=f".pca_{os.path.basename(path)}.{_host()}.{os.getpid()}.", suffix=".npy.tmp",
+                            dir=directory)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str, progress: ProgressFn = _stderr_progress) -> List[str]:
+    """Remove temporary files that an interrupted computation of ``path`` left beside it.
+
+    Stale: ``.pca_<name of path>.<host>.<pid>.*.npy.tmp`` of this host whose process no longer runs, or
+    of another host (or the older ``.pca_XXXXXXXX.npy.tmp`` names) not modified for
+    :data:`STALE_TEMP_SECONDS`. Each removal is reported through ``progress`` (stderr by default).
+
+    Returns:
+        The removed paths.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        full = os.path.join(directory, entry)
+        match = _TEMP_RE.match(entry)
+        if match and match.group("target") == name:
+            if match.group("host") == _host():
+                stale = int(match.group("pid")) != os.getpid() and not _pid_alive(int(match.group("pid")))
+            else:
+                stale = _age(full, now) > STALE_TEMP_SECONDS
+        else:
+            stale = bool(_LEGACY_TEMP_RE.match(entry)) and _age(full, now) > STALE_TEMP_SECONDS
+        if not stale:
+            continue
+        try:
+            size = os.path.getsize(full)
+            os.remove(full)
+        except OSError:
+            continue
+        removed.append(full)
+        if progress:
+            progress(f"removed stale temporary file {full} ({size / 2**20:.1f} MiB) left by an interrupted PCA")
+    return removed
+
+
+def _age(path: str, now: float) -> float:
+    try:
+        return now - os.path.getmtime(path)
+    except OSError:
+        return 0.0
+
+
 def write_npy_atomic(path: str, array: np.ndarray) -> None:
     """``np.save`` into a temporary name in the same folder, then rename: readers never see half a file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".pca_", suffix=".npy.tmp", dir=directory)
+    fd, tmp = _mkstemp_for(path)
     try:
         with os.fdopen(fd, "wb") as f:
             np.save(f, array, allow_pickle=False)
@@ -307,8 +483,9 @@ def compute_pca_matrix(checkpoints: Union[str, Sequence[str]], n_components: int
             order does not change the result beyond rounding.
         n_components: ``k``; at least ``k + 1`` checkpoints are needed.
         param_specs: ``[(name, shape), ...]`` of the trainable parameters in the network's order
-            (:func:`parameter_specs` of ``network.trainable_params()``); inferred from the first checkpoint
-            with :data:`DEFAULT_EXCLUDE` when None.
+            (:func:`parameter_specs` of ``network.trainable_params()``); when None, read from the
+            ``weights_manifest.json`` beside the checkpoints, else inferred from the first checkpoint with
+            :data:`DEFAULT_EXCLUDE`.
         output: ``.npy`` path the ``(k, M)`` float32 matrix is streamed into (temporary name, then renamed);
             the returned array is then a read-only memory map of it. None keeps the result in memory.
         chunk_columns: columns per chunk (memory ~ ``3 * 8 * N * chunk_columns`` bytes).
@@ -337,10 +514,16 @@ def compute_pca_matrix(checkpoints: Union[str, Sequence[str]], n_components: int
         raise ValueError(f"PCA with n_components={n_components} needs at least {n_components + 1} stage-1 "
                          f"checkpoints (centring removes one dimension), found {num}.")
     say = progress or (lambda _msg: None)
-    specs = list(param_specs) if param_specs is not None else infer_parameter_specs(files[0])
+    if param_specs is not None:
+        specs = list(param_specs)
+    else:
+        manifest = os.path.join(os.path.dirname(os.path.abspath(files[0])), MANIFEST_NAME)
+        specs = read_weight_manifest(manifest) if os.path.isfile(manifest) else infer_parameter_specs(files[0])
     width = sum(int(np.prod(shape, dtype=np.int64)) for _, shape in specs)
     if width < n_components:
         raise ValueError(f"n_components={n_components} exceeds the number of weights ({width}).")
+    if output:
+        remove_stale_temporaries(output, progress or _stderr_progress)
     scratch_dir = workdir or (os.path.dirname(os.path.abspath(output)) if output else tempfile.gettempdir())
     fd, scratch_path = tempfile.mkstemp(prefix=".pca_stage_", suffix=".f32", dir=scratch_dir)
     os.close(fd)
@@ -422,9 +605,30 @@ def open_pca_matrix(path: str, n_components: int, num_weights: int) -> np.ndarra
     return mat
 
 
+def check_finite_rows(rows: np.ndarray, path: str, first_row: int = 0) -> None:
+    """Raise ``ValueError`` naming ``path`` and the first bad row when ``rows`` holds NaN or infinity.
+
+    Args:
+        rows: a block of rows of the PCA matrix saved at ``path``.
+        path: the ``.npy`` file, for the message.
+        first_row: index in the file of ``rows[0]``.
+    """
+    finite = np.isfinite(rows)
+    if not finite.all():
+        bad = np.argwhere(~finite)
+        row, col = (int(v) for v in bad[0])
+        raise ValueError(f"PCA matrix {path!r} holds NaN or infinite values ({len(bad)} in rows "
+                         f"{first_row}..{first_row + rows.shape[0] - 1}; first at row {first_row + row}, column "
+                         f"{col}: {rows[row, col]!r}); recompute it from the stage-1 checkpoints.")
+
+
 def _read_names_file(path: str) -> List[str]:
     with open(path, encoding="utf-8") as f:
         return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
+def _terminate(signum, _frame):
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks that remove temporary files
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -435,36 +639,54 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--weight_load_dir", required=True, help="folder of stage-1 checkpoints (.ckpt)")
     parser.add_argument("--n_components", "--n_component", type=int, default=32, help="k (default 32)")
     parser.add_argument("--output", default="pca_mat.npy", help="output .npy (default pca_mat.npy)")
+    parser.add_argument("--manifest", default=None,
+                        help=f"trainable-parameter manifest (default: {MANIFEST_NAME} in --weight_load_dir, "
+                             f"written by stage 1)")
     parser.add_argument("--names_file", default=None,
-                        help="text file with the trainable parameter names in network order, one per line; "
-                             "default: every float parameter of the first checkpoint not matching --exclude")
-    parser.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="regex of names to leave out")
+                        help="override: text file with the trainable parameter names in network order, one "
+                             "per line")
+    parser.add_argument("--exclude", default=None,
+                        help="override: regex of names to leave out of the first checkpoint's float parameters "
+                             "(default without a manifest: ms_boost's list of non-trainable state)")
     parser.add_argument("--chunk_columns", type=int, default=_DEFAULT_CHUNK_COLUMNS,
                         help="columns per chunk (memory ~ 24 * N * chunk_columns bytes)")
     parser.add_argument("--workdir", default=None, help="folder of the N x M scratch file (default: output's)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
+        if args.names_file and args.exclude is not None:
+            raise ValueError("give at most one of --names_file and --exclude.")
+        progress = None if args.quiet else _stderr_progress
         files = list_checkpoints(args.weight_load_dir)
+        manifest = args.manifest or os.path.join(args.weight_load_dir, MANIFEST_NAME)
         if args.names_file:
             names = _read_names_file(args.names_file)
             shapes = {name: shape for name, shape in infer_parameter_specs(files[0], exclude=None)}
             missing = [n for n in names if n not in shapes]
             if missing:
                 raise ValueError(f"--names_file lists parameters missing from {files[0]!r}: {missing[:5]}")
-            specs = [(n, shapes[n]) for n in names]
+            specs, source = [(n, shapes[n]) for n in names], f"--names_file {args.names_file}"
+        elif args.exclude is not None:
+            _compile_exclude(args.exclude, "--exclude")
+            specs, source = infer_parameter_specs(files[0], exclude=args.exclude), f"--exclude {args.exclude!r}"
+        elif args.manifest or os.path.isfile(manifest):
+            specs, source = read_weight_manifest(manifest), manifest
         else:
-            specs = infer_parameter_specs(files[0], exclude=args.exclude)
-        progress = None if args.quiet else _stderr_progress
+            specs = infer_parameter_specs(files[0])
+            source = (f"no {MANIFEST_NAME} in {args.weight_load_dir}: every float parameter of {files[0]} "
+                      f"outside ms_boost's exclude list")
         if progress:
             total = sum(int(np.prod(s, dtype=np.int64)) for _, s in specs)
-            progress(f"{len(files)} checkpoints, {len(specs)} parameters, {total} weights, "
+            progress(f"{len(files)} checkpoints, {len(specs)} parameters ({source}), {total} weights, "
                      f"n_components={args.n_components}")
         compute_pca_matrix(files, args.n_components, specs, output=args.output, chunk_columns=args.chunk_columns,
                            workdir=args.workdir, progress=progress)
     except (ValueError, TimeoutError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

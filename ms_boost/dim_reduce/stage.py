@@ -18,7 +18,8 @@ One step, given the loss :math:`L` and the rank-averaged gradient :math:`\nabla`
 The stage writes the weights itself with ``ops.assign``; the optimizer that ``Model`` holds (upstream
 replaces it with ``SGD(lr=1)``) is not called. Every piece of state -- ``H``, ``g_last``, ``s_last``,
 the "has a BFGS pair" flag and the residual momentum -- is a ``Parameter`` (``requires_grad=False``),
-so checkpoints capture it.
+so checkpoints capture it. ``dim_reduce.step_size`` records the step length the last line search
+accepted (0 when none), for monitoring.
 
 Distribution: the ``k`` rows of :math:`P` are split in blocks of :math:`\lceil k/R\rceil` rows over the
 ``R`` ranks (zero-padded; any ``k`` and ``R``). Gradients are the same on every rank (the train cell
@@ -80,6 +81,12 @@ class DimReduceUpdate(nn.Cell):
         rank: this rank (default: :func:`ms_boost.comm.get_rank`).
         rank_size: number of ranks sharing the rows of ``P`` (default: :func:`ms_boost.comm.get_size`).
         curvature_eps: the BFGS update is skipped when :math:`y^\top s \le` this.
+        carry_search: off (default): every line search tries :math:`\rho^0, \rho^1, \dots` as upstream does,
+            so after a search that accepts nothing the next step (same :math:`H`, no new BFGS pair) usually
+            proposes a step of the same length and fails again. On: the trial steps are
+            :math:`c\rho^m` with a scale :math:`c` (``dim_reduce.search_scale``) that a failed search
+            multiplies by :math:`\rho^{\text{max\_search\_time}}` (the next search starts where this one
+            stopped) and an accepted step grows by :math:`1/\rho` up to 1.
 
     Inputs:
         ``(loss, grads, *inputs)``: the step's loss, the rank-averaged gradients (tuple matching
@@ -96,10 +103,11 @@ class DimReduceUpdate(nn.Cell):
     def __init__(self, network: nn.Cell, weights: Sequence[Parameter], pca_mat, n_components: int,
                  rho: float = 0.55, gamma: float = 0.9, alpha: float = 0.001, sigma: float = 0.4,
                  max_search_time: int = 2, rank: Optional[int] = None, rank_size: Optional[int] = None,
-                 curvature_eps: float = 1e-20):
+                 curvature_eps: float = 1e-20, carry_search: bool = False):
         super().__init__(auto_prefix=False)
         cfg = DimReduceConfig(rho=rho, gamma=gamma, alpha=alpha, sigma=sigma, n_components=n_components,
-                              max_search_time=max_search_time)  # the one rule for each value
+                              max_search_time=max_search_time, carry_search=carry_search)  # one rule per value
+        self.carry_search = cfg.carry_search
         self.rho, self.gamma, self.sigma, self.alpha = cfg.rho, cfg.gamma, cfg.sigma, cfg.alpha
         self.curvature_eps = float(curvature_eps)
         self.network = network
@@ -135,6 +143,14 @@ class DimReduceUpdate(nn.Cell):
         self.mean_ranks = comm.AllReduce("mean")
         self.trial_steps = tuple(Tensor(float(self.rho) ** m, ms.float32) for m in range(max_search_time))
         self.max_search_time = int(max_search_time)
+        if carry_search:
+            # the line search's scale, carried from step to step: a search that accepts nothing makes the next
+            # one start where it stopped (scale * rho^max_search_time); each accepted step grows it back by 1/rho
+            self.search_scale = Parameter(Tensor(1.0, ms.float32), name="dim_reduce.search_scale",
+                                          requires_grad=False)
+            self.shrink = Tensor(float(self.rho) ** self.max_search_time, ms.float32)
+            self.grow = Tensor(1.0 / float(self.rho), ms.float32)
+            self.one = Tensor(1.0, ms.float32)
         self.zero = Tensor(0.0, ms.float32)
         self.false = Tensor(False)
         k = self.n_components
@@ -145,92 +161,127 @@ class DimReduceUpdate(nn.Cell):
         self.step_last = Parameter(Tensor(np.zeros(k, np.float32)), name="dim_reduce.step_last",
                                    requires_grad=False)
         self.has_pair = Parameter(Tensor(False), name="dim_reduce.has_pair", requires_grad=False)
+        # diagnostics: the step length the last line search accepted (rho^m), 0 when it accepted none
+        self.step_size = Parameter(Tensor(0.0, ms.float32), name="dim_reduce.step_size", requires_grad=False)
         self.momentum = ParameterTuple(
             Parameter(Tensor(np.zeros(s, np.float32)), name=f"dim_reduce.momentum.{w.name}", requires_grad=False)
             for w, s in zip(weights, self.shapes))
         ids = {id(w) for w in weights}
-        # State the forward pass may change (BatchNorm statistics): restored after every trial.
+        # State the forward pass may change (BatchNorm statistics): restored after the line search.
         self.net_state = ParameterTuple(p for p in network.get_parameters() if id(p) not in ids
                                         and not p.requires_grad)
+        # float32 state is snapshot as one flat buffer; other dtypes (exact copies) one by one
+        self.flat_state = ParameterTuple(p for p in self.net_state if p.dtype == ms.float32)
+        self.other_state = ParameterTuple(p for p in self.net_state if p.dtype != ms.float32)
+        self.layout = self.shapes
+        self.state_layout = tuple(tuple(int(d) for d in p.shape) for p in self.flat_state)
 
     def construct(self, loss, grads, *inputs):
         return self._step(loss, grads, *inputs)
 
     def _step(self, loss, grads, *inputs):
-        """One DimReduce step (shared with the upstream-signature :class:`DimReduce`)."""
-        flat_grad = flatten_tensors(grads)
+        """One DimReduce step (shared with the upstream-signature :class:`DimReduce`).
+
+        Weights, their saved copy, the residual momentum and the BatchNorm snapshot are handled as flat
+        float32 buffers by a few compiled functions (``_flat``, ``_write``, ...): one concatenation, one
+        split and one assignment per parameter for each write, instead of per-parameter arithmetic. The
+        trials write ``w0 + t P^T d`` directly (no restore in between), the final write puts
+        ``w0 + t P^T d - alpha mu``, and the network state is restored once after the line search.
+        """
+        flat_grad = _flat(*grads)
         g_local = project(self.pca_rows, flat_grad)
         packed = ops.concat((g_local, ops.reshape(ops.cast(loss, ms.float32), (1,))))
         gathered = ops.reshape(self.gather(packed), (self.rank_size, self.height + 1))
         g = ops.reshape(gathered[:, :self.height], (-1,))[:self.n_components]
         old_loss = ops.reduce_sum(gathered[:, self.height]) / self.rank_size
 
-        h = ops.where(self.has_pair,
-                      bfgs_inverse_update(self.inv_hessian, self.step_last, g - self.grad_last, self.curvature_eps),
-                      self.inv_hessian)
-        d = quasi_newton_direction(h, g)
-        slope = ops.reduce_sum(g * d)
+        h, d, slope = _direction(self.inv_hessian, self.step_last, self.grad_last, g, self.has_pair,
+                                 self.curvature_eps)
         d_padded = ops.concat((d, ops.zeros(self.pad, ms.float32))) if self.pad else d
         d_local = d_padded[self.block_start:self.block_start + self.height]
         back = self.sum_ranks(back_project(self.pca_rows, ops.stack((d_local, g_local))))
-        direction = split_flat(back[0], self.shapes)
-        grad_in_subspace = split_flat(back[1], self.shapes)
+        direction = back[0]
 
-        saved = ()
-        for w in self.weights:
-            saved += (ops.deepcopy(w),)
-        saved_state = ()
-        for p in self.net_state:
-            saved_state += (ops.deepcopy(p),)
+        saved = _flat(*self.weights)
+        saved_state = _flat(*self.flat_state)
+        saved_other = ()
+        for p in self.other_state:
+            saved_other += (ops.deepcopy(p),)
 
         # the first trial always runs (no control flow); later ones only while nothing was accepted
-        accepted = self._trial(saved, saved_state, direction, self.trial_steps[0], old_loss, slope, *inputs)
-        step = ops.where(accepted, self.trial_steps[0], self.zero)
+        scale = self.search_scale if self.carry_search else None
+        t = self.trial_steps[0] * scale if self.carry_search else self.trial_steps[0]
+        accepted = self._trial(saved, direction, t, old_loss, slope, *inputs)
+        step = ops.where(accepted, t, self.zero)
         for i in range(1, self.max_search_time):
             if not accepted:
-                ok = self._trial(saved, saved_state, direction, self.trial_steps[i], old_loss, slope, *inputs)
-                step = ops.where(ok, self.trial_steps[i], step)
+                t = self.trial_steps[i] * scale if self.carry_search else self.trial_steps[i]
+                ok = self._trial(saved, direction, t, old_loss, slope, *inputs)
+                step = ops.where(ok, t, step)
                 accepted = ok
+        if self.carry_search:
+            new_scale = ops.where(accepted, ops.minimum(scale * self.grow, self.one), scale * self.shrink)
+            step = ops.depend(step, ops.assign(self.search_scale, new_scale))
 
         done = ops.assign(self.inv_hessian, ops.where(accepted, h, self.inv_hessian))
         done = ops.depend(done, ops.assign(self.grad_last, ops.where(accepted, g, self.grad_last)))
         done = ops.depend(done, ops.assign(self.step_last, ops.where(accepted, step * d, self.step_last)))
         done = ops.depend(done, ops.assign(self.has_pair, self.has_pair | accepted))
-        new_momentum = ()
-        for m, grad, sub in zip(self.momentum, grads, grad_in_subspace):
-            mu = residual_momentum(m, ops.cast(grad, ms.float32), sub, self.gamma)
-            new_momentum += (mu,)
-            done = ops.depend(done, ops.assign(m, mu))
-        done = ops.depend(done, self._assign_weights(saved, direction, step, new_momentum))
+        done = ops.depend(done, ops.assign(self.step_size, step))
+        mu = _momentum_step(self.layout, self.gamma, flat_grad, back[1], *self.momentum)
+        done = ops.depend(done, _write(self.layout, saved + step * direction - self.alpha * mu, *self.weights))
+        done = ops.depend(done, self._restore_state(saved_state, saved_other, accepted))
         return ops.depend(loss, done)
 
-    def _trial(self, saved, saved_state, direction, t, old_loss, slope, *inputs):
-        """Armijo test of the step ``t``: write the trial weights, average the loss over ranks, restore."""
-        trial = self._assign_weights(saved, direction, t, None)
+    def _trial(self, saved, direction, t, old_loss, slope, *inputs):
+        """Armijo test of the step ``t``: write ``w0 + t P^T d``, average the loss over ranks."""
+        trial = _write(self.layout, saved + t * direction, *self.weights)
         new_loss = self.mean_ranks(ops.cast(self.network(*inputs), ms.float32))
         new_loss = ops.depend(new_loss, trial)
-        ok = armijo_accepts(new_loss, old_loss, t, slope, self.sigma)
-        return ops.depend(ok, self._restore(saved, saved_state, ok))
+        return armijo_accepts(new_loss, old_loss, t, slope, self.sigma)
 
-    def _assign_weights(self, base, direction, step, momentum):
-        r""":math:`w \leftarrow w_0 + t\,P^\top d\,[-\,\alpha\mu]` for every weight."""
-        done = self.zero
-        for i in range(len(self.shapes)):
-            value = ops.cast(base[i], ms.float32) + step * direction[i]
-            if momentum is not None:
-                value = value - self.alpha * momentum[i]
-            w = self.weights[i]
-            done = ops.depend(done, ops.assign(w, ops.cast(value, w.dtype)))
-        return done
-
-    def _restore(self, saved, saved_state, after):
-        """Put back the weights and the network state saved before the line search."""
-        done = self.zero
-        for w, value in zip(self.weights, saved):
-            done = ops.depend(done, ops.assign(w, ops.depend(value, after)))
-        for p, value in zip(self.net_state, saved_state):
+    def _restore_state(self, saved_state, saved_other, after):
+        """Put back the network state (BatchNorm statistics) saved before the line search."""
+        done = _write(self.state_layout, ops.depend(saved_state, after), *self.flat_state)
+        for p, value in zip(self.other_state, saved_other):
             done = ops.depend(done, ops.assign(p, ops.depend(value, after)))
         return done
+
+
+# Compiled pieces of the step (``ms.jit``): in PyNative mode each runs as one graph instead of dozens of
+# small operations; inside a Graph-mode construct they are inlined. Layouts are Python constants; every
+# Tensor is a separate argument (a tuple of Tensors would be frozen into the graph as a constant).
+@ms.jit
+def _flat(*tensors):
+    """All tensors flattened, cast to float32 and concatenated (:func:`flatten_tensors`)."""
+    if not tensors:
+        return ops.zeros((0,), ms.float32)
+    return flatten_tensors(tensors)
+
+
+@ms.jit
+def _write(layout, flat, *params):
+    """Assign consecutive pieces of ``flat`` (shapes of ``layout``) to ``params``, cast to their dtypes."""
+    pieces = split_flat(flat, layout)
+    out = ()
+    for i in range(len(params)):
+        out = out + (ops.assign(params[i], ops.cast(pieces[i], params[i].dtype)),)
+    return out
+
+
+@ms.jit
+def _momentum_step(layout, gamma, flat_grad, grad_in_subspace, *momentum):
+    r"""Residual momentum :math:`\mu \leftarrow \gamma\mu + (\nabla - P^\top g)` on the flat buffer; returns it."""
+    mu = residual_momentum(flatten_tensors(momentum), flat_grad, grad_in_subspace, gamma)
+    return ops.depend(mu, _write(layout, mu, *momentum))
+
+
+@ms.jit
+def _direction(inv_hessian, step_last, grad_last, g, has_pair, eps):
+    r"""BFGS-updated :math:`H` (when a pair exists), :math:`d = -Hg` and the slope :math:`g^\top d`."""
+    h = ops.where(has_pair, bfgs_inverse_update(inv_hessian, step_last, g - grad_last, eps), inv_hessian)
+    d = quasi_newton_direction(h, g)
+    return h, d, ops.reduce_sum(g * d)
 
 
 class DimReduce(DimReduceUpdate):
@@ -275,4 +326,5 @@ def build_dim_reduce_update(network: nn.Cell, weights, dim_cfg, common_cfg=None)
                               dim_cfg.timeout, device_number)
     return DimReduceUpdate(network, weights, rows, dim_cfg.n_components, rho=dim_cfg.rho, gamma=dim_cfg.gamma,
                            alpha=dim_cfg.alpha, sigma=dim_cfg.sigma,
-                           max_search_time=dim_cfg.max_search_time)
+                           max_search_time=dim_cfg.max_search_time,
+                           carry_search=dim_cfg.carry_search)

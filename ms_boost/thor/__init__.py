@@ -22,7 +22,8 @@ from ms_boost.thor.boost import apply_boost_thor
 from ms_boost.thor.convert import ConvertedLayer, ConvertModelUtils, ConvertNetUtils
 from ms_boost.thor.factory import thor
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer, thor_state_parameters
-from ms_boost.thor.optimizer import THOR
+from ms_boost.thor.optimizer import THOR, ThorGuard, ThorNonFiniteError
 
 __all__ = ["thor", "THOR", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer", "ConvertNetUtils",
-           "ConvertModelUtils", "ConvertedLayer", "apply_boost_thor", "thor_state_parameters"]
+           "ConvertModelUtils", "ConvertedLayer", "apply_boost_thor", "thor_state_parameters",
+           "ThorGuard", "ThorNonFiniteError"]

@@ -32,7 +32,9 @@ The update direction with damping :math:`\lambda` is
 
 where each damped factor larger than the block size is approximated by its diagonal blocks (inverted
 independently, as upstream's ``split_dim``) and every block is inverted through its Cholesky factor
-:math:`M = L L^{\top}`, :math:`M^{-1} = L^{-\top} L^{-1}`.
+:math:`M = L L^{\top}`, :math:`M^{-1} = L^{-\top} L^{-1}` -- when that is numerically safe
+(:func:`cholesky_safe`); otherwise through the symmetric eigendecomposition with the eigenvalues clamped
+at 0 before the damping is added (:func:`clamped_eigen_block_inverse`), which cannot fail on finite input.
 """
 from __future__ import annotations
 
@@ -47,8 +49,15 @@ __all__ = [
     "conv_pads", "im2col", "split_groups", "append_ones", "input_factor", "output_factor",
     "token_frequencies", "running_average", "block_layout", "diagonal_blocks", "damped_block_inverse",
     "damped_diagonal_inverse", "block_diag_left", "block_diag_right", "kronecker_precondition",
-    "embedding_precondition", "clip_by_norm", "momentum_step",
+    "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
+    "all_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse", "clamped_eigen_block_inverse",
+    "trust_region_scale", "damped_blocks", "guarded_block_inverse",
 ]
+
+#: A damped block :math:`B + s I` is inverted through Cholesky only when :math:`s \ge \tau \max_i B_{ii}`
+#: with :math:`\tau` = this ratio; below it fp32 round-off could make :math:`B + sI` numerically indefinite
+#: (``cholesky`` then raises inside MindSpore) and the clamped eigen-inverse is used instead.
+CHOLESKY_SAFE_RATIO = 2.0 ** -10
 
 
 def conv_pads(pad_mode: str, padding, in_hw: Sequence[int], kernel_size: Sequence[int],
@@ -199,12 +208,95 @@ def diagonal_blocks(factor: Tensor, block_size: int) -> Tensor:
     return (blocks + blocks.swapaxes(-1, -2)) * 0.5
 
 
-def damped_block_inverse(factor: Tensor, damping: Tensor, block_size: int) -> Tensor:
-    r"""Inverses of the diagonal blocks of :math:`F + \sqrt{\lambda} I` through Cholesky.
+def symmetrise(matrix: Tensor) -> Tensor:
+    r""":math:`\frac{1}{2}(M + M^{\top})` over the last two axes."""
+    return (matrix + matrix.swapaxes(-1, -2)) * 0.5
 
-    For every block :math:`B` of :func:`diagonal_blocks`: :math:`B + \sqrt{\lambda} I = L L^{\top}`,
+
+def all_finite(x: Tensor) -> Tensor:
+    """Boolean scalar Tensor: no inf or NaN in ``x``."""
+    return ops.isfinite(x).all()
+
+
+def _trace(factor: Tensor) -> Tensor:
+    """Per-group trace of ``(groups, d, d)`` factors (or the sum of a ``(d,)`` diagonal factor) -> ``(groups,)``."""
+    if factor.ndim == 1:
+        return factor.sum().reshape(1)
+    eye = ops.eye(factor.shape[-1], factor.shape[-1], factor.dtype)
+    return (factor * eye).sum(axis=(-1, -2))
+
+
+def pi_damping(a_factor: Tensor, g_factor: Tensor, low: float = 1e-3, high: float = 1e3) -> Tensor:
+    r"""Factored Tikhonov split of the damping (Martens & Grosse 2015, sec. 6.3) -> ``(groups,)`` :math:`\pi`.
+
+    .. math::
+        \pi = \sqrt{\frac{\operatorname{tr}(A)/d_A}{\operatorname{tr}(G)/d_G}},
+
+    :math:`A` then gets :math:`\pi\sqrt\lambda` and :math:`G` gets :math:`\sqrt\lambda/\pi` (their product
+    keeps :math:`\lambda`). :math:`\pi` is clamped to ``[low, high]``, and is 1 where a trace is not
+    positive and finite. A diagonal (embedding) input factor uses the sum of its entries as trace.
+    """
+    a_dim = a_factor.shape[-1]
+    g_dim = g_factor.shape[-1]
+    a_mean = _trace(a_factor.astype(ms.float32)) / a_dim
+    g_mean = _trace(g_factor.astype(ms.float32)) / g_dim
+    valid = ops.logical_and(ops.logical_and(a_mean > 0, g_mean > 0),
+                            ops.logical_and(ops.isfinite(a_mean), ops.isfinite(g_mean)))
+    ratio = ops.select(valid, a_mean / ops.select(valid, g_mean, ops.ones_like(g_mean)), ops.ones_like(a_mean))
+    return ops.clamp(ops.sqrt(ratio), low, high)
+
+
+def cholesky_safe(blocks: Tensor, shift: Tensor, ratio: float = CHOLESKY_SAFE_RATIO) -> Tensor:
+    r"""Which symmetric ``(k, b, b)`` blocks can be inverted through fp32 Cholesky after adding ``shift`` -> ``(k,)``.
+
+    A block is *safe* when it is finite and :math:`s \ge \tau \max(\max_i |B_{ij}|, \epsilon)` with
+    :math:`\tau` = ``ratio``. For a factor that is positive semi-definite up to round-off (what K-FAC
+    statistics are: averages of outer products), its most negative eigenvalue is of order
+    :math:`u\sqrt{R}\,\lVert B\rVert` and Cholesky's own backward error of order :math:`b\,u\lVert B \rVert`
+    (:math:`u = 2^{-24}`), both far below :math:`\tau\lVert B\rVert`; :math:`\max|B_{ij}|` is the largest
+    diagonal entry of a PSD matrix, within a factor :math:`b` of :math:`\lVert B\rVert_2`.
+    """
+    scale = ops.abs(blocks).max(axis=(-1, -2))
+    finite = ops.isfinite(blocks).all(axis=(-1, -2))
+    enough = shift >= ops.clamp(scale, min=1e-30) * ratio
+    return ops.logical_and(ops.logical_and(finite, enough), shift > 0)
+
+
+def cholesky_block_inverse(blocks: Tensor, shift: Tensor) -> Tensor:
+    r"""``(k, b, b)`` inverses :math:`(B + sI)^{-1} = L^{-\top}L^{-1}`, :math:`B + sI = LL^{\top}`, ``shift`` ``(k,)``.
+
+    Only for blocks :func:`cholesky_safe` accepts (``cholesky`` raises inside MindSpore on a matrix it
+    finds indefinite).
+    """
+    block = blocks.shape[-1]
+    eye = ops.eye(block, block, ms.float32)
+    damped = blocks + eye * shift.reshape(-1, 1, 1)
+    lower = ops.cholesky(damped)
+    lower_inv = solve_triangular(lower, ops.broadcast_to(eye, damped.shape), lower=True)
+    return ops.matmul(lower_inv.swapaxes(-1, -2), lower_inv)
+
+
+def clamped_eigen_block_inverse(blocks: Tensor, shift: Tensor) -> Tensor:
+    r"""``(k, b, b)`` inverses :math:`V \operatorname{diag}(\max(\mu, 0) + s)^{-1} V^{\top}` of symmetric blocks.
+
+    :math:`B = V\operatorname{diag}(\mu)V^{\top}`: eigenvalues made negative by round-off are clamped at 0,
+    so the damped inverse is symmetric positive definite with eigenvalues at most :math:`1/s`. Computed
+    from the (batched) SVD :math:`B = U\Sigma V^{\top}`: for symmetric :math:`B`, :math:`\mu_i = \sigma_i
+    \operatorname{sign}(u_i^{\top} v_i)`. Never raises on finite input.
+    """
+    singular, left, right = ops.svd(blocks)
+    sign = ops.sign((left * right).sum(axis=-2))
+    eigen = ops.relu(singular * sign) + shift.reshape(-1, 1)
+    return ops.matmul(right / eigen.expand_dims(-2), right.swapaxes(-1, -2))
+
+
+def damped_block_inverse(factor: Tensor, damping: Tensor, block_size: int) -> Tensor:
+    r"""Inverses of the diagonal blocks of :math:`F + \sqrt{\lambda} I` (Cholesky, or the clamped eigen-inverse).
+
+    For every block :math:`B` of :func:`diagonal_blocks` (symmetrised): :math:`B + \sqrt{\lambda} I = L L^{\top}`,
     :math:`L^{-1}` by a triangular solve against :math:`I`, and
-    :math:`(B + \sqrt{\lambda} I)^{-1} = L^{-\top} L^{-1}`.
+    :math:`(B + \sqrt{\lambda} I)^{-1} = L^{-\top} L^{-1}`; when any block is not :func:`cholesky_safe`, all
+    blocks go through :func:`clamped_eigen_block_inverse` instead. Never raises on finite input.
 
     Args:
         factor: ``(groups, d, d)`` symmetric positive semi-definite factor.
@@ -214,14 +306,63 @@ def damped_block_inverse(factor: Tensor, damping: Tensor, block_size: int) -> Te
     Returns:
         ``(groups, n_b, b, b)`` float32 block inverses.
     """
+    groups = factor.shape[0]
+    shift = ops.broadcast_to(ops.sqrt(damping.astype(ms.float32)).reshape(1), (groups,))
+    inverse, _ = guarded_block_inverse(factor, shift, block_size)
+    return inverse
+
+
+def damped_blocks(factor: Tensor, shift: Tensor, block_size: int) -> Tuple[Tensor, Tensor]:
+    """``(k, b, b)`` symmetrised diagonal blocks of ``(groups, d, d)`` ``factor`` and their ``(k,)`` shifts.
+
+    ``shift`` is ``(groups,)`` (one damping per channel group, e.g. after :func:`pi_damping`).
+    """
     blocks = diagonal_blocks(factor.astype(ms.float32), block_size)
     groups, n_blocks, block = blocks.shape[0], blocks.shape[1], blocks.shape[2]
-    eye = ops.eye(block, block, ms.float32)
-    flat = blocks.reshape(groups * n_blocks, block, block) + eye * ops.sqrt(damping.astype(ms.float32))
-    lower = ops.cholesky(flat)
-    lower_inv = solve_triangular(lower, ops.broadcast_to(eye, flat.shape), lower=True)
-    inverse = ops.matmul(lower_inv.swapaxes(-1, -2), lower_inv)
-    return inverse.reshape(groups, n_blocks, block, block)
+    shifts = ops.broadcast_to(shift.astype(ms.float32).reshape(groups, 1), (groups, n_blocks)).reshape(-1)
+    return blocks.reshape(groups * n_blocks, block, block), shifts
+
+
+def guarded_block_inverse(factor: Tensor, shift: Tensor, block_size: int) -> Tuple[Tensor, Tensor]:
+    """Block inverses of ``factor + shift I`` that cannot raise, and the number of blocks that needed the fallback.
+
+    Args:
+        factor: ``(groups, d, d)`` finite factor, positive semi-definite up to round-off.
+        shift: ``(groups,)`` positive damping added to each group's blocks.
+        block_size: largest diagonal block.
+
+    Returns:
+        ``((groups, n_b, b, b) inverses, float32 count of blocks not Cholesky-safe)``; when that count is
+        positive every block is inverted by :func:`clamped_eigen_block_inverse`.
+    """
+    flat, shifts = damped_blocks(factor, shift, block_size)
+    groups = factor.shape[0]
+    block = flat.shape[-1]
+    safe = cholesky_safe(flat, shifts)
+    unsafe = ops.logical_not(safe).astype(ms.float32).sum()
+    if safe.all():
+        inverse = cholesky_block_inverse(flat, shifts)
+    else:
+        inverse = clamped_eigen_block_inverse(flat, shifts)
+    return inverse.reshape(groups, -1, block, block), unsafe
+
+
+def trust_region_scale(vg_sum: Tensor, lr: Tensor, kl_clip: float) -> Tensor:
+    r"""Trust-region factor :math:`\nu = \min(1, \sqrt{c / (\eta^2 \sum_l \langle F_l^{-1} g_l, g_l\rangle)})`.
+
+    :math:`c` = ``kl_clip`` bounds the predicted change of the model,
+    :math:`\eta^2 \Delta^{\top} F \Delta` with :math:`\Delta = \nu F^{-1} g`, by :math:`c` (kfac-pytorch's
+    ``kl_clip``, after Martens & Grosse 2015). A zero sum gives 1; a non-finite one gives a non-finite
+    :math:`\nu` (the step is then skipped).
+
+    Args:
+        vg_sum: scalar :math:`\sum_l \langle F_l^{-1} g_l, g_l\rangle` over the preconditioned layers.
+        lr: scalar learning rate :math:`\eta`.
+        kl_clip: :math:`c > 0`.
+    """
+    quad = ops.abs(vg_sum) * lr.astype(ms.float32) * lr.astype(ms.float32)
+    nu = ops.clamp(ops.sqrt(ops.reciprocal(quad + 1e-30) * kl_clip), max=1.0)
+    return (nu + quad * 0.0).astype(ms.float32)  # inf/NaN in the sum propagate (clamp would hide them)
 
 
 def damped_diagonal_inverse(diagonal: Tensor, damping: Tensor) -> Tensor:

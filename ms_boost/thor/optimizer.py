@@ -27,6 +27,7 @@ and every inverse comes from one rank, all ranks apply bit-identical updates.
 """
 from __future__ import annotations
 
+import logging
 import numbers
 from typing import Callable, Optional, Sequence
 
@@ -35,6 +36,7 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore import log as logger
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
+from mindspore.train.callback import Callback
 
 from ms_boost import comm
 from ms_boost.thor import math as thor_math
@@ -42,7 +44,36 @@ from ms_boost.thor.layers import ThorLayer, thor_state_parameters
 from ms_boost.topology import Topology
 from ms_boost.update import StageHooks
 
-__all__ = ["THOR"]
+_log = logging.getLogger("ms_boost")
+
+__all__ = ["THOR", "ThorGuard", "ThorNonFiniteError", "DEFAULT_KL_CLIP"]
+
+
+#: Default trust-region bound :math:`c` of :func:`ms_boost.thor.math.trust_region_scale` (see docs/thor.md for
+#: the measurement behind it).
+DEFAULT_KL_CLIP = 1e-3
+#: Default number of consecutive non-finite losses / skipped steps after which training stops.
+DEFAULT_MAX_NONFINITE_STEPS = 10
+
+
+class ThorNonFiniteError(RuntimeError):
+    """Training stopped: the loss (or THOR's update) stayed non-finite for too many consecutive steps."""
+
+
+def _check_kl_clip(value) -> float:
+    """``kl_clip``: None or 0 switch the trust region off (returned as 0.0); else a finite float > 0."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
+        raise ValueError(f"thor: kl_clip={value!r} must be None, 0 (trust region off) or a finite float > 0.")
+    return float(value)
+
+
+def _identity_blocks(shape) -> np.ndarray:
+    """Identity blocks of ``(groups, n_b, b, b)`` (or ones for a diagonal ``(d,)`` inverse)."""
+    if len(shape) == 1:
+        return np.ones(shape, np.float32)
+    return np.broadcast_to(np.eye(shape[-1], dtype=np.float32), shape).copy()
 
 
 def _default_decay_filter(param) -> bool:
@@ -78,7 +109,7 @@ class _DampingSchedule(nn.Cell):
                             f"or a LearningRateSchedule.")
         if values.size == 0 or not np.all(np.isfinite(values)) or np.any(values <= 0):
             raise ValueError(f"thor: damping={damping!r} must hold finite values > 0.")
-        self.values = Tensor(values)
+        self.values = Parameter(Tensor(values), name="thor_damping_values", requires_grad=False)
         self.last = values.size - 1
 
     def construct(self, step):
@@ -172,12 +203,21 @@ class THOR(nn.Optimizer, StageHooks):
         block_size: factors larger than this are split into diagonal blocks of this size.
         distribute_inverses: on several ranks, invert each factor on one rank and broadcast (else every
             rank inverts everything).
+        kl_clip: trust region :math:`c`: every preconditioned update is scaled by
+            :math:`\nu = \min(1, \sqrt{c / (\eta^2 \sum_l \langle F_l^{-1} g_l, g_l\rangle)})`
+            (:func:`~ms_boost.thor.math.trust_region_scale`); None or 0 switch it off.
+        pi_damping: split the damping between :math:`A` and :math:`G` by their traces
+            (:func:`~ms_boost.thor.math.pi_damping`) instead of :math:`\sqrt\lambda` on each.
+        max_nonfinite_steps: :class:`ThorGuard` stops training after this many consecutive steps with a
+            non-finite loss or a skipped update (0: never).
     """
 
     def __init__(self, net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0,
                  batch_size: int = 32, use_nesterov: bool = False, decay_filter: Optional[Callable] = None,
                  split_indices=None, enable_clip_grad: bool = False, frequency: int = 100, *,
-                 params=None, block_size: int = 128, distribute_inverses: bool = True):
+                 params=None, block_size: int = 128, distribute_inverses: bool = True,
+                 kl_clip: Optional[float] = DEFAULT_KL_CLIP, pi_damping: bool = False,
+                 max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS):
         if not isinstance(net, nn.Cell):
             raise TypeError(f"thor: net must be a mindspore.nn.Cell, got {type(net).__name__}.")
         if params is None:
@@ -195,6 +235,11 @@ class THOR(nn.Optimizer, StageHooks):
         decay_filter = _default_decay_filter if decay_filter is None else decay_filter
         if not callable(decay_filter):
             raise TypeError(f"thor: decay_filter={decay_filter!r} must be callable.")
+        self.kl_clip = _check_kl_clip(kl_clip)
+        self.pi_damping = _check_bool("pi_damping", pi_damping)
+        if isinstance(max_nonfinite_steps, bool) or not isinstance(max_nonfinite_steps, int) or max_nonfinite_steps < 0:
+            raise ValueError(f"thor: max_nonfinite_steps={max_nonfinite_steps!r} must be an int >= 0 (0: never stop).")
+        self.max_nonfinite_steps = max_nonfinite_steps
         self.use_nesterov = _check_bool("use_nesterov", use_nesterov)
         self.enable_clip_grad = _check_bool("enable_clip_grad", enable_clip_grad)
         self.frequency = frequency
@@ -214,6 +259,17 @@ class THOR(nn.Optimizer, StageHooks):
                                            requires_grad=False)
         self.bind_loss_scale(self.factor_loss_scale)
         self.thor_initialised = Parameter(Tensor(False, ms.bool_), name="thor_initialised", requires_grad=False)
+        self.refresh_next = Parameter(Tensor(False, ms.bool_), name="thor_refresh_next", requires_grad=False)
+        # health counters: [blocks inverted by the eigen fallback, inverses rejected as non-finite,
+        # per layer: refreshes that kept the previous inverses (non-finite factors)]
+        self.refresh_health = Parameter(Tensor(np.zeros(2 + self.n_layers, np.float32)), name="thor_refresh_health",
+                                        requires_grad=False)
+        # [skipped steps, trust-region factor nu of the last step, first layer with a non-finite update in the
+        #  last skipped step (-1: none), consecutive skipped steps]
+        self.step_health = Parameter(Tensor(np.array([0.0, 1.0, -1.0, 0.0], np.float32)), name="thor_step_health",
+                                     requires_grad=False)
+        self._keep_on_success = Tensor(np.array([1.0, 0.0, 1.0, 0.0], np.float32))
+        self._keep_on_skip = Tensor(np.array([1.0, 0.0, 0.0, 1.0], np.float32))
         self._setup_distribution(split_indices, distribute_inverses)
 
     # ------------------------------------------------------------------ build time
@@ -259,9 +315,10 @@ class THOR(nn.Optimizer, StageHooks):
             groups_of.append(groups)
             g_dims.append(layer.g_shape[-1])
             decays.append(layer.factor_decay)
-            a_inv.append(Parameter(Tensor(np.zeros(a_inv_shape, np.float32)), name=f"thor_a_inverse.{path}",
+            # identity until the first good refresh (a layer whose first factors are non-finite gets its gradient)
+            a_inv.append(Parameter(Tensor(_identity_blocks(a_inv_shape)), name=f"thor_a_inverse.{path}",
                                    requires_grad=False))
-            g_inv.append(Parameter(Tensor(np.zeros((groups, nb, b, b), np.float32)),
+            g_inv.append(Parameter(Tensor(_identity_blocks((groups, nb, b, b))),
                                    name=f"thor_g_inverse.{path}", requires_grad=False))
             state = layer.thor_parameters()
             flags.append(state["thor_capture"])
@@ -382,20 +439,20 @@ class THOR(nn.Optimizer, StageHooks):
             layer.bind_loss_scale(loss_scale)
 
     # ------------------------------------------------------------------ step
-    def _kronecker_inverse(self, job: int, factor, damping):
-        """Damped inverse of factor ``job`` (2i: A of layer i, 2i+1: G of layer i)."""
-        if job % 2 == 0:
-            if self.layer_kind[job // 2] == "embedding":
-                return thor_math.damped_diagonal_inverse(factor, damping)
-            if self.trim_a[job // 2]:
-                factor = factor[:, :-1, :-1]
-        return thor_math.damped_block_inverse(factor, damping, self.block_size)
+    def _factor_for_inverse(self, job: int, factor):
+        """The factor job ``job`` inverts (A without an untrained bias's row/column)."""
+        if job % 2 == 0 and self.layer_kind[job // 2] != "embedding" and self.trim_a[job // 2]:
+            return factor[:, :-1, :-1]
+        return factor
 
     def _refresh(self, damping, gradients):
         """Fold the captured statistics, average them across ranks, invert, store; returns a dependency token.
 
         Every collective takes a data dependency on the previous one (the first on the gradients, which
-        left the data-parallel reduction), so all ranks issue them in the same order.
+        left the data-parallel reduction), so all ranks issue them in the same order. A layer whose
+        factors hold inf/NaN keeps its previous inverses (counted per layer in ``refresh_health``); every
+        block goes through Cholesky when all of this rank's blocks are :func:`~ms_boost.thor.math.cholesky_safe`,
+        else through the clamped eigen-inverse (the number of unsafe blocks is counted).
         """
         factors = ()
         for i in range(self.n_layers):
@@ -416,6 +473,7 @@ class THOR(nn.Optimizer, StageHooks):
             factors = reduced
         token = ops.zeros((), ms.float32)
         folded = ()
+        layer_ok = ()
         for i in range(self.n_layers):
             a, g = factors[2 * i], factors[2 * i + 1]
             slot = self.factor_slot[i]
@@ -423,13 +481,50 @@ class THOR(nn.Optimizer, StageHooks):
                 decay = self.factor_decay[i]
                 a = thor_math.running_average(self.a_factors[slot], a, decay, self.thor_initialised)
                 g = thor_math.running_average(self.g_factors[slot], g, decay, self.thor_initialised)
-                token = ops.depend(token, ops.assign(self.a_factors[slot], a))
-                token = ops.depend(token, ops.assign(self.g_factors[slot], g))
-            folded += (a, g)
+            ok = ops.logical_and(thor_math.all_finite(a), thor_math.all_finite(g))
+            if slot >= 0:  # a non-finite capture must not poison the running average
+                token = ops.depend(token, ops.assign(self.a_factors[slot], ops.where(ok, a, self.a_factors[slot])))
+                token = ops.depend(token, ops.assign(self.g_factors[slot], ops.where(ok, g, self.g_factors[slot])))
+            # stand-ins keep the inversion finite; their result is discarded below
+            a = ops.where(ok, a, ops.ones_like(a) if a.ndim == 1 else _eye_like(a))
+            g = ops.where(ok, g, _eye_like(g))
+            folded += (self._factor_for_inverse(2 * i, a), g)
+            layer_ok += (ok,)
+        root = ops.sqrt(damping.astype(ms.float32))
+        shifts = ()
+        for i in range(self.n_layers):
+            groups = self.layer_groups[i]
+            if self.pi_damping:
+                pi = thor_math.pi_damping(folded[2 * i], folded[2 * i + 1])
+                pi = ops.broadcast_to(pi.reshape(-1), (groups,))
+                shifts += (root * pi, root / pi)
+            else:
+                base = ops.broadcast_to(root.reshape(1), (groups,))
+                shifts += (base, base)
+        # Kronecker blocks of the jobs this rank inverts; one decision for all of them
+        blocks, block_shifts = (), ()
+        unsafe = ops.zeros((), ms.float32)
+        for j in range(2 * self.n_layers):
+            if self.inverse_owner[j] == self.rank and not self._is_diagonal(j):
+                flat, flat_shift = thor_math.damped_blocks(folded[j], shifts[j], self.block_size)
+                unsafe = unsafe + ops.logical_not(thor_math.cholesky_safe(flat, flat_shift)).astype(ms.float32).sum()
+                blocks += (flat,)
+                block_shifts += (flat_shift,)
+            else:
+                blocks += (None,)
+                block_shifts += (None,)
+        if unsafe > 0.5:
+            raw = self._invert_all(blocks, block_shifts, folded, shifts, False)
+        else:
+            raw = self._invert_all(blocks, block_shifts, folded, shifts, True)
         inverses = ()
+        bad_inverses = ops.zeros((), ms.float32)
         for j in range(2 * self.n_layers):
             if self.inverse_owner[j] == self.rank:
-                inverses += (self._kronecker_inverse(j, folded[j], damping),)
+                good = ops.logical_and(layer_ok[j // 2], thor_math.all_finite(raw[j]))
+                bad_inverses = bad_inverses + ops.logical_and(layer_ok[j // 2], ops.logical_not(good)).astype(
+                    ms.float32)
+                inverses += (ops.where(good, raw[j], self._inverse_param(j)),)
             else:
                 inverses += (None,)
         received = ()
@@ -450,7 +545,30 @@ class THOR(nn.Optimizer, StageHooks):
             else:
                 value = received[k][offset:offset + self.inverse_sizes[j]].reshape(self.inverse_shapes[j])
             token = ops.depend(token, ops.assign(self._inverse_param(j), value))
+        rejected = ops.stack([ops.logical_not(ok).astype(ms.float32) for ok in layer_ok])
+        health = self.refresh_health + ops.concat((ops.stack([unsafe, bad_inverses]), rejected))
+        token = ops.depend(token, ops.assign(self.refresh_health, health.astype(ms.float32)))
+        token = ops.depend(token, ops.assign(self.refresh_next, Tensor(False, ms.bool_)))
         return ops.depend(token, ops.assign(self.thor_initialised, Tensor(True, ms.bool_)))
+
+    def _is_diagonal(self, job: int) -> bool:
+        return job % 2 == 0 and self.layer_kind[job // 2] == "embedding"
+
+    def _invert_all(self, blocks, block_shifts, folded, shifts, use_cholesky: bool):
+        """Inverses of this rank's jobs (None for the others): Cholesky or the clamped eigen-inverse for all."""
+        out = ()
+        for j in range(2 * self.n_layers):
+            if self.inverse_owner[j] != self.rank:
+                out += (None,)
+            elif self._is_diagonal(j):
+                out += (thor_math.damped_diagonal_inverse(folded[j], shifts[j][0] * shifts[j][0]),)
+            else:
+                if use_cholesky:
+                    inv = thor_math.cholesky_block_inverse(blocks[j], block_shifts[j])
+                else:
+                    inv = thor_math.clamped_eigen_block_inverse(blocks[j], block_shifts[j])
+                out += (inv.reshape(self.inverse_shapes[j]),)
+        return out
 
     def _inverse_param(self, job: int):
         return self.a_inverses[job // 2] if job % 2 == 0 else self.g_inverses[job // 2]
@@ -475,35 +593,183 @@ class THOR(nn.Optimizer, StageHooks):
         moments = self.moments
         gradients = self.scale_grad(gradients)
         step = self.global_step
-        refresh = ops.logical_or(ops.logical_not(self.thor_initialised), (step % self.frequency) == 0).all()
+        refresh = ops.logical_or(ops.logical_or(ops.logical_not(self.thor_initialised), self.refresh_next),
+                                 (step % self.frequency) == 0).all()
         if refresh:
             damping = self.damping(step)
             token = self._refresh(damping, gradients)
             gradients = ops.depend(gradients, token)
+        lr = self.get_lr()
         # Per-parameter work is mapped with HyperMap over tuples: a Python loop over ResNet-50's 161
         # parameters unrolls into nested calls deeper than Graph mode's call-depth limit.
         new_grads = list(gradients)
+        vg_sum = ops.zeros((), ms.float32)
         for i in range(self.n_layers):
             weight_grad, bias_grad = self._precondition_layer(i, gradients)
             new_grads[self.weight_index[i]] = weight_grad
+            if self.kl_clip > 0.0:
+                vg_sum = vg_sum + (weight_grad * gradients[self.weight_index[i]]).sum()
             if self.bias_index[i] >= 0:
                 new_grads[self.bias_index[i]] = bias_grad
+                if self.kl_clip > 0.0:
+                    vg_sum = vg_sum + (bias_grad * gradients[self.bias_index[i]]).sum()
+        directions = tuple(new_grads)  # before the trust region: a NaN nu would blame every layer
+        nu = ops.ones((), ms.float32)
+        if self.kl_clip > 0.0:
+            nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
+            for i in range(self.n_layers):
+                new_grads[self.weight_index[i]] = new_grads[self.weight_index[i]] * nu
+                if self.bias_index[i] >= 0:
+                    new_grads[self.bias_index[i]] = new_grads[self.bias_index[i]] * nu
         new_grads = tuple(new_grads)
         if self.weight_decay > 0.0:
             new_grads = self.hyper_map(ops.partial(_decay, self.weight_decay), self.decay_flags, params, new_grads)
         if self.enable_clip_grad:
             new_grads = self.hyper_map(_clip_to_unit_norm, new_grads)
-        lr = self.get_lr()
-        if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
-            success = self.hyper_map(ops.partial(_nesterov_step, lr, self.momentum), params, moments, new_grads)
+        # a non-finite update (gradient, preconditioned direction or nu) skips the whole step
+        finite = ops.addn(self.hyper_map(_non_finite, new_grads)) < 0.5
+        if finite:
+            if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
+                success = self.hyper_map(ops.partial(_nesterov_step, lr, self.momentum), params, moments, new_grads)
+            else:
+                success = self.hyper_map(ops.partial(_momentum_step, self.apply_momentum, lr, self.momentum),
+                                         params, moments, new_grads)
+            next_step = step + 1
+            capture = ((next_step % self.frequency) == 0).all()
+            success = ops.depend(success, self.hyper_map(ops.partial(_set_flag, capture), self.capture_flags))
+            success = ops.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
+            done = ops.depend(ops.ones((), ms.bool_), success)
+            health = self.step_health * self._keep_on_success + ops.concat(
+                (ops.zeros((1,), ms.float32), nu.reshape(1).astype(ms.float32), ops.zeros((2,), ms.float32)))
         else:
-            success = self.hyper_map(ops.partial(_momentum_step, self.apply_momentum, lr, self.momentum),
-                                     params, moments, new_grads)
-        next_step = step + 1
-        capture = ((next_step % self.frequency) == 0).all()
-        success = ops.depend(success, self.hyper_map(ops.partial(_set_flag, capture), self.capture_flags))
-        success = ops.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
-        return success
+            # nothing moves; the next step captures statistics again (they show where inf/NaN appear) and
+            # refreshes the inverses (a corrupted inverse would otherwise be reused until the next refresh)
+            done = ops.depend(ops.zeros((), ms.bool_),
+                              self.hyper_map(ops.partial(_set_flag, Tensor(True, ms.bool_)), self.capture_flags))
+            done = ops.depend(done, ops.assign(self.refresh_next, Tensor(True, ms.bool_)))
+            bad = self._first_bad_layer(directions).reshape(1)
+            health = self.step_health * self._keep_on_skip + ops.concat(
+                (ops.ones((1,), ms.float32), nu.reshape(1).astype(ms.float32), bad, ops.ones((1,), ms.float32)))
+        return ops.depend(done, ops.assign(self.step_health, health.astype(ms.float32)))
+
+    def _first_bad_layer(self, new_grads):
+        """Index (float) of the first THOR layer whose update holds inf/NaN; -1 if none does."""
+        first = ops.zeros((), ms.float32) - 1.0
+        for i in range(self.n_layers - 1, -1, -1):
+            bad = ops.logical_not(thor_math.all_finite(new_grads[self.weight_index[i]]))
+            if self.bias_index[i] >= 0:
+                bad = ops.logical_or(bad, ops.logical_not(thor_math.all_finite(new_grads[self.bias_index[i]])))
+            first = ops.where(bad, ops.zeros((), ms.float32) + float(i), first)
+        return first
+
+    # ------------------------------------------------------------------ health
+    def health(self) -> dict:
+        """THOR's robustness counters (host copies): see docs/thor.md "Robustness".
+
+        Returns:
+            dict with ``eigen_fallback_blocks``, ``rejected_inverses``, ``rejected_refreshes`` (per layer path),
+            ``skipped_steps``, ``last_nu``, ``last_bad_layer`` (path or None), ``consecutive_skips``.
+        """
+        refresh = self.refresh_health.asnumpy()
+        step = self.step_health.asnumpy()
+        bad = int(step[2])
+        return {"eigen_fallback_blocks": int(refresh[0]), "rejected_inverses": int(refresh[1]),
+                "rejected_refreshes": {p: int(c) for p, c in zip(self.layer_paths, refresh[2:])},
+                "skipped_steps": int(step[0]), "last_nu": float(step[1]),
+                "last_bad_layer": self.layer_paths[bad] if 0 <= bad < self.n_layers else None,
+                "consecutive_skips": int(step[3])}
+
+    def request_capture(self) -> None:
+        """Make every THOR layer capture its statistics at the next step (diagnostics; changes no update)."""
+        for flag in self.capture_flags:
+            flag.set_data(Tensor(True, ms.bool_))
+
+    def training_guard(self):
+        """A new :class:`ThorGuard` callback for this optimizer (``ms_boost.Model.train`` adds it)."""
+        return ThorGuard(self)
+
+
+class ThorGuard(Callback):
+    """Watches a THOR run: logs rejected refreshes and eigen fallbacks; stops a run that stays non-finite.
+
+    ``ms_boost.Model.train`` adds one automatically when the optimizer is THOR (so the tutorial's
+    ``convert_to_thor_model(...).train(...)`` is guarded). After every step (every sink in sink mode):
+
+    * a layer whose refresh kept the previous inverses (factors with inf/NaN) is logged once, by name;
+      blocks inverted through the clamped eigendecomposition are logged too;
+    * a step is *non-finite* when its loss holds inf/NaN or THOR skipped its update; the next step then
+      captures statistics (they show where inf/NaN first appear);
+    * after ``optimizer.max_nonfinite_steps`` consecutive non-finite steps (0: never) it raises
+      :class:`ThorNonFiniteError` naming the step and the first layer (network order) whose weights,
+      input statistics or output-gradient statistics hold inf/NaN.
+
+    Args:
+        optimizer: the :class:`THOR` optimizer.
+    """
+
+    def __init__(self, optimizer: THOR):
+        super().__init__()
+        self.optimizer = optimizer
+        self.streak = 0
+        self.first_step = None
+        self._seen = None
+
+    def on_train_step_end(self, run_context):
+        args = run_context.original_args()
+        step = int(getattr(args, "cur_step_num", 0))
+        outputs = args.net_outputs
+        loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+        finite_loss = bool(np.isfinite(loss.asnumpy()).all()) if isinstance(loss, Tensor) else True
+        health = self.optimizer.health()
+        seen = self._seen or {"eigen_fallback_blocks": 0, "rejected_inverses": 0, "skipped_steps": 0,
+                              "rejected_refreshes": dict.fromkeys(health["rejected_refreshes"], 0)}
+        for path, count in health["rejected_refreshes"].items():
+            if count > seen["rejected_refreshes"].get(path, 0):
+                _log.warning("thor: step %d: layer %s: factors hold inf/NaN; its previous inverses are kept.",
+                             step, path)
+        if health["eigen_fallback_blocks"] > seen["eigen_fallback_blocks"]:
+            _log.info("thor: step %d: %d factor blocks inverted through the clamped eigendecomposition "
+                      "(damping small for their scale; %d so far).", step,
+                      health["eigen_fallback_blocks"] - seen["eigen_fallback_blocks"], health["eigen_fallback_blocks"])
+        if health["rejected_inverses"] > seen["rejected_inverses"]:
+            _log.warning("thor: step %d: %d non-finite inverses discarded (previous ones kept).", step,
+                         health["rejected_inverses"] - seen["rejected_inverses"])
+        skipped = health["skipped_steps"] > seen["skipped_steps"]
+        self._seen = health
+        if finite_loss and not skipped:
+            self.streak, self.first_step = 0, None
+            return
+        if skipped:
+            _log.warning("thor: step %d: non-finite update (first layer: %s); step skipped.", step,
+                         health["last_bad_layer"])
+        self.streak += 1
+        self.first_step = step if self.first_step is None else self.first_step
+        self.optimizer.request_capture()
+        limit = self.optimizer.max_nonfinite_steps
+        if limit and self.streak >= limit:
+            run_context.request_stop()
+            what = "loss" if not finite_loss else "THOR update"
+            raise ThorNonFiniteError(
+                f"thor: the {what} was non-finite for {self.streak} consecutive steps (steps {self.first_step}.."
+                f"{step}); training stopped at step {step}. First layer with non-finite values: "
+                f"{self.locate()}. Lower the learning rate, raise the damping or check the data.")
+
+    def locate(self) -> str:
+        """The first THOR layer (network order) whose weights or captured statistics hold inf/NaN, described."""
+        opt = self.optimizer
+        for path, layer in zip(opt.layer_paths, opt.thor_layers):
+            checks = [("weight", layer.embedding_table if layer.kind == "embedding" else layer.weight)]
+            if getattr(layer, "bias", None) is not None:
+                checks.append(("bias", layer.bias))
+            checks += [("input statistics (its forward input)", layer.matrix_a_batch),
+                       ("output-gradient statistics (its backward input)", layer.matrix_g_batch)]
+            for what, param in checks:
+                if not np.isfinite(param.asnumpy()).all():
+                    return f"{path} ({what})"
+        bad = opt.health()["last_bad_layer"]
+        if bad is not None:
+            return f"{bad} (preconditioned update)"
+        return "none of the THOR layers' weights or statistics (the loss itself is non-finite: check the inputs)"
 
 
 _CALL_DEPTH = {"raised_to": 0}
@@ -513,7 +779,7 @@ def _ensure_call_depth(n_layers: int) -> None:
     """Raise MindSpore's graph call-depth limit (``mindspore.set_recursion_limit``, default 1000) for THOR's
     per-layer refresh and preconditioning, which Graph mode unrolls into nested calls (about 10 levels per
     layer). Only ever raised, never lowered below a value ms_boost set before; logged once per change."""
-    needed = 1000 + 12 * max(0, n_layers - 40)
+    needed = 1000 + 40 * max(0, n_layers - 12)  # the guarded refresh unrolls more per-layer loops
     if needed > max(1000, _CALL_DEPTH["raised_to"]):
         ms.set_recursion_limit(needed)
         _CALL_DEPTH["raised_to"] = needed
@@ -526,6 +792,18 @@ _clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
 _momentum_step = ops.MultitypeFuncGraph("thor_momentum")
 _nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
 _set_flag = ops.MultitypeFuncGraph("thor_set_flag")
+_non_finite = ops.MultitypeFuncGraph("thor_non_finite")
+
+
+@_non_finite.register("Tensor")
+def _non_finite_tensor(x):
+    return ops.logical_not(ops.isfinite(x).all()).astype(ms.float32)
+
+
+def _eye_like(factor):
+    """Identity stack shaped like ``(groups, d, d)`` ``factor``."""
+    dim = factor.shape[-1]
+    return ops.broadcast_to(ops.eye(dim, dim, factor.dtype), factor.shape)
 
 
 @_decay.register("Number", "Bool", "Tensor", "Tensor")

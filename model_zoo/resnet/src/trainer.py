@@ -41,6 +41,7 @@ from model_zoo.resnet.src.run_state import GuardedCheckpoint, TrainingDiverged, 
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import Model, comm
 from ms_boost.config import AutoBoost
+from ms_boost.dim_reduce.pca import write_weight_manifest
 
 __all__ = [
     "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
@@ -278,7 +279,8 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
                                    max(int(cfg.epoch_size), int(thor_cfg.damping_epochs)), steps_per_epoch)
         return thor(net, lr, Tensor(damping), float(cfg.momentum), float(cfg.weight_decay), opt_scale,
                     int(cfg.batch_size), split_indices=list(thor_cfg.split_indices) or None,
-                    frequency=int(thor_cfg.frequency))
+                    frequency=int(thor_cfg.frequency),
+                    kl_clip=float(thor_cfg.kl_clip) if "kl_clip" in thor_cfg else 1e-3)
     groups = init_group_params(net, float(cfg.weight_decay))
     if cfg.optimizer == "SGD":
         return nn.SGD(groups, learning_rate=lr, loss_scale=opt_scale)
@@ -384,6 +386,8 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
         callbacks.append(GuardedCheckpoint(net, os.path.join(directory, cfg.pca_checkpoint_dir), cfg.checkpoint_prefix,
                                            cfg.pca_checkpoint_steps or steps_per_epoch, cfg.pca_keep_checkpoint_max,
                                            0, steps_per_epoch, step_offset, manifest=None, write=run.rank == 0))
+        if run.rank == 0:  # trainable names and shapes for the PCA (stage 2, python -m ms_boost.dim_reduce.pca)
+            write_weight_manifest(net, os.path.join(directory, cfg.pca_checkpoint_dir))
     if cfg.metrics_file and run.rank == 0:
         callbacks.append(MetricsLogger(os.path.join(cfg.output_path, cfg.metrics_file),
                                        learning_rate(cfg, steps_per_epoch), steps_per_epoch, step_offset))
