@@ -16,7 +16,7 @@ setup(
     package_data={"model_zoo": ["resnet/configs/*.yaml"]},
     install_requires=[
         # measured with scripts/version_matrix.sh, see docs/compatibility.md
-        "mindspore>=2.9,<2.11",
+        "mindspore>=2.7,<2.11",
         # MindSpore 2.10's PyNative scalar ops raise "compiled using NumPy 1.x" under numpy 2
         "numpy>=1.22,<2",
         "scipy",
