@@ -19,10 +19,10 @@ from typing import Optional
 
 from mindspore import Tensor, nn
 from mindspore.train import Model as _MsModel
-from mindspore.train import amp as _amp
 from mindspore.train.loss_scale_manager import LossScaleManager
 
 from ms_boost import comm
+from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
 from ms_boost.config import AutoBoost, BoostConfigError, resolve
 from ms_boost.loss_scale import is_group_manager
 from ms_boost.thor.convert import ConvertModelUtils
@@ -50,7 +50,7 @@ def _amp_config(level: str, kwargs: dict) -> dict:
     kbf = kwargs.get("keep_batchnorm_fp32")
     if kbf is not None and not isinstance(kbf, bool):
         raise TypeError(f"keep_batchnorm_fp32 must be a bool, got {kbf!r}.")
-    return dict(_amp._config_level[level], **kwargs)  # pylint: disable=protected-access
+    return dict(amp_level_config(level), **kwargs)
 
 
 def _train_cell(network: nn.Cell, optimizer, boost: AutoBoost, loss_scale_manager) -> nn.Cell:
@@ -71,9 +71,9 @@ def _train_cell(network: nn.Cell, optimizer, boost: AutoBoost, loss_scale_manage
 
 def _build(network, optimizer, loss_fn, level: str, boost: AutoBoost, kwargs: dict) -> nn.Cell:
     config = _amp_config(level, kwargs)
-    network = _amp._auto_mixed_precision_process(network, config, level)  # pylint: disable=protected-access
+    network = apply_amp_level(network, config, level)
     if loss_fn is not None:
-        network = _amp._add_loss_network(network, loss_fn, config["cast_model_type"])  # pylint: disable=protected-access
+        network = with_loss(network, loss_fn, config["cast_model_type"])
     return _train_cell(network, optimizer, boost, config["loss_scale_manager"])
 
 

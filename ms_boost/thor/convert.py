@@ -20,9 +20,9 @@ from typing import Optional
 
 from mindspore import Parameter, nn
 from mindspore import log as logger
-from mindspore.graph import api as _graph_api
 from mindspore.train import Model as _MsModel
 
+from ms_boost._ms_compat import cells_compile_cache
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_boost.thor.optimizer import THOR
 
@@ -61,8 +61,8 @@ def _shallow_copy_cell(cell: nn.Cell) -> nn.Cell:
                  _create_time=int(time.time() * 1e9))
     object.__setattr__(new, "__dict__", state)
     nn.Cell.total_instance_count += 1  # balanced by Cell.__del__ of the copy
-    registry = getattr(_graph_api, "cells_compile_cache", None)
-    if isinstance(registry, dict):  # as Cell.__init__ does, so ms_memory_recycle also frees the copy's graphs
+    registry = cells_compile_cache()
+    if registry is not None:  # as Cell.__init__ does, so ms_memory_recycle also frees the copy's graphs
         registry[id(new)] = new.compile_cache
     return new
 
