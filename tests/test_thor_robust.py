@@ -27,8 +27,12 @@ def np_clamped_inverse(block, shift):
     return (v / (np.maximum(w, 0) + shift)) @ v.T
 
 
-def np_step(w1, b1, w2, b2, x, y, lr, damping, kl_clip):
-    """One THOR step (momentum 0, no decay) of x -> Dense -> tanh -> Dense -> CE with the trust region."""
+def np_step(w1, b1, w2, b2, x, y, lr, damping, kl_clip, pi_damping=False):
+    """One THOR step from zero momentum (no decay) of x -> Dense -> tanh -> Dense -> CE with the trust region.
+
+    Returns the new (w1, b1, w2, b2), the trust-region scale nu and each layer's inverses (A^-1, G^-1); with
+    ``pi_damping`` the shift sqrt(damping) is split as pi*s on A and s/pi on G, pi = sqrt((tr A/dA)/(tr G/dG)).
+    """
     n = x.shape[0]
     h = np.tanh(x @ w1.T + b1)
     logits = h @ w2.T + b2
@@ -38,20 +42,23 @@ def np_step(w1, b1, w2, b2, x, y, lr, damping, kl_clip):
     d2[np.arange(n), y] -= 1
     d2 /= n
     d1 = (d2 @ w2) * (1 - h ** 2)
-    directions, grads = [], []
+    directions, grads, inverses = [], [], []
     for a_in, dy in ((x, d1), (h, d2)):
         a_aug = np.concatenate([a_in, np.ones((n, 1))], 1)
         fa, fg = a_aug.T @ a_aug / n, n * dy.T @ dy
         grad = np.concatenate([dy.T @ a_in, dy.sum(0)[:, None]], 1)
         s = np.sqrt(damping)
-        directions.append(np.linalg.inv(fg + s * np.eye(len(fg))) @ grad @ np.linalg.inv(fa + s * np.eye(len(fa))))
+        pi = np.sqrt((np.trace(fa) / len(fa)) / (np.trace(fg) / len(fg))) if pi_damping else 1.0
+        a_inv, g_inv = np.linalg.inv(fa + pi * s * np.eye(len(fa))), np.linalg.inv(fg + s / pi * np.eye(len(fg)))
+        directions.append(g_inv @ grad @ a_inv)
         grads.append(grad)
+        inverses.append((a_inv, g_inv))
     vg = sum((d * g).sum() for d, g in zip(directions, grads))
     nu = min(1.0, np.sqrt(kl_clip / (lr ** 2 * abs(vg))))
     out = []
     for (w, b), d in zip(((w1, b1), (w2, b2)), directions):
         out += [w - lr * nu * d[:, :-1], b - lr * nu * d[:, -1]]
-    return out, nu
+    return out, nu, inverses
 
 
 class MLP(nn.Cell):
@@ -79,18 +86,31 @@ def train_cell(opt):
     return cell
 
 
+def _params(net):
+    return [p.asnumpy().copy() for p in (net.fc1.weight, net.fc1.bias, net.fc2.weight, net.fc2.bias)]
+
+
+def _state(opt, net):
+    return ([p.asnumpy().copy() for p in net.trainable_params()] + [m.asnumpy().copy() for m in opt.moments]
+            + [opt.global_step.asnumpy().copy()])
+
+
+def _inverses(opt):
+    return [p.asnumpy().copy() for p in (*opt.a_inverses, *opt.g_inverses)]
+
+
 # ----------------------------------------------------------------------------- trust region
+# PyNative here; the Graph-mode step (clipped, with pi-damping) is checked in test_graph_step_matches_numpy.
 @pytest.mark.parametrize("kl_clip", [1e-3, 10.0])
-def test_trust_region_scales_the_step_as_numpy(mode, kl_clip):
+def test_trust_region_scales_the_step_as_numpy(kl_clip):
     weights, x, y = mlp_data()
     net = MLP(*weights)
     opt = thor(net, 0.2, 0.05, 0.0, frequency=5, kl_clip=kl_clip)
     train_cell(opt)(Tensor(x), Tensor(y))
-    expected, nu = np_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.2, 0.05, kl_clip)
+    expected, nu, _ = np_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.2, 0.05, kl_clip)
     assert (nu < 1.0) == (kl_clip < 1.0)  # the small bound clips, the large one does not
     np.testing.assert_allclose(opt.health()["last_nu"], nu, rtol=1e-4)
-    got = [p.asnumpy() for p in (net.fc1.weight, net.fc1.bias, net.fc2.weight, net.fc2.bias)]
-    for g, e in zip(got, expected):
+    for g, e in zip(_params(net), expected):
         np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-5)
 
 
@@ -124,7 +144,8 @@ def test_inverse_of_rank_deficient_factor_cholesky_path_matches_numpy():
 
 def test_near_singular_indefinite_factor_falls_back_instead_of_raising(mode):
     """A factor made slightly indefinite (round-off on a near-singular K-FAC factor): raw Cholesky raises inside
-    MindSpore, the guarded inverse clamps the eigenvalues and matches numpy."""
+    MindSpore, the guarded inverse clamps the eigenvalues and matches numpy (Graph: the function alone under
+    ms.jit, a sub-second compile)."""
     rng = np.random.default_rng(1)
     q, _ = np.linalg.qr(rng.standard_normal((12, 12)))
     eig = np.concatenate([np.geomspace(1e3, 1.0, 9), [0.0, -2e-2, -5e-2]])
@@ -161,46 +182,33 @@ def test_pi_damping_matches_numpy():
     np.testing.assert_array_equal(zero, [1.0, 1.0])  # a zero trace: no split
 
 
-def test_pi_damping_step_uses_split_shifts(mode):
+def test_pi_damping_step_uses_split_shifts():
+    """PyNative; the Graph-mode pi-damped step is checked in test_graph_step_matches_numpy."""
     weights, x, y = mlp_data(seed=4)
     net = MLP(*weights)
     opt = thor(net, 0.1, 0.05, 0.0, frequency=5, kl_clip=None, pi_damping=True)
     train_cell(opt)(Tensor(x), Tensor(y))
-    # reference for fc2: its A and G from the forward/backward, pi from their traces
-    w1, b1, w2, b2 = [w.astype(np.float64) for w in weights]
-    n = x.shape[0]
-    h = np.tanh(x @ w1.T + b1)
-    logits = h @ w2.T + b2
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    d2 = p.copy()
-    d2[np.arange(n), y] -= 1
-    d2 /= n
-    a_aug = np.concatenate([h, np.ones((n, 1))], 1)
-    fa, fg = a_aug.T @ a_aug / n, n * d2.T @ d2
-    pi = np.sqrt((np.trace(fa) / fa.shape[0]) / (np.trace(fg) / fg.shape[0]))
-    s = np.sqrt(0.05)
-    np.testing.assert_allclose(opt.a_inverses[1].asnumpy()[0, 0], np.linalg.inv(fa + pi * s * np.eye(len(fa))),
-                               rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose(opt.g_inverses[1].asnumpy()[0, 0], np.linalg.inv(fg + s / pi * np.eye(len(fg))),
-                               rtol=1e-3, atol=1e-3)
+    _, _, inverses = np_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.1, 0.05, 1e9,
+                             pi_damping=True)
+    np.testing.assert_allclose(opt.a_inverses[1].asnumpy()[0, 0], inverses[1][0], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(opt.g_inverses[1].asnumpy()[0, 0], inverses[1][1], rtol=1e-3, atol=1e-3)
 
 
-# ----------------------------------------------------------------------------- non-finite guard
-def test_nonfinite_factors_keep_previous_inverses(mode):
+# ----------------------------------------------------------------------------- non-finite guard (PyNative)
+def test_nonfinite_factors_keep_previous_inverses():
     """A refresh step whose inputs hold NaN: its factors are rejected (previous inverses kept, counted per layer),
-    its update is skipped; the next finite step refreshes again."""
+    its update is skipped; the next finite step refreshes again. (Graph: test_graph_nonfinite_step_*.)"""
     weights, x, y = mlp_data(seed=5)
     net = MLP(*weights)
     opt = thor(net, 0.05, 0.05, 0.0, frequency=2)
     cell = train_cell(opt)
     cell(Tensor(x), Tensor(y))  # step 0: refresh
     cell(Tensor(x), Tensor(y))  # step 1
-    before = [p.asnumpy().copy() for p in (*opt.a_inverses, *opt.g_inverses)]
+    before = _inverses(opt)
     bad = x.copy()
     bad[0, 0] = np.nan
     cell(Tensor(bad), Tensor(y))  # step 2: a refresh with non-finite factors and gradients
-    for b, a in zip(before, (p.asnumpy() for p in (*opt.a_inverses, *opt.g_inverses))):
+    for b, a in zip(before, _inverses(opt)):
         np.testing.assert_array_equal(a, b)
     health = opt.health()
     assert health["rejected_refreshes"] == {"fc1": 1, "fc2": 1}
@@ -211,15 +219,12 @@ def test_nonfinite_factors_keep_previous_inverses(mode):
     assert int(opt.global_step.asnumpy()[0]) == 3
 
 
-def _state(opt, net):
-    return ([p.asnumpy().copy() for p in net.trainable_params()] + [m.asnumpy().copy() for m in opt.moments]
-            + [opt.global_step.asnumpy().copy()])
-
-
-@pytest.mark.parametrize("loss_scale", [False, True])
+@pytest.mark.parametrize("mode,loss_scale", [("pynative", False), ("pynative", True), ("graph", True)],
+                         indirect=["mode"])
 def test_nonfinite_update_skips_the_whole_step(mode, loss_scale):
     """A step with NaN gradients moves nothing, with and without a loss scale (THOR skips it itself without one;
-    the loss-scale cell skips it before THOR with one); training then continues."""
+    the loss-scale cell skips it before THOR with one); training then continues. Graph without a loss scale:
+    test_graph_nonfinite_step_is_skipped_and_refresh_rejected."""
     from ms_boost import Model
     from ms_boost.thor import ConvertModelUtils
 
@@ -270,49 +275,159 @@ def test_nonfinite_preconditioned_update_with_finite_gradients_is_skipped():
     assert np.isfinite(opt.g_inverses[1].asnumpy()).all() and int(opt.global_step.asnumpy()[0]) == 2
 
 
-def test_model_train_stops_on_persistent_nonfinite_loss_naming_step_and_layer(mode, caplog):
+def _stop_data(seed):
+    """40 rows in batches of 8: batches 0, 1 finite, from batch 2 on the inputs hold NaN."""
+    weights, x, y = mlp_data(seed=seed, n=40)
+    x[16:] = np.nan
+    return weights, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(8)
+
+
+def _check_stop_message(message):
+    assert "steps 3..4" in message and "stopped at step 4" in message
+    assert "fc1 (input statistics" in message
+
+
+def test_model_train_stops_on_persistent_nonfinite_loss_naming_step_and_layer():
+    """PyNative; Graph: test_graph_model_train_stops_on_persistent_nonfinite_loss."""
     from ms_boost import Model
     from ms_boost.thor import ConvertModelUtils
 
-    weights, x, y = mlp_data(seed=7, n=40)
-    x[16:] = np.nan  # batches 0, 1 are finite; from batch 2 on the inputs hold NaN
+    weights, data = _stop_data(seed=7)
     net = MLP(*weights)
     opt = thor(net, 0.05, 0.05, 0.9, frequency=10, max_nonfinite_steps=2)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt), net, loss, opt)
-    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(8)
     with pytest.raises(ThorNonFiniteError) as err:
         model.train(1, data, dataset_sink_mode=False)
-    message = str(err.value)
-    assert "steps 3..4" in message and "stopped at step 4" in message
-    assert "fc1 (input statistics" in message
+    _check_stop_message(str(err.value))
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())  # weights never got NaN
     assert int(opt.global_step.asnumpy()[0]) == 2
 
 
+# ----------------------------------------------------------------------------- Graph mode: one compile, all scenarios
+GRAPH_LR, GRAPH_DAMPING, GRAPH_KL = 0.2, 0.05, 1e-3
+
+
+@pytest.fixture(scope="module")
+def graph_run():
+    """ONE Graph-mode THOR (kl_clip 1e-3, pi-damping, momentum 0.9, refresh every 2 steps, stop after 2
+    non-finite steps) whose train cell is compiled once and driven through every scenario whose behaviour can
+    differ by mode: the step against numpy, a NaN refresh step (factors rejected, whole step skipped), recovery,
+    then Model.train stopping on persistent NaN. Records what the graph tests check; restores PyNative."""
+    from ms_boost import Model
+    from ms_boost.thor import ConvertModelUtils
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rec = {}
+    try:
+        weights, x, y = mlp_data()
+        stop_weights, stop_data = _stop_data(seed=7)
+        net = MLP(*weights)
+        opt = thor(net, GRAPH_LR, GRAPH_DAMPING, 0.9, frequency=2, kl_clip=GRAPH_KL, pi_damping=True,
+                   max_nonfinite_steps=2)
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt), net, loss, opt)
+        cell = model.train_network
+        rec.update(weights=weights, x=x, y=y)
+        cell(Tensor(x), Tensor(y))  # step 0: refresh; from zero momentum the step is the numpy step
+        rec.update(step0_params=_params(net), step0_nu=opt.health()["last_nu"],
+                   step0_fc2_inverses=(opt.a_inverses[1].asnumpy()[0, 0].copy(),  # asnumpy() aliases: copy
+                                               opt.g_inverses[1].asnumpy()[0, 0].copy()))
+        cell(Tensor(x), Tensor(y))  # step 1
+        rec.update(inverses_before=_inverses(opt), state_before=_state(opt, net))
+        bad = x.copy()
+        bad[0, 0] = np.nan
+        cell(Tensor(bad), Tensor(y))  # step 2: a refresh whose factors and gradients hold NaN
+        rec.update(inverses_bad=_inverses(opt), state_bad=_state(opt, net), health_bad=opt.health(),
+                   capture_bad=[bool(f.asnumpy()) for f in opt.capture_flags])
+        cell(Tensor(x), Tensor(y))  # step 2 again, finite: refreshes
+        rec.update(inverses_again=_inverses(opt), health_again=opt.health(),
+                   step_again=int(opt.global_step.asnumpy()[0]))
+        cell(Tensor(x), Tensor(y))  # step 3
+        rec.update(health_after=opt.health(), step_after=int(opt.global_step.asnumpy()[0]),
+                   params_after=_params(net))
+        # the same net/optimizer/cell, now through Model.train with persistent NaN from its 3rd batch on
+        for p, w in zip((net.fc1.weight, net.fc1.bias, net.fc2.weight, net.fc2.bias), stop_weights):
+            p.set_data(Tensor(w))
+        try:
+            model.train(1, stop_data, dataset_sink_mode=False)
+            rec["stop_error"] = None
+        except ThorNonFiniteError as err:
+            rec["stop_error"] = str(err)
+        rec.update(stop_params=_params(net), stop_step=int(opt.global_step.asnumpy()[0]))
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    return rec
+
+
+def test_graph_step_matches_numpy(graph_run):
+    """Graph: trust region (clipping) and pi-damped inverses of the first step against numpy."""
+    r = graph_run
+    expected, nu, inverses = np_step(*[w.astype(np.float64) for w in r["weights"]], r["x"].astype(np.float64),
+                                     r["y"], GRAPH_LR, GRAPH_DAMPING, GRAPH_KL, pi_damping=True)
+    assert nu < 1.0  # the bound clips
+    np.testing.assert_allclose(r["step0_nu"], nu, rtol=1e-4)
+    for g, e in zip(r["step0_params"], expected):
+        np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(r["step0_fc2_inverses"][0], inverses[1][0], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(r["step0_fc2_inverses"][1], inverses[1][1], rtol=1e-3, atol=1e-3)
+
+
+def test_graph_nonfinite_step_is_skipped_and_refresh_rejected(graph_run):
+    """Graph: the NaN refresh step keeps the previous inverses (rejection counted per layer) and moves nothing
+    (weights, moments, step); statistics are captured again; the next finite steps refresh and continue."""
+    r = graph_run
+    for b, a in zip(r["inverses_before"], r["inverses_bad"]):
+        np.testing.assert_array_equal(a, b)
+    for s, a in zip(r["state_before"], r["state_bad"]):
+        np.testing.assert_array_equal(a, s)
+    health = r["health_bad"]
+    assert health["rejected_refreshes"] == {"fc1": 1, "fc2": 1}
+    assert health["skipped_steps"] == 1 and health["last_bad_layer"] == "fc1"
+    assert all(r["capture_bad"])
+    assert not np.array_equal(r["inverses_again"][1], r["inverses_before"][1])  # refreshed
+    assert r["health_again"]["rejected_refreshes"] == {"fc1": 1, "fc2": 1} and r["step_again"] == 3
+    assert r["step_after"] == 4 and r["health_after"]["consecutive_skips"] == 0
+    assert all(np.isfinite(p).all() for p in r["params_after"])
+
+
+def test_graph_model_train_stops_on_persistent_nonfinite_loss(graph_run):
+    r = graph_run
+    assert r["stop_error"] is not None, "Model.train did not raise ThorNonFiniteError"
+    _check_stop_message(r["stop_error"])
+    assert all(np.isfinite(p).all() for p in r["stop_params"])  # weights never got NaN
+    assert r["stop_step"] == r["step_after"] + 2
+
+
 # ----------------------------------------------------------------------------- several ranks
+MSRUN_SCENARIOS = (("graph", 0), ("pynative", 1))
+
+
 @pytest.mark.msrun
-@pytest.mark.parametrize("exec_mode,loss_scale", [("graph", 0), ("pynative", 1)])
-def test_two_workers_skip_the_same_nonfinite_step(exec_mode, loss_scale):
+def test_two_workers_skip_the_same_nonfinite_step():
     """NaN inputs on rank 1 at step 1 only: both ranks skip that step (mean-reduced gradients are NaN), stay
-    bit-identical, and equal one process on the concatenated batches."""
+    bit-identical, and equal one process on the concatenated batches. One msrun job runs both scenarios
+    (Graph without a loss scale, PyNative with one) in the same workers."""
     from tests.helpers.msrun import run_msrun
     from tests.test_thor_distributed import build_thor_model
     from tests.workers.thor_nonfinite import BATCH, STEPS, poisoned_data
 
     worker = Path(__file__).parent / "workers" / "thor_nonfinite.py"
-    ranks = run_msrun(worker, 2, args=[exec_mode, loss_scale])
+    ranks = run_msrun(worker, 2, args=[f"{m}:{ls}" for m, ls in MSRUN_SCENARIOS])
+    assert sorted(ranks[0]) == sorted(ranks[1])
     for key in ranks[0]:
         np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
-    assert int(ranks[0]["step"][0]) == STEPS - 1
-    assert int(ranks[0]["skipped"]) == (0 if loss_scale else 1)  # with a loss scale the cell skips first
     x, y = poisoned_data(2)
-    net, opt, model = build_thor_model(None, loss_scale=bool(loss_scale))
-    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH * 2)
-    model.train(1, data, dataset_sink_mode=False)
-    for i, p in enumerate(net.trainable_params()):
-        assert np.isfinite(p.asnumpy()).all()
-        np.testing.assert_allclose(ranks[0][f"w{i}"], p.asnumpy(), rtol=1e-4, atol=2e-5)
+    for exec_mode, loss_scale in MSRUN_SCENARIOS:
+        got = {k[len(exec_mode) + 2:]: v for k, v in ranks[0].items() if k.startswith(f"{exec_mode}{loss_scale}_")}
+        assert int(got["step"][0]) == STEPS - 1, exec_mode
+        assert int(got["skipped"]) == (0 if loss_scale else 1)  # with a loss scale the cell skips first
+        net, _, model = build_thor_model(None, loss_scale=bool(loss_scale))
+        data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH * 2)
+        model.train(1, data, dataset_sink_mode=False)
+        for i, p in enumerate(net.trainable_params()):
+            assert np.isfinite(p.asnumpy()).all()
+            np.testing.assert_allclose(got[f"w{i}"], p.asnumpy(), rtol=1e-4, atol=2e-5, err_msg=f"{exec_mode} w{i}")
 
 
 # ----------------------------------------------------------------------------- configuration
