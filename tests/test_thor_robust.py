@@ -6,6 +6,7 @@ on a skipped step, previous inverses kept, the error names the step and the laye
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import mindspore as ms
@@ -16,7 +17,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_boost.thor import math as tm
 from ms_boost.thor import thor
-from ms_boost.thor.optimizer import ThorNonFiniteError
+from ms_boost.thor.optimizer import ThorGuard, ThorNonFiniteError
 
 
 # ----------------------------------------------------------------------------- numpy references
@@ -452,3 +453,44 @@ def test_zoo_thor_recipe_sets_kl_clip():
     recipe = yaml.safe_load((Path(__file__).parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_thor.yaml")
                             .read_text(encoding="utf-8"))
     assert recipe["thor"]["kl_clip"] == json.loads("0.001")
+
+
+class _CountingOptimizer:
+    """Test double exposing the counters ThorGuard reads (``health``) and the stop limit."""
+
+    max_nonfinite_steps = 2
+
+    def __init__(self, skipped: int):
+        self.skipped = skipped
+        self.captures = 0
+
+    def health(self):
+        return {"eigen_fallback_blocks": 0, "rejected_inverses": 0, "skipped_steps": self.skipped,
+                "rejected_refreshes": {"fc1": 0}, "last_bad_layer": "fc1"}
+
+    def request_capture(self):
+        self.captures += 1
+
+
+class _RunContext:
+    def __init__(self, step: int, loss: float):
+        self.args = types.SimpleNamespace(cur_step_num=step, net_outputs=Tensor(np.float32(loss)))
+        self.stopped = False
+
+    def original_args(self):
+        return self.args
+
+    def request_stop(self):
+        self.stopped = True
+
+
+def test_guard_counts_only_skips_made_during_its_run():
+    """Skips the optimizer made before Model.train (e.g. an earlier run) do not count as this run's first step."""
+    opt = _CountingOptimizer(skipped=3)
+    guard = ThorGuard(opt)
+    guard.on_train_begin(_RunContext(0, 0.0))
+    guard.on_train_step_end(_RunContext(1, 0.5))  # finite loss, no new skip
+    assert guard.streak == 0 and opt.captures == 0
+    opt.skipped = 4  # THOR skips step 2
+    guard.on_train_step_end(_RunContext(2, 0.5))
+    assert guard.streak == 1 and guard.first_step == 2 and opt.captures == 1

@@ -714,6 +714,10 @@ class ThorGuard(Callback):
         self.first_step = None
         self._seen = None
 
+    def on_train_begin(self, run_context):
+        """Start from the optimizer's counters as they are: earlier skips or rejections are not this run's."""
+        self._seen = self.optimizer.health()
+
     def on_train_step_end(self, run_context):
         args = run_context.original_args()
         step = int(getattr(args, "cur_step_num", 0))
