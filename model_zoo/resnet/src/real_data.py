@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Tuple, Union
 
 import numpy as np
 from PIL import Image
+
+from model_zoo.resnet.src.synthetic_data import publish_image_folder
 
 __all__ = ["FORMAT_VERSION", "digits_folder_name", "load_digits_arrays", "split_indices", "render_digit",
            "ensure_digits", "read_folder"]
@@ -123,17 +123,7 @@ def ensure_digits(cache_dir: Union[str, Path, None] = None, image_size: int = 32
     if verbose:
         print(f"Writing the digits set ({train_count} train / {labels.size - train_count} val, {image_size}px) "
               f"into {target}", flush=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
-        _write(staging / "data", images, labels, image_size, train_count, seed)
-        try:
-            os.rename(staging / "data", target)
-        except OSError:
-            if not (target / "train").is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return publish_image_folder(target, lambda out: _write(out, images, labels, image_size, train_count, seed))
 
 
 def read_folder(split_dir: Union[str, Path]) -> Tuple[np.ndarray, np.ndarray]:

@@ -181,9 +181,25 @@ def ensure_dataset(cache_dir: Union[str, Path, None] = None, num_classes: int = 
     if verbose:
         print(f"Rendering the built-in data set ({num_classes} classes, {image_size}px, "
               f"{num_classes * train_per_class} train / {num_classes * val_per_class} val) into {target}", flush=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+    return publish_image_folder(target, lambda out: generate(out, num_classes, image_size, train_per_class,
+                                                              val_per_class, seed))
+
+
+def publish_image_folder(target: Path, write) -> Path:
+    """Write an image folder atomically: ``write(folder)`` fills a staging folder beside ``target``, which is then
+    renamed into place, so a reader never sees half a set. When another process published ``target`` first,
+    its folder is kept and the staging copy removed.
+
+    Args:
+        target: the folder to publish (its parent must exist).
+        write: callable filling the folder it is given with ``train/`` and ``val/``.
+
+    Returns:
+        ``target``.
+    """
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        generate(staging / "data", num_classes, image_size, train_per_class, val_per_class, seed)
+        write(staging / "data")
         try:
             os.rename(staging / "data", target)
         except OSError:
