@@ -24,6 +24,20 @@ def _pyplot():
     return plt
 
 
+def _save_epoch_figure(plt, fig, ax, ylabel: str, title: str, out: Path) -> Path:
+    """Label a per-epoch figure (x: epoch), add grid and legend, write it to ``out`` and close it."""
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def accuracy_curves(curves: Dict[str, Sequence[float]], out: Path, title: str,
                     first_epoch: int = 1, ylabel: str = "validation accuracy") -> Path:
     """Accuracy per epoch, one line per contender.
@@ -40,16 +54,7 @@ def accuracy_curves(curves: Dict[str, Sequence[float]], out: Path, title: str,
     for label, values in curves.items():
         epochs = list(range(first_epoch, first_epoch + len(values)))
         ax.plot(epochs, [100.0 * v for v in values], marker="o", markersize=3, label=label)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(f"{ylabel} (%)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save_epoch_figure(plt, fig, ax, f"{ylabel} (%)", title, out)
 
 
 def step_ratios(rows: Sequence[Tuple[str, float, Optional[Tuple[float, float]]]], out: Path, title: str,
@@ -206,16 +211,8 @@ def _continuation_plot(run: dict, out: Path) -> Path:
         values = ([stage1[-1]] if stage1 else []) + list(run[key])
         first = start if stage1 else 1
         ax.plot(range(first, first + len(values)), [100 * v for v in values], marker="o", markersize=3, label=label)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation accuracy (%)")
-    ax.set_title(f"DimReduce vs SGD continuation (seed {run['seed']})", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save_epoch_figure(plt, fig, ax, "validation accuracy (%)",
+                              f"DimReduce vs SGD continuation (seed {run['seed']})", out)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
 
-from ms_boost import BoostTrainOneStepWithLossScaleCell, Model, comm
+from ms_boost import Model, comm
 from tests.helpers.loopback import run_ranks
 from tests.helpers.nets import dataset, learnable_data, weights
-from tests.workers.common import InfOnNegativeLabel, make_plain_net, rank_rows
+from tests.workers.common import make_plain_net, rank_rows
+from tests.workers.e2e_graph import overflow_scenario
 
 STEPS, BATCH = 3, 4
 SHAPES = ((3, 2), (4,), (1,))
@@ -85,21 +86,8 @@ def test_mean_reducer_training_equals_concatenated_batch(size):
 def test_overflow_on_one_rank_skips_the_step_on_every_rank():
     """Rank 1's inf loss on step 2 makes every rank skip that step (the overflow flag is all-reduced)."""
     def rank_fn(rank):
-        x, y = learnable_data(8, seed=rank)
-        net = make_plain_net()
-        cell = BoostTrainOneStepWithLossScaleCell(InfOnNegativeLabel(net),
-                                                  nn.Momentum(net.trainable_params(), 0.1, 0.9),
-                                                  scale_sense=Tensor(64.0))
-        cell.set_train()
-        _, of1, _ = cell(Tensor(x), Tensor(y))
-        before = [p.asnumpy().copy() for p in cell.get_parameters()]
-        y_bad = y.copy()
-        if rank == 1:
-            y_bad[0] = -1 - y[0]
-        _, of2, _ = cell(Tensor(x), Tensor(y_bad))
-        after = [p.asnumpy().copy() for p in cell.get_parameters()]
-        changed = max(float(np.abs(a - b).max()) for a, b in zip(before, after) if a.dtype.kind == "f")
-        return bool(of1.asnumpy()), bool(of2.asnumpy()), changed, net.fc.weight.asnumpy()
+        out = overflow_scenario(rank)  # the scenario the Graph-mode msrun job runs too
+        return bool(out["of1"]), bool(out["of2"]), float(out["changed"]), out["w"]
 
     ranks = run_ranks(2, rank_fn)
     for of1, of2, changed, _ in ranks:
