@@ -7,6 +7,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from ms_boost.thor import THOR, thor
+from tests.helpers.nets import MLP
 
 
 # ----------------------------------------------------------------------------- numpy references
@@ -50,16 +51,6 @@ def np_mlp_thor_step(w1, b1, w2, b2, x, y, lr, damping, momentum, weight_decay, 
         gb = p[:, -1]
         out += [w - lr * gw, b - lr * gb]
     return out
-
-
-class MLP(nn.Cell):
-    def __init__(self, w1, b1, w2, b2):
-        super().__init__()
-        self.fc1 = nn.Dense(w1.shape[1], w1.shape[0], weight_init=Tensor(w1), bias_init=Tensor(b1))
-        self.fc2 = nn.Dense(w2.shape[1], w2.shape[0], weight_init=Tensor(w2), bias_init=Tensor(b2))
-
-    def construct(self, x):
-        return self.fc2(ops.tanh(self.fc1(x)))
 
 
 def _mlp_data(seed=0, n=8):

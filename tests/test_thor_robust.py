@@ -18,6 +18,7 @@ from mindspore import Tensor, nn, ops
 from ms_boost.thor import math as tm
 from ms_boost.thor import thor
 from ms_boost.thor.optimizer import ThorGuard, ThorNonFiniteError
+from tests.helpers.nets import MLP
 
 
 # ----------------------------------------------------------------------------- numpy references
@@ -60,16 +61,6 @@ def np_step(w1, b1, w2, b2, x, y, lr, damping, kl_clip, pi_damping=False):
     for (w, b), d in zip(((w1, b1), (w2, b2)), directions):
         out += [w - lr * nu * d[:, :-1], b - lr * nu * d[:, -1]]
     return out, nu, inverses
-
-
-class MLP(nn.Cell):
-    def __init__(self, w1, b1, w2, b2):
-        super().__init__()
-        self.fc1 = nn.Dense(w1.shape[1], w1.shape[0], weight_init=Tensor(w1), bias_init=Tensor(b1))
-        self.fc2 = nn.Dense(w2.shape[1], w2.shape[0], weight_init=Tensor(w2), bias_init=Tensor(b2))
-
-    def construct(self, x):
-        return self.fc2(ops.tanh(self.fc1(x)))
 
 
 def mlp_data(seed=0, n=8):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import nn
+from mindspore import Tensor, nn, ops
 
 
 class SmallConvNet(nn.Cell):
@@ -54,3 +54,15 @@ def weights(net) -> list:
 
 def all_params(cell) -> dict:
     return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}
+
+
+class MLP(nn.Cell):
+    """Two Dense layers with tanh between, from given ``(w1, b1, w2, b2)`` (THOR's numpy-reference tests)."""
+
+    def __init__(self, w1, b1, w2, b2):
+        super().__init__()
+        self.fc1 = nn.Dense(w1.shape[1], w1.shape[0], weight_init=Tensor(w1), bias_init=Tensor(b1))
+        self.fc2 = nn.Dense(w2.shape[1], w2.shape[0], weight_init=Tensor(w2), bias_init=Tensor(b2))
+
+    def construct(self, x):
+        return self.fc2(ops.tanh(self.fc1(x)))
