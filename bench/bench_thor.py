@@ -140,6 +140,20 @@ def step_time(args, data) -> dict:
             "samples": {"momentum": momentum, "refresh": refresh, "other": other}}
 
 
+def combine_runs(runs: list) -> dict:
+    """One mode's repeated step-time measurements: the run with the median amortized ratio at the first
+    reported frequency, its ratios replaced by the medians over the runs; every run kept under ``runs``."""
+    if len(runs) == 1:
+        return runs[0]
+    first = next(iter(runs[0]["ratio"]))
+    order = sorted(runs, key=lambda r: r["ratio"][first])
+    out = dict(order[(len(order) - 1) // 2])
+    out["ratio"] = {f: statistics.median(r["ratio"][f] for r in runs) for f in runs[0]["ratio"]}
+    out["paired_ratio"] = statistics.median(r["paired_ratio"] for r in runs)
+    out["runs"] = [{k: v for k, v in r.items() if k != "runs"} for r in runs]
+    return out
+
+
 def _sync(out) -> None:
     (out[0] if isinstance(out, tuple) else out).asnumpy()
 
@@ -175,15 +189,24 @@ def markdown(args, conv: dict, steps: dict, env: dict) -> str:
     if "momentum_s" in steps:  # a results file written before the per-mode timing
         steps = {"graph": steps}
     for mode, st in steps.items():
+        runs = st.get("runs", [st])
         lines += ["", f"## Step time, {mode} mode (fixed batch, Momentum and THOR steps alternating, medians)", "",
                   f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
                   f"{st['thor_other_s'] * 1e3:.1f} ms ({st['thor_other_s'] / st['momentum_s']:.2f}x), refresh "
                   f"step {st['thor_refresh_s'] * 1e3:.1f} ms ({st['thor_refresh_s'] / st['momentum_s']:.2f}x) "
                   f"({len(st['samples']['other'])} and {len(st['samples']['refresh'])} samples; paired median ratio "
-                  f"per refresh cycle {st.get('paired_ratio', float('nan')):.2f}x at frequency {args.time_frequency}).",
-                  "", "| THOR frequency | amortized THOR step | vs Momentum |", "|---|---|---|"]
+                  f"per refresh cycle {st.get('paired_ratio', float('nan')):.2f}x at frequency {args.time_frequency})"
+                  + (f"; medians over {len(runs)} repeats, each a fresh process-local build, modes interleaved"
+                     if len(runs) > 1 else "") + ".",
+                  "", "| THOR frequency | amortized THOR step | vs Momentum |"
+                  + (" spread over repeats (min-max) |" if len(runs) > 1 else ""),
+                  "|---|---|---|" + ("---|" if len(runs) > 1 else "")]
         for f, ratio in st["ratio"].items():
-            lines.append(f"| {f} | {st['amortized_s'][f] * 1e3:.1f} ms | {ratio:.2f}x |")
+            row = f"| {f} | {st['amortized_s'][f] * 1e3:.1f} ms | {ratio:.2f}x |"
+            if len(runs) > 1:
+                values = [r["ratio"][f] for r in runs]
+                row += f" {min(values):.2f}-{max(values):.2f}x |"
+            lines.append(row)
     lines += ["", f"Environment: `{env}`"]
     return "\n".join(lines)
 
@@ -222,6 +245,10 @@ def main(argv=None) -> None:
     parser.add_argument("--time_frequency", type=int, default=10, help="THOR frequency while timing steps")
     parser.add_argument("--timed_steps", type=int, default=60)
     parser.add_argument("--modes", nargs="+", default=["graph", "pynative"], help="execution modes timed")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="step-time measurements per mode (modes interleaved); reported: medians and spread")
+    parser.add_argument("--keep_convergence", action="store_true",
+                        help="with --skip_convergence: keep the convergence section of the saved thor.json")
     parser.add_argument("--skip_convergence", action="store_true")
     parser.add_argument("--skip_step_time", action="store_true")
     parser.add_argument("--kinds", nargs="*", default=None, help="e.g. momentum thor_10 (default: both)")
@@ -243,12 +270,16 @@ def main(argv=None) -> None:
             conv[kind] = {seed: convergence(kind, args, seed, data) for seed in args.seeds}
     steps = None
     if not args.skip_step_time:
-        steps = {}
-        for mode in args.modes:
-            ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-            steps[mode] = step_time(args, data)
-            print(mode, {f"thor_{k}": f"{v:.2f}x" for k, v in steps[mode]["ratio"].items()}, flush=True)
+        runs = {mode: [] for mode in args.modes}
+        for _ in range(args.repeats):
+            for mode in args.modes:
+                ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+                runs[mode].append(step_time(args, data))
+                print(mode, {f"thor_{k}": f"{v:.2f}x" for k, v in runs[mode][-1]["ratio"].items()}, flush=True)
         ms.set_context(mode=ms.GRAPH_MODE)
+        steps = {mode: combine_runs(r) for mode, r in runs.items()}
+    if args.skip_convergence and args.keep_convergence:
+        conv = json.loads((RESULTS / "thor.json").read_text(encoding="utf-8"))["convergence"]
     if args.no_write:
         return
     env = environment()

@@ -29,7 +29,8 @@ from mindspore.communication import management as _mgmt
 
 __all__ = [
     "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_groups",
-    "barrier", "data_parallel_reduce_config", "use_backend", "AllReduce", "AllGather", "Broadcast", "GradReducer",
+    "barrier", "data_parallel_reduce_config", "use_backend", "uses_stand_in_backend", "AllReduce", "AllGather",
+    "Broadcast", "GradReducer",
 ]
 
 _CREATED_GROUPS: dict = {}
@@ -52,6 +53,11 @@ def use_backend(backend) -> object:
     previous, _BACKEND = _BACKEND, backend
     _CREATED_GROUPS.clear()
     return previous
+
+
+def uses_stand_in_backend() -> bool:
+    """True while :func:`use_backend` serves a stand-in (e.g. a test's loopback world) instead of MindSpore."""
+    return _BACKEND is not None
 
 
 def _api(module):

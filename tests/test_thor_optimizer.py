@@ -317,3 +317,41 @@ def test_embedding_and_frozen_bias_step(mode):
     expected_fc = np.linalg.inv(g_fc + s * np.eye(3)) @ grads[1] @ np.linalg.inv(a_fc + s * np.eye(4))
     np.testing.assert_allclose(opt.parameters[0].asnumpy(), before[0] - 0.1 * expected_emb, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(opt.parameters[1].asnumpy(), before[1] - 0.1 * expected_fc, rtol=1e-4, atol=1e-6)
+
+
+def test_pynative_compiled_step_equals_op_by_op_and_follows_set_data():
+    """PyNative: the compiled step (THOR called in Graph mode) and the capture gate give the op-by-op numbers,
+    capture only on the steps the flags ask for, and follow ``set_data`` between steps (a checkpoint load)."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    weights, x, y = _mlp_data(seed=3)
+    nets, opts, cells = [], [], []
+    for compiled in (True, False):
+        net = MLP(*weights)
+        opt = thor(net, 0.05, 0.1, 0.9, frequency=3)
+        opt.compile_pynative_step = compiled
+        if not compiled:
+            for layer in opt.thor_layers:
+                layer.set_capture_gate(None)  # every capture cell tests its flag itself
+        nets.append(net)
+        opts.append(opt)
+        cells.append(_train_cell(opt.thor_network, opt))
+    rng = np.random.default_rng(0)
+    for step in range(5):
+        if step == 2:  # new weights and moments between steps, as load_param_into_net writes them
+            states = [(*net.trainable_params(), *opt.moments) for net, opt in zip(nets, opts)]
+            for a, b in zip(*states):
+                value = a.asnumpy() + 0.01 * rng.standard_normal(a.shape).astype(np.float32)
+                a.set_data(Tensor(value))
+                b.set_data(Tensor(value.copy()))
+        sentinel = np.full(opts[0].a_batches[0].shape, 7.0, np.float32)
+        for opt in opts:
+            opt.a_batches[0].set_data(Tensor(sentinel))
+        captures = [bool(f.asnumpy()) for f in opts[0].capture_flags]
+        for cell in cells:
+            cell(Tensor(x), Tensor(y))
+        for opt in opts:  # scratch written exactly on the steps whose flag was set (steps 0 and 3 here)
+            assert (opt.a_batches[0].asnumpy() == sentinel).all() != captures[0], (step, captures)
+        assert captures[0] == (step % 3 == 0)
+        for a, b in zip(nets[0].trainable_params(), nets[1].trainable_params()):
+            np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
+    assert int(opts[0].global_step.asnumpy().reshape(-1)[0]) == 5

@@ -31,7 +31,7 @@ from mindspore.ops.primitive import constexpr
 
 from ms_boost.thor import math as thor_math
 
-__all__ = ["DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer"]
+__all__ = ["CaptureGate", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer"]
 
 _conv_pads = constexpr(thor_math.conv_pads)
 
@@ -60,7 +60,64 @@ def _zeros(shape) -> Tensor:
     return Tensor(np.zeros(shape, np.float32))
 
 
-class _InputCapture(nn.Cell):
+class CaptureGate:
+    """Host-side view of a set of capture flags, read once per step in PyNative mode.
+
+    In PyNative mode ``if flag:`` on a device Parameter waits for every operation queued before it, so
+    testing each layer's flag would stall the step once per layer and direction. The THOR optimizer
+    owns one gate over its layers' flags: the first capture cell asking in a step reads all the flags
+    (one wait, at the start of the forward pass where little is queued) and the others reuse those
+    values; the optimizer clears them after each of its steps (the only writer of the flags during
+    training), :meth:`clear` is also called by ``THOR.request_capture``. Flags changed between steps
+    (``set_data``, a loaded checkpoint) are read afresh whenever the gate was cleared by a step.
+    Graph mode never uses the gate: there the capture cells test their flag on the device.
+
+    Args:
+        flags: the capture flag Parameters.
+    """
+
+    def __init__(self, flags):
+        self.flags = tuple(flags)
+        self.values = None
+
+    def clear(self) -> None:
+        """Forget the cached values (the flags may have changed on the device)."""
+        self.values = None
+
+    def is_on(self, flag) -> bool:
+        """The host value of ``flag`` (one of :attr:`flags`) for the current step."""
+        if self.values is None:
+            self.values = {id(f): bool(f.asnumpy()) for f in self.flags}
+        value = self.values.get(id(flag))
+        return bool(flag.asnumpy()) if value is None else value
+
+
+def _pynative() -> bool:
+    return ms.get_context("mode") == ms.PYNATIVE_MODE
+
+
+class _CaptureCell(nn.Cell):
+    """Base of the two capture cells: in PyNative mode with a :class:`CaptureGate` they run as plain Python
+    (the flag from the gate, no device-side branch); otherwise as an ordinary Cell (Graph mode: the flag is
+    tested on the device inside the compiled step)."""
+
+    def __init__(self, layer: ThorLayer):
+        super().__init__(auto_prefix=False)
+        self.flag = layer.thor_capture
+        self.gate = None
+
+    def __call__(self, *args, **kwargs):
+        if self.gate is not None and _pynative():
+            if self.gate.is_on(self.flag):
+                self.capture(*args)
+            return args[0]
+        return super().__call__(*args, **kwargs)
+
+    def capture(self, *args):
+        raise NotImplementedError
+
+
+class _InputCapture(_CaptureCell):
     """Forward identity that, on capture steps, writes the layer's input statistic into its scratch buffer.
 
     Args:
@@ -68,10 +125,18 @@ class _InputCapture(nn.Cell):
     """
 
     def __init__(self, layer: ThorLayer):
-        super().__init__(auto_prefix=False)
-        self.flag = layer.thor_capture
+        super().__init__(layer)
         self.scratch = layer.matrix_a_batch
         self.statistic = layer.input_statistic
+
+    def capture(self, x):
+        self.write(self.scratch, x)
+
+    @ms.jit
+    def write(self, scratch, x):
+        """The statistic, compiled (Parameters as arguments: a compiled function would keep writing to a
+        Parameter's old memory after its ``set_data``)."""
+        return ops.assign(scratch, self.statistic(ops.stop_gradient(x)))
 
     def construct(self, x):
         if self.flag:
@@ -79,7 +144,7 @@ class _InputCapture(nn.Cell):
         return x
 
 
-class _OutputGradientCapture(nn.Cell):
+class _OutputGradientCapture(_CaptureCell):
     """``InsertGradientOf`` body: on capture steps writes the output-gradient factor into the scratch buffer.
 
     The gradient passes through unchanged. ``loss_scale`` is a scalar Tensor or a Parameter (bound by the
@@ -88,11 +153,18 @@ class _OutputGradientCapture(nn.Cell):
     """
 
     def __init__(self, layer: ThorLayer):
-        super().__init__(auto_prefix=False)
-        self.flag = layer.thor_capture
+        super().__init__(layer)
         self.scratch = layer.matrix_g_batch
         self.statistic = layer.output_statistic
         self.loss_scale = Tensor(1.0, ms.float32)
+
+    def capture(self, dout):
+        self.write(self.scratch, dout, self.loss_scale)
+
+    @ms.jit
+    def write(self, scratch, dout, loss_scale):
+        """The statistic, compiled (Parameters as arguments, see :meth:`_InputCapture.write`)."""
+        return ops.assign(scratch, self.statistic(dout, loss_scale))
 
     def construct(self, dout):
         if self.flag:
@@ -144,6 +216,14 @@ class ThorLayer(nn.Cell):
             raise TypeError(f"{self.cls_name}.bind_loss_scale: loss_scale must be a Tensor or Parameter, "
                             f"got {type(loss_scale).__name__}.")
         self.g_capture.loss_scale = loss_scale
+
+    def set_capture_gate(self, gate) -> None:
+        """Let PyNative steps read this layer's capture flag through ``gate`` (a :class:`CaptureGate` holding
+        :attr:`thor_capture`; None: test the flag on every call). The THOR optimizer sets it."""
+        if gate is not None and not any(f is self.thor_capture for f in gate.flags):
+            raise ValueError(f"{self.cls_name}.set_capture_gate: the gate does not hold this layer's thor_capture.")
+        self.a_capture.gate = gate
+        self.g_capture.gate = gate
 
     def input_statistic(self, x):
         raise NotImplementedError

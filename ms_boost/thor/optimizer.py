@@ -40,7 +40,7 @@ from mindspore.train.callback import Callback
 
 from ms_boost import comm
 from ms_boost.thor import math as thor_math
-from ms_boost.thor.layers import ThorLayer, thor_state_parameters
+from ms_boost.thor.layers import CaptureGate, ThorLayer, thor_state_parameters
 from ms_boost.topology import Topology
 from ms_boost.update import StageHooks
 
@@ -271,6 +271,9 @@ class THOR(nn.Optimizer, StageHooks):
         self._keep_on_success = Tensor(np.array([1.0, 0.0, 1.0, 0.0], np.float32))
         self._keep_on_skip = Tensor(np.array([1.0, 0.0, 0.0, 1.0], np.float32))
         self._setup_distribution(split_indices, distribute_inverses)
+        self.compile_pynative_step = not self.distributed or not comm.uses_stand_in_backend()
+        self._step_state = tuple(_unique(list(self.get_parameters()) + list(self._parameters)))
+        self._compiled_key = None
 
     # ------------------------------------------------------------------ build time
     def _collect_layers(self, net: nn.Cell) -> None:
@@ -350,6 +353,10 @@ class THOR(nn.Optimizer, StageHooks):
         self.g_batches = ParameterTuple(g_batch)
         self.a_factors = ParameterTuple(a_fac)
         self.g_factors = ParameterTuple(g_fac)
+        gate = CaptureGate(self.capture_flags)
+        object.__setattr__(self, "_capture_gate", gate)
+        for layer in layers:
+            layer.set_capture_gate(gate)
 
     def _setup_distribution(self, split_indices, distribute_inverses: bool) -> None:
         """Static layout of the factor all-reduces (fused per ``split_indices`` group) and inverse broadcasts.
@@ -683,6 +690,31 @@ class THOR(nn.Optimizer, StageHooks):
         """Make every THOR layer capture its statistics at the next step (diagnostics; changes no update)."""
         for flag in self.capture_flags:
             flag.set_data(Tensor(True, ms.bool_))
+        self._capture_gate.clear()
+
+    def __call__(self, *args, **kwargs):
+        """PyNative: the whole step runs as one compiled graph -- the step called in Graph mode, the mode
+        restored afterwards -- instead of hundreds of small per-layer operations, and without host round-trips
+        (the refresh and skip decisions are taken on the device). A compiled graph keeps writing to the memory
+        its Parameters had when it was compiled, so it is compiled again when a Parameter's data was replaced
+        (``set_data``, e.g. a loaded checkpoint). Not when the collectives of a multi-rank run come from a
+        stand-in backend (``comm.use_backend``, a test's loopback world), which runs only op by op. Either way
+        the step rewrites the capture flags, so the layers' :class:`~ms_boost.thor.layers.CaptureGate` reads
+        them again at the next forward pass."""
+        try:
+            if self.compile_pynative_step and not kwargs and ms.get_context("mode") == ms.PYNATIVE_MODE:
+                key = tuple(p.data_ptr() for p in self._step_state)
+                if key != self._compiled_key:
+                    object.__setattr__(self, "_compiled", _CompiledStep(self))
+                    self._compiled_key = key
+                ms.set_context(mode=ms.GRAPH_MODE)
+                try:
+                    return self._compiled(*args)
+                finally:
+                    ms.set_context(mode=ms.PYNATIVE_MODE)
+            return super().__call__(*args, **kwargs)
+        finally:
+            self._capture_gate.clear()
 
     def training_guard(self):
         """A new :class:`ThorGuard` callback for this optimizer (``ms_boost.Model.train`` adds it)."""
@@ -774,6 +806,17 @@ class ThorGuard(Callback):
         if bad is not None:
             return f"{bad} (preconditioned update)"
         return "none of the THOR layers' weights or statistics (the loss itself is non-finite: check the inputs)"
+
+
+class _CompiledStep(nn.Cell):
+    """A THOR step as a top-level Graph-mode Cell (PyNative mode calls it, see ``THOR.__call__``)."""
+
+    def __init__(self, optimizer: THOR):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+
+    def construct(self, gradients):
+        return self.optimizer(gradients)
 
 
 _CALL_DEPTH = {"raised_to": 0}
