@@ -702,14 +702,17 @@ class THOR(nn.Optimizer, StageHooks):
         the step rewrites the capture flags, so the layers' :class:`~ms_boost.thor.layers.CaptureGate` reads
         them again at the next forward pass."""
         try:
-            if self.compile_pynative_step and not kwargs and ms.get_context("mode") == ms.PYNATIVE_MODE:
+            if (self.compile_pynative_step and len(args) == 1 and not kwargs
+                    and ms.get_context("mode") == ms.PYNATIVE_MODE):
                 key = tuple(p.data_ptr() for p in self._step_state)
                 if key != self._compiled_key:
                     object.__setattr__(self, "_compiled", _CompiledStep(self))
                     self._compiled_key = key
                 ms.set_context(mode=ms.GRAPH_MODE)
                 try:
-                    return self._compiled(*args)
+                    # the gradients as separate inputs: a tuple input of a Graph-mode Cell is a constant,
+                    # compiled anew for every new value
+                    return self._compiled(*args[0])
                 finally:
                     ms.set_context(mode=ms.PYNATIVE_MODE)
             return super().__call__(*args, **kwargs)
@@ -815,7 +818,7 @@ class _CompiledStep(nn.Cell):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
 
-    def construct(self, gradients):
+    def construct(self, *gradients):
         return self.optimizer(gradients)
 
 
