@@ -1,13 +1,14 @@
 """Acceptance test: MindSpore's THOR tutorial (train, then eval from the checkpoint; see test_tutorials.py)."""
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
 
 import pytest
 
-from tests.test_tutorials import CHANCE, NET, _env, check_losses, run_script
+from tests.test_tutorials import CHANCE, NET, TUTORIALS, _env, check_losses, run_script
 
 # ---------------------------------------------------------------------------------------------------------------
 # THOR tutorial: train (thor + ConvertModelUtils, amp O2, fixed loss scale), then eval from the checkpoint
@@ -32,12 +33,36 @@ def test_thor_tutorial_train(thor_run):
         f"resnet-{e}_{step_size}.ckpt" for e in range(1, THOR_EPOCHS + 1))
 
 
-@pytest.mark.parametrize("mode", ["graph", "pynative"])
-def test_thor_tutorial_eval(thor_run, data_path, mode):
+EVAL_MODES = ("graph", "pynative")
+
+
+@pytest.fixture(scope="module")
+def thor_evals(thor_run, data_path):
+    """``thor_eval.py`` run as ``__main__`` once per mode, one run after the other in the same interpreter
+    (``runpy``, each with its own ``sys.argv``): the script is unchanged, only the second import of MindSpore is
+    saved. Returns each run's ``TUTORIAL_RESULT`` by mode."""
     workdir, train = thor_run
     ckpt = workdir / "train" / f"resnet-{THOR_EPOCHS}_{int(train['step_size'])}.ckpt"
-    result = run_script("thor_eval.py", "--data_path", data_path, *NET, "--checkpoint_path", ckpt,
-                        "--mode", mode, cwd=workdir)
+    script = TUTORIALS / "thor_eval.py"
+    args = ["--data_path", str(data_path), *NET, "--checkpoint_path", str(ckpt)]
+    code = ("import runpy, sys\n"
+            f"sys.path.insert(0, {str(TUTORIALS)!r})\n"
+            f"for mode in {EVAL_MODES!r}:\n"
+            f"    sys.argv = [{str(script)!r}, *{args!r}, '--mode', mode]\n"
+            f"    runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = [json.loads(line[len("TUTORIAL_RESULT "):]) for line in proc.stdout.splitlines()
+               if line.startswith("TUTORIAL_RESULT ")]
+    assert len(results) == len(EVAL_MODES), proc.stdout[-2000:]
+    return dict(zip(EVAL_MODES, results))
+
+
+@pytest.mark.parametrize("mode", EVAL_MODES)
+def test_thor_tutorial_eval(thor_run, thor_evals, mode):
+    _, train = thor_run
+    result = thor_evals[mode]
     res = result["result"]
     assert set(res) == {"top_1_accuracy", "top_5_accuracy"}
     assert result["not_loaded"] == 0, "some network parameters were not in the THOR checkpoint"
