@@ -421,8 +421,6 @@ class FreezeOpt(nn.Cell):
             self.atom_lrs = ()
         self._inners = tuple(inners)
         self._set_steps = {}  # train set -> its compiled PyNative step (_SetStep), built on first use
-        self._host_position: Optional[int] = None  # PyNative: host mirror of global_step (see host_step)
-        self._host_storage: Optional[int] = None
 
     # -- construction helpers --------------------------------------------------------------------
     @staticmethod
@@ -528,35 +526,21 @@ class FreezeOpt(nn.Cell):
                 raise ValueError(f"FreezeOpt: a schedule of {self.period} steps (grad_freeze.total_steps) runs only in "
                                  f"PYNATIVE_MODE; GRAPH_MODE keeps the schedule on the device and allows at most "
                                  f"{DEVICE_TABLE_MAX} steps.")
-            self._host_position = None  # graph steps write global_step in place: PyNative reads it again
             return super().__call__(*args, **kwargs)
         return self.host_step(*args, **kwargs)
 
     def host_step(self, gradients):
-        """PyNative step: the trained groups are looked up on the host and only their optimizers are launched.
+        """PyNative step: the schedule position is read once (one host round trip per step, not one per
+        group), the trained groups are looked up on the host and only their optimizers are launched.
 
-        The schedule position is :attr:`global_step` (a Parameter, so a loaded checkpoint resumes exactly).
-        Reading it would stall PyNative's launch queue once per step (waiting for the whole backward pass),
-        so the host keeps a mirror of it: read once, then counted here. The mirror is tied to the Parameter's
-        storage (``data_ptr``); ``set_data`` and ``load_param_into_net`` (checkpoint loading) replace the
-        storage, and the next step reads the value again. :meth:`resync_step` forces a read after an in-place
-        write from elsewhere (e.g. a Graph-mode step of the same optimizer).
+        The position comes from :attr:`global_step` (a Parameter), so a loaded checkpoint resumes exactly.
         """
         step = self.global_step
-        position = self._host_position
-        if position is None or self._host_storage != step.data_ptr():
-            position = int(step.asnumpy()[0])
-        index = self.schedule[position % self.period]
+        index = self.schedule[int(step.asnumpy()[0]) % self.period]
         if index not in self._set_steps:
             self._set_steps[index] = _SetStep(self, index)
         done = self._set_steps[index](step, *gradients)
-        done = ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
-        self._host_position, self._host_storage = position + 1, step.data_ptr()
-        return done
-
-    def resync_step(self) -> None:
-        """Make the next PyNative step read :attr:`global_step` again (after writing it in place elsewhere)."""
-        self._host_position = None
+        return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
 
     def construct(self, gradients):
         """Graph-mode step: the groups of this step selected on the device from :attr:`train_strategy`."""

@@ -408,8 +408,8 @@ def test_freeze_opt_with_lazy_schedule_longer_than_the_device_table(monkeypatch)
 
 
 def test_pynative_step_position_follows_checkpoint_loads_and_in_place_writes():
-    """PyNative counts the schedule position on the host; a checkpoint load (new storage) and an in-place
-    write followed by resync_step() are both picked up by the next step."""
+    """PyNative reads the schedule position from global_step: a checkpoint load and an in-place write are
+    both followed by the next step."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
         net = dense_stack(4)
@@ -426,8 +426,7 @@ def test_pynative_step_position_follows_checkpoint_loads_and_in_place_writes():
         assert [step_trains_input_side() for _ in range(3)] == [s == 0 for s in strategy[:3]]
         ms.load_param_into_net(freeze_opt, {"global_step": Parameter(Tensor([5], ms.int32), name="global_step")})
         assert [step_trains_input_side() for _ in range(2)] == [s == 0 for s in strategy[5:7]]
-        ops.assign(freeze_opt.global_step, Tensor([2], ms.int32))  # in place: the host is told
-        freeze_opt.resync_step()
+        ops.assign(freeze_opt.global_step, Tensor([2], ms.int32))  # in place
         assert [step_trains_input_side() for _ in range(2)] == [s == 0 for s in strategy[2:4]]
         assert int(freeze_opt.global_step.asnumpy()[0]) == 4
     finally:
