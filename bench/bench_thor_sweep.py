@@ -157,6 +157,10 @@ def sweep(args) -> dict:
                 r = thor_c.run(lr, damping, data, args)
                 res["thor"][f"{lr}/{damping}"] = r
                 print(f"  thor lr {lr} damping {damping}: {_fmt(r)}", flush=True)
+                if r["error"]:
+                    # a cell stopped by an error is not reset by writing the Parameters back (the cells after
+                    # it then failed within a few steps); the next cell gets a newly built, recompiled Model
+                    thor_c = Contender("thor", args, classes)
         out[name] = res
     return out
 

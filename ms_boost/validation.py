@@ -27,7 +27,8 @@ import yaml
 
 __all__ = [
     "BoostConfigError", "INT32_MAX", "INT64_MAX", "short_repr", "check_bool", "check_int", "check_float",
-    "check_optional_path", "check_int_list", "check_float_or_list", "load_mapping_file",
+    "check_optional_path", "check_int_list", "check_float_or_list", "load_mapping_file", "count_values",
+    "MAX_FILE_VALUES",
 ]
 
 INT32_MAX = 2 ** 31 - 1
@@ -212,20 +213,40 @@ def _json_key_lines(text: str, key: str) -> list:
     return lines
 
 
-def load_mapping_file(path: Any, what: str = "config file") -> Dict[str, Any]:
+MAX_FILE_VALUES = 100_000
+"""Most values (mappings, lists and scalars, YAML aliases counted as expanded) a config file may hold."""
+
+
+def count_values(data: Any, limit: int) -> int:
+    """Values in ``data`` (mappings, lists and scalars) with shared objects (YAML aliases) counted each time
+    they appear; stops counting past ``limit``."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return count
+
+
+def load_mapping_file(path: Any, what: str = "config file", max_values: int = MAX_FILE_VALUES) -> Dict[str, Any]:
     """Read a YAML or JSON file that must hold a mapping (``.json``: JSON, anything else: YAML).
 
-    Safe: ``yaml.SafeLoader`` (no tags that run code), ``json`` with a duplicate-key check. Empty file ->
-    ``{}``.
+    Safe: ``yaml.SafeLoader`` (no tags that run code), ``json`` with a duplicate-key check, and a bound on
+    the values the document expands to (a few hundred bytes of nested YAML aliases can stand for billions).
+    Empty file -> ``{}``. The one loader for ``boost_config_dict`` files and the model zoo's recipes.
 
     Args:
         path: the file.
         what: what the file is, for messages (``"boost_config_dict file"``).
+        max_values: most values the document may expand to (:func:`count_values`).
 
     Raises:
         BoostConfigError: the file is missing, not UTF-8 (naming the byte offset), not valid YAML/JSON,
-            has a key twice in one mapping (naming both lines), or does not hold a mapping. Messages
-            quote at most a few hundred characters of the file.
+            has a key twice in one mapping (naming both lines), expands to more than ``max_values`` values,
+            or does not hold a mapping. Messages quote at most a few hundred characters of the file.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -248,9 +269,13 @@ def load_mapping_file(path: Any, what: str = "config file") -> Dict[str, Any]:
         detail = str(exc)
         if len(detail) > 400:
             detail = detail[:400] + "..."
-        raise BoostConfigError(f"{what} '{path}' is not valid JSON/YAML: {detail}") from None
+        kind = "JSON" if path.endswith(".json") else "YAML"
+        raise BoostConfigError(f"{what} '{path}' is not valid {kind}: {detail}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise BoostConfigError(f"{what} '{path}' must hold a mapping of sections, got {_type_name(data)}.")
+        raise BoostConfigError(f"{what} '{path}' must hold a mapping, got {_type_name(data)}.")
+    if count_values(data, max_values) > max_values:
+        raise BoostConfigError(f"{what} '{path}' expands to more than {max_values} values (YAML aliases repeat "
+                               f"their anchor); a config file is a small mapping.")
     return data

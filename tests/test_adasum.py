@@ -377,9 +377,9 @@ def test_loopback_training_matches_numpy_reference(workers, device_numbers, opti
     """PyNative, on simulated ranks (tests/helpers/loopback.py): weights on every rank after the whole training
     equal the numpy reference to 1e-5: the tree over 3 servers (a carried leaf) with Momentum and Adam, and 2
     servers of 2 devices (server-group mean, sharded AllGather) with the float16 cells and ``Model`` (the
-    tutorial's conv net runs in the msrun job and on one process). The msrun job below covers 4 servers and
-    2 x 2 in Graph mode. Each new AdaSum cell compiles its fused steps once per rank (they take Parameters), so
-    the cases are spread over the layouts rather than repeated."""
+    tutorial's conv net runs under msrun in tests/test_tutorials.py and on one process). The msrun job below
+    covers 4 servers and 2 x 2 (through Model) in Graph mode. Each new AdaSum cell compiles its fused steps once
+    per rank (they take Parameters), so the cases are spread over the layouts rather than repeated."""
     def rank_fn(rank):
         return {**layout_results(),
                 **mode_results("pynative", device_numbers, with_model, optimizers, fp16, tutorial=False)}
@@ -393,13 +393,15 @@ def test_loopback_training_matches_numpy_reference(workers, device_numbers, opti
 
 @pytest.mark.msrun
 def test_msrun_graph_training_matches_numpy_reference():
-    """Graph mode under a real 4-worker msrun job (MCCL): 4 servers, and 2 servers x 2 devices, plus Model."""
-    results = run_msrun(WORKERS / "adasum_worker.py", workers=4, args=["1,2", "graph", "graph"])
-    check_results(results, 4, (1, 2), "graph", "graph", ("momentum",))
+    """Graph mode under a real 4-worker msrun job (MCCL): the 4-server tree (linear training and the float16
+    cells), and 2 servers x 2 devices through Model (plain and an overflow step). The tutorial's conv net runs in
+    Graph mode under msrun in tests/test_tutorials.py; every case on 2 x 2 raw cells runs on loopback ranks."""
+    results = run_msrun(WORKERS / "adasum_worker.py", workers=4, args=["1", "graph", "graph", "2", "no_tutorial"])
+    check_results(results, 4, (1,), "graph", "graph", ("momentum",), tutorial=False, model_device_number=2)
 
 
 def check_results(results, workers: int, device_numbers, mode: str, model_mode, optimizers, fp16=True,
-                  tutorial=True) -> None:
+                  tutorial=True, model_device_number: int = 0) -> None:
     """Every AdaSum case saved by ``adasum_worker.mode_results`` against the numpy reference."""
     init = steps.initial_weights()
     assert int(results[0]["layout/servers_when_device_number_is_world"]) == 1
@@ -418,7 +420,8 @@ def check_results(results, workers: int, device_numbers, mode: str, model_mode, 
         if fp16:
             _check_fp16_upstream_cell(results, prefix, workers // dn)
     if model_mode:
-        _check_model_cases(results, f"d{device_numbers[-1]}/{model_mode}", workers, device_numbers[-1], tutorial)
+        dn = model_device_number or device_numbers[-1]
+        _check_model_cases(results, f"d{dn}/{model_mode}", workers, dn, tutorial)
 
 
 def _check_ranks(results, prefix: str, ref: dict) -> None:

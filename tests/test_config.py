@@ -190,8 +190,16 @@ def test_missing_or_bad_config_file(tmp_path):
         AutoBoost("O1", str(tmp_path / "nope.yaml"))
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="not valid JSON/YAML"):
+    with pytest.raises(ValueError, match="bad.json' is not valid JSON"):
         AutoBoost("O1", str(bad))
+    # a few hundred bytes of nested YAML aliases standing for 10**8 values: refused before anything expands
+    bomb = tmp_path / "bomb.yaml"
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 8)]
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"bomb.yaml' expands to more than 100000 values") as err:
+        AutoBoost("O1", str(bomb))
+    assert len(str(err.value)) < 400
 
 
 def test_enabled_unknown_name():
@@ -241,9 +249,10 @@ def test_invalid_utf8_names_the_file(tmp_path):
 
 
 def test_error_messages_are_bounded(tmp_path):
-    # ~300 bytes of YAML aliases: printed in full, the value is 10**6 items (megabytes of message)
+    # ~200 bytes of YAML aliases: printed in full, the value is 10**4 items (tens of kilobytes of message; a
+    # file expanding past 100000 values is refused when read, see test_missing_or_bad_config_file)
     levels = ["&a [x, x, x, x, x, x, x, x, x, x]"]
-    for prev, name in zip("abcde", "bcdef"):
+    for prev, name in zip("abc", "bcd"):
         levels.append(f"&{name} [{', '.join([f'*{prev}'] * 10)}]")
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text("boost:\n  mode: [" + ", ".join(levels) + "]\n")

@@ -2,7 +2,9 @@
 
 The scripts in ``tests/tutorials/`` follow the tutorials in ``shared/references`` line by line; only the import
 of ``Model`` (and of ``thor`` / ``ConvertModelUtils``) changes to ms_boost, the device is the CPU, and the
-ResNet and the ImageFolder data set are tiny. Distributed tutorials run under ``msrun`` with 2 CPU workers.
+ResNet (``NET``: ResNet-10, one basic block a stage, width 4 -- graph compilation, not the steps, is most of a
+run's CPU, and it grows with the number of layers) and the ImageFolder data set are tiny. Distributed tutorials
+run under ``msrun`` with 2 CPU workers.
 Each script prints ``TUTORIAL_RESULT {json}`` (and under msrun saves the same values per rank); the tests check
 exit status, finite and falling losses, accuracy above chance, where checkpoints land, and metric keys.
 The dimension-reduce and THOR tutorials are in ``test_tutorials_dim_reduce.py`` / ``test_tutorials_thor.py``
@@ -26,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "tests" / "tutorials"
 NUM_CLASSES = TUTORIAL_CLASSES  # the data_path fixture (tests/conftest.py)
 CHANCE = 1.0 / NUM_CLASSES
+NET = ("--net", "resnet10")  # tests/tutorials/tutorial_common.py: resnet()
 
 
 def _env() -> dict:
@@ -71,11 +74,25 @@ def check_losses(losses, what: str) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 # AdaSum tutorial (boost_level="O2", amp O2, FixedLossScaleManager(1024), Momentum(loss_scale=1024))
 # ---------------------------------------------------------------------------------------------------------------
+ADASUM_EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def adasum_ranks(data_path, tmp_path_factory):
+    """Both AdaSum-tutorial variants in one msrun job (``--variant o2 adasum``: one ``init()``, then each variant
+    trains its own network and ``Model`` in turn), which spares a second msrun start (launcher, scheduler, imports).
+    Returns each rank's values per variant: ``[{"o2": {...}, "adasum": {...}}, ...]``."""
+    ranks = run_distributed("adasum_tutorial.py", "--data_path", data_path, *NET, "--variant", "o2", "adasum",
+                            "--device_per_server", "1", "--epochs", ADASUM_EPOCHS, "--lr_max", "0.05",
+                            cwd=tmp_path_factory.mktemp("adasum"))
+    return [{variant: {key[len(variant) + 1:]: value for key, value in res.items() if key.startswith(variant + "_")}
+             for variant in ("o2", "adasum")} for res in ranks]
+
+
 @pytest.mark.msrun
-def test_adasum_tutorial_boost_dict_two_servers(data_path, tmp_path):
+def test_adasum_tutorial_boost_dict_two_servers(adasum_ranks):
     """The tutorial's AdaSum-only boost_dict with eval_network, 2 ranks as 2 servers (AdaSum really combines)."""
-    ranks = run_distributed("adasum_tutorial.py", "--data_path", data_path, "--variant", "adasum",
-                            "--device_per_server", "1", "--epochs", "3", "--lr_max", "0.05", cwd=tmp_path)
+    ranks = [res["adasum"] for res in adasum_ranks]
     for rank, res in enumerate(ranks):
         check_losses(res["losses"], f"adasum rank {rank}")
         assert int(res["step_size"]) == NUM_CLASSES * 16 // 2 // 8
@@ -86,11 +103,11 @@ def test_adasum_tutorial_boost_dict_two_servers(data_path, tmp_path):
 
 
 @pytest.mark.msrun
-def test_adasum_tutorial_boost_level_o2(data_path, tmp_path):
+def test_adasum_tutorial_boost_level_o2(adasum_ranks):
     """``Model(..., amp_level="O2", boost_level="O2", keep_batchnorm_fp32=False)`` exactly as written, on 2 ranks
     (fewer than the default 8 devices per server)."""
-    ranks = run_distributed("adasum_tutorial.py", "--data_path", data_path, "--variant", "o2", "--epochs", "4",
-                            "--lr_max", "0.05", cwd=tmp_path)
+    ranks = [res["o2"] for res in adasum_ranks]
+    assert len(ranks[0]["losses"]) == ADASUM_EPOCHS * int(ranks[0]["step_size"])
     # gradient freezing slows the descent: judge the loss averaged over the ranks
     check_losses(np.mean([res["losses"] for res in ranks], axis=0), "O2 (mean over ranks)")
     np.testing.assert_allclose(ranks[0]["weights_sum"], ranks[1]["weights_sum"], rtol=1e-9)

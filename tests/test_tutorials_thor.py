@@ -1,24 +1,25 @@
 """Acceptance test: MindSpore's THOR tutorial (train, then eval from the checkpoint; see test_tutorials.py)."""
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
 
 import pytest
 
-from tests.test_tutorials import CHANCE, _env, check_losses, run_script
+from tests.test_tutorials import CHANCE, NET, TUTORIALS, _env, check_losses, run_script
 
 # ---------------------------------------------------------------------------------------------------------------
 # THOR tutorial: train (thor + ConvertModelUtils, amp O2, fixed loss scale), then eval from the checkpoint
 # ---------------------------------------------------------------------------------------------------------------
-THOR_EPOCHS = 3
+THOR_EPOCHS = 6  # a THOR step costs little next to compiling the THOR graph; ResNet-10 needs the epochs
 
 
 @pytest.fixture(scope="module")
 def thor_run(data_path, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("thor")
-    result = run_script("thor_tutorial.py", "--data_path", data_path, "--net", "resnet18", "--epochs", THOR_EPOCHS,
+    result = run_script("thor_tutorial.py", "--data_path", data_path, *NET, "--epochs", THOR_EPOCHS,
                         "--save_checkpoint_path", "./train/", cwd=workdir)
     return workdir, result
 
@@ -28,16 +29,40 @@ def test_thor_tutorial_train(thor_run):
     check_losses(result["losses"], "thor")
     assert "loss is" in result["stdout"]
     step_size = int(result["step_size"])
-    assert sorted(p.name for p in (workdir / "train").glob("*.ckpt")) == [
-        f"resnet-{e}_{step_size}.ckpt" for e in range(1, THOR_EPOCHS + 1)]
+    assert sorted(p.name for p in (workdir / "train").glob("*.ckpt")) == sorted(
+        f"resnet-{e}_{step_size}.ckpt" for e in range(1, THOR_EPOCHS + 1))
 
 
-@pytest.mark.parametrize("mode", ["graph", "pynative"])
-def test_thor_tutorial_eval(thor_run, data_path, mode):
+EVAL_MODES = ("graph", "pynative")
+
+
+@pytest.fixture(scope="module")
+def thor_evals(thor_run, data_path):
+    """``thor_eval.py`` run as ``__main__`` once per mode, one run after the other in the same interpreter
+    (``runpy``, each with its own ``sys.argv``): the script is unchanged, only the second import of MindSpore is
+    saved. Returns each run's ``TUTORIAL_RESULT`` by mode."""
     workdir, train = thor_run
     ckpt = workdir / "train" / f"resnet-{THOR_EPOCHS}_{int(train['step_size'])}.ckpt"
-    result = run_script("thor_eval.py", "--data_path", data_path, "--net", "resnet18", "--checkpoint_path", ckpt,
-                        "--mode", mode, cwd=workdir)
+    script = TUTORIALS / "thor_eval.py"
+    args = ["--data_path", str(data_path), *NET, "--checkpoint_path", str(ckpt)]
+    code = ("import runpy, sys\n"
+            f"sys.path.insert(0, {str(TUTORIALS)!r})\n"
+            f"for mode in {EVAL_MODES!r}:\n"
+            f"    sys.argv = [{str(script)!r}, *{args!r}, '--mode', mode]\n"
+            f"    runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = [json.loads(line[len("TUTORIAL_RESULT "):]) for line in proc.stdout.splitlines()
+               if line.startswith("TUTORIAL_RESULT ")]
+    assert len(results) == len(EVAL_MODES), proc.stdout[-2000:]
+    return dict(zip(EVAL_MODES, results))
+
+
+@pytest.mark.parametrize("mode", EVAL_MODES)
+def test_thor_tutorial_eval(thor_run, thor_evals, mode):
+    _, train = thor_run
+    result = thor_evals[mode]
     res = result["result"]
     assert set(res) == {"top_1_accuracy", "top_5_accuracy"}
     assert result["not_loaded"] == 0, "some network parameters were not in the THOR checkpoint"
@@ -47,17 +72,30 @@ def test_thor_tutorial_eval(thor_run, data_path, mode):
         "the evaluated network does not hold the trained weights"
 
 
-@pytest.mark.parametrize("statement", [
+IMPORT_FORMS = [
     "from ms_boost import thor, ConvertModelUtils",
     "from ms_boost import ConvertModelUtils, thor",
     "from ms_boost.thor import ConvertModelUtils; from ms_boost import thor",
-])
-def test_thor_import_forms(statement):
+]
+
+
+def test_thor_import_forms():
     """Every way a THOR tutorial reader imports ``thor`` gives something that builds the THOR optimizer
-    (``thor(net, lr, damping, momentum, weight_decay, loss_scale, batch_size, split_indices=..., frequency=...)``)."""
-    code = (f"{statement}\nfrom mindspore import nn\n"
-            "opt = thor(nn.Dense(4, 3), 0.1, 0.03, 0.9, 0.0, 1.0, 8, split_indices=[26, 53], frequency=2)\n"
-            "assert type(opt).__name__ == 'THOR', type(opt)\n"
-            "assert callable(ConvertModelUtils().convert_to_thor_model)\n")
+    (``thor(net, lr, damping, momentum, weight_decay, loss_scale, batch_size, split_indices=..., frequency=...)``).
+    One interpreter for all forms (MindSpore is imported once); every ``ms_boost`` module is dropped from
+    ``sys.modules`` before each form, so each one imports ms_boost afresh in its own order."""
+    code = ("import sys\nfrom mindspore import nn\n"
+            f"for statement in {IMPORT_FORMS!r}:\n"
+            "    for name in [m for m in sys.modules if m == 'ms_boost' or m.startswith('ms_boost.')]:\n"
+            "        del sys.modules[name]\n"
+            "    names = {}\n"
+            "    exec(statement, names)\n"
+            "    thor, ConvertModelUtils = names['thor'], names['ConvertModelUtils']\n"
+            "    opt = thor(nn.Dense(4, 3), 0.1, 0.03, 0.9, 0.0, 1.0, 8, split_indices=[26, 53], frequency=2)\n"
+            "    assert type(opt).__name__ == 'THOR', (statement, type(opt))\n"
+            "    assert callable(ConvertModelUtils().convert_to_thor_model), statement\n"
+            "    print('IMPORT_OK', statement, flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{statement!r}: {proc.stderr[-600:]}"
+    assert proc.returncode == 0, proc.stderr[-1200:]
+    done = [line[len("IMPORT_OK "):] for line in proc.stdout.splitlines() if line.startswith("IMPORT_OK ")]
+    assert done == IMPORT_FORMS, done

@@ -1,15 +1,17 @@
 """msrun worker for tests/test_adasum.py: one process = one rank (the loopback tests call
 :func:`layout_results` and :func:`mode_results` on simulated ranks).
 
-Usage: ``adasum_worker.py DEVICE_NUMBERS MODES [MODEL_MODE]``. In each of the comma-separated MODES
+Usage: ``adasum_worker.py DEVICE_NUMBERS MODES [MODEL_MODE [MODEL_DEVICE_NUMBER [tutorial|no_tutorial]]]``.
+In each of the comma-separated MODES
 (``pynative``, ``graph``), for each device number D of the comma-separated DEVICE_NUMBERS, it trains
 ``TwoLayerLinear`` with AdaSum across servers of D ranks (Momentum 2 steps; Adam 1 step in PyNative),
 runs the upstream-named ``AdaSum`` cell on float16 deltas (one all-zero tensor, one zero on server 0 only), and
 ``AdaSumUpdate`` on float16 weights whose inner stage adds those deltas. With MODEL_MODE (``pynative``
-or ``graph``) it also trains, in that mode and with the last D, through ``ms_boost.Model``: the same
+or ``graph``) it also trains, in that mode and with MODEL_DEVICE_NUMBER (default: the last D), through
+``ms_boost.Model``: the same
 linear model (plain, and with a loss scale and an overflow step injected on the last rank), and the
 tutorial's usage (amp O2, fixed loss scale 1024, boost O2 with the tutorial's manual dict) on a small
-conv net. Everything is saved for the numpy reference in the test.
+conv net (unless ``no_tutorial``). Everything is saved for the numpy reference in the test.
 """
 from __future__ import annotations
 
@@ -151,10 +153,11 @@ OPTIMIZER_STEPS = {"momentum": 2, "adam": 1}
 
 
 def mode_results(mode_name: str, device_numbers, with_model: bool, optimizers=("momentum", "adam"),
-                 fp16: bool = True, tutorial: bool = True) -> dict:
+                 fp16: bool = True, tutorial: bool = True, model_device_number: int = 0) -> dict:
     """The AdaSum cases of this rank in the current execution mode, keyed ``d<D>/<mode_name>/...``:
     the linear training with each of ``optimizers``, the float16 cells (``fp16``), ``Model`` (``with_model``,
-    last device number; the tutorial's conv net too with ``tutorial``)."""
+    with ``model_device_number``, default the last device number; the tutorial's conv net too with
+    ``tutorial``)."""
     results = {}
     for dn in device_numbers:
         prefix = f"d{dn}/{mode_name}"
@@ -172,8 +175,9 @@ def mode_results(mode_name: str, device_numbers, with_model: bool, optimizers=("
         for i, w in enumerate(step.weights):
             results[f"{prefix}/fp16_update/w{i}"] = w.asnumpy()
     if with_model:
-        for name, value in model_cases(device_numbers[-1], tutorial).items():
-            results[f"d{device_numbers[-1]}/{mode_name}/model/{name}"] = value
+        dn = model_device_number or device_numbers[-1]
+        for name, value in model_cases(dn, tutorial).items():
+            results[f"d{dn}/{mode_name}/model/{name}"] = value
     return results
 
 
@@ -181,6 +185,8 @@ def main() -> None:
     device_numbers = [int(d) for d in sys.argv[1].split(",")]
     modes = sys.argv[2].split(",")  # the modes to run, e.g. "graph" or "pynative,graph"
     model_mode = sys.argv[3] if len(sys.argv) > 3 else None
+    model_device_number = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    tutorial = (sys.argv[5] if len(sys.argv) > 5 else "tutorial") == "tutorial"
     ms.set_device("CPU")
     ms.device_context.cpu.op_tuning.threads_num(1)  # tiny ops: one kernel thread per rank is fastest
     init()
@@ -190,7 +196,8 @@ def main() -> None:
         ms.set_context(mode=ms.GRAPH_MODE if mode_name == "graph" else ms.PYNATIVE_MODE)
         # the optimizer only changes the deltas; Adam's graph is MindSpore's own: momentum alone in Graph mode
         optimizers = ("momentum",) if mode_name == "graph" else ("momentum", "adam")
-        results.update(mode_results(mode_name, device_numbers, mode_name == model_mode, optimizers))
+        results.update(mode_results(mode_name, device_numbers, mode_name == model_mode, optimizers,
+                                    tutorial=tutorial, model_device_number=model_device_number))
     save_result(**results)
 
 

@@ -14,7 +14,8 @@ the value is converted to the type of the YAML default:
 * list: ``a,b,c`` or a YAML flow list ``[a, b]``; items take the type of the default's first item.
 
 An unknown key raises ``ValueError`` naming it and the closest known keys. ``--help`` prints every key
-with its value, type and the comment written next to it in the YAML file. Files are read with a
+with its value, type and the comment written next to it in the YAML file. Files are read with ms_boost's one
+safe loader (:func:`ms_boost.validation.load_mapping_file`, also used for ``boost_config_dict`` files): a
 ``yaml.SafeLoader`` (nothing read is ever evaluated) that also rejects a key given twice in one mapping
 (naming both lines), a file that is not UTF-8 (naming the file and the byte offset) and documents whose
 aliases expand to more than :data:`MAX_NODES` values; values quoted in error messages are cut to
@@ -31,10 +32,12 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from ms_boost.validation import MAX_FILE_VALUES, load_mapping_file
+
 __all__ = ["Config", "ConfigHelp", "MAX_NODES", "MAX_QUOTE", "load_yaml", "parse_value", "apply_overrides",
            "parse_config", "config_source", "quote"]
 
-MAX_NODES = 100_000
+MAX_NODES = MAX_FILE_VALUES
 """Most values (mappings, lists and scalars, aliases counted as expanded) a recipe may hold."""
 MAX_QUOTE = 200
 """Longest quoted value in an error message (longer ones are cut with ``...``)."""
@@ -117,65 +120,10 @@ def _deep_merge(base: Dict[str, Any], update: Mapping) -> Dict[str, Any]:
     return merged
 
 
-class _RecipeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that rejects a key given twice in one mapping, naming both lines."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            self.flatten_mapping(node)
-            seen: Dict[Any, int] = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.get(key)
-                except TypeError:  # an unhashable key; SafeLoader reports it below
-                    continue
-                line = key_node.start_mark.line + 1
-                if first is not None:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"key {quote(key)} is given twice (lines {first} and {line}); keep one.",
-                        key_node.start_mark)
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _count_nodes(data: Any, limit: int) -> int:
-    """Values in ``data`` with aliases counted as expanded; stops counting past ``limit``."""
-    count, stack = 0, [data]
-    while stack and count <= limit:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return count
-
-
 def _read_mapping(path: Path) -> Dict[str, Any]:
-    if not path.is_file():
-        raise ValueError(f"config file {str(path)!r} does not exist.")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"config file {str(path)!r} is not UTF-8 text: byte {err.start} "
-                         f"({raw[err.start:err.start + 1]!r}) is invalid; save it as UTF-8.") from None
-    try:
-        data = yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        message = str(err)
-        if len(message) > 4 * MAX_QUOTE:
-            message = message[: 4 * MAX_QUOTE] + "..."
-        raise ValueError(f"config file {str(path)!r} is not valid YAML: {message}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(data).__name__}.")
-    if _count_nodes(data, MAX_NODES) > MAX_NODES:
-        raise ValueError(f"config file {str(path)!r} expands to more than {MAX_NODES} values (YAML aliases "
-                         f"repeat their anchor); a recipe is a small mapping.")
-    return data
+    """One recipe file through ms_boost's safe loader (:func:`ms_boost.validation.load_mapping_file`: UTF-8,
+    ``yaml.SafeLoader``, a key given twice named with both lines, at most :data:`MAX_NODES` values)."""
+    return load_mapping_file(path, "config file", max_values=MAX_NODES)
 
 
 def load_yaml(path: Union[str, Path], _seen: Tuple[Path, ...] = ()) -> Dict[str, Any]:
