@@ -343,7 +343,8 @@ def step_benchmark(args) -> dict:
 
 
 def render_steps(section: dict) -> str:
-    lines = ["## Step time: DimReduce vs plain SGD", "",
+    modes = sorted({r["mode"] for r in section["runs"]})
+    lines = [f"## Step time: DimReduce vs plain SGD ({', '.join(modes)} mode)", "",
              "ResNet-18 at 32 px, one process, random orthonormal P, the same batch every step. Every repeat times, "
              "back to back: a plain SGD step, a DimReduce step (line search as upstream), a DimReduce step with "
              "`dim_reduce.carry_search`, a second identical plain step and one forward pass (train mode) alone. "
