@@ -116,7 +116,9 @@ def _headlines(folder: Path) -> List[str]:
         for name in ("steps", "steps_pynative"):
             for r in dim.get(name, {}).get("data", {}).get("runs", []):
                 noise = r.get("noise_ratio")
-                rows.append(f"| DimReduce step / SGD step, ResNet-18 width {r['width']} ({r['weights']:,} weights) | "
+                carry = ", carry_search" if r.get("carry_search") else ""
+                rows.append(f"| DimReduce step / SGD step, ResNet-18 width {r['width']} "
+                            f"({r['weights']:,} weights{carry}) | "
                             f"{r['mode']} | {r['ratio_median']:.2f} | "
                             f"{_fmt(noise, 2)} | [dim_reduce.md](dim_reduce.md) |")
     ada = load("adasum")

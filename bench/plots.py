@@ -154,7 +154,8 @@ def ratio_rows(folder: Path) -> Tuple[List[tuple], Optional[float]]:
     if dim and "steps" in dim:
         for r in dim["steps"]["data"]["runs"]:
             band = r.get("ratio_quartiles")
-            rows.append((f"DimReduce / SGD, width {r['width']} ({r['mode']})", r["ratio_median"],
+            carry = ", carry_search" if r.get("carry_search") else ""
+            rows.append((f"DimReduce / SGD, width {r['width']}{carry} ({r['mode']})", r["ratio_median"],
                          tuple(band) if band else None))
             if "noise_ratio" in r:
                 noise.append(abs(r["noise_ratio"] - 1.0))

@@ -81,7 +81,7 @@ class CommonHeadLastFN(nn.Cell):
         dtype = x.dtype
         features = l2_normalize(x.astype(mstype.float32), 1)
         weight = l2_normalize(self.weight.astype(mstype.float32), 1)
-        out = ops.matmul(features, weight.T)
+        out = ops.matmul(features, ops.transpose(weight, (1, 0)))  # not .T: its ndim check waits for the queue
         if self.has_bias:
             out = out + self.bias.astype(mstype.float32)
         return (self.multiplier * out).astype(dtype)

@@ -41,6 +41,19 @@ def build_reducer(boost: AutoBoost, weights, topology: Optional[Topology] = None
     return pipeline.build_reducer(boost, weights, pipeline.build_context(boost, topology))
 
 
+class _ScaledLoss(nn.Cell):
+    """``(sens * loss, loss)`` of the loss network: differentiated with ``has_aux`` (gradients of the first
+    output only), one forward pass gives the loss and the gradients with ``sens`` as sensitivity."""
+
+    def __init__(self, network: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.network = network
+
+    def construct(self, inputs, sens):
+        loss = self.network(*inputs)
+        return loss * sens, loss
+
+
 class BoostTrainOneStepCell(nn.Cell):
     """One boosted training step without loss scaling.
 
@@ -63,7 +76,9 @@ class BoostTrainOneStepCell(nn.Cell):
         self.optimizer = optimizer
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.scaled_loss = _ScaledLoss(network)
         self.sens = 1.0 if sens is None else float(sens)
+        self.sens_tensor = Tensor(self.sens, ms.float32)
         self.topology = Topology.current(self.boost.common.device_number)  # built and validated once
         ctx = pipeline.build_context(self.boost, self.topology)
         self.reducer = pipeline.build_reducer(self.boost, self.weights, ctx)
@@ -73,10 +88,18 @@ class BoostTrainOneStepCell(nn.Cell):
         """The stages of the update chain that offer hooks (:class:`~ms_boost.update.StageHooks`)."""
         return [stage for stage in stage_chain(self.update) if isinstance(stage, StageHooks)]
 
+    def loss_and_grads(self, inputs, sens):
+        """The loss and the gradients of ``sens * loss`` with respect to the weights, from ONE forward pass.
+
+        (``loss = network(x); grads = grad(network)(x, sens)`` shares the forward pass only while the graph
+        calls the network nowhere else: a stage that re-evaluates it, as DimReduce's line search does, made
+        Graph mode run that forward pass twice.) ``sens`` is a scalar Tensor of the loss's dtype.
+        """
+        (_, loss), grads = ops.value_and_grad(self.scaled_loss, None, self.weights, has_aux=True)(inputs, sens)
+        return loss, grads
+
     def construct(self, *inputs):
-        loss = self.network(*inputs)
-        sens = ops.ones_like(loss) * self.sens
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        loss, grads = self.loss_and_grads(inputs, self.sens_tensor)
         grads = self.reducer(grads)
         loss = ops.depend(loss, self.update(loss, grads, *inputs))
         return loss
@@ -146,10 +169,8 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
     def construct(self, *inputs):
         if self.has_buffers:
             inputs = ops.depend(inputs, _hyper_map(_copy_into, self.buffer_shadows, self.buffers))
-        loss = self.network(*inputs)
         scaling_sens = self.scale_sense
-        sens = ops.ones_like(loss) * ops.cast(scaling_sens, loss.dtype)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        loss, grads = self.loss_and_grads(inputs, scaling_sens)
         grads = self.reducer(grads)
         grads, overflow = self.loss_scaler(scaling_sens, grads)
         if not overflow:

@@ -407,6 +407,32 @@ def test_freeze_opt_with_lazy_schedule_longer_than_the_device_table(monkeypatch)
         ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
+def test_pynative_step_position_follows_checkpoint_loads_and_in_place_writes():
+    """PyNative reads the schedule position from global_step: a checkpoint load and an in-place write are
+    both followed by the next step."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        net = dense_stack(4)
+        strategy = [1, 0, 1, 1, 0, 0, 1, 0]  # 1: only the second set (output side) trains
+        freeze_opt = FreezeOpt(nn.SGD(net.trainable_params(), 0.1),
+                               [net.trainable_params(), net.trainable_params()[4:]], strategy)
+        params = list(freeze_opt.parameters)
+
+        def step_trains_input_side():
+            before = params[0].asnumpy().copy()
+            freeze_opt(ms.mutable(tuple(ops.ones_like(p) for p in params)))
+            return not np.array_equal(before, params[0].asnumpy())
+
+        assert [step_trains_input_side() for _ in range(3)] == [s == 0 for s in strategy[:3]]
+        ms.load_param_into_net(freeze_opt, {"global_step": Parameter(Tensor([5], ms.int32), name="global_step")})
+        assert [step_trains_input_side() for _ in range(2)] == [s == 0 for s in strategy[5:7]]
+        ops.assign(freeze_opt.global_step, Tensor([2], ms.int32))  # in place
+        assert [step_trains_input_side() for _ in range(2)] == [s == 0 for s in strategy[2:4]]
+        assert int(freeze_opt.global_step.asnumpy()[0]) == 4
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
 def test_default_o1_on_a_network_with_fewer_parameters_than_groups():
     """O1's default param_groups=10 (which the user never set) on a 4-parameter network: clamped, trains."""
     net = dense_stack(2)

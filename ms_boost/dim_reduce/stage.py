@@ -64,6 +64,20 @@ logger = logging.getLogger("ms_boost")
 __all__ = ["DimReduceUpdate", "DimReduce", "prepare_pca_matrix", "build_dim_reduce_update", "local_pca_rows"]
 
 
+class _CompiledForward(nn.Cell):
+    """The loss network's forward pass as one compiled graph (``ms.jit``): in PyNative mode a line-search
+    trial is one launch and records no gradient tape (the train cell marks the network ``set_grad``);
+    inside a Graph-mode construct it is inlined."""
+
+    def __init__(self, network: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.network = network
+
+    @ms.jit
+    def construct(self, *inputs):
+        return self.network(*inputs)
+
+
 class DimReduceUpdate(nn.Cell):
     r"""Update stage: projected BFGS step with Armijo line search plus residual momentum.
 
@@ -111,6 +125,7 @@ class DimReduceUpdate(nn.Cell):
         self.rho, self.gamma, self.sigma, self.alpha = cfg.rho, cfg.gamma, cfg.sigma, cfg.alpha
         self.curvature_eps = float(curvature_eps)
         self.network = network
+        self.trial_forward = _CompiledForward(network)
         weights = tuple(weights)
         if not weights:
             raise ValueError("DimReduceUpdate: weights is empty; the network has no trainable parameter.")
@@ -236,7 +251,7 @@ class DimReduceUpdate(nn.Cell):
     def _trial(self, saved, direction, t, old_loss, slope, *inputs):
         """Armijo test of the step ``t``: write ``w0 + t P^T d``, average the loss over ranks."""
         trial = _write(self.layout, saved + t * direction, *self.weights)
-        new_loss = self.mean_ranks(ops.cast(self.network(*inputs), ms.float32))
+        new_loss = self.mean_ranks(ops.cast(self.trial_forward(*inputs), ms.float32))
         new_loss = ops.depend(new_loss, trial)
         return armijo_accepts(new_loss, old_loss, t, slope, self.sigma)
 
