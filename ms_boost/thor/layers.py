@@ -136,7 +136,8 @@ class _InputCapture(_CaptureCell):
     def write(self, scratch, x):
         """The statistic, compiled (Parameters as arguments: a compiled function would keep writing to a
         Parameter's old memory after its ``set_data``)."""
-        return ops.assign(scratch, self.statistic(ops.stop_gradient(x)))
+        # cast: under mixed precision (amp O2/O3) the statistic of a float16 input is float16
+        return ops.assign(scratch, ops.cast(self.statistic(ops.stop_gradient(x)), scratch.dtype))
 
     def construct(self, x):
         if self.flag:
@@ -164,7 +165,7 @@ class _OutputGradientCapture(_CaptureCell):
     @ms.jit
     def write(self, scratch, dout, loss_scale):
         """The statistic, compiled (Parameters as arguments, see :meth:`_InputCapture.write`)."""
-        return ops.assign(scratch, self.statistic(dout, loss_scale))
+        return ops.assign(scratch, ops.cast(self.statistic(dout, loss_scale), scratch.dtype))
 
     def construct(self, dout):
         if self.flag:
