@@ -143,6 +143,32 @@ def test_steps_equal_numpy_reimplementation(mode, k):
     assert any(t > 0 for t in steps)
 
 
+def test_pynative_step_after_a_checkpoint_load_into_the_trained_network():
+    """PyNative: weights loaded (``load_param_into_net``) into a network that already took a step are what the
+    next step's line search evaluates and updates: equal to the numpy step from the loaded weights. (A trial
+    forward pass compiled before the load read the old memory: other trial losses, another accepted step.)"""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    loss_net, weights = mlp()
+    k = 3
+    p = subspace(weights, k)
+    stage = DimReduceUpdate(loss_net, weights, p, k, **HP)
+    step = TrainStep(loss_net, weights, stage)
+    x, y = mlp_data()
+    step(Tensor(x), Tensor(y))
+    rng = np.random.default_rng(5)
+    loaded = [w.asnumpy() * 3.0 + rng.normal(0, 0.5, w.shape).astype(np.float32) for w in weights]
+    ms.load_param_into_net(loss_net, {w.name: ms.Parameter(Tensor(v), name=w.name) for w, v in zip(weights, loaded)})
+    state = {"h": stage.inv_hessian.asnumpy().astype(np.float64), "g_last": stage.grad_last.asnumpy(),
+             "s": stage.step_last.asnumpy(), "has_pair": bool(stage.has_pair.asnumpy()),
+             "mu": np.concatenate([m.asnumpy().ravel() for m in stage.momentum])}
+    expect, _, t, _ = np_dim_reduce_step([v.astype(np.float64) for v in loaded], state, x.astype(np.float64), y,
+                                         p.astype(np.float64), **HP)
+    step(Tensor(x), Tensor(y))
+    assert float(stage.step_size.asnumpy()) == pytest.approx(t, rel=1e-6)
+    for w, e in zip(weights, expect):
+        np.testing.assert_allclose(w.asnumpy(), e, rtol=1e-4, atol=1e-5, err_msg=w.name)
+
+
 def test_line_search_rejection_restores_weights_and_batchnorm(mode):
     """A step that raises the loss is rejected at every trial; weights, BN statistics and BFGS state stay."""
     net = make_net()

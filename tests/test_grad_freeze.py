@@ -409,12 +409,12 @@ def test_freeze_opt_with_lazy_schedule_longer_than_the_device_table(monkeypatch)
 
 def test_pynative_step_position_follows_checkpoint_loads_and_in_place_writes():
     """PyNative reads the schedule position from global_step: a checkpoint load and an in-place write are
-    both followed by the next step."""
+    both followed by the next step; weights loaded into the trained network are what the next step updates."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
         net = dense_stack(4)
         strategy = [1, 0, 1, 1, 0, 0, 1, 0]  # 1: only the second set (output side) trains
-        freeze_opt = FreezeOpt(nn.SGD(net.trainable_params(), 0.1),
+        freeze_opt = FreezeOpt(nn.Momentum(net.trainable_params(), 0.1, 0.9),
                                [net.trainable_params(), net.trainable_params()[4:]], strategy)
         params = list(freeze_opt.parameters)
 
@@ -429,6 +429,18 @@ def test_pynative_step_position_follows_checkpoint_loads_and_in_place_writes():
         ops.assign(freeze_opt.global_step, Tensor([2], ms.int32))  # in place
         assert [step_trains_input_side() for _ in range(2)] == [s == 0 for s in strategy[2:4]]
         assert int(freeze_opt.global_step.asnumpy()[0]) == 4
+        # the weights replaced by a checkpoint load into the trained network: the next (compiled) step updates
+        # the loaded values (a step compiled before the load wrote to the old memory: the update was lost)
+        # (weights 3, momenta 1, gradient 1: momentum 0.9 * 1 + 1 = 1.9, weight 3 - 0.1 * 1.9)
+        moments = [m for m in freeze_opt.get_parameters() if m.name.startswith("moments.")] or \
+            [m for o in freeze_opt.opts for m in o.moments]
+        assert len(moments) >= len(params)
+        ms.load_param_into_net(freeze_opt, {
+            **{p.name: Parameter(Tensor(np.full(p.shape, 3.0, np.float32)), name=p.name) for p in params},
+            **{m.name: Parameter(Tensor(np.full(m.shape, 1.0, np.float32)), name=m.name) for m in moments}})
+        freeze_opt(ms.mutable(tuple(ops.ones_like(p) for p in params)))  # strategy[4] == 0: every weight trains
+        for p in params:
+            np.testing.assert_allclose(p.asnumpy(), np.full(p.shape, 3.0 - 0.1 * 1.9), rtol=1e-6, err_msg=p.name)
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
 
