@@ -122,7 +122,8 @@ def test_deep_network_compiles_in_graph_mode_and_matches_pynative(monkeypatch):
     """A 13-layer THOR net (26 parameters; the smallest chain above the 12-layer threshold in
     ``ms_boost.thor.optimizer._ensure_call_depth``, so the raise is exercised) with a fixed loss scale: Graph mode
     compiles (per-parameter work is mapped, not unrolled, and the call-depth limit is raised with the layer count;
-    ResNet-50's 54 layers exceeded the default limit of 1000 before) and makes the same two steps as PyNative."""
+    ResNet-50's 54 layers exceeded the default limit of 1000 before) and makes the same two steps as PyNative op by
+    op."""
     from mindspore.train import FixedLossScaleManager
 
     from ms_boost.thor import optimizer as thor_optimizer
@@ -138,6 +139,9 @@ def test_deep_network_compiles_in_graph_mode_and_matches_pynative(monkeypatch):
             cells += [nn.Dense(6, 6), nn.Tanh()]
         net = nn.SequentialCell(cells + [nn.Dense(6, 3)])
         opt = thor(net, 0.05, 0.05, 0.9, 1e-4, 16.0, 8, frequency=1)
+        # PyNative op by op: compiled, the PyNative step is this same Graph-mode graph (compiled == op by op:
+        # test_thor_optimizer.py::test_pynative_compiled_step_equals_op_by_op_and_follows_set_data)
+        opt.compile_pynative_step = False
         model = Model(opt.thor_network, ce(), opt,
                       loss_scale_manager=FixedLossScaleManager(16.0, drop_overflow_update=False))
         rng = np.random.default_rng(0)
