@@ -75,6 +75,8 @@ class BoostTrainOneStepCell(nn.Cell):
         self.network.set_grad()
         self.optimizer = optimizer
         self.weights = optimizer.parameters
+        # not used by construct (loss_and_grads): kept for subclasses written against upstream's cell, which
+        # call self.grad(self.network, self.weights)(*inputs, sens)
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.scaled_loss = _ScaledLoss(network)
         self.sens = 1.0 if sens is None else float(sens)
@@ -93,7 +95,8 @@ class BoostTrainOneStepCell(nn.Cell):
 
         (``loss = network(x); grads = grad(network)(x, sens)`` shares the forward pass only while the graph
         calls the network nowhere else: a stage that re-evaluates it, as DimReduce's line search does, made
-        Graph mode run that forward pass twice.) ``sens`` is a scalar Tensor of the loss's dtype.
+        Graph mode run that forward pass twice.) ``sens`` is a float32 scalar Tensor (1.0 or the loss scale):
+        ``loss * sens`` is float32 even for a float16 loss, so a loss scale above float16's range stays finite.
         """
         (_, loss), grads = ops.value_and_grad(self.scaled_loss, None, self.weights, has_aux=True)(inputs, sens)
         return loss, grads
