@@ -88,6 +88,13 @@ def test_collectives_on_loopback_ranks_match_numpy(size):
             np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{name} rank {r}")
 
 
+def test_uses_stand_in_backend_only_while_one_is_installed():
+    assert not comm.uses_stand_in_backend()
+    seen = run_ranks(2, lambda rank: comm.uses_stand_in_backend())
+    assert seen == [True, True]
+    assert not comm.uses_stand_in_backend()
+
+
 def test_loopback_world_failures_are_clear_errors():
     """A failing rank fails the world; mismatched collectives and ranks that never meet are named."""
     def one_rank_raises(rank):

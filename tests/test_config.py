@@ -185,6 +185,15 @@ def test_section_wrong_type_and_dict_wrong_type():
         AutoBoost("O1", 42)
 
 
+def test_count_values_counts_shared_objects_each_time_and_stops_past_the_limit():
+    from ms_boost.validation import count_values
+
+    leaf = ["x"] * 10
+    level = [leaf] * 10  # one list object referenced 10 times, as a YAML alias expands
+    assert count_values({"a": level, "b": 1}, 10**6) == 1 + (1 + 10 * (1 + 10)) + 1
+    assert count_values({"a": [level] * 10}, 50) == 51  # stops just past the limit
+
+
 def test_missing_or_bad_config_file(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         AutoBoost("O1", str(tmp_path / "nope.yaml"))

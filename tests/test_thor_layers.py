@@ -169,6 +169,46 @@ def test_no_capture_when_flag_off_or_in_eval(mode):
     assert layer.matrix_a_batch.asnumpy().any() and layer.matrix_g_batch.asnumpy().any()
 
 
+def test_capture_gate_reads_the_flags_once_per_step_and_layers_follow_it():
+    """CaptureGate (PyNative): the first question of a step reads every flag; later changes are seen only after
+    clear(); a flag the gate does not hold is read directly. With the gate set, a PyNative forward pass captures
+    exactly when the gate's value says so (in Graph mode the gate is not used)."""
+    from ms_boost.thor.layers import CaptureGate
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    layers = [DenseThor(3, 2), DenseThor(2, 2)]
+    for layer, on in zip(layers, (True, False)):
+        ops.assign(layer.thor_capture, Tensor(on))
+    gate = CaptureGate([layer.thor_capture for layer in layers])
+    assert [gate.is_on(layer.thor_capture) for layer in layers] == [True, False]
+    ops.assign(layers[1].thor_capture, Tensor(True))
+    assert gate.is_on(layers[1].thor_capture) is False  # cached for this step
+    gate.clear()
+    assert gate.is_on(layers[1].thor_capture) is True
+    stranger = DenseThor(2, 2)
+    ops.assign(stranger.thor_capture, Tensor(False))
+    assert gate.is_on(stranger.thor_capture) is False
+    with pytest.raises(ValueError, match="does not hold this layer's thor_capture"):
+        stranger.set_capture_gate(gate)
+
+    x = Tensor(np.random.default_rng(7).standard_normal((4, 3)).astype(np.float32))
+    layer = layers[0]
+    layer.set_train(True)  # statistics are captured in training only
+    layer.set_capture_gate(gate)
+    gate.clear()
+    ops.assign(layer.thor_capture, Tensor(False))
+    layer(x)  # the gate reads False now
+    assert not layer.matrix_a_batch.asnumpy().any()
+    ops.assign(layer.thor_capture, Tensor(True))
+    layer(x)  # same step: the gate still says False
+    assert not layer.matrix_a_batch.asnumpy().any()
+    gate.clear()
+    layer(x)
+    xs = x.asnumpy()
+    expect = np.concatenate([xs, np.ones((4, 1), np.float32)], axis=1)
+    np.testing.assert_allclose(layer.matrix_a_batch.asnumpy()[0], expect.T @ expect / 4, rtol=1e-5, atol=1e-6)
+
+
 def test_layer_argument_errors():
     with pytest.raises(ValueError, match="group"):
         Conv2dThor(3, 4, 3, group=2)
