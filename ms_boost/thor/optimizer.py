@@ -337,6 +337,10 @@ class THOR(nn.Optimizer, StageHooks):
         self.n_layers = len(layers)
         self.layer_paths = tuple(paths)
         self.param_source = tuple(source)  # per parameter: (layer, 0 weight | 1 bias) or (-1, -1)
+        self.param_layer = tuple(layer for layer, _ in source)
+        self.param_slot = tuple(slot for _, slot in source)
+        self.param_position = tuple(range(len(source)))
+        self.param_is_thor = tuple(layer >= 0 for layer, _ in source)
         self.layer_kind = tuple(kinds)
         self.weight_index = tuple(w_index)
         self.bias_index = tuple(b_index)  # -1: the bias (if any) is not preconditioned with the weight
@@ -609,26 +613,18 @@ class THOR(nn.Optimizer, StageHooks):
         lr = self.get_lr()
         # Per-parameter work is mapped with HyperMap over tuples: a Python loop over ResNet-50's 161
         # parameters unrolls into nested calls deeper than Graph mode's call-depth limit.
-        new_grads = list(gradients)
-        vg_sum = ops.zeros((), ms.float32)
+        preconditioned = ()
         for i in range(self.n_layers):
-            weight_grad, bias_grad = self._precondition_layer(i, gradients)
-            new_grads[self.weight_index[i]] = weight_grad
-            if self.kl_clip > 0.0:
-                vg_sum = vg_sum + (weight_grad * gradients[self.weight_index[i]]).sum()
-            if self.bias_index[i] >= 0:
-                new_grads[self.bias_index[i]] = bias_grad
-                if self.kl_clip > 0.0:
-                    vg_sum = vg_sum + (bias_grad * gradients[self.bias_index[i]]).sum()
-        directions = tuple(new_grads)  # before the trust region: a NaN nu would blame every layer
+            preconditioned += (self._precondition_layer(i, gradients),)
+        # per parameter: its preconditioned direction (THOR layers) or its gradient, picked by a static map
+        directions = self.hyper_map(ops.partial(_pick_direction, preconditioned, gradients), self.param_layer,
+                                    self.param_slot, self.param_position)
         nu = ops.ones((), ms.float32)
+        new_grads = directions  # before the trust region: a NaN nu would blame every layer
         if self.kl_clip > 0.0:
+            vg_sum = ops.addn(self.hyper_map(_preconditioned_dot, self.param_is_thor, directions, gradients))
             nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
-            for i in range(self.n_layers):
-                new_grads[self.weight_index[i]] = new_grads[self.weight_index[i]] * nu
-                if self.bias_index[i] >= 0:
-                    new_grads[self.bias_index[i]] = new_grads[self.bias_index[i]] * nu
-        new_grads = tuple(new_grads)
+            new_grads = self.hyper_map(ops.partial(_scale_preconditioned, nu), self.param_is_thor, directions)
         if self.weight_decay > 0.0:
             new_grads = self.hyper_map(ops.partial(_decay, self.weight_decay), self.decay_flags, params, new_grads)
         if self.enable_clip_grad:
@@ -843,6 +839,32 @@ _momentum_step = ops.MultitypeFuncGraph("thor_momentum")
 _nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
 _set_flag = ops.MultitypeFuncGraph("thor_set_flag")
 _non_finite = ops.MultitypeFuncGraph("thor_non_finite")
+_pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
+_preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
+_scale_preconditioned = ops.MultitypeFuncGraph("thor_scale_preconditioned")
+
+
+@_pick_direction.register("Tuple", "Tuple", "Number", "Number", "Number")
+def _pick_direction_tensor(preconditioned, gradients, layer, slot, position):
+    """The preconditioned weight (slot 0) or bias (slot 1) of THOR layer ``layer``; else the gradient."""
+    if layer < 0:
+        return gradients[position]
+    return preconditioned[layer][slot]
+
+
+@_preconditioned_dot.register("Bool", "Tensor", "Tensor")
+def _preconditioned_dot_tensor(is_thor, direction, grad):
+    r""":math:`\langle F^{-1} g, g\rangle` of a preconditioned parameter (0 for the others)."""
+    if is_thor:
+        return (direction * grad).sum()
+    return ops.zeros((), ms.float32)
+
+
+@_scale_preconditioned.register("Tensor", "Bool", "Tensor")
+def _scale_preconditioned_tensor(nu, is_thor, direction):
+    if is_thor:
+        return direction * nu
+    return direction
 
 
 @_non_finite.register("Tensor")
