@@ -581,7 +581,8 @@ class THOR(nn.Optimizer, StageHooks):
                     ms.float32)
                 inverses += (ops.where(good, inv, self._inverse_param(j)),)
             else:
-                # a factor keeps its previous inverse when any of its blocks is bad
+                # a factor keeps its previous inverse when any of its blocks is bad (sliced per factor: constant
+                # index Tensors used after the Cholesky/eigen branch crash MindSpore 2.10's parameter_eliminate)
                 k, first, count = self.inverse_batch_slot[j]
                 if count == raw[k].shape[0]:
                     inv, bad = raw[k], block_bad[k].any()
