@@ -114,3 +114,31 @@ def test_thor_two_ranks_equal_one_process(job):
 
     assert (STEPS, BATCH) == (e2e.THOR_STEPS, e2e.THOR_BATCH)
     check_ranks(scenario(job[1], "thor"), WORKERS, distribute=True)
+
+
+@pytest.mark.msrun
+def test_thor_two_workers_skip_the_same_nonfinite_step(job):
+    """NaN inputs on rank 1 at step 1 only: both ranks skip that step (mean-reduced gradients are NaN), stay
+    bit-identical, and equal one process on the concatenated batches; Graph without a loss scale and PyNative
+    (the compiled THOR step) with one. The reference runs op by op."""
+    import mindspore.dataset as ds
+
+    from tests.test_thor_distributed import build_thor_model
+    from tests.workers.thor_nonfinite import BATCH, CASES, STEPS, poisoned_data
+
+    ranks = scenario(job[1], "thor_nonfinite")
+    assert sorted(ranks[0]) == sorted(ranks[1])
+    for key in ranks[0]:
+        np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+    x, y = poisoned_data(WORKERS)
+    for exec_mode, loss_scale in CASES:
+        got = {k[len(exec_mode) + 2:]: v for k, v in ranks[0].items() if k.startswith(f"{exec_mode}{loss_scale}_")}
+        assert int(got["step"][0]) == STEPS - 1, exec_mode
+        assert int(got["skipped"]) == (0 if loss_scale else 1)  # with a loss scale the cell skips first
+        net, opt, model = build_thor_model(None, loss_scale=bool(loss_scale))
+        opt.compile_pynative_step = False
+        data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH * WORKERS)
+        model.train(1, data, dataset_sink_mode=False)
+        for i, p in enumerate(net.trainable_params()):
+            assert np.isfinite(p.asnumpy()).all()
+            np.testing.assert_allclose(got[f"w{i}"], p.asnumpy(), rtol=1e-4, atol=2e-5, err_msg=f"{exec_mode} w{i}")

@@ -21,7 +21,7 @@ TABLE_8 = ROOT / "rank_table" / "rank_table_8pcs.json"
 LAUNCHERS = ["run_standalone_train.sh", "run_distribute_train.sh", "run_distribute_train_gpu.sh",
              "run_distribute_train_cpu.sh", "run_multinode_train.sh", "run_eval.sh", "run_stage_1.sh",
              "run_stage_2.sh"]
-TINY = ["--net_name", "resnet18", "--base_width", "4", "--class_num", "10", "--batch_size", "8",
+TINY = ["--net_name", "resnet10", "--base_width", "4", "--class_num", "10", "--batch_size", "8",
         "--train_image_size", "16", "--eval_image_size", "16", "--eval_batch_size", "10", "--epoch_size", "1",
         "--mode", "pynative", "--amp_level", "O0", "--loss_scale_type", "none", "--warmup_epochs", "0",
         "--log_interval", "1", "--num_parallel_workers", "1", "--synthetic.image_size", "16",

@@ -99,10 +99,12 @@ def test_boost_config_turns_thor_on():
 
 
 def test_dynamic_loss_scale_is_unscaled_in_the_factors():
-    """With a DynamicLossScaleManager the captured G is divided by the scale the backward used."""
+    """With a DynamicLossScaleManager the captured G is divided by the scale the backward used (the scaled run
+    takes the compiled PyNative step, the unscaled reference runs op by op)."""
     def run(manager):
         net = make_net()
         opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
+        opt.compile_pynative_step = manager is not None
         kwargs = {"loss_scale_manager": manager} if manager is not None else {}
         model = ConvertModelUtils().convert_to_thor_model(Model(net, ce(), opt, **kwargs), net, ce(), opt,
                                                           **kwargs)

@@ -392,34 +392,7 @@ def test_graph_model_train_stops_on_persistent_nonfinite_loss(graph_run):
 
 
 # ----------------------------------------------------------------------------- several ranks
-MSRUN_SCENARIOS = (("graph", 0), ("pynative", 1))
-
-
-@pytest.mark.msrun
-def test_two_workers_skip_the_same_nonfinite_step():
-    """NaN inputs on rank 1 at step 1 only: both ranks skip that step (mean-reduced gradients are NaN), stay
-    bit-identical, and equal one process on the concatenated batches. One msrun job runs both scenarios
-    (Graph without a loss scale, PyNative with one) in the same workers."""
-    from tests.helpers.msrun import run_msrun
-    from tests.test_thor_distributed import build_thor_model
-    from tests.workers.thor_nonfinite import BATCH, STEPS, poisoned_data
-
-    worker = Path(__file__).parent / "workers" / "thor_nonfinite.py"
-    ranks = run_msrun(worker, 2, args=[f"{m}:{ls}" for m, ls in MSRUN_SCENARIOS])
-    assert sorted(ranks[0]) == sorted(ranks[1])
-    for key in ranks[0]:
-        np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
-    x, y = poisoned_data(2)
-    for exec_mode, loss_scale in MSRUN_SCENARIOS:
-        got = {k[len(exec_mode) + 2:]: v for k, v in ranks[0].items() if k.startswith(f"{exec_mode}{loss_scale}_")}
-        assert int(got["step"][0]) == STEPS - 1, exec_mode
-        assert int(got["skipped"]) == (0 if loss_scale else 1)  # with a loss scale the cell skips first
-        net, _, model = build_thor_model(None, loss_scale=bool(loss_scale))
-        data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH * 2)
-        model.train(1, data, dataset_sink_mode=False)
-        for i, p in enumerate(net.trainable_params()):
-            assert np.isfinite(p.asnumpy()).all()
-            np.testing.assert_allclose(got[f"w{i}"], p.asnumpy(), rtol=1e-4, atol=2e-5, err_msg=f"{exec_mode} w{i}")
+# Two msrun workers skipping the same non-finite step: tests/test_msrun_e2e.py (a scenario of its one msrun job).
 
 
 # ----------------------------------------------------------------------------- configuration

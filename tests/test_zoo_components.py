@@ -76,7 +76,7 @@ def test_forward_shapes_and_feature_sizes(mode):
 
 
 def test_unknown_name_lists_the_known_ones():
-    assert list_models() == ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
+    assert list_models() == ["resnet10", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
     with pytest.raises(ValueError) as err:
         create_model("resnet51")
     message = str(err.value)

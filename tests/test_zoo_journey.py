@@ -1,7 +1,7 @@
 """A user's journey through the model zoo: train every recipe, stop, resume exactly, evaluate and export its
 checkpoint, watch the metrics, and feed bad input (diverging lr, a truncated JPEG, a broken recipe file).
 
-Runs are a width-4 ResNet-18 on 16x16 images with 2 steps per epoch, in-process through ``train.py``'s
+Runs are a width-4 ResNet-10 on 16x16 images with 2 steps per epoch, in-process through ``train.py``'s
 ``main`` (one case runs ``train.py`` as a script for its exit status). Each recipe is trained once, and that one
 run carries every check on it: it trains (finite losses, the progress line, the recipe's own boost pieces, see
 ``check_recipe``; these were tests/test_zoo_recipes.py's per-recipe tests), resumes exactly, evaluates, exports.
@@ -37,8 +37,8 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 def small(cache_dir: Path, out: Path, mode: str = "pynative", epochs: int = 2) -> list:
-    """Overrides shrinking any recipe to a width-4 ResNet-18 on 16x16 images, SPE steps per epoch."""
-    return ["--device_target", "CPU", "--mode", mode, "--net_name", "resnet18", "--base_width", "4",
+    """Overrides shrinking any recipe to a width-4 ResNet-10 on 16x16 images, SPE steps per epoch."""
+    return ["--device_target", "CPU", "--mode", mode, "--net_name", "resnet10", "--base_width", "4",
             "--class_num", "10", "--batch_size", "8", "--eval_batch_size", "10", "--train_image_size", "16",
             "--eval_image_size", "16", "--steps_per_epoch", str(SPE), "--epoch_size", str(epochs),
             "--synthetic.cache_dir", str(cache_dir), "--synthetic.image_size", "16",

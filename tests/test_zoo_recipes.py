@@ -2,7 +2,7 @@
 main job (every recipe's own training run lives in tests/test_zoo_journey.py).
 
 The recipes run through ``train.py``'s own code path (config file + ``--key value`` overrides), shrunk to a
-width-4 ResNet-18 on 16x16 images, two steps each.
+width-4 ResNet-10 on 16x16 images, two steps each.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 def small(cache_dir: Path, out: Path, mode: str = "pynative", steps: int = 2) -> list:
-    """Overrides shrinking any recipe to a width-4 ResNet-18 on 16x16 images, ``steps`` steps."""
-    return ["--device_target", "CPU", "--mode", mode, "--net_name", "resnet18", "--base_width", "4",
+    """Overrides shrinking any recipe to a width-4 ResNet-10 on 16x16 images, ``steps`` steps."""
+    return ["--device_target", "CPU", "--mode", mode, "--net_name", "resnet10", "--base_width", "4",
             "--class_num", "10", "--batch_size", "8", "--eval_batch_size", "10", "--train_image_size", "16",
             "--eval_image_size", "16", "--steps_per_epoch", str(steps), "--epoch_size", "1",
             "--synthetic.cache_dir", str(cache_dir), "--synthetic.image_size", "16",

@@ -14,6 +14,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ms_boost import comm
 from ms_boost.adasum.layout import DEFAULT_BUCKET_SIZE, DEFAULT_CHUNK, adasum_schedule, plan_buckets
 from ms_boost.adasum.math import adasum_tree_reduce
+from ms_boost.flat_buffers import assign_all, flat_layout, pad_and_flatten, split_flat
 from ms_boost.topology import Topology
 from ms_boost.update import UpdateStage
 
@@ -64,19 +65,17 @@ class AdaSumReduce(nn.Cell):
         self.buckets = plan_buckets(sizes, bucket_size, topology.server_size, chunk)
         # per bucket, as constants for construct: tensor range, packing layout, shard range, unpacking layout
         self.layouts = tuple(
-            (b.first, b.stop, (sizes[b.first:b.stop], b.padded, b.tail), local_index * b.shard, b.shard,
-             (b.starts, sizes[b.first:b.stop], self.shapes[b.first:b.stop]))
+            (b.first, b.stop, (tuple(p - n for p, n in zip(b.padded, sizes[b.first:b.stop])), b.tail),
+             local_index * b.shard, b.shard, flat_layout(self.shapes[b.first:b.stop], b.starts))
             for b in self.buckets)
         self.indicators = tuple(Tensor(b.indicator()) for b in self.buckets) if self.active else ()
         self.tree = (tuple(level.plan for level in adasum_schedule(self.num_servers)), chunk, self.num_servers)
         self.gather = comm.AllGather()
 
     def construct(self, deltas):
-        out = ()
         if not self.active:
-            for delta in deltas:
-                out = out + (ops.cast(delta, ms.float32),)
-            return out
+            return _MAP(_to_float32, deltas)
+        out = ()
         for b in range(len(self.layouts)):
             first, stop, pack, begin, shard, unpack = self.layouts[b]
             flat = _pack(pack, *deltas[first:stop])
@@ -92,25 +91,14 @@ class AdaSumReduce(nn.Cell):
 @ms.jit
 def _pack(layout, *tensors):
     """Fuse ``tensors`` in float32: each padded with zeros to whole chunks, then the bucket's tail."""
-    sizes, padded, tail = layout
-    parts = ()
-    for k in range(len(tensors)):
-        parts = parts + (ops.reshape(ops.cast(tensors[k], ms.float32), (-1,)),)
-        if padded[k] > sizes[k]:
-            parts = parts + (ops.zeros((padded[k] - sizes[k],), ms.float32),)
-    if tail > 0:
-        parts = parts + (ops.zeros((tail,), ms.float32),)
-    return ops.concat(parts, 0)
+    pads, tail = layout
+    return pad_and_flatten(tensors, pads, tail)
 
 
 @ms.jit
 def _unpack(layout, flat):
-    """Split a fused bucket back into float32 tensors of the given shapes."""
-    starts, sizes, shapes = layout
-    out = ()
-    for k in range(len(sizes)):
-        out = out + (ops.reshape(flat[starts[k]:starts[k] + sizes[k]], shapes[k]),)
-    return out
+    """Split a fused bucket back into float32 tensors (``layout``: a :func:`~ms_boost.flat_buffers.flat_layout`)."""
+    return split_flat(flat, layout)
 
 
 @ms.jit
@@ -135,11 +123,16 @@ def _delta_shard(layout, begin, shard, saved, *weights):
 @ms.jit
 def _write_combined(layout, tree, gathered, indicator, saved, *weights):
     """``weights = unpack(saved + AdaSum tree of the gathered deltas)``, cast to each weight's dtype."""
-    new = _unpack(layout, saved + _tree_of_gathered(gathered, indicator, tree))
-    out = ()
-    for k in range(len(weights)):
-        out = out + (ops.assign(weights[k], ops.cast(new[k], weights[k].dtype)),)
-    return out
+    return assign_all(weights, _unpack(layout, saved + _tree_of_gathered(gathered, indicator, tree)))
+
+
+_MAP = ops.HyperMap()
+_to_float32 = ops.MultitypeFuncGraph("adasum_to_float32")
+
+
+@_to_float32.register("Tensor")
+def _to_float32_tensor(tensor):
+    return ops.cast(tensor, ms.float32)
 
 
 def check_weights(weights, where: str) -> ParameterTuple:

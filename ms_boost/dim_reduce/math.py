@@ -16,14 +16,15 @@ All functions are pure (no Parameter is touched) and run in PyNative and Graph m
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Tuple
 
-import mindspore as ms
 from mindspore import Tensor, ops
+
+from ms_boost.flat_buffers import flat_layout, flatten_tensors, split_flat
 
 __all__ = [
     "curvature_ok", "bfgs_inverse_update", "quasi_newton_direction", "armijo_accepts", "project",
-    "back_project", "residual_momentum", "flatten_tensors", "split_flat", "local_row_block",
+    "back_project", "residual_momentum", "flatten_tensors", "flat_layout", "split_flat", "local_row_block",
 ]
 
 
@@ -139,24 +140,6 @@ def residual_momentum(momentum: Tensor, grad: Tensor, grad_in_subspace: Tensor, 
         gamma: decay in [0, 1).
     """
     return gamma * momentum + (grad - grad_in_subspace)
-
-
-def flatten_tensors(tensors: Sequence[Tensor]) -> Tensor:
-    """Concatenate tensors, each flattened in row-major order and cast to float32, into one vector."""
-    return ops.concat([ops.reshape(ops.cast(t, ms.float32), (-1,)) for t in tensors])
-
-
-def split_flat(flat: Tensor, shapes: Sequence[Tuple[int, ...]]) -> Tuple[Tensor, ...]:
-    """Inverse of :func:`flatten_tensors`: cut ``flat`` into consecutive pieces of the given shapes."""
-    out = []
-    offset = 0
-    for shape in shapes:
-        size = 1
-        for dim in shape:
-            size *= dim
-        out.append(ops.reshape(flat[offset:offset + size], shape))
-        offset += size
-    return tuple(out)
 
 
 def local_row_block(n_components: int, rank: int, rank_size: int) -> Tuple[int, int, int]:

@@ -49,6 +49,7 @@ from ms_boost.dim_reduce.math import (
     armijo_accepts,
     back_project,
     bfgs_inverse_update,
+    flat_layout,
     flatten_tensors,
     local_row_block,
     project,
@@ -57,6 +58,7 @@ from ms_boost.dim_reduce.math import (
     split_flat,
 )
 from ms_boost.dim_reduce.pca import parameter_specs
+from ms_boost.flat_buffers import assign_all
 from ms_boost.sections import DimReduceConfig
 
 logger = logging.getLogger("ms_boost")
@@ -188,8 +190,8 @@ class DimReduceUpdate(nn.Cell):
         # float32 state is snapshot as one flat buffer; other dtypes (exact copies) one by one
         self.flat_state = ParameterTuple(p for p in self.net_state if p.dtype == ms.float32)
         self.other_state = ParameterTuple(p for p in self.net_state if p.dtype != ms.float32)
-        self.layout = self.shapes
-        self.state_layout = tuple(tuple(int(d) for d in p.shape) for p in self.flat_state)
+        self.layout = flat_layout(self.shapes)  # (starts, sizes, shapes) of the flat buffers
+        self.state_layout = flat_layout([p.shape for p in self.flat_state])
 
     def construct(self, loss, grads, *inputs):
         return self._step(loss, grads, *inputs)
@@ -276,12 +278,8 @@ def _flat(*tensors):
 
 @ms.jit
 def _write(layout, flat, *params):
-    """Assign consecutive pieces of ``flat`` (shapes of ``layout``) to ``params``, cast to their dtypes."""
-    pieces = split_flat(flat, layout)
-    out = ()
-    for i in range(len(params)):
-        out = out + (ops.assign(params[i], ops.cast(pieces[i], params[i].dtype)),)
-    return out
+    """Assign consecutive pieces of ``flat`` (a :func:`flat_layout`) to ``params``, cast to their dtypes."""
+    return assign_all(params, split_flat(flat, layout))
 
 
 @ms.jit

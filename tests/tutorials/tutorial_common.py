@@ -23,7 +23,7 @@ import numpy as np
 from mindspore.communication import get_group_size, get_rank
 from mindspore.train import Callback
 
-from model_zoo.resnet.src.resnet import BasicBlock, ResNet, create_model
+from model_zoo.resnet.src.resnet import create_model
 
 __all__ = ["base_parser", "context_mode", "create_dataset", "resnet", "LossRecorder", "report"]
 
@@ -36,7 +36,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--data_path", required=True, help="folder holding train/ and val/ (ImageNet layout)")
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph")
     parser.add_argument("--net", default="resnet18",
-                        help="model_zoo network name (resnet18 ... resnet50), or resnet10 (one basic block a stage)")
+                        help="model_zoo network name (resnet10 ... resnet152)")
     parser.add_argument("--base_width", type=int, default=4, help="channels of the first stage (64 in the paper)")
     parser.add_argument("--class_num", type=int, default=6)
     parser.add_argument("--image_size", type=int, default=32)
@@ -54,8 +54,6 @@ def context_mode(args) -> int:
 def resnet(class_num: int = 1001, num_classes=None):
     """The tutorials' ``resnet(class_num=...)`` / ``resnet(num_classes=...)``, at the size chosen by the options."""
     class_num = num_classes or class_num
-    if _NET["name"] == "resnet10":  # the smallest ResNet: cheap to compile, for the CPU acceptance runs
-        return ResNet(BasicBlock, (1, 1, 1, 1), class_num, base_width=_NET["base_width"])
     return create_model(_NET["name"], class_num=class_num, base_width=_NET["base_width"])
 
 

@@ -11,6 +11,8 @@ Each scenario saves its arrays under ``<scenario>/``; every rank runs every scen
   (tests/test_o1_o2.py).
 * ``dim_reduce``: stage 2 of DimReduce through Model; rank 0 computes the PCA matrix from WORK_DIR/stage1.
 * ``thor``: THOR through ConvertModelUtils and Model, factors fused in two groups, inverses split.
+* ``thor_nonfinite``: THOR with NaN inputs on rank 1 at one step, Graph and PyNative
+  (tests/workers/thor_nonfinite.py).
 """
 import os
 import sys
@@ -102,6 +104,7 @@ def thor_scenario(rank: int, size: int) -> dict:
 
 def main() -> None:
     from tests.test_loss_scale import overflow_on_rank_1
+    from tests.workers.thor_nonfinite import nonfinite_scenario
 
     work_dir = sys.argv[1]
     rank, size, _, _ = data_parallel_shard("graph", 1, 1)  # Graph mode, communication, DATA_PARALLEL + mean
@@ -111,7 +114,8 @@ def main() -> None:
                       ("group_overflow", lambda: overflow_on_rank_1(rank)),
                       ("light_o1", lambda: light_o1_scenario(rank, size)),
                       ("dim_reduce", lambda: dim_reduce_scenario(rank, size, work_dir)),
-                      ("thor", lambda: thor_scenario(rank, size))):
+                      ("thor", lambda: thor_scenario(rank, size)),
+                      ("thor_nonfinite", lambda: nonfinite_scenario(rank, size))):
         results.update({f"{name}/{k}": v for k, v in run().items()})
     save_result(**results)
 

@@ -20,7 +20,7 @@ from mindspore import nn, ops
 
 __all__ = [
     "BasicBlock", "Bottleneck", "ResNet", "register_model", "list_models", "create_model",
-    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "init_weight", "init_group_params",
+    "resnet10", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "init_weight", "init_group_params",
     "CONV_INITS", "DENSE_INITS",
 ]
 
@@ -187,6 +187,13 @@ def _check_positive_int(name: str, value) -> None:
         raise TypeError(f"{name}={value!r} must be an int.")
     if value < 1:
         raise ValueError(f"{name}={value} must be >= 1.")
+
+
+@register_model
+def resnet10(class_num: int = 1001, **kwargs) -> ResNet:
+    """ResNet-10: basic blocks (1, 1, 1, 1), the smallest of the family (every stage, shortcut and stride of
+    ResNet-18 with one block each); cheap to compile, for smoke runs and CPU tests."""
+    return ResNet(BasicBlock, (1, 1, 1, 1), class_num, **kwargs)
 
 
 @register_model
