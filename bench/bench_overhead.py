@@ -6,6 +6,11 @@ medians over repeats:
 * ms_boost O0 / mindspore.train.Model O0   (target: <= 1.02)
 * ms_boost O1 / upstream mindspore.boost O1, with and without gradient centralization (``gc_flag``);
   a contender that fails to build or train is reported in the table with its error instead of a time
+  (on CPU upstream O1 with ``gc_flag`` on fails: its ``Centralization`` operator is Ascend-only, so the
+  gc-off pair is the comparison there)
+
+Upstream's ``AutoBoost`` is a process-wide singleton fixed by the first model built; :func:`build` resets
+it before every upstream contender (and checks the level), else every "upstream O1" would train at O0.
 
 The noise floor is the ratio of two identical contenders (``mindspore O0 (twin)`` / ``mindspore O0``)
 timed the same way.
@@ -53,14 +58,35 @@ RATIOS = [NOISE, ("ms_boost O0", "mindspore O0"), ("ms_boost O1", "upstream O1")
           ("ms_boost O1 (gc off)", "upstream O1 (gc off)")]
 
 
+def fresh_upstream_boost() -> None:
+    """Forget upstream's process-wide ``mindspore.boost.AutoBoost`` singleton.
+
+    Upstream's AutoBoost keeps the level and config of the FIRST instance created in the process:
+    without this, the first contender (``mindspore O0``) fixes the singleton at O0 and every later
+    "upstream O1" model silently trains with no boost algorithm at all (no LessBN, no freezing).
+    """
+    from mindspore.boost import AutoBoost
+
+    AutoBoost._instance = None  # noqa: SLF001 - the only way to build a second, different upstream config
+
+
 def build(model_cls, level, cfg, x, y, batch):
     ms.set_seed(0)
+    if model_cls is MsModel:
+        fresh_upstream_boost()
     net = BenchConvNet()
     opt = nn.Momentum(net.trainable_params(), 0.01, 0.9)
     kwargs = {"boost_level": level, "metrics": {"acc"}}
     if cfg:
         kwargs["boost_config_dict"] = cfg
     model = model_cls(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), opt, **kwargs)
+    if model_cls is MsModel and level != "O0":
+        from mindspore.boost import AutoBoost
+
+        built_level = AutoBoost._instance.level  # noqa: SLF001
+        if built_level != level:
+            raise RuntimeError(f"upstream AutoBoost singleton is at {built_level}, not {level}: the contender would "
+                               f"not run the algorithms it is named after")
     data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch, drop_remainder=True)
     return model, data
 
@@ -84,7 +110,8 @@ def run_mode(mode_name, repeats, steps, batch):
             built[name] = (model, data)
             print(f"[bench] {mode_name} {name}: warm-up epoch {warm * steps:.1f} s", flush=True)
         except Exception as exc:  # noqa: BLE001 - a contender that fails is reported, not hidden
-            errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("-")]
+            errors[name] = f"{type(exc).__name__}: {(lines or [''])[0][:200]}"  # MindSpore's first line is blank
             traceback.print_exc(limit=1)
     times = {name: [] for name in built}
     for r in range(repeats):

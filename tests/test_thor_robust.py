@@ -458,3 +458,42 @@ def test_guard_counts_only_skips_made_during_its_run():
     opt.skipped = 4  # THOR skips step 2
     guard.on_train_step_end(_RunContext(2, 0.5))
     assert guard.streak == 1 and guard.first_step == 2 and opt.captures == 1
+
+
+# ----------------------------------------------------------------------------- batched inversion
+@pytest.mark.parametrize("damping,eigen", [(0.04, False), (1e-12, True)])
+def test_batched_refresh_rejects_one_layer_and_inverts_the_others_as_numpy(damping, eigen):
+    """Factors of the same block size from three layers are inverted in one batch: the layer whose factor holds
+    NaN keeps its previous (identity) inverses and is counted; the others' inverses equal numpy's (Cholesky, or
+    with a tiny damping the clamped eigen-inverse for every block, counted as fallback blocks)."""
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(5, 5), nn.Tanh(), nn.Dense(5, 5), nn.Tanh(), nn.Dense(5, 3)])
+    opt = thor(net, 0.01, damping, 0.0, frequency=1)
+    rng = np.random.default_rng(3)
+    factors = []
+    for i in range(3):
+        pair = []
+        for param in (opt.a_batches[i], opt.g_batches[i]):
+            rows = rng.normal(size=(20, param.shape[-1]))
+            value = (rows.T @ rows / 20)[None].astype(np.float32)
+            if i == 1 and param is opt.a_batches[1]:
+                value[0, 2, 3] = np.nan
+            param.set_data(Tensor(value))
+            pair.append(value[0].astype(np.float64))
+        factors.append(pair)
+    opt(tuple(ops.zeros(p.shape, p.dtype) for p in opt.parameters))
+    shift = np.sqrt(np.float32(damping))
+    for i, (fa, fg) in enumerate(factors):
+        for got, factor in ((opt.a_inverses[i], fa), (opt.g_inverses[i], fg)):
+            got = got.asnumpy()[0, 0]
+            if i == 1:
+                np.testing.assert_array_equal(got, np.eye(len(factor), dtype=np.float32))
+            elif eigen:
+                np.testing.assert_allclose(got, np_clamped_inverse(factor, shift), rtol=2e-3, atol=1e-3)
+            else:
+                np.testing.assert_allclose(got, np.linalg.inv(factor + shift * np.eye(len(factor))), rtol=1e-4,
+                                           atol=1e-5)
+    health = opt.health()
+    assert list(health["rejected_refreshes"].values()) == [0, 1, 0]
+    assert health["eigen_fallback_blocks"] == (6 if eigen else 0)
+    assert health["rejected_inverses"] == 0

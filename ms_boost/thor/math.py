@@ -47,7 +47,7 @@ from mindspore.scipy.linalg import solve_triangular
 
 __all__ = [
     "conv_pads", "im2col", "split_groups", "append_ones", "input_factor", "output_factor",
-    "token_frequencies", "running_average", "block_layout", "diagonal_blocks", "damped_block_inverse",
+    "token_frequencies", "running_average", "block_layout", "diagonal_blocks", "diagonal_tiles", "damped_block_inverse",
     "damped_diagonal_inverse", "block_diag_left", "block_diag_right", "kronecker_precondition",
     "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
     "all_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse", "clamped_eigen_block_inverse",
@@ -191,6 +191,11 @@ def diagonal_blocks(factor: Tensor, block_size: int) -> Tensor:
     (off-diagonal blocks are dropped: the block-diagonal approximation). The result is symmetrised,
     :math:`\frac{1}{2}(B + B^{\top})`, so rounding cannot make Cholesky see an asymmetric matrix.
     """
+    return symmetrise(diagonal_tiles(factor, block_size))
+
+
+def diagonal_tiles(factor: Tensor, block_size: int) -> Tensor:
+    """:func:`diagonal_blocks` before the symmetrisation (a caller batching many factors symmetrises once)."""
     groups, dim = factor.shape[0], factor.shape[-1]
     n_blocks, block = block_layout(dim, block_size)
     padded = n_blocks * block
@@ -199,13 +204,11 @@ def diagonal_blocks(factor: Tensor, block_size: int) -> Tensor:
         factor = ops.pad(factor, (0, extra, 0, extra))
         pad_eye = ops.eye(padded, padded, ms.float32) - ops.pad(ops.eye(dim, dim, ms.float32), (0, extra, 0, extra))
         factor = factor + pad_eye
+    if n_blocks == 1:
+        return factor.reshape(groups, 1, block, block)
     tiles = factor.reshape(groups, n_blocks, block, n_blocks, block).transpose(0, 1, 3, 2, 4)
-    if n_blocks > 1:
-        mask = ops.eye(n_blocks, n_blocks, ms.float32).reshape(1, n_blocks, n_blocks, 1, 1)
-        blocks = (tiles * mask).sum(axis=2)
-    else:
-        blocks = tiles.reshape(groups, 1, block, block)
-    return (blocks + blocks.swapaxes(-1, -2)) * 0.5
+    mask = ops.eye(n_blocks, n_blocks, ms.float32).reshape(1, n_blocks, n_blocks, 1, 1)
+    return (tiles * mask).sum(axis=2)
 
 
 def symmetrise(matrix: Tensor) -> Tensor:

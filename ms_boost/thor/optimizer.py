@@ -39,6 +39,7 @@ from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 from mindspore.train.callback import Callback
 
 from ms_boost import comm
+from ms_boost.flat_buffers import flatten_tensors
 from ms_boost.thor import math as thor_math
 from ms_boost.thor.layers import CaptureGate, ThorLayer, thor_state_parameters
 from ms_boost.topology import Topology
@@ -417,6 +418,33 @@ class THOR(nn.Optimizer, StageHooks):
         self.broadcast_sizes = tuple(broadcast_sizes)
         self.broadcast_slot = tuple(broadcast_slot)
         self.broadcasters = nn.CellList([comm.Broadcast(root=r) for r in broadcast_ranks])
+        self._setup_inverse_batches()
+
+    def _setup_inverse_batches(self) -> None:
+        """Static layout of the batched inversion: this rank's Kronecker jobs grouped by block size.
+
+        All ``(b, b)`` blocks of every job of one size are inverted by one batched call (Cholesky or the
+        eigen fallback) instead of one call per factor; per batch ``k``: its jobs, each job's slot
+        ``(k, first block, block count)`` and the layer of each block (to gather the layers' finiteness).
+        """
+        by_size = {}
+        for j in range(2 * self.n_layers):
+            if self.inverse_owner[j] == self.rank and not self._is_diagonal(j):
+                by_size.setdefault(self.inverse_shapes[j][-1], []).append(j)
+        batches, slots, block_layer = [], [(-1, 0, 0)] * (2 * self.n_layers), []
+        for k, size in enumerate(sorted(by_size)):
+            jobs = tuple(by_size[size])
+            offset, layer_of_block = 0, []
+            for j in jobs:
+                count = self.inverse_shapes[j][0] * self.inverse_shapes[j][1]
+                slots[j] = (k, offset, count)
+                layer_of_block += [j // 2] * count
+                offset += count
+            batches.append(jobs)
+            block_layer.append(Tensor(np.array(layer_of_block, np.int32)))
+        self.inverse_batches = tuple(batches)
+        self.inverse_batch_slot = tuple(slots)
+        self.batch_block_layer = tuple(block_layer)
 
     # ------------------------------------------------------------------ public helpers
     @property
@@ -496,48 +524,77 @@ class THOR(nn.Optimizer, StageHooks):
             if slot >= 0:  # a non-finite capture must not poison the running average
                 token = ops.depend(token, ops.assign(self.a_factors[slot], ops.where(ok, a, self.a_factors[slot])))
                 token = ops.depend(token, ops.assign(self.g_factors[slot], ops.where(ok, g, self.g_factors[slot])))
-            # stand-ins keep the inversion finite; their result is discarded below
-            a = ops.where(ok, a, ops.ones_like(a) if a.ndim == 1 else _eye_like(a))
-            g = ops.where(ok, g, _eye_like(g))
+            if a.ndim == 1:  # a stand-in keeps the diagonal inverse finite; its result is discarded below
+                a = ops.where(ok, a, ops.ones_like(a))
             folded += (self._factor_for_inverse(2 * i, a), g)
             layer_ok += (ok,)
+        ok_vector = ops.stack(layer_ok)
         root = ops.sqrt(damping.astype(ms.float32))
         shifts = ()
-        for i in range(self.n_layers):
-            groups = self.layer_groups[i]
-            if self.pi_damping:
-                pi = thor_math.pi_damping(folded[2 * i], folded[2 * i + 1])
-                pi = ops.broadcast_to(pi.reshape(-1), (groups,))
+        if self.pi_damping:
+            for i in range(self.n_layers):
+                # a rejected layer gets pi = 1 (what its identity stand-in blocks give)
+                pi = ops.where(layer_ok[i], thor_math.pi_damping(folded[2 * i], folded[2 * i + 1]), 1.0)
+                pi = ops.broadcast_to(pi.reshape(-1), (self.layer_groups[i],))
                 shifts += (root * pi, root / pi)
-            else:
-                base = ops.broadcast_to(root.reshape(1), (groups,))
-                shifts += (base, base)
-        # Kronecker blocks of the jobs this rank inverts; one decision for all of them
-        blocks, block_shifts = (), ()
+        # this rank's Kronecker blocks, batched by block size; one Cholesky-or-eigen decision for all of them
+        batch_blocks, batch_shifts, batch_ok = (), (), ()
         unsafe = ops.zeros((), ms.float32)
-        for j in range(2 * self.n_layers):
-            if self.inverse_owner[j] == self.rank and not self._is_diagonal(j):
-                flat, flat_shift = thor_math.damped_blocks(folded[j], shifts[j], self.block_size)
-                unsafe = unsafe + ops.logical_not(thor_math.cholesky_safe(flat, flat_shift)).astype(ms.float32).sum()
-                blocks += (flat,)
-                block_shifts += (flat_shift,)
+        for k in range(len(self.inverse_batches)):
+            parts, shift_parts = (), ()
+            for j in self.inverse_batches[k]:
+                block = self.inverse_shapes[j][-1]
+                tiles = thor_math.diagonal_tiles(folded[j].astype(ms.float32), self.block_size)
+                parts += (tiles.reshape(-1, block, block),)
+                if self.pi_damping:
+                    count = self.inverse_batch_slot[j][2]
+                    shift_parts += (ops.broadcast_to(shifts[j].reshape(-1, 1), (self.layer_groups[j // 2],
+                                                                              count // self.layer_groups[j // 2]))
+                                    .reshape(-1),)
+            blocks = thor_math.symmetrise(parts[0] if len(parts) == 1 else ops.concat(parts))
+            # identity stand-ins for the blocks of rejected layers keep the inversion finite; discarded below
+            block_ok = ops.gather(ok_vector, self.batch_block_layer[k], 0)
+            block = blocks.shape[-1]
+            blocks = ops.where(block_ok.reshape(-1, 1, 1), blocks,
+                               ops.broadcast_to(ops.eye(block, block, ms.float32), blocks.shape))
+            batch_ok += (block_ok,)
+            if self.pi_damping:
+                shift = shift_parts[0] if len(shift_parts) == 1 else ops.concat(shift_parts)
             else:
-                blocks += (None,)
-                block_shifts += (None,)
+                shift = ops.broadcast_to(root.reshape(1), (blocks.shape[0],))
+            unsafe = unsafe + ops.logical_not(thor_math.cholesky_safe(blocks, shift)).astype(ms.float32).sum()
+            batch_blocks += (blocks,)
+            batch_shifts += (shift,)
         if unsafe > 0.5:
-            raw = self._invert_all(blocks, block_shifts, folded, shifts, False)
+            raw = self._invert_batches(batch_blocks, batch_shifts, False)
         else:
-            raw = self._invert_all(blocks, block_shifts, folded, shifts, True)
-        inverses = ()
+            raw = self._invert_batches(batch_blocks, batch_shifts, True)
         bad_inverses = ops.zeros((), ms.float32)
+        block_bad = ()
+        for k in range(len(self.inverse_batches)):
+            # a block is bad when its layer's factors or its inverse are non-finite
+            block_bad += (ops.logical_not(ops.logical_and(batch_ok[k], _REDUCE_ALL(ops.isfinite(raw[k]), (1, 2)))),)
+        inverses = ()
         for j in range(2 * self.n_layers):
-            if self.inverse_owner[j] == self.rank:
-                good = ops.logical_and(layer_ok[j // 2], thor_math.all_finite(raw[j]))
+            if self.inverse_owner[j] != self.rank:
+                inverses += (None,)
+            elif self._is_diagonal(j):
+                shift = shifts[j][0] if self.pi_damping else root
+                inv = thor_math.damped_diagonal_inverse(folded[j], shift * shift)
+                good = ops.logical_and(layer_ok[j // 2], thor_math.all_finite(inv))
                 bad_inverses = bad_inverses + ops.logical_and(layer_ok[j // 2], ops.logical_not(good)).astype(
                     ms.float32)
-                inverses += (ops.where(good, raw[j], self._inverse_param(j)),)
+                inverses += (ops.where(good, inv, self._inverse_param(j)),)
             else:
-                inverses += (None,)
+                # a factor keeps its previous inverse when any of its blocks is bad (sliced per factor: constant
+                # index Tensors used after the Cholesky/eigen branch crash MindSpore 2.10's parameter_eliminate)
+                k, first, count = self.inverse_batch_slot[j]
+                if count == raw[k].shape[0]:
+                    inv, bad = raw[k], block_bad[k].any()
+                else:
+                    inv, bad = raw[k][first:first + count], block_bad[k][first:first + count].any()
+                bad_inverses = bad_inverses + ops.logical_and(layer_ok[j // 2], bad).astype(ms.float32)
+                inverses += (ops.where(bad, self._inverse_param(j), inv.reshape(self.inverse_shapes[j])),)
         received = ()
         for k in range(len(self.broadcast_ranks)):
             if self.broadcast_ranks[k] == self.rank:
@@ -556,7 +613,7 @@ class THOR(nn.Optimizer, StageHooks):
             else:
                 value = received[k][offset:offset + self.inverse_sizes[j]].reshape(self.inverse_shapes[j])
             token = ops.depend(token, ops.assign(self._inverse_param(j), value))
-        rejected = ops.stack([ops.logical_not(ok).astype(ms.float32) for ok in layer_ok])
+        rejected = ops.logical_not(ok_vector).astype(ms.float32)
         health = self.refresh_health + ops.concat((ops.stack([unsafe, bad_inverses]), rejected))
         token = ops.depend(token, ops.assign(self.refresh_health, health.astype(ms.float32)))
         token = ops.depend(token, ops.assign(self.refresh_next, Tensor(False, ms.bool_)))
@@ -565,20 +622,14 @@ class THOR(nn.Optimizer, StageHooks):
     def _is_diagonal(self, job: int) -> bool:
         return job % 2 == 0 and self.layer_kind[job // 2] == "embedding"
 
-    def _invert_all(self, blocks, block_shifts, folded, shifts, use_cholesky: bool):
-        """Inverses of this rank's jobs (None for the others): Cholesky or the clamped eigen-inverse for all."""
+    def _invert_batches(self, blocks, shifts, use_cholesky: bool):
+        """``(K, b, b)`` inverses of ``blocks + shifts I`` per batch: all by Cholesky or all by the eigen fallback."""
         out = ()
-        for j in range(2 * self.n_layers):
-            if self.inverse_owner[j] != self.rank:
-                out += (None,)
-            elif self._is_diagonal(j):
-                out += (thor_math.damped_diagonal_inverse(folded[j], shifts[j][0] * shifts[j][0]),)
+        for k in range(len(blocks)):
+            if use_cholesky:
+                out += (thor_math.cholesky_block_inverse(blocks[k], shifts[k]),)
             else:
-                if use_cholesky:
-                    inv = thor_math.cholesky_block_inverse(blocks[j], block_shifts[j])
-                else:
-                    inv = thor_math.clamped_eigen_block_inverse(blocks[j], block_shifts[j])
-                out += (inv.reshape(self.inverse_shapes[j]),)
+                out += (thor_math.clamped_eigen_block_inverse(blocks[k], shifts[k]),)
         return out
 
     def _inverse_param(self, job: int):
@@ -621,7 +672,7 @@ class THOR(nn.Optimizer, StageHooks):
                                     self.param_slot, self.param_position)
         nu = ops.ones((), ms.float32)
         new_grads = directions  # before the trust region: a NaN nu would blame every layer
-        if self.kl_clip > 0.0:
+        if self.kl_clip > 0.0 and self.n_layers > 0:
             vg_sum = ops.addn(self.hyper_map(_preconditioned_dot, self.param_is_thor, directions, gradients))
             nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
             new_grads = self.hyper_map(ops.partial(_scale_preconditioned, nu), self.param_is_thor, directions)
@@ -629,8 +680,9 @@ class THOR(nn.Optimizer, StageHooks):
             new_grads = self.hyper_map(ops.partial(_decay, self.weight_decay), self.decay_flags, params, new_grads)
         if self.enable_clip_grad:
             new_grads = self.hyper_map(_clip_to_unit_norm, new_grads)
-        # a non-finite update (gradient, preconditioned direction or nu) skips the whole step
-        finite = ops.addn(self.hyper_map(_non_finite, new_grads)) < 0.5
+        # a non-finite update (gradient, preconditioned direction or nu) skips the whole step; one check
+        # over all parameters at once (a per-parameter check costs four kernel launches per parameter)
+        finite = thor_math.all_finite(flatten_tensors(new_grads))
         if finite:
             if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
                 success = self.hyper_map(ops.partial(_nesterov_step, lr, self.momentum), params, moments, new_grads)
@@ -833,12 +885,23 @@ def _ensure_call_depth(n_layers: int) -> None:
                     "(mindspore.set_recursion_limit).")
 
 
+_REDUCE_ALL = ops.ReduceAll(keep_dims=False)
+
+
+def _dot(x, y):
+    """``sum(x * y)`` as one ``(1, n) @ (n, 1)`` product (float32), shaped ``(1, 1)``."""
+    if x.dtype != ms.float32:
+        x = x.astype(ms.float32)
+    if y.dtype != ms.float32:
+        y = y.astype(ms.float32)
+    return ops.matmul(x.reshape(1, -1), y.reshape(-1, 1))
+
+
 _decay = ops.MultitypeFuncGraph("thor_decay")
 _clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
 _momentum_step = ops.MultitypeFuncGraph("thor_momentum")
 _nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
 _set_flag = ops.MultitypeFuncGraph("thor_set_flag")
-_non_finite = ops.MultitypeFuncGraph("thor_non_finite")
 _pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
 _preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
 _scale_preconditioned = ops.MultitypeFuncGraph("thor_scale_preconditioned")
@@ -856,7 +919,7 @@ def _pick_direction_tensor(preconditioned, gradients, layer, slot, position):
 def _preconditioned_dot_tensor(is_thor, direction, grad):
     r""":math:`\langle F^{-1} g, g\rangle` of a preconditioned parameter (0 for the others)."""
     if is_thor:
-        return (direction * grad).sum()
+        return _dot(direction, grad).reshape(())
     return ops.zeros((), ms.float32)
 
 
@@ -865,17 +928,6 @@ def _scale_preconditioned_tensor(nu, is_thor, direction):
     if is_thor:
         return direction * nu
     return direction
-
-
-@_non_finite.register("Tensor")
-def _non_finite_tensor(x):
-    return ops.logical_not(ops.isfinite(x).all()).astype(ms.float32)
-
-
-def _eye_like(factor):
-    """Identity stack shaped like ``(groups, d, d)`` ``factor``."""
-    dim = factor.shape[-1]
-    return ops.broadcast_to(ops.eye(dim, dim, factor.dtype), factor.shape)
 
 
 @_decay.register("Number", "Bool", "Tensor", "Tensor")
