@@ -49,16 +49,13 @@ from ms_boost.dim_reduce.math import (
     armijo_accepts,
     back_project,
     bfgs_inverse_update,
-    flat_layout,
-    flatten_tensors,
     local_row_block,
     project,
     quasi_newton_direction,
     residual_momentum,
-    split_flat,
 )
 from ms_boost.dim_reduce.pca import parameter_specs
-from ms_boost.flat_buffers import assign_all
+from ms_boost.flat_buffers import assign_all, flat_layout, flatten_tensors, split_flat
 from ms_boost.sections import DimReduceConfig
 
 logger = logging.getLogger("ms_boost")

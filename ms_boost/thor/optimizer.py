@@ -337,11 +337,10 @@ class THOR(nn.Optimizer, StageHooks):
         object.__setattr__(self, "_thor_layers", tuple(layers))
         self.n_layers = len(layers)
         self.layer_paths = tuple(paths)
-        self.param_source = tuple(source)  # per parameter: (layer, 0 weight | 1 bias) or (-1, -1)
+        # per parameter: its THOR layer (-1: none) and slot (0 weight, 1 bias), and its position
         self.param_layer = tuple(layer for layer, _ in source)
         self.param_slot = tuple(slot for _, slot in source)
         self.param_position = tuple(range(len(source)))
-        self.param_is_thor = tuple(layer >= 0 for layer, _ in source)
         self.layer_kind = tuple(kinds)
         self.weight_index = tuple(w_index)
         self.bias_index = tuple(b_index)  # -1: the bias (if any) is not preconditioned with the weight
@@ -673,9 +672,9 @@ class THOR(nn.Optimizer, StageHooks):
         nu = ops.ones((), ms.float32)
         new_grads = directions  # before the trust region: a NaN nu would blame every layer
         if self.kl_clip > 0.0 and self.n_layers > 0:
-            vg_sum = ops.addn(self.hyper_map(_preconditioned_dot, self.param_is_thor, directions, gradients))
+            vg_sum = ops.addn(self.hyper_map(_preconditioned_dot, self.param_layer, directions, gradients))
             nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
-            new_grads = self.hyper_map(ops.partial(_scale_preconditioned, nu), self.param_is_thor, directions)
+            new_grads = self.hyper_map(ops.partial(_scale_preconditioned, nu), self.param_layer, directions)
         if self.weight_decay > 0.0:
             new_grads = self.hyper_map(ops.partial(_decay, self.weight_decay), self.decay_flags, params, new_grads)
         if self.enable_clip_grad:
@@ -915,17 +914,17 @@ def _pick_direction_tensor(preconditioned, gradients, layer, slot, position):
     return preconditioned[layer][slot]
 
 
-@_preconditioned_dot.register("Bool", "Tensor", "Tensor")
-def _preconditioned_dot_tensor(is_thor, direction, grad):
-    r""":math:`\langle F^{-1} g, g\rangle` of a preconditioned parameter (0 for the others)."""
-    if is_thor:
+@_preconditioned_dot.register("Number", "Tensor", "Tensor")
+def _preconditioned_dot_tensor(layer, direction, grad):
+    r""":math:`\langle F^{-1} g, g\rangle` of a parameter preconditioned by THOR layer ``layer`` (0 when -1)."""
+    if layer >= 0:
         return _dot(direction, grad).reshape(())
     return ops.zeros((), ms.float32)
 
 
-@_scale_preconditioned.register("Tensor", "Bool", "Tensor")
-def _scale_preconditioned_tensor(nu, is_thor, direction):
-    if is_thor:
+@_scale_preconditioned.register("Tensor", "Number", "Tensor")
+def _scale_preconditioned_tensor(nu, layer, direction):
+    if layer >= 0:
         return direction * nu
     return direction
 
