@@ -76,20 +76,37 @@ def _no_bias(p):
 
 
 # ----------------------------------------------------------------------------- tests
-@pytest.mark.parametrize("block", [128, 4])
-def test_one_step_matches_numpy(mode, block):
+def test_steps_match_numpy_with_blocks_loss_scale_and_damping_schedule(mode):
+    """The first step against numpy with block-diagonal factors (block 4 below the factor sizes 6 and 7; untiled
+    factors, block >= size, are checked against numpy in test_thor_robust.py::test_trust_region_scales_the_step_as_numpy
+    (PyNative) and ::test_graph_step_matches_numpy (Graph)), weight decay on the weights only, and the
+    ``FixedLossScaleManager(S, drop_overflow_update=False)`` pattern: gradients and captured output gradients
+    arrive multiplied by S = 256 and are divided out, so the step equals numpy's unscaled step. Then a
+    LearningRateSchedule damping: the refresh of step 2 inverts with lambda_2."""
     weights, x, y = _mlp_data()
     net = MLP(*weights)
-    opt = thor(net, 0.1, 0.05, 0.9, weight_decay=0.01, decay_filter=_no_bias, frequency=5, block_size=block,
+    scale = 256.0
+    opt = thor(net, 0.1, nn.ExponentialDecayLR(0.2, 0.5, 1), 0.9, weight_decay=0.01, loss_scale=scale,
+               decay_filter=_no_bias, frequency=2, block_size=4,
                kl_clip=None)  # the numpy reference has no trust region
-    _train_cell(opt.thor_network, opt)(Tensor(x), Tensor(y))
-    expected = np_mlp_thor_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.1, 0.05, 0.9,
-                                0.01, block)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    cell = nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt, sens=scale)
+    cell.set_train()
+    cell(Tensor(x), Tensor(y))
+    expected = np_mlp_thor_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.1, 0.2, 0.9,
+                                0.01, 4)  # damping of step 0: 0.2
     got = [p.asnumpy() for p in (net.fc1.weight, net.fc1.bias, net.fc2.weight, net.fc2.bias)]
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-5)
     # the user's net kept its classes and shares the trained Parameters
     assert type(net.fc1) is nn.Dense and opt.thor_network.fc1.weight is net.fc1.weight
+    for _ in range(2):
+        cell(Tensor(x), Tensor(y))
+    g = opt.thor_layers[1].matrix_g_batch.asnumpy()[0].astype(np.float64)  # 4 x 4: one block
+    lam = 0.2 * 0.5 ** 2  # refreshed at step 2
+    np.testing.assert_allclose(opt.g_inverses[1].asnumpy()[0, 0], np.linalg.inv(g + np.sqrt(lam) * np.eye(4)),
+                               rtol=1e-3, atol=1e-4)
+    assert int(opt.global_step.asnumpy()[0]) == 3
 
 
 class ConvNet(nn.Cell):
@@ -145,15 +162,21 @@ def test_conv_step_groups_bias_batchnorm(mode):
                                    atol=1e-5, err_msg=name)
 
 
-def test_inverses_reused_between_refreshes_and_nesterov(mode):
+def test_inverses_reused_running_average_damping_array_and_nesterov(mode):
+    """Seven steps, refresh every 3rd: between refreshes the update (Nesterov) uses the stored inverses and
+    moments (numpy at steps 1 and 4); the inverses change exactly on refresh steps and the capture flags go up
+    before them; on refresh steps the factor is the running average (decay 0.5) of the captures and its inverse
+    uses that step's damping from the per-step array (its last value past its end, step 6)."""
     weights, _, _ = _mlp_data()
     net = MLP(*weights)
-    opt = thor(net, 0.05, 0.05, 0.9, frequency=3, use_nesterov=True, kl_clip=None)
+    damping = [0.5, 0.45, 0.4, 0.35, 0.3]
+    opt = thor(net, 0.05, damping, 0.9, frequency=3, use_nesterov=True, kl_clip=None, factor_decay=0.5)
     cell = _train_cell(opt.thor_network, opt)
     loss_net = cell.network
+    layer = opt.thor_layers[1]
     rng = np.random.default_rng(7)
-    history = []
-    for step in range(5):
+    history, captured = [], []
+    for step in range(7):
         x = Tensor(rng.standard_normal((8, 5)).astype(np.float32))
         y = Tensor(rng.integers(0, 4, 8).astype(np.int32))
         inverses = [p.asnumpy().copy() for p in (*opt.a_inverses, *opt.g_inverses)]
@@ -171,58 +194,24 @@ def test_inverses_reused_between_refreshes_and_nesterov(mode):
                                        atol=1e-6)
             np.testing.assert_allclose(net.fc2.bias.asnumpy(), b - 0.05 * (p[:, -1] + 0.9 * v_b), rtol=1e-4,
                                        atol=1e-6)
-        after = [p.asnumpy().copy() for p in (*opt.a_inverses, *opt.g_inverses)]
-        history.append((inverses, after, [bool(f.asnumpy()) for f in opt.capture_flags]))
-    for step, (before, after, flags) in enumerate(history):
-        changed = any(not np.array_equal(b, a) for b, a in zip(before, after))
-        assert changed == (step % 3 == 0), step
-        # after step t the layers capture in step t+1 only when t+1 is a refresh step
-        assert flags == [(step + 1) % 3 == 0] * 2, (step, flags)
-    assert int(opt.global_step.asnumpy()[0]) == 5
-
-
-def test_damping_per_step_array_and_running_average(mode):
-    weights, x, y = _mlp_data()
-    net = MLP(*weights)
-    damping = [0.5, 0.4, 0.3, 0.2]
-    opt = thor(net, 0.01, damping, 0.0, frequency=2, factor_decay=0.5)
-    cell = _train_cell(opt.thor_network, opt)
-    layer = opt.thor_layers[1]
-    captured = []
-    rng = np.random.default_rng(3)
-    for step in range(7):
-        xs = Tensor(rng.standard_normal((8, 5)).astype(np.float32))
-        cell(xs, Tensor(y))
-        if step % 2 == 0:
+        if step % 3 == 0:  # a refresh: running average of the captures, inverted with this step's damping
             captured.append(layer.matrix_a_batch.asnumpy().astype(np.float64)[0])
             expected = captured[0]
             for c in captured[1:]:
                 expected = 0.5 * expected + 0.5 * c
             np.testing.assert_allclose(layer.matrix_a.asnumpy()[0], expected, rtol=1e-5, atol=1e-6)
-            lam = damping[min(step, 3)]
+            lam = damping[min(step, len(damping) - 1)]
             inv = np.linalg.inv(expected + np.sqrt(lam) * np.eye(expected.shape[0]))
             np.testing.assert_allclose(opt.a_inverses[1].asnumpy()[0, 0], inv, rtol=1e-3, atol=1e-4)
-
-
-def test_damping_schedule_and_fixed_loss_scale(mode):
-    """A LearningRateSchedule damping; the FixedLossScaleManager(S, drop=False) pattern equals no scaling."""
-    weights, x, y = _mlp_data()
-    results = []
-    for scale in (1.0, 256.0):
-        net = MLP(*weights)
-        opt = thor(net, 0.1, nn.ExponentialDecayLR(0.2, 0.5, 1), 0.9, loss_scale=scale, frequency=2)
-        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-        cell = nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt, sens=scale)
-        cell.set_train()
-        for _ in range(3):
-            cell(Tensor(x), Tensor(y))
-        results.append([p.asnumpy().copy() for p in opt.parameters])
-        g = opt.thor_layers[0].matrix_g_batch.asnumpy()[0].astype(np.float64)
-        lam = 0.2 * 0.5 ** 2  # refreshed at step 2
-        np.testing.assert_allclose(opt.g_inverses[0].asnumpy()[0, 0], np.linalg.inv(g + np.sqrt(lam) * np.eye(6)),
-                                   rtol=1e-3, atol=1e-4)
-    for a, b in zip(*results):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        after = [p.asnumpy().copy() for p in (*opt.a_inverses, *opt.g_inverses)]
+        history.append((inverses, after, [bool(f.asnumpy()) for f in opt.capture_flags]))
+    assert len(captured) == 3
+    for step, (before, after, flags) in enumerate(history):
+        changed = any(not np.array_equal(b, a) for b, a in zip(before, after))
+        assert changed == (step % 3 == 0), step
+        # after step t the layers capture in step t+1 only when t+1 is a refresh step
+        assert flags == [(step + 1) % 3 == 0] * 2, (step, flags)
+    assert int(opt.global_step.asnumpy()[0]) == 7
 
 
 def test_overflow_step_changes_nothing():
