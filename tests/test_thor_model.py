@@ -1,4 +1,10 @@
-"""THOR through Model: the tutorial's usage pattern, dataset sink, the boost configuration, dynamic loss scale."""
+"""THOR through Model: dataset sink, eval, the boost configuration, dynamic loss scale, a deep chain in Graph mode.
+
+The tutorial's usage pattern (ResNet, ``thor(..., split_indices=[26, 53], ...)``, ``convert_to_thor_model`` of a
+Model with amp O2 and a fixed loss scale, sink training; the step count, the 13 THOR layers, every weight moved
+and finite, non-zero inverses) is checked on the tutorial script's own run:
+tests/test_tutorials_thor.py::test_thor_tutorial_train.
+"""
 from __future__ import annotations
 
 import mindspore as ms
@@ -8,11 +14,59 @@ from mindspore.train import Model as MsModel
 
 from ms_boost import Model
 from ms_boost.thor import THOR, ConvertModelUtils, thor
-from tests.helpers.nets import dataset, learnable_data, make_net
+from ms_boost.thor.optimizer import DEFAULT_KL_CLIP
+from tests.helpers.nets import MLP, dataset, learnable_data, make_net
+from tests.test_thor_optimizer import _mlp_data
 
 
 def ce():
     return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl_clip, frequency):
+    r"""THOR steps (float64, moments from 0) of x -> Dense -> tanh -> ... -> Dense -> mean softmax CE.
+
+    ``params``: ``[W1, b1, W2, b2, ...]``; ``batches``: ``[(x, y), ...]``, one step each. Factors
+    :math:`A = [h;1]^T[h;1]/n`, :math:`G = n\,\delta^T\delta` and their inverses with :math:`\sqrt\lambda` are
+    refreshed on steps ``t % frequency == 0``; the direction :math:`G^{-1}[\nabla W|\nabla b]A^{-1}` is scaled by
+    the trust region :math:`\nu = \min(1, \sqrt{c / (\eta^2 |\sum \langle d, g\rangle|)})`, weight decay is
+    added (every parameter), then heavy-ball momentum. Returns the final parameters.
+    """
+    params = [np.asarray(p, np.float64) for p in params]
+    moments = [np.zeros_like(p) for p in params]
+    inverses = None
+    for step, (x, y) in enumerate(batches):
+        ws, bs = params[0::2], params[1::2]
+        n = x.shape[0]
+        hs = [x.astype(np.float64)]
+        for i, (w, b) in enumerate(zip(ws, bs)):
+            z = hs[-1] @ w.T + b
+            hs.append(np.tanh(z) if i < len(ws) - 1 else z)
+        p = np.exp(hs[-1] - hs[-1].max(1, keepdims=True))
+        d = p / p.sum(1, keepdims=True)
+        d[np.arange(n), y] -= 1
+        d /= n
+        grads, deltas = [None] * len(ws), [None] * len(ws)
+        for i in reversed(range(len(ws))):
+            deltas[i] = d
+            grads[i] = np.concatenate([d.T @ hs[i], d.sum(0)[:, None]], 1)
+            d = (d @ ws[i]) * (1 - hs[i] ** 2)
+        if step % frequency == 0:
+            inverses = []
+            for i in range(len(ws)):
+                a_aug = np.concatenate([hs[i], np.ones((n, 1))], 1)
+                fa, fg = a_aug.T @ a_aug / n, n * deltas[i].T @ deltas[i]
+                shift = np.sqrt(damping)
+                inverses.append((np.linalg.inv(fa + shift * np.eye(len(fa))),
+                                 np.linalg.inv(fg + shift * np.eye(len(fg)))))
+        directions = [g_inv @ g @ a_inv for g, (a_inv, g_inv) in zip(grads, inverses)]
+        vg = sum((v * g).sum() for v, g in zip(directions, grads))
+        nu = min(1.0, np.sqrt(kl_clip / (lr ** 2 * abs(vg)))) if kl_clip else 1.0
+        for i, v in enumerate(directions):
+            for k, part in ((2 * i, v[:, :-1]), (2 * i + 1, v[:, -1])):
+                moments[k] = momentum * moments[k] + nu * part + weight_decay * params[k]
+                params[k] = params[k] - lr * moments[k]
+    return params
 
 
 def _graph(fn):
@@ -23,57 +77,29 @@ def _graph(fn):
         ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
-def test_tutorial_usage_pattern_on_cpu():
-    """build ResNet; thor(...split_indices=[26, 53]...); convert_to_thor_model(Model(...)); train; eval."""
-    from model_zoo.resnet.src.resnet import BasicBlock, ResNet
-
-    def run():
-        ms.set_seed(0)
-        net = ResNet(BasicBlock, (1, 1, 1, 1), class_num=4, base_width=4)
-        before = [p.asnumpy().copy() for p in net.trainable_params()]
-        steps = 4
-        lr = Tensor(np.linspace(0.05, 0.01, steps).astype(np.float32))
-        damping = Tensor(np.linspace(0.03, 0.01, steps).astype(np.float32))
-        loss = ce()
-        loss_scale = ms.FixedLossScaleManager(128, drop_overflow_update=False)
-        opt = thor(net, lr, damping, 0.9, 1e-4, 128, 8, split_indices=[26, 53], frequency=3)
-        model = ConvertModelUtils().convert_to_thor_model(
-            model=MsModel(net, loss_fn=loss, optimizer=opt, loss_scale_manager=loss_scale, metrics={"acc"},
-                          amp_level="O2", keep_batchnorm_fp32=False),
-            network=net, loss_fn=loss, optimizer=opt, loss_scale_manager=loss_scale, metrics={"acc"}, amp_level="O2",
-            keep_batchnorm_fp32=False)
-        assert isinstance(model, Model)
-        x, y = learnable_data(16, size=16)
-        model.train(2, dataset(x, y, batch_size=8), dataset_sink_mode=True)
-        result = model.eval(dataset(x, y, batch_size=8), dataset_sink_mode=False)
-        assert set(result) == {"acc"} and 0.0 <= result["acc"] <= 1.0
-        assert int(opt.global_step.asnumpy()[0]) == steps
-        assert len(opt.thor_layers) == 13
-        after = [p.asnumpy() for p in net.trainable_params()]
-        assert all(np.all(np.isfinite(a)) for a in after)
-        assert all(not np.array_equal(a, b) for a, b in zip(after, before))
-        assert all(np.abs(p.asnumpy()).sum() > 0 for p in opt.a_inverses)
-
-    _graph(run)
-
-
-def _train_small(sink: bool, epochs: int = 1):
+def _train_small(sink: bool, epochs: int = 1, model_class=Model):
     net = make_net()
     opt = thor(net, 0.05, 0.05, 0.9, weight_decay=1e-3, frequency=3)
-    model = ConvertModelUtils().convert_to_thor_model(Model(net, ce(), opt), net, ce(), opt)
+    model = ConvertModelUtils().convert_to_thor_model(model_class(net, ce(), opt, metrics={"acc"}), net, ce(), opt,
+                                                      metrics={"acc"})
+    assert isinstance(model, Model)
     x, y = learnable_data(80)
     model.train(epochs, dataset(x, y), dataset_sink_mode=sink)
-    return [p.asnumpy().copy() for p in net.trainable_params()], opt
+    return [p.asnumpy().copy() for p in net.trainable_params()], opt, model, (x, y)
 
 
 def test_dataset_sink_equals_step_by_step():
-    """Frequency need not divide the 5 steps per epoch; sinking the epoch changes nothing."""
+    """Frequency need not divide the 5 steps per epoch; sinking the epoch changes nothing. The converted model
+    (from a MindSpore Model here, as the tutorial's convert_to_thor_model call may get it) also evaluates."""
     def run():
-        plain, opt = _train_small(False, 2)
-        sunk, _ = _train_small(True, 2)
+        plain, opt, model, (x, y) = _train_small(False, 2)
+        sunk, _, _, _ = _train_small(True, 2, MsModel)
         assert int(opt.global_step.asnumpy()[0]) == 10
         for a, b in zip(plain, sunk):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        result = model.eval(dataset(x, y), dataset_sink_mode=False)
+        assert set(result) == {"acc"} and 0.0 <= result["acc"] <= 1.0
+        return result
 
     _graph(run)
 
@@ -99,33 +125,32 @@ def test_boost_config_turns_thor_on():
 
 
 def test_dynamic_loss_scale_is_unscaled_in_the_factors():
-    """With a DynamicLossScaleManager the captured G is divided by the scale the backward used (the scaled run
-    takes the compiled PyNative step, the unscaled reference runs op by op)."""
-    def run(manager):
-        net = make_net()
-        opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
-        opt.compile_pynative_step = manager is not None
-        kwargs = {"loss_scale_manager": manager} if manager is not None else {}
-        model = ConvertModelUtils().convert_to_thor_model(Model(net, ce(), opt, **kwargs), net, ce(), opt,
-                                                          **kwargs)
-        x, y = learnable_data(48)
-        model.train(1, dataset(x, y), dataset_sink_mode=False)
-        layer = opt.thor_layers[-1]
-        return [p.asnumpy().copy() for p in net.trainable_params()], layer
-
-    plain, _ = run(None)
-    scaled, layer = run(ms.DynamicLossScaleManager(2.0 ** 12, scale_factor=2, scale_window=2))
-    assert layer.g_capture.loss_scale.name == "scale_sense"
-    for a, b in zip(plain, scaled):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    """With a DynamicLossScaleManager (2^12, doubled after 2 good steps: step 2 runs with 2^13) the gradients and
+    the captured G are divided by the scale the backward used: three steps (refreshes at steps 0 and 2) of the
+    compiled PyNative step equal numpy's unscaled THOR steps."""
+    weights, x, y = _mlp_data(seed=2, n=24)
+    net = MLP(*weights)
+    opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
+    assert opt.compile_pynative_step
+    manager = ms.DynamicLossScaleManager(2.0 ** 12, scale_factor=2, scale_window=2)
+    model = ConvertModelUtils().convert_to_thor_model(Model(net, ce(), opt, loss_scale_manager=manager), net, ce(),
+                                                      opt, loss_scale_manager=manager)
+    model.train(1, dataset(x, y, batch_size=8), dataset_sink_mode=False)
+    assert opt.thor_layers[-1].g_capture.loss_scale.name == "scale_sense"
+    assert float(model.train_network.scale_sense.asnumpy()) == 2.0 ** 13
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]
+    expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 2)
+    for got, want in zip([p.asnumpy() for p in net.trainable_params()], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_deep_network_compiles_in_graph_mode_and_matches_pynative(monkeypatch):
+def test_deep_network_compiles_in_graph_mode_and_matches_numpy(monkeypatch):
     """A 13-layer THOR net (26 parameters; the smallest chain above the 12-layer threshold in
     ``ms_boost.thor.optimizer._ensure_call_depth``, so the raise is exercised) with a fixed loss scale: Graph mode
     compiles (per-parameter work is mapped, not unrolled, and the call-depth limit is raised with the layer count;
-    ResNet-50's 54 layers exceeded the default limit of 1000 before) and makes the same two steps as PyNative op by
-    op."""
+    ResNet-50's 54 layers exceeded the default limit of 1000 before) and makes numpy's two THOR steps (trust
+    region, weight decay, momentum). PyNative is checked against the same reference on a 2-layer chain in
+    test_dynamic_loss_scale_is_unscaled_in_the_factors."""
     from mindspore.train import FixedLossScaleManager
 
     from ms_boost.thor import optimizer as thor_optimizer
@@ -140,27 +165,26 @@ def test_deep_network_compiles_in_graph_mode_and_matches_pynative(monkeypatch):
         for _ in range(12):
             cells += [nn.Dense(6, 6), nn.Tanh()]
         net = nn.SequentialCell(cells + [nn.Dense(6, 3)])
+        initial = [p.asnumpy().copy() for p in net.trainable_params()]
         opt = thor(net, 0.05, 0.05, 0.9, 1e-4, 16.0, 8, frequency=1)
-        # PyNative op by op: compiled, the PyNative step is this same Graph-mode graph (compiled == op by op:
-        # test_thor_optimizer.py::test_pynative_compiled_step_equals_op_by_op_and_follows_set_data)
-        opt.compile_pynative_step = False
         model = Model(opt.thor_network, ce(), opt,
                       loss_scale_manager=FixedLossScaleManager(16.0, drop_overflow_update=False))
         rng = np.random.default_rng(0)
         x = rng.normal(size=(16, 6)).astype(np.float32)
         y = (np.arange(16) % 3).astype(np.int32)
         model.train(1, dataset(x, y, batch_size=8), dataset_sink_mode=False)
-        assert len(opt.thor_layers) == 13
+        assert len(opt.thor_layers) == 13 and int(opt.global_step.asnumpy()[0]) == 2
         # this chain raised the graph call-depth limit (ms_boost records it; MindSpore has no getter)
         assert thor_optimizer._CALL_DEPTH["raised_to"] > 1000  # pylint: disable=protected-access
-        return [p.asnumpy().copy() for p in net.trainable_params()]
+        return initial, (x, y), [p.asnumpy().copy() for p in net.trainable_params()]
 
     try:
-        graph = _graph(run)
-        pynative = run()
+        initial, (x, y), graph = _graph(run)
     finally:
         if before > thor_optimizer._CALL_DEPTH["raised_to"]:  # pylint: disable=protected-access
             ms.set_recursion_limit(before)  # a bigger net in this process had raised it further
-    for g, p in zip(graph, pynative):
-        np.testing.assert_allclose(g, p, rtol=1e-4, atol=1e-6)
-    assert any(np.abs(g).sum() > 0 for g in graph)
+    expected = np_chain_thor_steps(initial, [(x[:8], y[:8]), (x[8:], y[8:])], 0.05, 0.05, 0.9, 1e-4,
+                                   DEFAULT_KL_CLIP, 1)
+    for i, (g, e) in enumerate(zip(graph, expected)):
+        np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-5, err_msg=f"parameter {i}")
+    assert any(not np.allclose(g, w) for g, w in zip(graph, initial))
