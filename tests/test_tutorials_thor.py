@@ -25,10 +25,18 @@ def thor_run(data_path, tmp_path_factory):
 
 
 def test_thor_tutorial_train(thor_run):
+    """The tutorial's training: losses finite and falling, a checkpoint per epoch; and what its calls built: the
+    ms_boost Model from ``convert_to_thor_model``, THOR over ResNet's 13 layers (split_indices [26, 53] past the
+    last layer), one optimizer step per batch, every weight moved (and finite: the losses are), every inverse
+    refreshed away from zero."""
     workdir, result = thor_run
     check_losses(result["losses"], "thor")
     assert "loss is" in result["stdout"]
     step_size = int(result["step_size"])
+    assert result["model_class"] == "ms_boost.model.Model", result["model_class"]
+    assert result["thor_layers"] == 13 and result["global_step"] == THOR_EPOCHS * step_size
+    assert result["unchanged_params"] == 0 and result["zero_inverses"] == 0
+    assert math.isfinite(result["weights_abs_sum"]) and result["weights_abs_sum"] > 0
     assert sorted(p.name for p in (workdir / "train").glob("*.ckpt")) == sorted(
         f"resnet-{e}_{step_size}.ckpt" for e in range(1, THOR_EPOCHS + 1))
 

@@ -734,9 +734,12 @@ class THOR(nn.Optimizer, StageHooks):
                 "consecutive_skips": int(step[3])}
 
     def request_capture(self) -> None:
-        """Make every THOR layer capture its statistics at the next step (diagnostics; changes no update)."""
+        """Make every THOR layer capture its statistics at the next step (diagnostics; changes no update).
+
+        The flags are written in place (``set_data`` would give them new memory, and the compiled PyNative step
+        would be compiled again at the next step)."""
         for flag in self.capture_flags:
-            flag.set_data(Tensor(True, ms.bool_))
+            ops.assign(flag, Tensor(True, ms.bool_))
         self._capture_gate.clear()
 
     def __call__(self, *args, **kwargs):

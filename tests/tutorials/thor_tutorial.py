@@ -18,6 +18,7 @@ import os
 import mindspore as ms
 import mindspore.common.initializer as weight_init
 import mindspore.dataset as ds
+import numpy as np
 from mindspore import Tensor, nn, ops, set_auto_parallel_context, set_context
 from mindspore import dtype as mstype
 from mindspore.communication import get_group_size, get_rank, init
@@ -184,13 +185,19 @@ def main():
         ckpt_cb = ModelCheckpoint(prefix="resnet", directory=ckpt_save_dir, config=config_ck)
         cb += [ckpt_cb]
 
+    initial = [p.asnumpy().copy() for p in net.trainable_params()]  # (for the acceptance test's report)
+
     # train model
     model.train(config.epoch_size, dataset, callbacks=cb, sink_size=dataset.get_dataset_size(),
                 dataset_sink_mode=True)
 
     weights = flat_weights(net)
+    params = [p.asnumpy() for p in net.trainable_params()]
     report(losses=recorder.losses, step_size=step_size, weights_sum=weights.sum(),
-           weights_abs_sum=abs(weights).sum())
+           weights_abs_sum=abs(weights).sum(), model_class=f"{type(model).__module__}.{type(model).__name__}",
+           global_step=int(opt.global_step.asnumpy().reshape(-1)[0]), thor_layers=len(opt.thor_layers),
+           unchanged_params=sum(int(np.array_equal(a, b)) for a, b in zip(params, initial)),
+           zero_inverses=sum(int(not np.abs(p.asnumpy()).sum() > 0) for p in (*opt.a_inverses, *opt.g_inverses)))
 
 
 if __name__ == "__main__":
