@@ -92,21 +92,9 @@ def _inverses(opt):
 
 
 # ----------------------------------------------------------------------------- trust region
-# PyNative here; the Graph-mode step (clipped, with pi-damping) is checked in test_graph_step_matches_numpy.
-@pytest.mark.parametrize("kl_clip", [1e-3, 10.0])
-def test_trust_region_scales_the_step_as_numpy(kl_clip):
-    weights, x, y = mlp_data()
-    net = MLP(*weights)
-    opt = thor(net, 0.2, 0.05, 0.0, frequency=5, kl_clip=kl_clip)
-    train_cell(opt)(Tensor(x), Tensor(y))
-    expected, nu, _ = np_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.2, 0.05, kl_clip)
-    assert (nu < 1.0) == (kl_clip < 1.0)  # the small bound clips, the large one does not
-    np.testing.assert_allclose(opt.health()["last_nu"], nu, rtol=1e-4)
-    for g, e in zip(_params(net), expected):
-        np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-5)
-
-
 def test_trust_region_scale_function():
+    """nu = min(1, sqrt(c / (lr^2 |vg|))) clips large steps and leaves small ones (1); in a THOR step against numpy,
+    clipped and pi-damped, in both modes: test_step_matches_numpy."""
     for vg, lr, c in ((4.0, 0.1, 1e-3), (1e-8, 0.1, 1e-3), (0.0, 0.5, 1e-2), (-3.0, 0.01, 1e-3)):
         got = float(tm.trust_region_scale(Tensor(np.float32(vg)), Tensor(np.float32(lr)), c).asnumpy())
         want = 1.0 if vg == 0 else min(1.0, np.sqrt(c / (lr * lr * abs(vg))))
@@ -174,57 +162,19 @@ def test_pi_damping_matches_numpy():
     np.testing.assert_array_equal(zero, [1.0, 1.0])  # a zero trace: no split
 
 
-def test_pi_damping_step_uses_split_shifts():
-    """PyNative; the Graph-mode pi-damped step is checked in test_graph_step_matches_numpy."""
-    weights, x, y = mlp_data(seed=4)
-    net = MLP(*weights)
-    opt = thor(net, 0.1, 0.05, 0.0, frequency=5, kl_clip=None, pi_damping=True)
-    train_cell(opt)(Tensor(x), Tensor(y))
-    _, _, inverses = np_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.1, 0.05, 1e9,
-                             pi_damping=True)
-    np.testing.assert_allclose(opt.a_inverses[1].asnumpy()[0, 0], inverses[1][0], rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose(opt.g_inverses[1].asnumpy()[0, 0], inverses[1][1], rtol=1e-3, atol=1e-3)
-
-
-# ----------------------------------------------------------------------------- non-finite guard (PyNative)
-def test_nonfinite_factors_keep_previous_inverses():
-    """A refresh step whose inputs hold NaN: its factors are rejected (previous inverses kept, counted per layer),
-    its update is skipped; the next finite step refreshes again. (Graph: test_graph_nonfinite_step_*.)"""
-    weights, x, y = mlp_data(seed=5)
-    net = MLP(*weights)
-    opt = thor(net, 0.05, 0.05, 0.0, frequency=2)
-    cell = train_cell(opt)
-    cell(Tensor(x), Tensor(y))  # step 0: refresh
-    cell(Tensor(x), Tensor(y))  # step 1
-    before = _inverses(opt)
-    bad = x.copy()
-    bad[0, 0] = np.nan
-    cell(Tensor(bad), Tensor(y))  # step 2: a refresh with non-finite factors and gradients
-    for b, a in zip(before, _inverses(opt)):
-        np.testing.assert_array_equal(a, b)
-    health = opt.health()
-    assert health["rejected_refreshes"] == {"fc1": 1, "fc2": 1}
-    assert health["skipped_steps"] == 1 and int(opt.global_step.asnumpy()[0]) == 2
-    cell(Tensor(x), Tensor(y))  # step 2 again, finite: refreshes
-    assert not np.array_equal(opt.a_inverses[1].asnumpy(), before[1])  # fc2's input changed with the weights
-    assert opt.health()["rejected_refreshes"] == {"fc1": 1, "fc2": 1}
-    assert int(opt.global_step.asnumpy()[0]) == 3
-
-
-@pytest.mark.parametrize("mode,loss_scale", [("pynative", False), ("pynative", True), ("graph", True)],
-                         indirect=["mode"])
-def test_nonfinite_update_skips_the_whole_step(mode, loss_scale):
-    """A step with NaN gradients moves nothing, with and without a loss scale (THOR skips it itself without one;
-    the loss-scale cell skips it before THOR with one); training then continues. Graph without a loss scale:
-    test_graph_nonfinite_step_is_skipped_and_refresh_rejected."""
+# ----------------------------------------------------------------------------- non-finite guard
+def test_nonfinite_update_with_loss_scale_skips_the_whole_step(mode):
+    """A step with NaN gradients moves nothing with a loss scale (the loss-scale cell skips it before THOR);
+    training then continues. Without a loss scale (THOR skips the step itself), both modes:
+    test_nonfinite_step_is_skipped_and_refresh_rejected."""
     from ms_boost import Model
     from ms_boost.thor import ConvertModelUtils
 
     weights, x, y = mlp_data(seed=6)
     net = MLP(*weights)
-    opt = thor(net, 0.05, 0.05, 0.9, loss_scale=8.0 if loss_scale else 1.0, frequency=3)
+    opt = thor(net, 0.05, 0.05, 0.9, loss_scale=8.0, frequency=3)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    kwargs = {"loss_scale_manager": ms.FixedLossScaleManager(8.0, drop_overflow_update=False)} if loss_scale else {}
+    kwargs = {"loss_scale_manager": ms.FixedLossScaleManager(8.0, drop_overflow_update=False)}
     model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt, **kwargs), net, loss, opt, **kwargs)
     cell = model.train_network
     cell(Tensor(x), Tensor(y))  # step 0 (refresh)
@@ -235,36 +185,12 @@ def test_nonfinite_update_skips_the_whole_step(mode, loss_scale):
     cell(Tensor(bad), Tensor(y))  # step 2: NaN gradients -> skipped
     for s, a in zip(state, _state(opt, net)):
         np.testing.assert_array_equal(a, s)
-    health = opt.health()
-    if loss_scale:
-        assert health["skipped_steps"] == 0  # the cell skipped the step: THOR was not called
-    else:
-        assert health["skipped_steps"] == 1 and health["last_bad_layer"] == "fc1"
-        assert all(bool(f.asnumpy()) for f in opt.capture_flags)  # the next step captures statistics again
+    assert opt.health()["skipped_steps"] == 0  # the cell skipped the step: THOR was not called
     for _ in range(2):
         cell(Tensor(x), Tensor(y))
     assert int(opt.global_step.asnumpy()[0]) == 4
     assert opt.health()["consecutive_skips"] == 0
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
-
-
-def test_nonfinite_preconditioned_update_with_finite_gradients_is_skipped():
-    """PyNative: a corrupted inverse makes the preconditioned update NaN while the gradients are finite."""
-    weights, x, y = mlp_data(seed=8)
-    net = MLP(*weights)
-    opt = thor(net, 0.05, 0.05, 0.9, frequency=3)
-    cell = train_cell(opt)
-    cell(Tensor(x), Tensor(y))
-    corrupted = opt.g_inverses[1].asnumpy().copy()
-    corrupted[0, 0, 0, 0] = np.inf
-    opt.g_inverses[1].set_data(Tensor(corrupted))
-    state = _state(opt, net)
-    cell(Tensor(x), Tensor(y))
-    for s, a in zip(state, _state(opt, net)):
-        np.testing.assert_array_equal(a, s)
-    assert opt.health()["last_bad_layer"] == "fc2"
-    cell(Tensor(x), Tensor(y))  # refreshes (the skip requested it) and steps
-    assert np.isfinite(opt.g_inverses[1].asnumpy()).all() and int(opt.global_step.asnumpy()[0]) == 2
 
 
 def _stop_data(seed):
@@ -279,44 +205,28 @@ def _check_stop_message(message):
     assert "fc1 (input statistics" in message
 
 
-def test_model_train_stops_on_persistent_nonfinite_loss_naming_step_and_layer():
-    """PyNative; Graph: test_graph_model_train_stops_on_persistent_nonfinite_loss."""
+# ----------------------------------------------------------------------------- one THOR per mode, all scenarios
+LR, DAMPING, KL = 0.2, 0.05, 1e-3
+
+
+@pytest.fixture(scope="module", params=["pynative", "graph"])
+def thor_run(request):
+    """ONE THOR per mode (kl_clip 1e-3, pi-damping, momentum 0.9, refresh every 2 steps, stop after 2 non-finite
+    steps) whose train cell is compiled once (Graph: the whole cell; PyNative: the compiled THOR step) and driven
+    through every scenario: the step against numpy, a NaN refresh step (factors rejected, whole step skipped),
+    recovery, a corrupted inverse (finite gradients, non-finite update: skipped, then refreshed), then
+    Model.train stopping on persistent NaN. State is changed between steps in place (``ops.assign``), so the
+    PyNative step is not compiled again. Records what the tests check; restores PyNative."""
     from ms_boost import Model
     from ms_boost.thor import ConvertModelUtils
 
-    weights, data = _stop_data(seed=7)
-    net = MLP(*weights)
-    opt = thor(net, 0.05, 0.05, 0.9, frequency=10, max_nonfinite_steps=2)
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt), net, loss, opt)
-    with pytest.raises(ThorNonFiniteError) as err:
-        model.train(1, data, dataset_sink_mode=False)
-    _check_stop_message(str(err.value))
-    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())  # weights never got NaN
-    assert int(opt.global_step.asnumpy()[0]) == 2
-
-
-# ----------------------------------------------------------------------------- Graph mode: one compile, all scenarios
-GRAPH_LR, GRAPH_DAMPING, GRAPH_KL = 0.2, 0.05, 1e-3
-
-
-@pytest.fixture(scope="module")
-def graph_run():
-    """ONE Graph-mode THOR (kl_clip 1e-3, pi-damping, momentum 0.9, refresh every 2 steps, stop after 2
-    non-finite steps) whose train cell is compiled once and driven through every scenario whose behaviour can
-    differ by mode: the step against numpy, a NaN refresh step (factors rejected, whole step skipped), recovery,
-    then Model.train stopping on persistent NaN. Records what the graph tests check; restores PyNative."""
-    from ms_boost import Model
-    from ms_boost.thor import ConvertModelUtils
-
-    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_context(mode=ms.GRAPH_MODE if request.param == "graph" else ms.PYNATIVE_MODE)
     rec = {}
     try:
         weights, x, y = mlp_data()
         stop_weights, stop_data = _stop_data(seed=7)
         net = MLP(*weights)
-        opt = thor(net, GRAPH_LR, GRAPH_DAMPING, 0.9, frequency=2, kl_clip=GRAPH_KL, pi_damping=True,
-                   max_nonfinite_steps=2)
+        opt = thor(net, LR, DAMPING, 0.9, frequency=2, kl_clip=KL, pi_damping=True, max_nonfinite_steps=2)
         loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
         model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt), net, loss, opt)
         cell = model.train_network
@@ -324,7 +234,7 @@ def graph_run():
         cell(Tensor(x), Tensor(y))  # step 0: refresh; from zero momentum the step is the numpy step
         rec.update(step0_params=_params(net), step0_nu=opt.health()["last_nu"],
                    step0_fc2_inverses=(opt.a_inverses[1].asnumpy()[0, 0].copy(),  # asnumpy() aliases: copy
-                                               opt.g_inverses[1].asnumpy()[0, 0].copy()))
+                                       opt.g_inverses[1].asnumpy()[0, 0].copy()))
         cell(Tensor(x), Tensor(y))  # step 1
         rec.update(inverses_before=_inverses(opt), state_before=_state(opt, net))
         bad = x.copy()
@@ -338,9 +248,20 @@ def graph_run():
         cell(Tensor(x), Tensor(y))  # step 3
         rec.update(health_after=opt.health(), step_after=int(opt.global_step.asnumpy()[0]),
                    params_after=_params(net))
+        cell(Tensor(x), Tensor(y))  # step 4: refresh
+        # a corrupted inverse before step 5 (no refresh): the preconditioned update is non-finite, gradients are not
+        corrupted = opt.g_inverses[1].asnumpy().copy()
+        corrupted[0, 0, 0, 0] = np.inf
+        ops.assign(opt.g_inverses[1], Tensor(corrupted))
+        rec.update(state_corrupt_before=_state(opt, net))
+        cell(Tensor(x), Tensor(y))  # step 5: skipped
+        rec.update(state_corrupt_after=_state(opt, net), health_corrupt=opt.health())
+        cell(Tensor(x), Tensor(y))  # step 5 again: refreshes (the skip requested it) and steps
+        rec.update(corrupt_inverse_after=opt.g_inverses[1].asnumpy().copy(),
+                   step_corrupt_after=int(opt.global_step.asnumpy()[0]))
         # the same net/optimizer/cell, now through Model.train with persistent NaN from its 3rd batch on
         for p, w in zip((net.fc1.weight, net.fc1.bias, net.fc2.weight, net.fc2.bias), stop_weights):
-            p.set_data(Tensor(w))
+            ops.assign(p, Tensor(w))
         try:
             model.train(1, stop_data, dataset_sink_mode=False)
             rec["stop_error"] = None
@@ -352,11 +273,11 @@ def graph_run():
     return rec
 
 
-def test_graph_step_matches_numpy(graph_run):
-    """Graph: trust region (clipping) and pi-damped inverses of the first step against numpy."""
-    r = graph_run
+def test_step_matches_numpy(thor_run):
+    """Trust region (clipping) and pi-damped inverses of the first step against numpy."""
+    r = thor_run
     expected, nu, inverses = np_step(*[w.astype(np.float64) for w in r["weights"]], r["x"].astype(np.float64),
-                                     r["y"], GRAPH_LR, GRAPH_DAMPING, GRAPH_KL, pi_damping=True)
+                                     r["y"], LR, DAMPING, KL, pi_damping=True)
     assert nu < 1.0  # the bound clips
     np.testing.assert_allclose(r["step0_nu"], nu, rtol=1e-4)
     for g, e in zip(r["step0_params"], expected):
@@ -365,10 +286,11 @@ def test_graph_step_matches_numpy(graph_run):
     np.testing.assert_allclose(r["step0_fc2_inverses"][1], inverses[1][1], rtol=1e-3, atol=1e-3)
 
 
-def test_graph_nonfinite_step_is_skipped_and_refresh_rejected(graph_run):
-    """Graph: the NaN refresh step keeps the previous inverses (rejection counted per layer) and moves nothing
-    (weights, moments, step); statistics are captured again; the next finite steps refresh and continue."""
-    r = graph_run
+def test_nonfinite_step_is_skipped_and_refresh_rejected(thor_run):
+    """The NaN refresh step keeps the previous inverses (rejection counted per layer) and moves nothing
+    (weights, moments, step): THOR skips it itself (no loss scale); statistics are captured again; the next
+    finite steps refresh and continue."""
+    r = thor_run
     for b, a in zip(r["inverses_before"], r["inverses_bad"]):
         np.testing.assert_array_equal(a, b)
     for s, a in zip(r["state_before"], r["state_bad"]):
@@ -383,12 +305,23 @@ def test_graph_nonfinite_step_is_skipped_and_refresh_rejected(graph_run):
     assert all(np.isfinite(p).all() for p in r["params_after"])
 
 
-def test_graph_model_train_stops_on_persistent_nonfinite_loss(graph_run):
-    r = graph_run
+def test_nonfinite_preconditioned_update_with_finite_gradients_is_skipped(thor_run):
+    """A corrupted inverse makes the preconditioned update non-finite while the gradients are finite: nothing
+    moves, the layer is named; the next step refreshes (the skip requested it, off the refresh schedule)."""
+    r = thor_run
+    for s, a in zip(r["state_corrupt_before"], r["state_corrupt_after"]):
+        np.testing.assert_array_equal(a, s)
+    assert r["health_corrupt"]["last_bad_layer"] == "fc2"
+    assert r["health_corrupt"]["skipped_steps"] == r["health_after"]["skipped_steps"] + 1
+    assert np.isfinite(r["corrupt_inverse_after"]).all() and r["step_corrupt_after"] == 6
+
+
+def test_model_train_stops_on_persistent_nonfinite_loss_naming_step_and_layer(thor_run):
+    r = thor_run
     assert r["stop_error"] is not None, "Model.train did not raise ThorNonFiniteError"
     _check_stop_message(r["stop_error"])
     assert all(np.isfinite(p).all() for p in r["stop_params"])  # weights never got NaN
-    assert r["stop_step"] == r["step_after"] + 2
+    assert r["stop_step"] == r["step_corrupt_after"] + 2
 
 
 # ----------------------------------------------------------------------------- several ranks
@@ -461,39 +394,41 @@ def test_guard_counts_only_skips_made_during_its_run():
 
 
 # ----------------------------------------------------------------------------- batched inversion
-@pytest.mark.parametrize("damping,eigen", [(0.04, False), (1e-12, True)])
-def test_batched_refresh_rejects_one_layer_and_inverts_the_others_as_numpy(damping, eigen):
+def test_batched_refresh_rejects_one_layer_and_inverts_the_others_as_numpy():
     """Factors of the same block size from three layers are inverted in one batch: the layer whose factor holds
     NaN keeps its previous (identity) inverses and is counted; the others' inverses equal numpy's (Cholesky, or
-    with a tiny damping the clamped eigen-inverse for every block, counted as fallback blocks)."""
+    with a tiny damping the clamped eigen-inverse for every block, counted as fallback blocks). One optimizer
+    (one compiled step): the damping is rewritten in place between the two cases."""
     ms.set_seed(0)
     net = nn.SequentialCell([nn.Dense(5, 5), nn.Tanh(), nn.Dense(5, 5), nn.Tanh(), nn.Dense(5, 3)])
-    opt = thor(net, 0.01, damping, 0.0, frequency=1)
+    opt = thor(net, 0.01, 0.04, 0.0, frequency=1)
     rng = np.random.default_rng(3)
-    factors = []
-    for i in range(3):
-        pair = []
-        for param in (opt.a_batches[i], opt.g_batches[i]):
-            rows = rng.normal(size=(20, param.shape[-1]))
-            value = (rows.T @ rows / 20)[None].astype(np.float32)
-            if i == 1 and param is opt.a_batches[1]:
-                value[0, 2, 3] = np.nan
-            param.set_data(Tensor(value))
-            pair.append(value[0].astype(np.float64))
-        factors.append(pair)
-    opt(tuple(ops.zeros(p.shape, p.dtype) for p in opt.parameters))
-    shift = np.sqrt(np.float32(damping))
-    for i, (fa, fg) in enumerate(factors):
-        for got, factor in ((opt.a_inverses[i], fa), (opt.g_inverses[i], fg)):
-            got = got.asnumpy()[0, 0]
-            if i == 1:
-                np.testing.assert_array_equal(got, np.eye(len(factor), dtype=np.float32))
-            elif eigen:
-                np.testing.assert_allclose(got, np_clamped_inverse(factor, shift), rtol=2e-3, atol=1e-3)
-            else:
-                np.testing.assert_allclose(got, np.linalg.inv(factor + shift * np.eye(len(factor))), rtol=1e-4,
-                                           atol=1e-5)
-    health = opt.health()
-    assert list(health["rejected_refreshes"].values()) == [0, 1, 0]
-    assert health["eigen_fallback_blocks"] == (6 if eigen else 0)
-    assert health["rejected_inverses"] == 0
+    for case, (damping, eigen) in enumerate([(0.04, False), (1e-12, True)]):
+        ops.assign(opt.damping.values, Tensor(np.array([damping], np.float32)))
+        factors = []
+        for i in range(3):
+            pair = []
+            for param in (opt.a_batches[i], opt.g_batches[i]):
+                rows = rng.normal(size=(20, param.shape[-1]))
+                value = (rows.T @ rows / 20)[None].astype(np.float32)
+                if i == 1 and param is opt.a_batches[1]:
+                    value[0, 2, 3] = np.nan
+                ops.assign(param, Tensor(value))
+                pair.append(value[0].astype(np.float64))
+            factors.append(pair)
+        opt(tuple(ops.zeros(p.shape, p.dtype) for p in opt.parameters))
+        shift = np.sqrt(np.float32(damping))
+        for i, (fa, fg) in enumerate(factors):
+            for got, factor in ((opt.a_inverses[i], fa), (opt.g_inverses[i], fg)):
+                got = got.asnumpy()[0, 0]
+                if i == 1:
+                    np.testing.assert_array_equal(got, np.eye(len(factor), dtype=np.float32))
+                elif eigen:
+                    np.testing.assert_allclose(got, np_clamped_inverse(factor, shift), rtol=2e-3, atol=1e-3)
+                else:
+                    np.testing.assert_allclose(got, np.linalg.inv(factor + shift * np.eye(len(factor))), rtol=1e-4,
+                                               atol=1e-5)
+        health = opt.health()
+        assert list(health["rejected_refreshes"].values()) == [0, case + 1, 0]
+        assert health["eigen_fallback_blocks"] == (6 if eigen else 0)
+        assert health["rejected_inverses"] == 0
