@@ -11,7 +11,7 @@ from tests.helpers.loopback import run_ranks
 from tests.helpers.nets import dataset, learnable_data
 from tests.workers.common import make_plain_net, rank_rows
 
-STEPS, BATCH, WORKERS = 4, 4, 2
+STEPS, BATCH, WORKERS = 3, 4, 2  # refresh (frequency 2) at steps 0 and 2, reuse at step 1
 
 
 def build_thor_model(split_indices, distribute_inverses: bool = True, loss_scale: bool = False):
@@ -36,6 +36,9 @@ def build_thor_model(split_indices, distribute_inverses: bool = True, loss_scale
 def single_process_reference(size: int = WORKERS):
     x, y = learnable_data(STEPS * BATCH * size, seed=1)
     net, opt, model = build_thor_model(None)
+    # op by op like the loopback ranks (no compile; compiled == op by op:
+    # test_thor_optimizer.py::test_pynative_compiled_step_equals_op_by_op_and_follows_set_data)
+    opt.compile_pynative_step = False
     model.train(1, dataset(x, y, batch_size=BATCH * size), dataset_sink_mode=False)
     return [p.asnumpy().copy() for p in net.trainable_params()], opt
 
