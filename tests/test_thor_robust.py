@@ -164,33 +164,40 @@ def test_pi_damping_matches_numpy():
 
 # ----------------------------------------------------------------------------- non-finite guard
 def test_nonfinite_update_with_loss_scale_skips_the_whole_step(mode):
-    """A step with NaN gradients moves nothing with a loss scale (the loss-scale cell skips it before THOR);
-    training then continues. Without a loss scale (THOR skips the step itself), both modes:
+    """With a loss scale (``Model`` + ``FixedLossScaleManager(8, drop_overflow_update=False)``: ms_boost's
+    loss-scale cell) a step with NaN gradients is an overflow: the cell skips the optimizer, so no THOR state
+    moves -- weights, moments, step, inverses, running-average factors, flags -- even on a refresh step whose
+    flags are up; training then continues. Without a loss scale (THOR skips the step itself), both modes:
     test_nonfinite_step_is_skipped_and_refresh_rejected."""
     from ms_boost import Model
     from ms_boost.thor import ConvertModelUtils
 
     weights, x, y = mlp_data(seed=6)
     net = MLP(*weights)
-    opt = thor(net, 0.05, 0.05, 0.9, loss_scale=8.0, frequency=3)
+    opt = thor(net, 0.05, 0.05, 0.9, loss_scale=8.0, frequency=2, factor_decay=0.5)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     kwargs = {"loss_scale_manager": ms.FixedLossScaleManager(8.0, drop_overflow_update=False)}
     model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt, **kwargs), net, loss, opt, **kwargs)
     cell = model.train_network
     cell(Tensor(x), Tensor(y))  # step 0 (refresh)
-    cell(Tensor(x), Tensor(y))  # step 1
-    state = _state(opt, net)
+    cell(Tensor(x), Tensor(y))  # step 1: now step 2 is a refresh step, the flags are up
+    assert all(bool(f.asnumpy()) for f in opt.capture_flags)
+    state = {p.name: p.asnumpy().copy() for p in opt.get_parameters() if "_batch" not in p.name}
+    state.update({p.name: p.asnumpy().copy() for p in net.trainable_params()})
     bad = x.copy()
     bad[1, 2] = np.nan
-    cell(Tensor(bad), Tensor(y))  # step 2: NaN gradients -> skipped
-    for s, a in zip(state, _state(opt, net)):
-        np.testing.assert_array_equal(a, s)
+    _, overflow, _ = cell(Tensor(bad), Tensor(y))  # step 2: NaN gradients -> skipped
+    assert bool(overflow.asnumpy())
+    params = {p.name: p for p in (*opt.get_parameters(), *net.trainable_params())}
+    for name, value in state.items():
+        np.testing.assert_array_equal(params[name].asnumpy(), value, err_msg=name)
     assert opt.health()["skipped_steps"] == 0  # the cell skipped the step: THOR was not called
     for _ in range(2):
-        cell(Tensor(x), Tensor(y))
+        _, overflow, _ = cell(Tensor(x), Tensor(y))
+        assert not bool(overflow.asnumpy())
     assert int(opt.global_step.asnumpy()[0]) == 4
     assert opt.health()["consecutive_skips"] == 0
-    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+    assert all(np.isfinite(p.asnumpy()).all() for p in (*net.trainable_params(), *opt.a_inverses))
 
 
 def _stop_data(seed):
