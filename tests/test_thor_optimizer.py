@@ -109,18 +109,6 @@ def test_steps_match_numpy_with_blocks_loss_scale_and_damping_schedule(mode):
     assert int(opt.global_step.asnumpy()[0]) == 3
 
 
-class ConvNet(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), pad_mode="same", dilation=(1, 2), group=2, has_bias=True)
-        self.bn = nn.BatchNorm2d(6)
-        self.fc = nn.Dense(6 * 3 * 4, 3)
-        self.flatten = nn.Flatten()
-
-    def construct(self, x):
-        return self.fc(self.flatten(ops.relu(self.bn(self.conv(x)))))
-
-
 def _expected_layer_update(opt, net_grads, layer_index, w_grad, b_grad, damping):
     """numpy G^-1 [gW|gb] A^-1 per channel group from the captured factors."""
     layer = opt.thor_layers[layer_index]
@@ -132,34 +120,6 @@ def _expected_layer_update(opt, net_grads, layer_index, w_grad, b_grad, damping)
     p = np.stack([np.linalg.inv(g[j] + np.sqrt(damping) * np.eye(g.shape[1])) @ np.concatenate([gw[j], gb[j]], 1)
                   @ np.linalg.inv(a[j] + np.sqrt(damping) * np.eye(a.shape[1])) for j in range(groups)])
     return p[:, :, :-1].reshape(w_grad.shape), p[:, :, -1].reshape(b_grad.shape)
-
-
-def test_conv_step_groups_bias_batchnorm(mode):
-    ms.set_seed(1)
-    net = ConvNet()
-    rng = np.random.default_rng(1)
-    x = Tensor(rng.standard_normal((4, 4, 6, 4)).astype(np.float32))
-    y = Tensor(rng.integers(0, 3, 4).astype(np.int32))
-    opt = thor(net, 0.05, 0.1, 0.0, frequency=3, kl_clip=None)  # reference without trust region
-    loss_net = nn.WithLossCell(opt.thor_network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
-    loss_net.set_train()
-    params = opt.parameters
-    before = [p.asnumpy().copy() for p in params]
-    # gradients at the current weights (the BatchNorm batch statistics do not depend on the step)
-    grads = [g.asnumpy() for g in ms.grad(loss_net, None, params)(x, y)]
-    cell = nn.TrainOneStepCell(loss_net, opt)
-    cell.set_train()
-    cell(x, y)
-    names = [p.name for p in params]
-    idx = {n: i for i, n in enumerate(names)}
-    expected = {}
-    conv_w, conv_b = _expected_layer_update(opt, None, 0, grads[idx["conv.weight"]], grads[idx["conv.bias"]], 0.1)
-    fc_w, fc_b = _expected_layer_update(opt, None, 1, grads[idx["fc.weight"]], grads[idx["fc.bias"]], 0.1)
-    expected.update({"conv.weight": conv_w, "conv.bias": conv_b, "fc.weight": fc_w, "fc.bias": fc_b})
-    for name in names:
-        step = expected.get(name, grads[idx[name]])  # BatchNorm gamma/beta: plain gradient
-        np.testing.assert_allclose(params[idx[name]].asnumpy(), before[idx[name]] - 0.05 * step, rtol=1e-3,
-                                   atol=1e-5, err_msg=name)
 
 
 def test_inverses_reused_running_average_damping_array_and_nesterov(mode):
@@ -242,42 +202,81 @@ def test_argument_errors():
         THOR("net", 0.1, 0.1, 0.9)
 
 
-class EmbNet(nn.Cell):
+class ConvEmbNet(nn.Cell):
+    """A grouped, strided, dilated convolution with bias and BatchNorm under a Dense head, plus an embedding under a
+    Dense head whose bias is frozen (captured in A, not trained: A loses its bias row/column)."""
+
     def __init__(self):
         super().__init__()
+        self.conv = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), pad_mode="same", dilation=(1, 2), group=2, has_bias=True)
+        self.bn = nn.BatchNorm2d(6)
+        self.fc = nn.Dense(6 * 3 * 4, 3)
+        self.flatten = nn.Flatten()
         self.emb = nn.Embedding(7, 4)
-        self.fc = nn.Dense(4, 3)
-        self.fc.bias.requires_grad = False  # captured in A, not trained: A loses its bias row/column
+        self.fc_e = nn.Dense(4, 3)
+        self.fc_e.bias.requires_grad = False
 
-    def construct(self, ids):
-        return self.fc(self.emb(ids).mean(1))
+    def construct(self, x, ids):
+        return self.fc(self.flatten(ops.relu(self.bn(self.conv(x))))) + self.fc_e(self.emb(ids).mean(1))
 
 
-def test_embedding_and_frozen_bias_step(mode):
-    ms.set_seed(2)
-    net = EmbNet()
+class _LossOfTwoInputs(nn.Cell):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, x, ids, y):
+        return self.ce(self.net(x, ids), y)
+
+
+def test_conv_groups_bias_batchnorm_embedding_and_frozen_bias_step(mode):
+    """One step against numpy from the captured factors: the convolution per channel group with its bias in the
+    factor, the Dense layers, the embedding (diagonal A = token frequencies, checked against numpy too), the Dense
+    layer whose frozen bias is dropped from A, BatchNorm's plain gradient."""
+    ms.set_seed(1)
+    net = ConvEmbNet()
+    rng = np.random.default_rng(1)
+    x = Tensor(rng.standard_normal((4, 4, 6, 4)).astype(np.float32))
     ids = Tensor(np.array([[1, 2, 2], [0, 6, 1], [3, 3, 3], [1, 5, 0]], np.int32))
-    y = Tensor(np.array([0, 1, 2, 1], np.int32))
-    opt = thor(net, 0.1, 0.2, 0.0, frequency=4)
-    assert [p.name for p in opt.parameters] == ["emb.embedding_table", "fc.weight"]
-    loss_net = nn.WithLossCell(opt.thor_network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    y = Tensor(rng.integers(0, 3, 4).astype(np.int32))
+    damping, lr = 0.1, 0.05
+    opt = thor(net, lr, damping, 0.0, frequency=3, kl_clip=None)  # reference without trust region
+    names = [p.name for p in opt.parameters]
+    assert "fc_e.bias" not in names and "emb.embedding_table" in names
+    loss_net = _LossOfTwoInputs(opt.thor_network)
     loss_net.set_train()
-    grads = [g.asnumpy().astype(np.float64) for g in ms.grad(loss_net, None, opt.parameters)(ids, y)]
-    before = [p.asnumpy().astype(np.float64) for p in opt.parameters]
+    params = opt.parameters
+    before = [p.asnumpy().astype(np.float64) for p in params]
+    # gradients at the current weights (the BatchNorm batch statistics do not depend on the step)
+    grads = [g.asnumpy().astype(np.float64) for g in ms.grad(loss_net, None, params)(x, ids, y)]
     cell = nn.TrainOneStepCell(loss_net, opt)
     cell.set_train()
-    cell(ids, y)
-    emb, fc = opt.thor_layers
+    cell(x, ids, y)
+    idx = {n: i for i, n in enumerate(names)}
+    conv, fc, emb, fc_e = opt.thor_layers
+    thor_net = opt.thor_network
+    assert all(a is b for a, b in zip((conv, fc, emb, fc_e), (thor_net.conv, thor_net.fc, thor_net.emb, thor_net.fc_e)))
+    expected = {}
+    expected["conv.weight"], expected["conv.bias"] = _expected_layer_update(
+        opt, None, 0, grads[idx["conv.weight"]], grads[idx["conv.bias"]], damping)
+    expected["fc.weight"], expected["fc.bias"] = _expected_layer_update(
+        opt, None, 1, grads[idx["fc.weight"]], grads[idx["fc.bias"]], damping)
     freq = emb.matrix_a_batch.asnumpy().astype(np.float64)
     np.testing.assert_allclose(freq, np.bincount(ids.asnumpy().ravel(), minlength=7) / 12)
+    s = np.sqrt(damping)
     g_emb = emb.matrix_g_batch.asnumpy()[0].astype(np.float64)
-    s = np.sqrt(0.2)
-    expected_emb = np.diag(1 / (freq + s)) @ grads[0] @ np.linalg.inv(g_emb + s * np.eye(4))
-    a_fc = fc.matrix_a_batch.asnumpy()[0].astype(np.float64)[:-1, :-1]
-    g_fc = fc.matrix_g_batch.asnumpy()[0].astype(np.float64)
-    expected_fc = np.linalg.inv(g_fc + s * np.eye(3)) @ grads[1] @ np.linalg.inv(a_fc + s * np.eye(4))
-    np.testing.assert_allclose(opt.parameters[0].asnumpy(), before[0] - 0.1 * expected_emb, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(opt.parameters[1].asnumpy(), before[1] - 0.1 * expected_fc, rtol=1e-4, atol=1e-6)
+    expected["emb.embedding_table"] = (np.diag(1 / (freq + s)) @ grads[idx["emb.embedding_table"]]
+                                       @ np.linalg.inv(g_emb + s * np.eye(4)))
+    a_fc = fc_e.matrix_a_batch.asnumpy()[0].astype(np.float64)[:-1, :-1]
+    g_fc = fc_e.matrix_g_batch.asnumpy()[0].astype(np.float64)
+    expected["fc_e.weight"] = (np.linalg.inv(g_fc + s * np.eye(3)) @ grads[idx["fc_e.weight"]]
+                               @ np.linalg.inv(a_fc + s * np.eye(4)))
+    for name in names:
+        step = expected.get(name, grads[idx[name]])  # BatchNorm gamma/beta: plain gradient
+        np.testing.assert_allclose(params[idx[name]].asnumpy(), before[idx[name]] - lr * step, rtol=1e-3,
+                                   atol=1e-5, err_msg=name)
+    assert set(expected) | {"bn.gamma", "bn.beta"} == set(names)
 
 
 def test_pynative_compiled_step_equals_op_by_op_and_follows_set_data():
