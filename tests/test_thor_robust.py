@@ -309,6 +309,7 @@ def test_nonfinite_step_is_skipped_and_refresh_rejected(thor_run):
     assert not np.array_equal(r["inverses_again"][1], r["inverses_before"][1])  # refreshed
     assert r["health_again"]["rejected_refreshes"] == {"fc1": 1, "fc2": 1} and r["step_again"] == 3
     assert r["step_after"] == 4 and r["health_after"]["consecutive_skips"] == 0
+    assert 0.0 < r["health_after"]["last_nu"] <= 1.0  # the skipped step's NaN nu is not kept
     assert all(np.isfinite(p).all() for p in r["params_after"])
 
 

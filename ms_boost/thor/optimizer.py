@@ -693,7 +693,8 @@ class THOR(nn.Optimizer, StageHooks):
             success = ops.depend(success, self.hyper_map(ops.partial(_set_flag, capture), self.capture_flags))
             success = ops.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
             done = ops.depend(ops.ones((), ms.bool_), success)
-            health = self.step_health * self._keep_on_success + ops.concat(
+            # where, not a product with the mask: a NaN nu of a skipped step times 0 stays NaN
+            health = ops.where(self._keep_on_success > 0.5, self.step_health, 0.0) + ops.concat(
                 (ops.zeros((1,), ms.float32), nu.reshape(1).astype(ms.float32), ops.zeros((2,), ms.float32)))
         else:
             # nothing moves; the next step captures statistics again (they show where inf/NaN appear) and
@@ -702,7 +703,7 @@ class THOR(nn.Optimizer, StageHooks):
                               self.hyper_map(ops.partial(_set_flag, Tensor(True, ms.bool_)), self.capture_flags))
             done = ops.depend(done, ops.assign(self.refresh_next, Tensor(True, ms.bool_)))
             bad = self._first_bad_layer(directions).reshape(1)
-            health = self.step_health * self._keep_on_skip + ops.concat(
+            health = ops.where(self._keep_on_skip > 0.5, self.step_health, 0.0) + ops.concat(
                 (ops.ones((1,), ms.float32), nu.reshape(1).astype(ms.float32), bad, ops.ones((1,), ms.float32)))
         return ops.depend(done, ops.assign(self.step_health, health.astype(ms.float32)))
 
