@@ -117,6 +117,7 @@ def test_boost_config_turns_thor_on():
     assert abs(float(opt.momentum.asnumpy()) - 0.8) < 1e-6 and abs(opt.weight_decay - 1e-4) < 1e-9
     assert opt.learning_rate is user_opt.learning_rate
     assert [p.name for p in opt.parameters] == [p.name for p in user_opt.parameters]
+    opt.compile_pynative_step = False  # op by op: the configuration is the point here, not the compiled step
     x, y = learnable_data(64)
     model.train(1, dataset(x, y), dataset_sink_mode=False)
     assert int(opt.global_step.asnumpy()[0]) == 4
