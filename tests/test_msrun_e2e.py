@@ -23,6 +23,7 @@ WORKERS = 2
 def job(tmp_path_factory):
     work = tmp_path_factory.mktemp("e2e")
     _stage1_checkpoints(str(work / "stage1"), 6)
+    _stage1_checkpoints(str(work / "stage1_stuck"), 4)
     assert not (work / "pca_mat.npy").exists()  # rank 0 computes it, rank 1 waits through the status exchange
     ranks = run_msrun(Path(__file__).parent / "workers" / "e2e_graph.py", WORKERS, args=[work], timeout=900)
     return work, ranks
@@ -151,3 +152,22 @@ def test_thor_two_workers_skip_the_same_nonfinite_step(job):
         for i, p in enumerate(net.trainable_params()):
             assert np.isfinite(p.asnumpy()).all()
             np.testing.assert_allclose(got[f"w{i}"], p.asnumpy(), rtol=1e-4, atol=2e-5, err_msg=f"{exec_mode} w{i}")
+
+
+@pytest.mark.msrun
+def test_a_stuck_rank_is_named_within_the_handshake_timeout(job):
+    """Issue 12 item 8: a rank alive but stuck before the handshake; the other fails after dim_reduce.timeout
+    (not the backend's ~60 s collective timeout) with an error naming it. (Rank 0, serving the store, stuck gives
+    rank 1 "rank 0 did not reach the PCA handshake within dim_reduce.timeout=2 s"; checked by hand, left out to
+    keep the suite short.) The last scenario of the job (it was a 2-worker msrun job of its own)."""
+    from tests.workers.handshake_stuck import STUCK, TIMEOUT
+
+    assert STUCK == 1  # rank 0 serves the store: it names rank 1 as never having arrived
+    ranks = scenario(job[1], "handshake_stuck")
+    error, elapsed = str(ranks[0]["error"]), float(ranks[0]["elapsed"])
+    assert error.startswith("TimeoutError: "), error
+    assert ("rank 0: rank(s) [1] never reached the PCA handshake (dead, or alive but stuck) within "
+            f"dim_reduce.timeout={TIMEOUT:g} s") in error
+    assert TIMEOUT - 0.5 < elapsed < TIMEOUT + 4, elapsed  # bounded by dim_reduce.timeout
+    late = str(ranks[STUCK]["error"])  # the late rank does not hang either: it is told
+    assert late.startswith(("TimeoutError: ", "RuntimeError: ")) and "handshake" in late, late

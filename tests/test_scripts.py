@@ -301,10 +301,11 @@ def test_standalone_train_then_run_eval_for_real(env, tmp_path):
 
 
 # One real msrun launcher journey (O2: AdaSum between 2 "servers" of one rank each): train 2 epochs of one step
-# each (a step more per epoch only costs CPU: each launch is 3 processes importing MindSpore and compiling its
-# PyNative ops), stop after epoch 1, relaunch with --resume, and the resumed run ends bit-identical on both ranks. The O1 launcher command
-# line is checked by the dry runs above, its pipeline text by tests/test_config.py (AutoBoost("O1").summary) and O1
-# data parallel over two real ranks by tests/test_msrun_e2e.py::test_light_o1_two_ranks_equal_one_process.
+# each (each launch is 3 processes importing MindSpore and compiling its PyNative ops: a step more per epoch only
+# costs CPU), stop after epoch 1, relaunch with --resume, and the resumed run ends bit-identical on both ranks.
+# The O1 launcher command line is checked by the dry runs above, its pipeline text by tests/test_config.py
+# (AutoBoost("O1").summary) and O1 data parallel over two real ranks by
+# tests/test_msrun_e2e.py::test_light_o1_two_ranks_equal_one_process.
 O2_EXTRA = ["--boost_config_dict.common.device_number", "1", "--epoch_size", "2", "--steps_per_epoch", "1",
             "--save_checkpoint_epochs", "1", "--save_checkpoint_steps", "0"]
 O2_PIPELINE = "mean within server (1 of 2 ranks) -> AdaSum across 2 servers"  # 2 "servers" of one rank each
