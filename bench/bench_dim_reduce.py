@@ -256,8 +256,57 @@ def render(section: dict) -> str:
     return "\n".join(lines)
 
 
+def _trajectory(args, width: int, work: Path):
+    """A short stage 1 for the step benchmark's ``--basis trajectory``: Momentum training of the width-``width``
+    ResNet-18 on the built-in data set, saving the weights ``saves_per_epoch`` times an epoch from epoch
+    ``save_from`` (the tutorial's stage 1, scaled down). Returns the stage-1 end checkpoint, the folder of
+    trajectory checkpoints and a factory of the training data set."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from model_zoo.resnet.src.dataset import create_dataset
+    from model_zoo.resnet.src.loss import CrossEntropySmooth
+    from model_zoo.resnet.src.lr_generator import get_lr
+    from model_zoo.resnet.src.synthetic_data import ensure_dataset
+    from ms_boost import Model
+
+    data = ensure_dataset(num_classes=args.classes, image_size=32, train_per_class=args.train_per_class,
+                          val_per_class=args.val_per_class, seed=0)
+
+    def train_set():
+        return create_dataset(data / "train", do_train=True, batch_size=args.batch, image_size=32, seed=0,
+                              num_parallel_workers=2)
+
+    steps = train_set().get_dataset_size()
+    net = _build(argparse.Namespace(**{**vars(args), "width": width}), 0)
+    lr = get_lr(lr_init=0.0, lr_end=0.0, lr_max=args.lr_max, warmup_epochs=1,
+                total_epochs=args.epochs1 + args.epochs2, steps_per_epoch=steps, lr_decay_mode="linear")
+    opt = nn.Momentum(net.trainable_params(), ms.Tensor(lr), 0.9, weight_decay=1e-4)
+    loss = CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=0.1, num_classes=args.classes)
+    model = Model(net, loss_fn=loss, optimizer=opt, boost_level="O0")
+    ckpt_dir = work / f"trajectory_w{width}"
+    end = work / f"stage1_end_w{width}.ckpt"
+    if end.exists():  # --workdir given and stage 1 already run there with these settings
+        print(f"width {width}: stage 1 reused from {work}", flush=True)
+        return end, ckpt_dir, train_set
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    model.train(args.epochs1, train_set(), dataset_sink_mode=False,
+                callbacks=[_saver(ckpt_dir, net, steps, args.save_from, args.saves_per_epoch)])
+    ms.save_checkpoint(net, str(end))
+    print(f"width {width}: stage 1 {args.epochs1} epochs ({steps} steps each) in {time.perf_counter() - start:.0f} s, "
+          f"{len(list(ckpt_dir.glob('*.ckpt')))} trajectory checkpoints", flush=True)
+    return end, ckpt_dir, train_set
+
+
 def step_benchmark(args) -> dict:
-    """Interleaved step times: plain SGD train step vs DimReduce train step (random orthonormal P of k rows).
+    """Interleaved step times: plain SGD train step vs DimReduce train step.
+
+    ``--basis random`` (default): a random orthonormal P of k rows, an untrained network and one random batch
+    repeated. ``--basis trajectory``: what a user runs -- a short stage 1 (:func:`_trajectory`), P the PCA of
+    its checkpoints (computed by the DimReduce cell from ``weight_load_dir``, as the tutorial does), every
+    contender starting from the stage-1 weights, and each repeat a new batch of the training set (the same
+    batch for every contender of that repeat).
 
     The train cells come from ``ms_boost.build_train_network`` on copies of the same network; each repeat
     times one plain step, one DimReduce step and one step of a second, identical plain cell (its ratio to
@@ -265,6 +314,7 @@ def step_benchmark(args) -> dict:
     outcome of every DimReduce step is read from ``dim_reduce.step_size``: accepted at the first trial
     (one extra forward pass), at the second (two), or not at all (two).
     """
+    import mindspore as ms
     import numpy as np
     from mindspore import Tensor, nn
 
@@ -274,23 +324,35 @@ def step_benchmark(args) -> dict:
     from ms_boost.dim_reduce.pca import write_npy_atomic
 
     results = []
+    trajectory = args.basis == "trajectory"
     for width in args.step_widths:
         nets = [_build(argparse.Namespace(**{**vars(args), "width": width}), 0) for _ in range(5)]
         size = sum(int(p.size) for p in nets[0].trainable_params())
         rng = np.random.default_rng(0)
-        pca = np.linalg.qr(rng.standard_normal((size, args.k)).astype(np.float32))[0].T
-        tmp = tempfile.mkdtemp(prefix="bench_step_")
+        tmp = Path(tempfile.mkdtemp(prefix="bench_step_"))
         try:
-            pca_path = os.path.join(tmp, "p.npy")
-            write_npy_atomic(pca_path, pca)
-            del pca
-            loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+            pca_path = str(tmp / "p.npy")
+            boost_extra = {}
+            if trajectory:
+                end, ckpt_dir, train_set = _trajectory(args, width, Path(args.workdir) if args.workdir else tmp)
+                for net in nets:
+                    ms.load_param_into_net(net, ms.load_checkpoint(str(end)))
+                boost_extra = {"weight_load_dir": str(ckpt_dir)}  # the first DimReduce cell computes P into pca_path
+                from model_zoo.resnet.src.loss import CrossEntropySmooth
+
+                loss = CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=0.1, num_classes=args.classes)
+            else:
+                pca = np.linalg.qr(rng.standard_normal((size, args.k)).astype(np.float32))[0].T
+                write_npy_atomic(pca_path, pca)
+                del pca
+                loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
             plain = build_train_network(nets[0], nn.SGD(nets[0].trainable_params(), 0.01), loss, level="O0")
             twin = build_train_network(nets[2], nn.SGD(nets[2].trainable_params(), 0.01), loss, level="O0")
             dims = {}
             for carry, net in ((False, nets[1]), (True, nets[3])):
                 boost = {"boost": {"mode": "manual", "dim_reduce": True},
-                         "dim_reduce": {"n_component": args.k, "pca_mat_path": pca_path, "carry_search": carry}}
+                         "dim_reduce": {"n_component": args.k, "pca_mat_path": pca_path, "carry_search": carry,
+                                        **boost_extra}}
                 dims[carry] = build_train_network(net, nn.SGD(net.trainable_params(), 1.0), loss, level="O0",
                                                   boost_level="O1", boost_config_dict=boost)
         finally:
@@ -301,14 +363,20 @@ def step_benchmark(args) -> dict:
             cell.set_train(True)
         stages = {name: [c for _, c in cells[name].cells_and_names() if isinstance(c, DimReduceUpdate)][0]
                   for name in ("dim", "dim_carry")}
-        x = Tensor(rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32))
-        y = Tensor(rng.integers(0, args.classes, args.batch).astype(np.int32))
+        if trajectory:  # real batches, a new one every repeat (cycling through the epoch)
+            batches = [(Tensor(b["image"]), Tensor(b["label"]))
+                       for b in train_set().create_dict_iterator(num_epochs=1, output_numpy=True)]
+        else:
+            batches = [(Tensor(rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)),
+                        Tensor(rng.integers(0, args.classes, args.batch).astype(np.int32)))]
+        x, y = batches[0]
         for cell in cells.values():
             cell(x, y).asnumpy()  # compile
         times = {name: [] for name in cells}
         outcomes = {name: [] for name in stages}
         first_trials = {name: [] for name in stages}  # the first trial's step: rho^0 times the carried scale
-        for _ in range(args.step_repeats):
+        for repeat in range(args.step_repeats):
+            x, y = batches[(repeat + 1) % len(batches)]
             for name, stage in stages.items():
                 first_trials[name].append(float(stage.search_scale.asnumpy()) if stage.carry_search else 1.0)
             for name, cell in cells.items():  # interleaved: load drift hits every contender alike
@@ -337,15 +405,21 @@ def step_benchmark(args) -> dict:
                             "none_fraction": none / len(steps),
                             "forward_ratio": forward_ratio, "mean_trials": trials,
                             "floor": 1.0 + trials * forward_ratio,
-                            "repeats": args.step_repeats, "mode": args.mode})
+                            "repeats": args.step_repeats, "mode": args.mode, "basis": args.basis})
             print(json.dumps(results[-1]), flush=True)
     return {"runs": results}
 
 
 def render_steps(section: dict) -> str:
     modes = sorted({r["mode"] for r in section["runs"]})
-    lines = [f"## Step time: DimReduce vs plain SGD ({', '.join(modes)} mode)", "",
-             "ResNet-18 at 32 px, one process, random orthonormal P, the same batch every step. Every repeat times, "
+    trajectory = any(r.get("basis") == "trajectory" for r in section["runs"])
+    basis = ("P the PCA (k = 32) of a short stage 1 on the built-in data set (ResNet-18 trained 10 epochs with "
+             "Momentum, weights saved 5 times an epoch from epoch 3, as `--quick` end to end), every contender "
+             "starting from the stage-1 weights, a new training batch every repeat (the same for every contender)"
+             if trajectory else "random orthonormal P, untrained weights, the same random batch every step")
+    title = "trajectory PCA basis" if trajectory else "random basis"
+    lines = [f"## Step time: DimReduce vs plain SGD ({', '.join(modes)} mode, {title})", "",
+             f"ResNet-18 at 32 px, one process, {basis}. Every repeat times, "
              "back to back: a plain SGD step, a DimReduce step (line search as upstream), a DimReduce step with "
              "`dim_reduce.carry_search`, a second identical plain step and one forward pass (train mode) alone. "
              "Medians over the repeats; ratio = median of the per-repeat ratios to the plain step (quartiles in "
@@ -391,9 +465,15 @@ def main() -> None:
     parser.add_argument("--step_only", action="store_true", help="only the interleaved step-time benchmark")
     parser.add_argument("--step_widths", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--step_repeats", type=int, default=30)
+    parser.add_argument("--basis", choices=["random", "trajectory"], default="random",
+                        help="step-time only: a random orthonormal P on untrained weights and one batch, or the PCA "
+                             "of a short stage 1 with real batches (what a user runs)")
     parser.add_argument("--quick", action="store_true",
                         help="step-time only: width 16, 5 repeats; end to end: the short configuration")
     args = parser.parse_args()
+    if args.step_only and args.basis == "trajectory":  # stage 1 of the short end-to-end configuration
+        args.classes, args.train_per_class, args.epochs1, args.epochs2 = 12, 40, 10, 2
+        args.save_from, args.saves_per_epoch, args.lr_max = 3, 5, 0.05
     if args.quick and args.step_only:
         args.step_widths, args.step_repeats = [16], 5
     elif args.quick:  # the short end-to-end configuration (section e2e_short)
@@ -406,7 +486,8 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
     if args.step_only:
         steps = step_benchmark(args)
-        section = "steps" if args.mode == "graph" else f"steps_{args.mode}"
+        section = "steps" + ("_trajectory" if args.basis == "trajectory" else "")
+        section += "" if args.mode == "graph" else f"_{args.mode}"
         old = _section_runs(section)
         keys = {(r["width"], bool(r.get("carry_search"))) for r in steps["runs"]}
         steps["runs"] = sorted([r for r in old if (r["width"], bool(r.get("carry_search"))) not in keys]

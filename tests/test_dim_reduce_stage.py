@@ -70,7 +70,7 @@ def np_dim_reduce_step(ws, state, x, y, p, rho, gamma, alpha, sigma, max_search_
     mu = gamma * state["mu"] + flat_g - p.T @ g
     new_state = dict(state, mu=mu)
     if "scale" in state:
-        new_state["scale"] = min(1.0, scale / rho) if accepted else scale * rho ** max_search_time
+        new_state["scale"] = min(1.0, step / rho) if accepted else scale * rho ** max_search_time
     if accepted:
         new_state.update(h=h, g_last=g, s=step * d, has_pair=True)
     return unflat(flat_w + step * direction - alpha * mu), new_state, step, loss
@@ -204,31 +204,43 @@ def test_line_search_rejection_restores_weights_and_batchnorm(mode):
 
 def test_carry_search_continues_the_backtracking_in_the_next_step(mode):
     """carry_search: a search that accepts nothing shrinks the next search's steps by rho^max_search_time;
-    accepted steps grow them back by 1/rho up to 1 (numpy reference with the scale)."""
+    an accepted step t starts the next search at min(1, t / rho) (numpy reference with the scale). Two runs:
+    after a failed (ascent) search, and from a fresh stage, whose 4th search accepts at its second trial (the
+    next scale stays there instead of growing past the accepted step)."""
     k = 3
-    loss_net, weights = mlp()
-    p = subspace(weights, k)
-    stage = DimReduceUpdate(loss_net, weights, p, k, **HP, carry_search=True)
     x, y = mlp_data()
     xt, yt = Tensor(x), Tensor(y)
-    grads = ops.GradOperation(get_by_list=True)(loss_net, weights)(xt, yt)
-    stage(loss_net(xt, yt), tuple(-g for g in grads), xt, yt)  # ascent direction: every trial fails
-    assert float(stage.step_size.asnumpy()) == 0.0
-    np.testing.assert_allclose(float(stage.search_scale.asnumpy()), HP["rho"] ** 2, rtol=1e-6)
-    ws = [w.asnumpy().astype(np.float64) for w in weights]
-    state = dict(np_initial_state(k, p.shape[1]), scale=HP["rho"] ** 2,
-                 mu=np.concatenate([m.asnumpy().ravel() for m in stage.momentum]).astype(np.float64))
-    step = TrainStep(loss_net, weights, stage)
-    steps = []
-    for _ in range(4):
-        step(xt, yt)
-        ws, state, t, _ = np_dim_reduce_step(ws, state, x.astype(np.float64), y, p.astype(np.float64), **HP)
-        steps.append(t)
-        np.testing.assert_allclose(float(stage.step_size.asnumpy()), t, rtol=1e-6)
-        np.testing.assert_allclose(float(stage.search_scale.asnumpy()), state["scale"], rtol=1e-6)
-        for got, ref in zip(weights, ws):
-            np.testing.assert_allclose(got.asnumpy(), ref, rtol=1e-5, atol=1e-5)
-    assert steps[0] == pytest.approx(HP["rho"] ** 2)  # the first search started where the failed one stopped
+    for after_failure in (True, False):
+        loss_net, weights = mlp()
+        p = subspace(weights, k)
+        stage = DimReduceUpdate(loss_net, weights, p, k, **HP, carry_search=True)
+        scale = 1.0
+        if after_failure:
+            grads = ops.GradOperation(get_by_list=True)(loss_net, weights)(xt, yt)
+            stage(loss_net(xt, yt), tuple(-g for g in grads), xt, yt)  # ascent direction: every trial fails
+            assert float(stage.step_size.asnumpy()) == 0.0
+            scale = HP["rho"] ** 2
+            np.testing.assert_allclose(float(stage.search_scale.asnumpy()), scale, rtol=1e-6)
+        ws = [w.asnumpy().astype(np.float64) for w in weights]
+        state = dict(np_initial_state(k, p.shape[1]), scale=scale,
+                     mu=np.concatenate([m.asnumpy().ravel() for m in stage.momentum]).astype(np.float64))
+        step = TrainStep(loss_net, weights, stage)
+        steps, second_trial = [], []
+        for _ in range(4):
+            start = state["scale"]
+            step(xt, yt)
+            ws, state, t, _ = np_dim_reduce_step(ws, state, x.astype(np.float64), y, p.astype(np.float64), **HP)
+            steps.append(t)
+            second_trial.append(t == pytest.approx(start * HP["rho"]))
+            np.testing.assert_allclose(float(stage.step_size.asnumpy()), t, rtol=1e-6)
+            np.testing.assert_allclose(float(stage.search_scale.asnumpy()), state["scale"], rtol=1e-6)
+            for got, ref in zip(weights, ws):
+                np.testing.assert_allclose(got.asnumpy(), ref, rtol=1e-5, atol=1e-5)
+        if after_failure:
+            assert steps[0] == pytest.approx(HP["rho"] ** 2)  # the first search started where the failed one stopped
+        else:
+            assert second_trial[3] and state["scale"] == pytest.approx(steps[3] / HP["rho"])
+            assert state["scale"] < 1.0  # the old rule (scale / rho) would have grown it back to 1
 
 
 def test_state_lives_in_parameters_and_checkpoints(tmp_path):

@@ -99,7 +99,8 @@ class DimReduceUpdate(nn.Cell):
             proposes a step of the same length and fails again. On: the trial steps are
             :math:`c\rho^m` with a scale :math:`c` (``dim_reduce.search_scale``) that a failed search
             multiplies by :math:`\rho^{\text{max\_search\_time}}` (the next search starts where this one
-            stopped) and an accepted step grows by :math:`1/\rho` up to 1.
+            stopped) and an accepted step :math:`t` sets to :math:`\min(1, t/\rho)` (the next search starts one
+            notch above the step just accepted).
 
     Inputs:
         ``(loss, grads, *inputs)``: the step's loss, the rank-averaged gradients (tuple matching
@@ -159,7 +160,7 @@ class DimReduceUpdate(nn.Cell):
         self.max_search_time = int(max_search_time)
         if carry_search:
             # the line search's scale, carried from step to step: a search that accepts nothing makes the next
-            # one start where it stopped (scale * rho^max_search_time); each accepted step grows it back by 1/rho
+            # one start where it stopped (scale * rho^max_search_time); an accepted step t sets it to min(1, t / rho)
             self.search_scale = Parameter(Tensor(1.0, ms.float32), name="dim_reduce.search_scale",
                                           requires_grad=False)
             self.shrink = Tensor(float(self.rho) ** self.max_search_time, ms.float32)
@@ -234,7 +235,7 @@ class DimReduceUpdate(nn.Cell):
                 step = ops.where(ok, t, step)
                 accepted = ok
         if self.carry_search:
-            new_scale = ops.where(accepted, ops.minimum(scale * self.grow, self.one), scale * self.shrink)
+            new_scale = ops.where(accepted, ops.minimum(step * self.grow, self.one), scale * self.shrink)
             step = ops.depend(step, ops.assign(self.search_scale, new_scale))
 
         done = ops.assign(self.inv_hessian, ops.where(accepted, h, self.inv_hessian))
