@@ -117,34 +117,6 @@ def subspace(weights, k, seed=0):
     return np.linalg.qr(rng.standard_normal((m, k)))[0].T.astype(np.float32)
 
 
-def test_steps_equal_numpy_reimplementation(mode):
-    """Four steps against the numpy step (k = 5; k = 3 is checked against it in the carry_search test, k = 4
-    against upstream's DimReduce: the code path does not depend on k)."""
-    k = 5
-    loss_net, weights = mlp()
-    p = subspace(weights, k)
-    stage = DimReduceUpdate(loss_net, weights, p, k, **HP)
-    step = TrainStep(loss_net, weights, stage)
-    x, y = mlp_data()
-    ws = [w.asnumpy().astype(np.float64) for w in weights]
-    state = np_initial_state(k, p.shape[1])
-    steps = []
-    for _ in range(4):
-        loss = step(Tensor(x), Tensor(y)).asnumpy()
-        ws, state, t, ref_loss = np_dim_reduce_step(ws, state, x.astype(np.float64), y, p.astype(np.float64), **HP)
-        steps.append(t)
-        np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
-        for got, ref in zip(weights, ws):
-            np.testing.assert_allclose(got.asnumpy(), ref, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(stage.inv_hessian.asnumpy(), state["h"], rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(stage.step_last.asnumpy(), state["s"], rtol=1e-4, atol=1e-6)
-        assert bool(stage.has_pair.asnumpy()) == state["has_pair"]
-        mu = np.concatenate([m.asnumpy().ravel() for m in stage.momentum])
-        np.testing.assert_allclose(mu, state["mu"], rtol=1e-5, atol=1e-5)
-    assert state["has_pair"] and not np.allclose(state["h"], np.eye(k))  # the BFGS update really ran
-    assert any(t > 0 for t in steps)
-
-
 def test_pynative_step_after_a_checkpoint_load_into_the_trained_network():
     """PyNative: weights loaded (``load_param_into_net``) into a network that already took a step are what the
     next step's line search evaluates and updates: equal to the numpy step from the loaded weights. (A trial
@@ -419,33 +391,60 @@ class UpstreamStep(nn.Cell):
                                                 *inputs))
 
 
-def test_matches_upstream_mindspore_boost_dim_reduce(mode):
-    """Same steps as upstream mindspore.boost.DimReduce on one device (its SGD(lr=1) applies the step there), for
-    ms_boost's DimReduceUpdate and for ms_boost's DimReduce in upstream's signature and wiring, given the
-    gradients of 8 * loss and the loss scale 8 (it divides them by the scale)."""
+def check_numpy_step(stage, weights, state, x, y, p, loss) -> tuple:
+    """The numpy step from ``state`` (float64) against what ``stage`` just did: loss, weights, BFGS state,
+    residual momentum. Returns the numpy weights, state and accepted step length."""
+    ws = [w.astype(np.float64) for w in state.pop("weights")]
+    ws, state, t, ref_loss = np_dim_reduce_step(ws, state, x.astype(np.float64), y, p.astype(np.float64), **HP)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    for got, ref in zip(weights, ws):
+        np.testing.assert_allclose(got.asnumpy(), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(stage.inv_hessian.asnumpy(), state["h"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(stage.step_last.asnumpy(), state["s"], rtol=1e-4, atol=1e-6)
+    assert bool(stage.has_pair.asnumpy()) == state["has_pair"]
+    mu = np.concatenate([m.asnumpy().ravel() for m in stage.momentum])
+    np.testing.assert_allclose(mu, state["mu"], rtol=1e-5, atol=1e-5)
+    return dict(state, weights=ws), t
+
+
+def test_steps_equal_numpy_and_upstream_dim_reduce(mode):
+    """Four steps of ms_boost's DimReduceUpdate equal the numpy step (loss, weights, BFGS state, momentum) and
+    upstream mindspore.boost.DimReduce on one device (its SGD(lr=1) applies the step there); so do those of
+    ms_boost's DimReduce in upstream's signature and wiring, given the gradients of 8 * loss and the loss scale 8
+    (it divides them by the scale). (k = 5; k = 3 against numpy in the carry_search test: the code path does not
+    depend on k.)"""
     from mindspore.boost.dim_reduce import DimReduce as UpstreamDimReduce
 
-    x, y = mlp_data(5)
+    x, y = mlp_data()
+    k = 5
     results = []
     for impl in ("ms_boost", "ms_boost_upstream_signature", "upstream"):
         loss_net, weights = mlp()
-        p = subspace(weights, 4, seed=3)
+        p = subspace(weights, k)
         if impl == "ms_boost":
-            stage = DimReduceUpdate(loss_net, weights, p, 4, **HP)
+            stage = DimReduceUpdate(loss_net, weights, p, k, **HP)
             step = TrainStep(loss_net, weights, stage)
+            state = dict(np_initial_state(k, p.shape[1]), weights=[w.asnumpy().copy() for w in weights])
+            accepted = []
         elif impl == "ms_boost_upstream_signature":
-            stage = DimReduce(loss_net, None, weights, p, 4, HP["rho"], HP["gamma"], HP["alpha"], HP["sigma"], 0, 1)
+            stage = DimReduce(loss_net, None, weights, p, k, HP["rho"], HP["gamma"], HP["alpha"], HP["sigma"], 0, 1)
             step = UpstreamStep(loss_net, weights, stage, scale=8.0)
         else:
             opt = nn.SGD(weights, learning_rate=1.0)
-            up = UpstreamDimReduce(loss_net, opt, weights, p, 4, HP["rho"], HP["gamma"], HP["alpha"], HP["sigma"],
+            up = UpstreamDimReduce(loss_net, opt, weights, p, k, HP["rho"], HP["gamma"], HP["alpha"], HP["sigma"],
                                    0, 1)
             step = UpstreamStep(loss_net, weights, up)
         trace = []
         for _ in range(4):
-            step(Tensor(x), Tensor(y))
+            loss = step(Tensor(x), Tensor(y)).asnumpy()
             trace.append(np.concatenate([w.asnumpy().ravel() for w in weights]))
+            if impl == "ms_boost":
+                state, t = check_numpy_step(stage, weights, state, x, y, p, loss)
+                accepted.append(t)
         results.append(trace)
+        if impl == "ms_boost":
+            assert state["has_pair"] and not np.allclose(state["h"], np.eye(k))  # the BFGS update really ran
+            assert any(t > 0 for t in accepted)
     for other in results[1:]:
         for i, (a, b) in enumerate(zip(results[0], other)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"step {i}")
