@@ -2,9 +2,10 @@
 checkpoint, watch the metrics, and feed bad input (diverging lr, a truncated JPEG, a broken recipe file).
 
 Runs are a width-4 ResNet-10 on 16x16 images with 2 steps per epoch, in-process through ``train.py``'s
-``main`` (one case runs ``train.py`` as a script for its exit status). Each recipe is trained once, and that one
-run carries every check on it: it trains (finite losses, the progress line, the recipe's own boost pieces, see
-``check_recipe``; these were tests/test_zoo_recipes.py's per-recipe tests), resumes exactly, evaluates, exports.
+``main`` (tests/test_zoo_journey_inputs.py runs ``train.py`` as ``__main__`` for its exit status). Each recipe
+is trained once, and that one run carries every check on it: it trains (finite losses, the progress line, the
+recipe's own boost pieces, see ``check_recipe``; these were tests/test_zoo_recipes.py's per-recipe tests),
+resumes exactly, evaluates, exports.
 """
 from __future__ import annotations
 
