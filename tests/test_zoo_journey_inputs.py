@@ -66,6 +66,7 @@ def test_diverging_run_exits_1_naming_step_and_parameter_and_keeps_only_finite_c
                                                      "--loss_scale_type", "dynamic"]
     script = ROOT / "model_zoo" / "resnet" / "train.py"
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository first; restored after
     monkeypatch.setattr(sys, "argv", [str(script), "--config", str(CONFIGS / "resnet50_imagenet_momentum.yaml"),
                                       *args])
     with pytest.raises(SystemExit) as exited:
