@@ -97,6 +97,21 @@ class TrainStep(nn.Cell):
         return ops.depend(loss, self.stage(loss, grads, *inputs))
 
 
+class SignedTrainStep(TrainStep):
+    """TrainStep handing the stage ``sign * gradients`` (``sign`` a Parameter: -1 makes an ascent direction, so
+    every trial fails; one compiled step for the failed and the normal searches)."""
+
+    def __init__(self, loss_net, weights, stage):
+        super().__init__(loss_net, weights, stage)
+        self.sign = ms.Parameter(Tensor(1.0, ms.float32), name="sign", requires_grad=False)
+
+    def construct(self, *inputs):
+        loss = self.loss_net(*inputs)
+        grads = self.grad(self.loss_net, self.weights)(*inputs)
+        grads = tuple(g * self.sign for g in grads)
+        return ops.depend(loss, self.stage(loss, grads, *inputs))
+
+
 def mlp(seed=1):
     ms.set_seed(seed)
     net = nn.SequentialCell(nn.Dense(6, 5), nn.Tanh(), nn.Dense(5, 3))
@@ -186,17 +201,18 @@ def test_carry_search_continues_the_backtracking_in_the_next_step(mode):
         loss_net, weights = mlp()
         p = subspace(weights, k)
         stage = DimReduceUpdate(loss_net, weights, p, k, **HP, carry_search=True)
+        step = SignedTrainStep(loss_net, weights, stage)
         scale = 1.0
         if after_failure:
-            grads = ops.GradOperation(get_by_list=True)(loss_net, weights)(xt, yt)
-            stage(loss_net(xt, yt), tuple(-g for g in grads), xt, yt)  # ascent direction: every trial fails
+            step.sign.set_data(Tensor(-1.0, ms.float32))
+            step(xt, yt)  # ascent direction: every trial fails
+            step.sign.set_data(Tensor(1.0, ms.float32))
             assert float(stage.step_size.asnumpy()) == 0.0
             scale = HP["rho"] ** 2
             np.testing.assert_allclose(float(stage.search_scale.asnumpy()), scale, rtol=1e-6)
         ws = [w.asnumpy().astype(np.float64) for w in weights]
         state = dict(np_initial_state(k, p.shape[1]), scale=scale,
                      mu=np.concatenate([m.asnumpy().ravel() for m in stage.momentum]).astype(np.float64))
-        step = TrainStep(loss_net, weights, stage)
         steps, second_trial = [], []
         for _ in range(4):
             start = state["scale"]
