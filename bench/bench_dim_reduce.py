@@ -62,8 +62,8 @@ def update_section(name: str, payload: dict, markdown: str) -> None:
                              "python bench/bench_dim_reduce.py --step_only [--mode pynative]")
     except ImportError:
         pass
-    parts.append("![DimReduce vs SGD continuation](dim_reduce_e2e_short_seed0_accuracy.png)"
-                 if (RESULTS / "dim_reduce_e2e_short_seed0_accuracy.png").exists() else "")
+    for png in sorted(RESULTS.glob("dim_reduce_*_accuracy.png")):  # written by bench/plots.py
+        parts.append(f"![DimReduce vs SGD continuation ({png.stem})]({png.name})")
     parts.append("![PCA time and memory](pca_scaling.png)" if (RESULTS / "pca_scaling.png").exists() else "")
     for path, text in ((json_path, json.dumps(data, indent=2, sort_keys=True)),
                        (RESULTS / "dim_reduce.md", "\n".join(parts))):
@@ -197,35 +197,47 @@ def run_seed(args, seed: int, work: Path) -> dict:
     acc_plain = curve_plain[-1]
     print(f"seed {seed}: plain continued {args.epochs2} epochs, val acc {acc_plain:.4f}", flush=True)
 
-    # ---- stage 2: the tutorial's call -----------------------------------------------------------------------
-    net2 = _build(args, seed)
-    ms.load_param_into_net(net2, ms.load_checkpoint(str(stage1_weights)))
+    # ---- stage 2: the tutorial's call (and, with --carry_search, the same with dim_reduce.carry_search) ----------
     pca_mat_path = str(work / f"seed{seed}" / "pca_mat.npy")
-    boost_dict = {"boost": {"mode": "manual", "dim_reduce": True}, "common": {"device_num": 8},
-                  "dim_reduce": {"rho": 0.55, "gamma": 0.9, "alpha": 0.001, "sigma": 0.4, "n_component": args.k,
-                                 "pca_mat_path": pca_mat_path, "weight_load_dir": str(ckpt_dir), "timeout": 1200}}
-    start = time.perf_counter()
-    model2 = Model(net2, loss_fn=loss_fn(), optimizer=nn.SGD(net2.trainable_params(), learning_rate=1),
-                   metrics={"acc"}, boost_level="O1", boost_config_dict=boost_dict)
-    dim_timer = _step_timer()
-    curve_dim, eval_seconds = [], 0.0
-    data2 = train_set()
-    for _ in range(args.epochs2):
-        model2.train(1, data2, callbacks=[dim_timer], dataset_sink_mode=False)
-        tick = time.perf_counter()
-        curve_dim.append(model2.eval(val_set(), dataset_sink_mode=False)["acc"])
-        eval_seconds += time.perf_counter() - tick
-    stage2_seconds = time.perf_counter() - start - eval_seconds
-    acc_dim = curve_dim[-1]
-    print(f"seed {seed}: DimReduce {args.epochs2} epochs, val acc {acc_dim:.4f}", flush=True)
+
+    def stage2(carry: bool):
+        net2 = _build(args, seed)
+        ms.load_param_into_net(net2, ms.load_checkpoint(str(stage1_weights)))
+        boost_dict = {"boost": {"mode": "manual", "dim_reduce": True}, "common": {"device_num": 8},
+                      "dim_reduce": {"rho": 0.55, "gamma": 0.9, "alpha": 0.001, "sigma": 0.4, "n_component": args.k,
+                                     "pca_mat_path": pca_mat_path, "weight_load_dir": str(ckpt_dir), "timeout": 1200}}
+        if carry:
+            boost_dict["dim_reduce"]["carry_search"] = True
+        start = time.perf_counter()
+        model2 = Model(net2, loss_fn=loss_fn(), optimizer=nn.SGD(net2.trainable_params(), learning_rate=1),
+                       metrics={"acc"}, boost_level="O1", boost_config_dict=boost_dict)
+        timer = _step_timer()
+        curve, eval_seconds = [], 0.0
+        data2 = train_set()
+        for _ in range(args.epochs2):
+            model2.train(1, data2, callbacks=[timer], dataset_sink_mode=False)
+            tick = time.perf_counter()
+            curve.append(model2.eval(val_set(), dataset_sink_mode=False)["acc"])
+            eval_seconds += time.perf_counter() - tick
+        print(f"seed {seed}: DimReduce{' (carry_search)' if carry else ''} {args.epochs2} epochs, "
+              f"val acc {curve[-1]:.4f}", flush=True)
+        return net2, timer, curve, time.perf_counter() - start - eval_seconds
+
+    net2, dim_timer, curve_dim, stage2_seconds = stage2(False)
     weights = sum(int(p.size) for p in net2.trainable_params())
-    return {"seed": seed, "weights": weights, "steps_per_epoch": steps, "checkpoints": num_ckpts,
-            "acc_stage1": acc_stage1, "acc_plain": acc_plain, "acc_dim_reduce": acc_dim,
-            "stage1_seconds": stage1_seconds, "stage2_dim_reduce_seconds_incl_pca_and_compile": stage2_seconds,
-            "step_seconds_plain": plain_timer.median(), "step_seconds_dim_reduce": dim_timer.median(),
-            "loss_plain_last_epoch": statistics.mean(plain_timer.losses[-steps:]),
-            "loss_dim_reduce_last_epoch": statistics.mean(dim_timer.losses[-steps:]),
-            "curve_stage1": curve_stage1, "curve_plain": curve_plain, "curve_dim_reduce": curve_dim}
+    out = {"seed": seed, "weights": weights, "steps_per_epoch": steps, "checkpoints": num_ckpts,
+           "acc_stage1": acc_stage1, "acc_plain": acc_plain, "acc_dim_reduce": curve_dim[-1],
+           "stage1_seconds": stage1_seconds, "stage2_dim_reduce_seconds_incl_pca_and_compile": stage2_seconds,
+           "step_seconds_plain": plain_timer.median(), "step_seconds_dim_reduce": dim_timer.median(),
+           "loss_plain_last_epoch": statistics.mean(plain_timer.losses[-steps:]),
+           "loss_dim_reduce_last_epoch": statistics.mean(dim_timer.losses[-steps:]),
+           "curve_stage1": curve_stage1, "curve_plain": curve_plain, "curve_dim_reduce": curve_dim}
+    if args.carry_search:
+        _, carry_timer, curve_carry, _ = stage2(True)
+        out.update({"acc_dim_reduce_carry": curve_carry[-1], "curve_dim_reduce_carry": curve_carry,
+                    "step_seconds_dim_reduce_carry": carry_timer.median(),
+                    "loss_dim_reduce_carry_last_epoch": statistics.mean(carry_timer.losses[-steps:])})
+    return out
 
 
 def render(section: dict) -> str:
@@ -248,6 +260,13 @@ def render(section: dict) -> str:
                      f"| {100 * r['acc_dim_reduce']:.2f}% | {100 * (r['acc_dim_reduce'] - r['acc_plain']):+.2f} "
                      f"| {r['loss_plain_last_epoch']:.4f} | {r['loss_dim_reduce_last_epoch']:.4f} "
                      f"| {1e3 * r['step_seconds_plain']:.0f} ms | {1e3 * r['step_seconds_dim_reduce']:.0f} ms |")
+        if "acc_dim_reduce_carry" in r:
+            lines.append(f"| {r['seed']} (carry_search) | {r['checkpoints']} | {100 * r['acc_stage1']:.2f}% "
+                         f"| {100 * r['acc_plain']:.2f}% | {100 * r['acc_dim_reduce_carry']:.2f}% "
+                         f"| {100 * (r['acc_dim_reduce_carry'] - r['acc_plain']):+.2f} "
+                         f"| {r['loss_plain_last_epoch']:.4f} | {r['loss_dim_reduce_carry_last_epoch']:.4f} "
+                         f"| {1e3 * r['step_seconds_plain']:.0f} ms "
+                         f"| {1e3 * r['step_seconds_dim_reduce_carry']:.0f} ms |")
     ratio = statistics.median(r["step_seconds_dim_reduce"] / r["step_seconds_plain"] for r in section["runs"])
     lines += ["", f"DimReduce step / plain step (median of the two runs' medians, not interleaved, so noisy under "
               f"load; see the step-time section for an interleaved measurement): {ratio:.2f}x. "
@@ -465,6 +484,8 @@ def main() -> None:
     parser.add_argument("--step_only", action="store_true", help="only the interleaved step-time benchmark")
     parser.add_argument("--step_widths", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--step_repeats", type=int, default=30)
+    parser.add_argument("--carry_search", action="store_true",
+                        help="end to end: also run stage 2 with dim_reduce.carry_search (a third contender)")
     parser.add_argument("--basis", choices=["random", "trajectory"], default="random",
                         help="step-time only: a random orthonormal P on untrained weights and one batch, or the PCA "
                              "of a short stage 1 with real batches (what a user runs)")

@@ -208,7 +208,10 @@ def _continuation_plot(run: dict, out: Path) -> Path:
     start = len(stage1)
     if stage1:
         ax.plot(range(1, start + 1), [100 * v for v in stage1], marker="o", markersize=3, label="stage 1 (Momentum)")
-    for label, key in (("Momentum SGD continued", "curve_plain"), ("DimReduce (stage 2)", "curve_dim_reduce")):
+    for label, key in (("Momentum SGD continued", "curve_plain"), ("DimReduce (stage 2)", "curve_dim_reduce"),
+                       ("DimReduce, carry_search", "curve_dim_reduce_carry")):
+        if key not in run:
+            continue
         values = ([stage1[-1]] if stage1 else []) + list(run[key])
         first = start if stage1 else 1
         ax.plot(range(first, first + len(values)), [100 * v for v in values], marker="o", markersize=3, label=label)

@@ -306,7 +306,7 @@ def test_less_bn_resnet_trains(mode):
     network, opt = apply_less_bn(loss_net, nn.Momentum(net.trainable_params(), 0.05, 0.9), boost.less_bn,
                                  boost.common)
     train = nn.TrainOneStepCell(network, opt)
-    x, y = learnable_data(32, size=12)
+    x, y = learnable_data(32, size=8)
     losses = [float(train(Tensor(x), Tensor(y)).asnumpy()) for _ in range(12)]
     assert np.isfinite(losses).all()
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses

@@ -38,36 +38,48 @@ def test_o0_without_metrics_and_with_sink(mode):
     assert any(np.abs(a - b).max() > 0 for a, b in zip(before, weights(net)))
 
 
-@pytest.mark.parametrize("manager", ["dynamic", "fixed_drop", "fixed_nodrop"])
-def test_loss_scale_managers_work_on_cpu_and_match_unscaled(mode, manager):
-    """Every loss-scale manager trains on CPU; with no overflow, loss scaling changes nothing (1e-5)."""
+def _train_one_epoch(optimizer: str, opt_scale: float = 1.0, **kwargs) -> list:
+    """make_net() trained one epoch (2 steps) by ms_boost.Model with SGD(0.1) or Momentum(0.05, 0.9)."""
     x, y = learnable_data(32)
+    net = make_net()
+    if optimizer == "sgd":
+        opt = nn.SGD(net.trainable_params(), 0.1, loss_scale=opt_scale)
+    else:
+        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=opt_scale)
+    Model(net, ce(), opt, **kwargs).train(1, dataset(x, y), dataset_sink_mode=False)
+    return weights(net)
+
+
+@pytest.fixture(scope="module")
+def unscaled():
+    """The runs without loss scale, trained once per (mode, optimizer) and shared by the loss-scale tests."""
+    cache = {}
+
+    def get(mode: str, optimizer: str) -> list:
+        if (mode, optimizer) not in cache:
+            cache[mode, optimizer] = _train_one_epoch(optimizer)
+        return cache[mode, optimizer]
+
+    return get
+
+
+@pytest.mark.parametrize("manager", ["dynamic", "fixed_drop", "fixed_nodrop"])
+def test_loss_scale_managers_work_on_cpu_and_match_unscaled(mode, manager, unscaled):
+    """Every loss-scale manager trains on CPU; with no overflow, loss scaling changes nothing (1e-5)."""
     lsm = {"dynamic": DynamicLossScaleManager(2.0 ** 10, 2, 100),
            "fixed_drop": FixedLossScaleManager(128.0, drop_overflow_update=True),
            "fixed_nodrop": FixedLossScaleManager(128.0, drop_overflow_update=False)}[manager]
-    out = []
-    for kwargs in ({}, {"loss_scale_manager": lsm}):
-        net = make_net()
-        model = Model(net, ce(), nn.SGD(net.trainable_params(), 0.1), **kwargs)
-        model.train(1, dataset(x, y), dataset_sink_mode=False)
-        out.append(weights(net))
-    for a, b in zip(*out):
+    scaled = _train_one_epoch("sgd", loss_scale_manager=lsm)
+    for a, b in zip(unscaled(mode, "sgd"), scaled):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("manager_drop,opt_scale", [(False, 128.0), (True, 1.0), (True, 128.0)])
-def test_optimizer_loss_scale_convention(mode, manager_drop, opt_scale):
+def test_optimizer_loss_scale_convention(mode, manager_drop, opt_scale, unscaled):
     """Momentum(loss_scale=S) with FixedLossScaleManager(S, drop_overflow_update=False), the tutorials'
     pairing, trains exactly like no loss scale; so does every other pairing."""
-    x, y = learnable_data(32)
-    out = []
-    for scaled in (False, True):
-        net = make_net()
-        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=opt_scale if scaled else 1.0)
-        kwargs = {"loss_scale_manager": FixedLossScaleManager(128.0, manager_drop)} if scaled else {}
-        Model(net, ce(), opt, **kwargs).train(1, dataset(x, y), dataset_sink_mode=False)
-        out.append(weights(net))
-    for a, b in zip(*out):
+    scaled = _train_one_epoch("momentum", opt_scale, loss_scale_manager=FixedLossScaleManager(128.0, manager_drop))
+    for a, b in zip(unscaled(mode, "momentum"), scaled):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -23,6 +23,7 @@ WORKERS = 2
 def job(tmp_path_factory):
     work = tmp_path_factory.mktemp("e2e")
     _stage1_checkpoints(str(work / "stage1"), 6)
+    _stage1_checkpoints(str(work / "stage1_stuck"), 4)
     assert not (work / "pca_mat.npy").exists()  # rank 0 computes it, rank 1 waits through the status exchange
     ranks = run_msrun(Path(__file__).parent / "workers" / "e2e_graph.py", WORKERS, args=[work], timeout=900)
     return work, ranks
@@ -118,11 +119,13 @@ def test_thor_two_ranks_equal_one_process(job):
 
 @pytest.mark.msrun
 def test_thor_two_workers_skip_the_same_nonfinite_step(job):
-    """NaN inputs on rank 1 at step 1 only: both ranks skip that step (mean-reduced gradients are NaN), stay
-    bit-identical, and equal one process on the concatenated batches; Graph without a loss scale and PyNative
-    (the compiled THOR step) with one. The reference runs op by op."""
+    """NaN inputs on rank 1 at one step only: both ranks skip that step (mean-reduced gradients are NaN), stay
+    bit-identical, and equal one process on the concatenated batches; Graph without a loss scale (the ``thor``
+    scenario's model going on after its clean steps: the skip mid-training) and PyNative (the compiled THOR step,
+    a fresh model) with one. The reference runs op by op."""
     import mindspore.dataset as ds
 
+    from tests.helpers.nets import learnable_data
     from tests.test_thor_distributed import build_thor_model
     from tests.workers.thor_nonfinite import BATCH, CASES, STEPS, poisoned_data
 
@@ -133,12 +136,38 @@ def test_thor_two_workers_skip_the_same_nonfinite_step(job):
     x, y = poisoned_data(WORKERS)
     for exec_mode, loss_scale in CASES:
         got = {k[len(exec_mode) + 2:]: v for k, v in ranks[0].items() if k.startswith(f"{exec_mode}{loss_scale}_")}
-        assert int(got["step"][0]) == STEPS - 1, exec_mode
-        assert int(got["skipped"]) == (0 if loss_scale else 1)  # with a loss scale the cell skips first
+        assert got, (exec_mode, loss_scale)
         net, opt, model = build_thor_model(None, loss_scale=bool(loss_scale))
         opt.compile_pynative_step = False
+        clean_steps = e2e.THOR_STEPS if exec_mode == "graph" else 0  # Graph goes on from the thor scenario
+        if clean_steps:
+            cx, cy = learnable_data(clean_steps * e2e.THOR_BATCH * WORKERS, seed=1)  # rank_rows' data set
+            model.train(1, ds.NumpySlicesDataset({"x": cx, "y": cy}, shuffle=False).batch(e2e.THOR_BATCH * WORKERS),
+                        dataset_sink_mode=False)
+        assert int(got["step"][0]) == clean_steps + STEPS - 1, exec_mode
+        assert int(got["skipped"]) == (0 if loss_scale else 1)  # with a loss scale the cell skips first
         data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH * WORKERS)
         model.train(1, data, dataset_sink_mode=False)
+        assert int(opt.global_step.asnumpy()[0]) == clean_steps + STEPS - 1, exec_mode
         for i, p in enumerate(net.trainable_params()):
             assert np.isfinite(p.asnumpy()).all()
             np.testing.assert_allclose(got[f"w{i}"], p.asnumpy(), rtol=1e-4, atol=2e-5, err_msg=f"{exec_mode} w{i}")
+
+
+@pytest.mark.msrun
+def test_a_stuck_rank_is_named_within_the_handshake_timeout(job):
+    """Issue 12 item 8: a rank alive but stuck before the handshake; the other fails after dim_reduce.timeout
+    (not the backend's ~60 s collective timeout) with an error naming it. (Rank 0, serving the store, stuck gives
+    rank 1 "rank 0 did not reach the PCA handshake within dim_reduce.timeout=2 s"; checked by hand, left out to
+    keep the suite short.) The last scenario of the job (it was a 2-worker msrun job of its own)."""
+    from tests.workers.handshake_stuck import STUCK, TIMEOUT
+
+    assert STUCK == 1  # rank 0 serves the store: it names rank 1 as never having arrived
+    ranks = scenario(job[1], "handshake_stuck")
+    error, elapsed = str(ranks[0]["error"]), float(ranks[0]["elapsed"])
+    assert error.startswith("TimeoutError: "), error
+    assert ("rank 0: rank(s) [1] never reached the PCA handshake (dead, or alive but stuck) within "
+            f"dim_reduce.timeout={TIMEOUT:g} s") in error
+    assert TIMEOUT - 0.5 < elapsed < TIMEOUT + 4, elapsed  # bounded by dim_reduce.timeout
+    late = str(ranks[STUCK]["error"])  # the late rank does not hang either: it is told
+    assert late.startswith(("TimeoutError: ", "RuntimeError: ")) and "handshake" in late, late

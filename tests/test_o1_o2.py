@@ -55,25 +55,55 @@ def train(model, epochs=EPOCHS, **data_kwargs):
     return epoch_means(log.losses, epochs)
 
 
-@pytest.mark.parametrize("level", ["O1", "O2"])
-def test_boost_level_trains_small_resnet(mode, level):
+def boost_level_model(level: str):
+    """TinyResNet in ms_boost.Model at ``level``; checks that what the level turns on is in the train network."""
     ms.set_seed(0)
     net = TinyResNet()
     model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), metrics={"acc"}, boost_level=level,
                   boost_config_dict={"grad_freeze": {"total_steps": 20}})
-    # what O1 turns on is really in the train network
     assert isinstance(model._optimizer, FreezeOpt)  # pylint: disable=protected-access
     assert all(isinstance(o, CentralizedGradients) for o in model._optimizer.opts)  # pylint: disable=protected-access
     assert isinstance(net.end_point, CommonHeadLastFN)
     assert sum(isinstance(c, nn.Identity) for _, c in net.cells_and_names()) == 4
-    means = train(model)
-    assert means[-1] < 0.75 * means[0], means
-    accuracy = model.eval(data(), dataset_sink_mode=False)["acc"]
-    assert accuracy > 0.5, accuracy  # four classes: chance is 0.25
+    stages = {type(c).__name__ for _, c in model.train_network.cells_and_names()}
+    assert ("AdaSumUpdate" in stages) == (level == "O2") and model.boost.enabled("adasum") == (level == "O2")
+    return net, model
 
 
-@pytest.mark.parametrize("algorithm", ["less_bn", "grad_freeze", "grad_accumulation"])
-def test_manual_mode_each_algorithm_alone(mode, algorithm):
+# One level per mode: on one process O2's chain is O1's (LessBN, centralized gradients, frozen groups) inside a
+# no-op AdaSumUpdate, so Graph-mode O2 trains O1's chain too; PyNative AdaSumUpdate around an optimizer trains in
+# tests/test_adasum.py::test_tutorial_usage_on_one_process_runs_with_one_warning[pynative] and in the zoo's O2
+# journey (tests/test_zoo_journey.py). The other level's train network is built and checked in each case.
+@pytest.mark.parametrize("mode_name,level,other", [("pynative", "O1", "O2"), ("graph", "O2", "O1")])
+def test_boost_level_trains_small_resnet(mode_name, level, other):
+    boost_level_model(other)
+    ms.set_context(mode=ms.GRAPH_MODE if mode_name == "graph" else ms.PYNATIVE_MODE)
+    try:
+        _, model = boost_level_model(level)
+        means = train(model)
+        assert means[-1] < 0.75 * means[0], means
+        accuracy = model.eval(data(), dataset_sink_mode=False)["acc"]
+        assert accuracy > 0.5, accuracy  # four classes: chance is 0.25
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+# One mode per algorithm here (the Model and manual-mode code is host code, the same in both modes); each
+# algorithm trains in both modes in its own file: tests/test_less_bn.py::test_less_bn_resnet_trains,
+# tests/test_grad_freeze.py::test_freeze_opt_updates_exactly_the_scheduled_groups,
+# tests/test_grad_accumulation.py::test_k_micro_steps_equal_one_big_batch_step, and O1 (LessBN + freezing through
+# Model) in PyNative above.
+@pytest.mark.parametrize("algorithm,mode_name", [("less_bn", "graph"), ("grad_freeze", "graph"),
+                                                 ("grad_accumulation", "pynative")])
+def test_manual_mode_each_algorithm_alone(algorithm, mode_name):
+    ms.set_context(mode=ms.GRAPH_MODE if mode_name == "graph" else ms.PYNATIVE_MODE)
+    try:
+        _manual_mode_trains(algorithm)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def _manual_mode_trains(algorithm):
     ms.set_seed(0)
     net = TinyResNet()
     config = {"boost": {"mode": "manual", algorithm: True},

@@ -1,7 +1,7 @@
 """Train 2N steps straight == N steps, checkpoint, new process, resume, N steps (every state Parameter).
 
-Two processes in all: the first trains every configuration straight and to the checkpoint, the second (fresh)
-resumes every configuration."""
+Two processes in all: the first trains every configuration straight, checkpointing after step N (one Model, one
+compilation per configuration), the second (fresh) resumes every configuration from that checkpoint."""
 from __future__ import annotations
 
 import json

@@ -57,7 +57,8 @@ def run_recipe(name: str, extra: list) -> dict:
 # trained once in tests/test_zoo_journey.py::test_recipe_resumes_exactly_and_its_checkpoint_evaluates_and_exports,
 # which checks there what this file's per-recipe tests checked (finite losses and the progress line, the recipe's
 # boost pieces, rank-0 checkpoint contents, the stage-1 weight-only checkpoints, stage 2's PCA matrix), plus
-# resume, eval and export. O1 in both modes: tests/test_o1_o2.py::test_boost_level_trains_small_resnet.
+# resume, eval and export. O1's chain in both modes: tests/test_o1_o2.py::test_boost_level_trains_small_resnet
+# (PyNative O1; Graph O2, whose one-process chain holds O1's).
 
 
 @pytest.fixture(scope="module")

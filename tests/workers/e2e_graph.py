@@ -11,8 +11,10 @@ Each scenario saves its arrays under ``<scenario>/``; every rank runs every scen
   (tests/test_o1_o2.py).
 * ``dim_reduce``: stage 2 of DimReduce through Model; rank 0 computes the PCA matrix from WORK_DIR/stage1.
 * ``thor``: THOR through ConvertModelUtils and Model, factors fused in two groups, inverses split.
-* ``thor_nonfinite``: THOR with NaN inputs on rank 1 at one step, Graph and PyNative
-  (tests/workers/thor_nonfinite.py).
+* ``thor_nonfinite``: THOR with NaN inputs on rank 1 at one step (tests/workers/thor_nonfinite.py): in Graph
+  mode the ``thor`` model goes on over the poisoned steps (one THOR compilation for both), in PyNative a fresh one.
+* ``handshake_stuck``: the PCA handshake with rank 1 alive but stuck before it (tests/workers/handshake_stuck.py);
+  last, since it ends in an error on every rank.
 """
 import os
 import sys
@@ -89,34 +91,47 @@ def dim_reduce_scenario(rank: int, size: int, work_dir: str) -> dict:
             "inv_hessian": stage.inv_hessian.asnumpy(), "step_last": stage.step_last.asnumpy()}
 
 
-def thor_scenario(rank: int, size: int) -> dict:
+def thor_scenario(rank: int, size: int) -> tuple:
+    """THOR_STEPS clean steps (``thor``), then the same model goes on over the NaN-poisoned steps (``graph0_`` of
+    ``thor_nonfinite``, tests/workers/thor_nonfinite.py): one THOR compilation for both."""
     from tests.test_thor_distributed import build_thor_model
+    from tests.workers.thor_nonfinite import train_poisoned
 
     x, y = rank_rows(rank, size, THOR_STEPS, THOR_BATCH)
     net, opt, model = build_thor_model(THOR_SPLIT, True)
     model.train(1, dataset(x, y, batch_size=THOR_BATCH), dataset_sink_mode=False)
-    return {"owned": np.array(sum(1 for owner in opt.inverse_owner if owner == rank)),
-            "step": opt.global_step.asnumpy(),
-            **{f"w{i}": p.asnumpy() for i, p in enumerate(net.trainable_params())},
-            **{f"a_inv{i}": p.asnumpy() for i, p in enumerate(opt.a_inverses)},
-            **{f"g_inv{i}": p.asnumpy() for i, p in enumerate(opt.g_inverses)}}
+    # copies: asnumpy() may share the Parameter's memory, and the training goes on
+    clean = {"owned": np.array(sum(1 for owner in opt.inverse_owner if owner == rank)),
+             "step": opt.global_step.asnumpy().copy(),
+             **{f"w{i}": p.asnumpy().copy() for i, p in enumerate(net.trainable_params())},
+             **{f"a_inv{i}": p.asnumpy().copy() for i, p in enumerate(opt.a_inverses)},
+             **{f"g_inv{i}": p.asnumpy().copy() for i, p in enumerate(opt.g_inverses)}}
+    return clean, train_poisoned(net, opt, model, rank, size, "graph0_")
 
 
 def main() -> None:
     from tests.test_loss_scale import overflow_on_rank_1
+    from tests.workers.handshake_stuck import stuck_scenario
     from tests.workers.thor_nonfinite import nonfinite_scenario
 
     work_dir = sys.argv[1]
     rank, size, _, _ = data_parallel_shard("graph", 1, 1)  # Graph mode, communication, DATA_PARALLEL + mean
     results = {}
+
+    def thor_both() -> dict:
+        clean, poisoned = thor_scenario(rank, size)
+        return {**{f"thor/{k}": v for k, v in clean.items()}, **{f"thor_nonfinite/{k}": v for k, v in poisoned.items()}}
+
     for name, run in (("comm", lambda: comm_scenario(rank, size)), ("dp", lambda: dp_scenario(rank, size)),
                       ("overflow", lambda: overflow_scenario(rank)),
                       ("group_overflow", lambda: overflow_on_rank_1(rank)),
                       ("light_o1", lambda: light_o1_scenario(rank, size)),
                       ("dim_reduce", lambda: dim_reduce_scenario(rank, size, work_dir)),
-                      ("thor", lambda: thor_scenario(rank, size)),
-                      ("thor_nonfinite", lambda: nonfinite_scenario(rank, size))):
-        results.update({f"{name}/{k}": v for k, v in run().items()})
+                      ("", thor_both),
+                      ("thor_nonfinite", lambda: nonfinite_scenario(rank, size)),
+                      ("handshake_stuck", lambda: stuck_scenario(os.path.join(work_dir, "stage1_stuck"),
+                                                                 os.path.join(work_dir, "p_stuck.npy")))):
+        results.update({f"{name}/{k}" if name else k: v for k, v in run().items()})
     save_result(**results)
 
 

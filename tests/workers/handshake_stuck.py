@@ -1,39 +1,31 @@
-"""msrun worker: the PCA handshake with one rank alive but stuck (sleeping) before it.
+"""The PCA handshake with one rank alive but stuck (sleeping) before it: the last scenario of the msrun job of
+tests/workers/e2e_graph.py (checked by tests/test_msrun_e2e.py::test_a_stuck_rank_is_named_within_the_handshake_...).
 
-Usage: handshake_stuck.py WEIGHT_LOAD_DIR PCA_MAT_PATH TIMEOUT STUCK_RANK SLEEP_SECONDS
-Every rank calls ``prepare_pca_matrix`` with ``timeout=TIMEOUT``; rank STUCK_RANK first sleeps SLEEP_SECONDS.
-Each rank saves the error it got (or its rows) and the seconds it spent inside the handshake.
+Every rank calls ``prepare_pca_matrix`` with ``timeout``; rank ``stuck`` first sleeps ``sleep`` seconds. Each rank
+returns the error it got (or its rows) and the seconds it spent inside the handshake.
 """
-import sys
 import time
 
-import mindspore as ms
 import numpy as np
 
+#: dim_reduce.timeout (s), the stuck rank, and how long it sleeps: 3 s past the timeout, a margin over the skew
+#: between the ranks (they leave a barrier together)
+TIMEOUT, STUCK, SLEEP = 2.0, 1, 5.0
 
-def main() -> None:
-    from mindspore.communication import init
 
+def stuck_scenario(ckpt_dir: str, pca_path: str, timeout: float = TIMEOUT, stuck: int = STUCK,
+                   sleep: float = SLEEP) -> dict:
     from ms_boost import comm
     from ms_boost.dim_reduce import parameter_specs, prepare_pca_matrix
-    from tests.helpers.msrun import save_result
     from tests.workers.common import make_plain_net
 
-    ckpt_dir, pca_path = sys.argv[1], sys.argv[2]
-    timeout, stuck, sleep = float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
-    init()
     specs = parameter_specs(make_plain_net().trainable_params())
+    comm.barrier()  # the ranks start the scenario together
     if comm.get_rank() == stuck:
         time.sleep(sleep)
     start = time.monotonic()
     try:
         rows = prepare_pca_matrix(specs, 2, pca_path, ckpt_dir, timeout=timeout, progress=None)
-        save_result(error=np.array(""), elapsed=np.array(time.monotonic() - start), rows=rows)
+        return {"error": np.array(""), "elapsed": np.array(time.monotonic() - start), "rows": rows}
     except Exception as exc:  # noqa: BLE001 -- the test reads the message
-        save_result(error=np.array(f"{type(exc).__name__}: {exc}"), elapsed=np.array(time.monotonic() - start))
-
-
-if __name__ == "__main__":
-    main()
+        return {"error": np.array(f"{type(exc).__name__}: {exc}"), "elapsed": np.array(time.monotonic() - start)}

@@ -2,10 +2,10 @@
 
 Usage: resume.py PHASE STEPS WORK_DIR CONFIGS_JSON
   CONFIGS_JSON maps a name to ``[mode, boost_config_dict]``; for each, in WORK_DIR/<name>/:
-  PHASE=fresh:  train 2*STEPS steps straight, save every train-network Parameter to straight.npz; then, on a
-                new Model, train STEPS steps with ModelCheckpoint saving the train network at the end.
-  PHASE=resume: a new process: build the same Model, load that checkpoint into the train network, train the
-                next STEPS steps, save every train-network Parameter to resumed.npz.
+  PHASE=fresh:  train 2*STEPS steps straight with ModelCheckpoint saving the train network after step STEPS (and
+                2*STEPS), save every train-network Parameter to straight.npz (one Model: one compilation).
+  PHASE=resume: a new process: build the same Model, load the step-STEPS checkpoint into the train network,
+                train the next STEPS steps, save every train-network Parameter to resumed.npz.
 """
 import glob
 import json
@@ -44,16 +44,17 @@ def main() -> None:
         os.makedirs(folder, exist_ok=True)
         if phase == "fresh":
             model = build(mode, boost)
-            model.train(1, dataset(x, y, 8), dataset_sink_mode=False)
-            save_state(model, os.path.join(folder, "straight.npz"))
-            model = build(mode, boost)
             ckpt = ModelCheckpoint(prefix="resume", directory=folder,
-                                   config=CheckpointConfig(save_checkpoint_steps=steps, keep_checkpoint_max=1))
-            model.train(1, dataset(x[: steps * 8], y[: steps * 8], 8), callbacks=[ckpt], dataset_sink_mode=False)
+                                   config=CheckpointConfig(save_checkpoint_steps=steps, keep_checkpoint_max=2))
+            model.train(1, dataset(x, y, 8), callbacks=[ckpt], dataset_sink_mode=False)
+            save_state(model, os.path.join(folder, "straight.npz"))
         else:
             model = build(mode, boost)
-            files = sorted(glob.glob(os.path.join(folder, "*.ckpt")))
-            ms.load_param_into_net(model.train_network, ms.load_checkpoint(files[-1]), strict_load=True)
+            saved = sorted(os.path.basename(f) for f in glob.glob(os.path.join(folder, "*.ckpt")))
+            if saved != sorted([f"resume-1_{steps}.ckpt", f"resume-1_{2 * steps}.ckpt"]):
+                raise RuntimeError(f"{folder}: expected the checkpoints of steps {steps} and {2 * steps}, got {saved}")
+            ckpt_file = os.path.join(folder, f"resume-1_{steps}.ckpt")  # mid-way through the straight run
+            ms.load_param_into_net(model.train_network, ms.load_checkpoint(ckpt_file), strict_load=True)
             model.train(1, dataset(x[steps * 8:], y[steps * 8:], 8), dataset_sink_mode=False)
             save_state(model, os.path.join(folder, "resumed.npz"))
 

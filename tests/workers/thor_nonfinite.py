@@ -1,8 +1,14 @@
-"""Data-parallel THOR where rank 1's inputs hold NaN at step 1 only (a scenario of tests/workers/e2e_graph.py).
+"""Data-parallel THOR where rank 1's inputs hold NaN at step 1 only (scenarios of tests/workers/e2e_graph.py).
 
-Each case (execution mode, fixed loss scale 0|1) trains a fresh model in the same worker; its results are keyed
-``"<mode><loss_scale>_<name>"``. Rows are laid out as in :func:`tests.workers.common.rank_rows` (step s of rank r:
-rows [s*B*n + r*B, s*B*n + (r+1)*B)), so one process on :func:`poisoned_data` in batches of B*n is the reference.
+Each case (execution mode, fixed loss scale 0|1) saves its results keyed ``"<mode><loss_scale>_<name>"``. Rows are
+laid out as in :func:`tests.workers.common.rank_rows` (step s of rank r: rows [s*B*n + r*B, s*B*n + (r+1)*B)), so
+one process on :func:`poisoned_data` in batches of B*n is the reference.
+
+* ``graph0`` (Graph, no loss scale) goes on with the model of the ``thor`` scenario after its clean steps
+  (:func:`train_poisoned`): one THOR compilation serves both scenarios, and the skip happens mid-training with
+  trained curvature factors. Its reference trains those clean steps first.
+* ``pynative1`` (PyNative with the compiled THOR step, fixed loss scale) trains a fresh model
+  (:func:`nonfinite_scenario`).
 """
 import numpy as np
 
@@ -21,27 +27,28 @@ def poisoned_data(size: int):
     return x, y
 
 
-def nonfinite_scenario(rank: int, size: int) -> dict:
-    """Train every case of :data:`CASES` on this rank's rows; the execution mode is Graph again afterwards."""
-    import mindspore as ms
+def train_poisoned(net, opt, model, rank: int, size: int, prefix: str) -> dict:
+    """Train ``model`` on this rank's rows of :func:`poisoned_data`; return its state keyed ``prefix + name``."""
     import mindspore.dataset as ds
-
-    from tests.test_thor_distributed import build_thor_model
 
     x, y = poisoned_data(size)
     rows = [s * BATCH * size + rank * BATCH + i for s in range(STEPS) for i in range(BATCH)]
-    results = {}
+    data = ds.NumpySlicesDataset({"x": x[rows], "y": y[rows]}, shuffle=False).batch(BATCH)
+    model.train(1, data, dataset_sink_mode=False)
+    return {prefix + "step": opt.global_step.asnumpy(),
+            prefix + "skipped": np.array(opt.health()["skipped_steps"]),
+            **{f"{prefix}w{i}": p.asnumpy() for i, p in enumerate(net.trainable_params())},
+            **{f"{prefix}a_inv{i}": p.asnumpy() for i, p in enumerate(opt.a_inverses)}}
+
+
+def nonfinite_scenario(rank: int, size: int) -> dict:
+    """The ``pynative1`` case on a fresh model; the execution mode is Graph again afterwards."""
+    import mindspore as ms
+
+    from tests.test_thor_distributed import build_thor_model
+
     try:
-        for mode, loss_scale in CASES:
-            ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-            net, opt, model = build_thor_model(None, loss_scale=bool(loss_scale))
-            data = ds.NumpySlicesDataset({"x": x[rows], "y": y[rows]}, shuffle=False).batch(BATCH)
-            model.train(1, data, dataset_sink_mode=False)
-            prefix = f"{mode}{loss_scale}_"
-            results.update({prefix + "step": opt.global_step.asnumpy(),
-                            prefix + "skipped": np.array(opt.health()["skipped_steps"]),
-                            **{f"{prefix}w{i}": p.asnumpy() for i, p in enumerate(net.trainable_params())},
-                            **{f"{prefix}a_inv{i}": p.asnumpy() for i, p in enumerate(opt.a_inverses)}})
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        return train_poisoned(*build_thor_model(None, loss_scale=True), rank, size, "pynative1_")
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
-    return results
