@@ -11,7 +11,7 @@ from tests.helpers.loopback import run_ranks
 from tests.helpers.nets import dataset, learnable_data
 from tests.workers.common import make_plain_net, rank_rows
 
-STEPS, BATCH, WORKERS = 3, 4, 2  # refresh (frequency 2) at steps 0 and 2, reuse at step 1
+STEPS, BATCH, WORKERS = 4, 4, 2  # also the msrun job's THOR steps (tests/workers/e2e_graph.py, test_msrun_e2e.py)
 
 
 def build_thor_model(split_indices, distribute_inverses: bool = True, loss_scale: bool = False):
