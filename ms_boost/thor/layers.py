@@ -96,6 +96,59 @@ def _pynative() -> bool:
     return ms.get_context("mode") == ms.PYNATIVE_MODE
 
 
+def _input_statistic(spec: tuple, x):
+    """The input factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`)."""
+    kind = spec[0]
+    if kind == "dense":
+        rows = x.reshape(-1, x.shape[-1]).astype(ms.float32)
+        if spec[1]:
+            rows = thor_math.append_ones(rows)
+        return thor_math.input_factor(rows.reshape((1,) + rows.shape))
+    if kind == "conv":
+        _, pad_mode, padding, kernel_size, stride, dilation, group, bias = spec
+        pads = _conv_pads(pad_mode, padding, x.shape[2:], kernel_size, stride, dilation)
+        rows = thor_math.im2col(x.astype(ms.float32), kernel_size, stride, dilation, pads)
+        rows = thor_math.split_groups(rows, group)
+        if bias:
+            rows = thor_math.append_ones(rows)
+        return thor_math.input_factor(rows)
+    return thor_math.token_frequencies(x, spec[1])  # embedding
+
+
+def _output_statistic(spec: tuple, dout, loss_scale):
+    """The output-gradient factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`)."""
+    if spec[0] == "conv":
+        rows = dout.transpose(0, 2, 3, 1).reshape(-1, dout.shape[1])
+        return thor_math.output_factor(thor_math.split_groups(rows, spec[6]), dout.shape[0], loss_scale)
+    rows = dout.reshape(1, -1, dout.shape[-1])  # dense, embedding
+    return thor_math.output_factor(rows, dout.shape[0], loss_scale)
+
+
+# PyNative capture statistics, compiled once per (spec, dtype, input shapes) and shared by every layer and
+# network of the process. No Parameter is an argument: MindSpore 2.10 compiles a function again for every new
+# Parameter object it is given, so the scratch buffer is assigned outside (one more operation per capture).
+# Before, a compiled method per capture cell compiled once per layer instance (26 compiles for a ResNet-10)
+# and again for every new network.
+@ms.jit
+def _input_statistic_compiled(spec, dtype, x):
+    """:math:`A(x)` cast to ``dtype`` (under amp O2/O3 the statistic of a float16 input is float16)."""
+    return ops.cast(_input_statistic(spec, ops.stop_gradient(x)), dtype)
+
+
+@ms.jit
+def _output_statistic_compiled(spec, dtype, dout, loss_scale):
+    """:math:`G` of ``dout`` divided by ``loss_scale``, cast to ``dtype``."""
+    return ops.cast(_output_statistic(spec, dout, loss_scale), dtype)
+
+
+def _write_input_statistic(spec, scratch, x):
+    return ops.assign(scratch, _input_statistic_compiled(spec, scratch.dtype, x))
+
+
+def _write_output_statistic(spec, scratch, dout, loss_scale):
+    return ops.assign(scratch, _output_statistic_compiled(spec, scratch.dtype, dout, loss_scale))
+
+
 class _CaptureCell(nn.Cell):
     """Base of the two capture cells: in PyNative mode with a :class:`CaptureGate` they run as plain Python
     (the flag from the gate, no device-side branch); otherwise as an ordinary Cell (Graph mode: the flag is
@@ -128,16 +181,10 @@ class _InputCapture(_CaptureCell):
         super().__init__(layer)
         self.scratch = layer.matrix_a_batch
         self.statistic = layer.input_statistic
+        self.spec = layer.capture_spec
 
     def capture(self, x):
-        self.write(self.scratch, x)
-
-    @ms.jit
-    def write(self, scratch, x):
-        """The statistic, compiled (Parameters as arguments: a compiled function would keep writing to a
-        Parameter's old memory after its ``set_data``)."""
-        # cast: under mixed precision (amp O2/O3) the statistic of a float16 input is float16
-        return ops.assign(scratch, ops.cast(self.statistic(ops.stop_gradient(x)), scratch.dtype))
+        _write_input_statistic(self.spec, self.scratch, x)
 
     def construct(self, x):
         if self.flag:
@@ -157,15 +204,11 @@ class _OutputGradientCapture(_CaptureCell):
         super().__init__(layer)
         self.scratch = layer.matrix_g_batch
         self.statistic = layer.output_statistic
+        self.spec = layer.capture_spec
         self.loss_scale = Tensor(1.0, ms.float32)
 
     def capture(self, dout):
-        self.write(self.scratch, dout, self.loss_scale)
-
-    @ms.jit
-    def write(self, scratch, dout, loss_scale):
-        """The statistic, compiled (Parameters as arguments, see :meth:`_InputCapture.write`)."""
-        return ops.assign(scratch, ops.cast(self.statistic(dout, loss_scale), scratch.dtype))
+        _write_output_statistic(self.spec, self.scratch, dout, self.loss_scale)
 
     def construct(self, dout):
         if self.flag:
@@ -182,6 +225,8 @@ class ThorLayer(nn.Cell):
         a_shape, g_shape: shapes of the input and output factors.
         bias_in_factor: the input factor has the constant-1 bias column (last row/column).
         factor_decay: running-average decay of the factors (0: use each capture as is).
+        capture_spec: static tuple describing the statistics (kind and the shape-relevant settings), the key
+            of the compiled PyNative capture writers shared by all layers alike.
     """
 
     kind = "kronecker"
@@ -227,10 +272,12 @@ class ThorLayer(nn.Cell):
         self.g_capture.gate = gate
 
     def input_statistic(self, x):
-        raise NotImplementedError
+        """The input factor statistic :math:`A` of one batch (see the layer's formula)."""
+        return _input_statistic(self.capture_spec, x)
 
     def output_statistic(self, dout, loss_scale):
-        raise NotImplementedError
+        """The output-gradient factor statistic :math:`G` of one batch, divided by ``loss_scale``."""
+        return _output_statistic(self.capture_spec, dout, loss_scale)
 
 
 class DenseThor(ThorLayer):
@@ -273,17 +320,8 @@ class DenseThor(ThorLayer):
             raise TypeError(f"{cls}: activation={activation!r} must be a name, a Cell or a Primitive.")
         self.activation_flag = self.activation is not None
         a_dim = in_channels + int(has_bias)
+        self.capture_spec = ("dense", has_bias)
         self._init_thor((1, a_dim, a_dim), (1, out_channels, out_channels), 1, has_bias, factor_decay)
-
-    def input_statistic(self, x):
-        rows = x.reshape(-1, x.shape[-1]).astype(ms.float32)
-        if self.bias_in_factor:
-            rows = thor_math.append_ones(rows)
-        return thor_math.input_factor(rows.reshape((1,) + rows.shape))
-
-    def output_statistic(self, dout, loss_scale):
-        rows = dout.reshape(1, -1, dout.shape[-1])
-        return thor_math.output_factor(rows, dout.shape[0], loss_scale)
 
     def construct(self, x):
         if self.training:
@@ -363,19 +401,9 @@ class Conv2dThor(ThorLayer):
         self.bias_add = ops.BiasAdd()
         a_dim = in_channels // group * self.kernel_size[0] * self.kernel_size[1] + int(has_bias)
         g_dim = out_channels // group
+        self.capture_spec = ("conv", self.pad_mode, self.padding, self.kernel_size, self.stride, self.dilation,
+                             group, has_bias)
         self._init_thor((group, a_dim, a_dim), (group, g_dim, g_dim), group, has_bias, factor_decay)
-
-    def input_statistic(self, x):
-        pads = _conv_pads(self.pad_mode, self.padding, x.shape[2:], self.kernel_size, self.stride, self.dilation)
-        rows = thor_math.im2col(x.astype(ms.float32), self.kernel_size, self.stride, self.dilation, pads)
-        rows = thor_math.split_groups(rows, self.group)
-        if self.bias_in_factor:
-            rows = thor_math.append_ones(rows)
-        return thor_math.input_factor(rows)
-
-    def output_statistic(self, dout, loss_scale):
-        rows = dout.transpose(0, 2, 3, 1).reshape(-1, dout.shape[1])
-        return thor_math.output_factor(thor_math.split_groups(rows, self.group), dout.shape[0], loss_scale)
 
     def construct(self, x):
         if self.training:
@@ -434,14 +462,8 @@ class EmbeddingThor(ThorLayer):
         self.one_hot = ops.OneHot()
         self.on_value = Tensor(1.0, dtype)
         self.off_value = Tensor(0.0, dtype)
+        self.capture_spec = ("embedding", vocab_size)
         self._init_thor((vocab_size,), (1, embedding_size, embedding_size), 1, False, factor_decay)
-
-    def input_statistic(self, ids):
-        return thor_math.token_frequencies(ids, self.vocab_size)
-
-    def output_statistic(self, dout, loss_scale):
-        rows = dout.reshape(1, -1, dout.shape[-1])
-        return thor_math.output_factor(rows, dout.shape[0], loss_scale)
 
     def construct(self, ids):
         if self.training:
