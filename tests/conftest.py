@@ -44,7 +44,7 @@ def data_path(tmp_path_factory) -> str:
 
 # Files in the order pytest-xdist should start them (heaviest first; measured CPU-seconds, see README "Tests").
 # With ``--dist loadfile --no-loadscope-reorder`` (pyproject addopts) each worker takes the next whole file when it
-# runs dry, so starting the long files first keeps the two workers' finishing times close; files not named here
+# runs dry, so starting the long files first keeps the workers' finishing times close; files not named here
 # follow in alphabetical order.
 HEAVY_FIRST = [
     "test_zoo_journey.py", "test_adasum.py", "test_msrun_e2e.py", "test_thor_optimizer.py",
