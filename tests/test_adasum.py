@@ -394,13 +394,12 @@ def test_loopback_training_matches_numpy_reference(workers, device_numbers, opti
 
 @pytest.mark.msrun
 def test_msrun_graph_training_matches_numpy_reference():
-    """Graph mode under a real 4-worker msrun job (MCCL), 2 servers x 2 devices: the float16 cells, and the linear
-    training through Model (plain and an overflow step) against numpy. The tree over more than 2 servers is
-    checked in Graph mode on one process (test_tree_matches_numpy_reference, test_fused_segmented_tree_...) and
-    with its communication on 3 loopback ranks (PyNative); the tutorial's conv net runs in Graph mode under msrun
-    in tests/test_tutorials.py."""
-    results = run_msrun(WORKERS / "adasum_worker.py", workers=4, args=["2", "graph", "graph", "2", "no_tutorial"])
-    check_results(results, 4, (2,), "graph", "graph", (), tutorial=False, model_device_number=2)
+    """Graph mode under a real 4-worker msrun job (MCCL): the float16 cells as 4 servers x 1 device (the
+    two-level tree with real communication) and as 2 servers x 2 devices, and the linear training through Model
+    (2 x 2, plain and an overflow step) against numpy. The tutorial's conv net runs in Graph mode under msrun in
+    tests/test_tutorials.py."""
+    results = run_msrun(WORKERS / "adasum_worker.py", workers=4, args=["1,2", "graph", "graph", "2", "no_tutorial"])
+    check_results(results, 4, (1, 2), "graph", "graph", (), tutorial=False, model_device_number=2)
 
 
 def check_results(results, workers: int, device_numbers, mode: str, model_mode, optimizers, fp16=True,
