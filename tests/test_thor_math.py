@@ -192,3 +192,12 @@ def test_momentum_step(nesterov):
     ref_w = w - 0.1 * (g + 0.9 * ref_v) if nesterov else w - 0.1 * ref_v
     np.testing.assert_allclose(new_v.asnumpy(), ref_v, rtol=1e-6)
     np.testing.assert_allclose(new_w.asnumpy(), ref_w, rtol=1e-6)
+
+
+def test_blocks_finite_per_block(mode):
+    """One flag per (b, b) block against numpy's all-finite over the last two axes (inf and NaN both count)."""
+    blocks = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    blocks[0, 1, 2, 3] = np.nan
+    blocks[1, 2, 0, 0] = np.inf
+    got = ms.jit(tm.blocks_finite)(Tensor(blocks)) if mode == "graph" else tm.blocks_finite(Tensor(blocks))
+    np.testing.assert_array_equal(got.asnumpy(), np.isfinite(blocks).all(axis=(-2, -1)))

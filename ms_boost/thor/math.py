@@ -50,7 +50,8 @@ __all__ = [
     "token_frequencies", "running_average", "block_layout", "diagonal_blocks", "diagonal_tiles", "damped_block_inverse",
     "damped_diagonal_inverse", "block_diag_left", "block_diag_right", "kronecker_precondition",
     "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
-    "all_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse", "clamped_eigen_block_inverse",
+    "all_finite", "blocks_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse",
+    "clamped_eigen_block_inverse",
     "trust_region_scale", "damped_blocks", "guarded_block_inverse",
 ]
 
@@ -224,6 +225,11 @@ def all_finite(x: Tensor) -> Tensor:
     return ops.isfinite(x).all()
 
 
+def blocks_finite(blocks: Tensor) -> Tensor:
+    """Per ``(b, b)`` block of ``(..., b, b)`` blocks: no inf or NaN in it (boolean, shaped ``(...)``)."""
+    return _REDUCE_ALL(ops.isfinite(blocks), (-2, -1))  # the primitive: compiles faster than Tensor.all(axis)
+
+
 def _trace(factor: Tensor) -> Tensor:
     """Per-group trace of ``(groups, d, d)`` factors (or the sum of a ``(d,)`` diagonal factor) -> ``(groups,)``."""
     if factor.ndim == 1:
@@ -264,7 +270,7 @@ def cholesky_safe(blocks: Tensor, shift: Tensor, ratio: float = CHOLESKY_SAFE_RA
     """
     # reduction primitives, not the Tensor methods: these compile several times faster in Graph mode
     scale = _REDUCE_MAX(ops.abs(blocks), (-2, -1))
-    finite = _REDUCE_ALL(ops.isfinite(blocks), (-2, -1))
+    finite = blocks_finite(blocks)
     enough = shift >= ops.maximum(scale, 1e-30) * ratio
     return ops.logical_and(ops.logical_and(finite, enough), shift > 0)
 

@@ -572,7 +572,7 @@ class THOR(nn.Optimizer, StageHooks):
         block_bad = ()
         for k in range(len(self.inverse_batches)):
             # a block is bad when its layer's factors or its inverse are non-finite
-            block_bad += (ops.logical_not(ops.logical_and(batch_ok[k], _REDUCE_ALL(ops.isfinite(raw[k]), (1, 2)))),)
+            block_bad += (ops.logical_not(ops.logical_and(batch_ok[k], thor_math.blocks_finite(raw[k]))),)
         inverses = ()
         for j in range(2 * self.n_layers):
             if self.inverse_owner[j] != self.rank:
@@ -886,9 +886,6 @@ def _ensure_call_depth(n_layers: int) -> None:
         _CALL_DEPTH["raised_to"] = needed
         logger.info(f"thor: {n_layers} THOR layers; graph call-depth limit raised to {needed} "
                     "(mindspore.set_recursion_limit).")
-
-
-_REDUCE_ALL = ops.ReduceAll(keep_dims=False)
 
 
 def _dot(x, y):
