@@ -137,15 +137,10 @@ def _saver(folder: Path, net, steps_per_epoch: int, save_from: int, saves_per_ep
     return HalfEpochSaver()
 
 
-def run_seed(args, seed: int, work: Path) -> dict:
-    import mindspore as ms
-    from mindspore import nn
-
+def _datasets(args, seed: int):
+    """Factories of the built-in data set's training (shuffled with ``seed``) and validation pipelines."""
     from model_zoo.resnet.src.dataset import create_dataset
-    from model_zoo.resnet.src.loss import CrossEntropySmooth
-    from model_zoo.resnet.src.lr_generator import get_lr
     from model_zoo.resnet.src.synthetic_data import ensure_dataset
-    from ms_boost import Model
 
     data = ensure_dataset(num_classes=args.classes, image_size=32, train_per_class=args.train_per_class,
                           val_per_class=args.val_per_class, seed=0)
@@ -158,18 +153,43 @@ def run_seed(args, seed: int, work: Path) -> dict:
         return create_dataset(data / "val", do_train=False, batch_size=args.batch, image_size=32,
                               num_parallel_workers=2, drop_remainder=False)
 
-    steps = train_set().get_dataset_size()
-    total = args.epochs1 + args.epochs2
+    return train_set, val_set
 
-    def loss_fn():
-        return CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=0.1, num_classes=args.classes)
+
+def _loss(args):
+    """The zoo's training loss (label smoothing 0.1)."""
+    from model_zoo.resnet.src.loss import CrossEntropySmooth
+
+    return CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=0.1, num_classes=args.classes)
+
+
+def _stage1_model(args, net, steps: int):
+    """Stage 1's ``ms_boost.Model``: Momentum 0.9 with the zoo's linear schedule (peak ``lr_max``) planned for
+    ``epochs1 + epochs2`` epochs of ``steps`` steps."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from model_zoo.resnet.src.lr_generator import get_lr
+    from ms_boost import Model
+
+    lr = get_lr(lr_init=0.0, lr_end=0.0, lr_max=args.lr_max, warmup_epochs=1, total_epochs=args.epochs1 + args.epochs2,
+                steps_per_epoch=steps, lr_decay_mode="linear")
+    opt = nn.Momentum(net.trainable_params(), ms.Tensor(lr), 0.9, weight_decay=1e-4)
+    return Model(net, loss_fn=_loss(args), optimizer=opt, metrics={"acc"}, boost_level="O0")
+
+
+def run_seed(args, seed: int, work: Path) -> dict:
+    import mindspore as ms
+    from mindspore import nn
+
+    from ms_boost import Model
+
+    train_set, val_set = _datasets(args, seed)
+    steps = train_set().get_dataset_size()
 
     # ---- stage 1 (and its plain continuation) -------------------------------------------------------------
     net = _build(args, seed)
-    lr = get_lr(lr_init=0.0, lr_end=0.0, lr_max=args.lr_max, warmup_epochs=1, total_epochs=total,
-                steps_per_epoch=steps, lr_decay_mode="linear")
-    opt = nn.Momentum(net.trainable_params(), ms.Tensor(lr), 0.9, weight_decay=1e-4)
-    model = Model(net, loss_fn=loss_fn(), optimizer=opt, metrics={"acc"}, boost_level="O0")
+    model = _stage1_model(args, net, steps)
     ckpt_dir = work / f"seed{seed}" / "checkpoint_pca"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -209,7 +229,7 @@ def run_seed(args, seed: int, work: Path) -> dict:
         if carry:
             boost_dict["dim_reduce"]["carry_search"] = True
         start = time.perf_counter()
-        model2 = Model(net2, loss_fn=loss_fn(), optimizer=nn.SGD(net2.trainable_params(), learning_rate=1),
+        model2 = Model(net2, loss_fn=_loss(args), optimizer=nn.SGD(net2.trainable_params(), learning_rate=1),
                        metrics={"acc"}, boost_level="O1", boost_config_dict=boost_dict)
         timer = _step_timer()
         curve, eval_seconds = [], 0.0
@@ -256,17 +276,15 @@ def render(section: dict) -> str:
              "| seed | ckpts | val acc stage 1 | + plain | + DimReduce | diff (points) | train loss plain "
              "| train loss DimReduce | step plain | step DimReduce |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in section["runs"]:
-        lines.append(f"| {r['seed']} | {r['checkpoints']} | {100 * r['acc_stage1']:.2f}% | {100 * r['acc_plain']:.2f}% "
-                     f"| {100 * r['acc_dim_reduce']:.2f}% | {100 * (r['acc_dim_reduce'] - r['acc_plain']):+.2f} "
-                     f"| {r['loss_plain_last_epoch']:.4f} | {r['loss_dim_reduce_last_epoch']:.4f} "
-                     f"| {1e3 * r['step_seconds_plain']:.0f} ms | {1e3 * r['step_seconds_dim_reduce']:.0f} ms |")
-        if "acc_dim_reduce_carry" in r:
-            lines.append(f"| {r['seed']} (carry_search) | {r['checkpoints']} | {100 * r['acc_stage1']:.2f}% "
-                         f"| {100 * r['acc_plain']:.2f}% | {100 * r['acc_dim_reduce_carry']:.2f}% "
-                         f"| {100 * (r['acc_dim_reduce_carry'] - r['acc_plain']):+.2f} "
-                         f"| {r['loss_plain_last_epoch']:.4f} | {r['loss_dim_reduce_carry_last_epoch']:.4f} "
-                         f"| {1e3 * r['step_seconds_plain']:.0f} ms "
-                         f"| {1e3 * r['step_seconds_dim_reduce_carry']:.0f} ms |")
+        # one row per stage-2 variant: the upstream line search, then carry_search when it was run
+        for suffix, label in (("", ""), ("_carry", " (carry_search)")):
+            if f"acc_dim_reduce{suffix}" not in r:
+                continue
+            acc, loss = r[f"acc_dim_reduce{suffix}"], r[f"loss_dim_reduce{suffix}_last_epoch"]
+            lines.append(f"| {r['seed']}{label} | {r['checkpoints']} | {100 * r['acc_stage1']:.2f}% "
+                         f"| {100 * r['acc_plain']:.2f}% | {100 * acc:.2f}% | {100 * (acc - r['acc_plain']):+.2f} "
+                         f"| {r['loss_plain_last_epoch']:.4f} | {loss:.4f} | {1e3 * r['step_seconds_plain']:.0f} ms "
+                         f"| {1e3 * r[f'step_seconds_dim_reduce{suffix}']:.0f} ms |")
     ratio = statistics.median(r["step_seconds_dim_reduce"] / r["step_seconds_plain"] for r in section["runs"])
     lines += ["", f"DimReduce step / plain step (median of the two runs' medians, not interleaved, so noisy under "
               f"load; see the step-time section for an interleaved measurement): {ratio:.2f}x. "
@@ -281,33 +299,16 @@ def _trajectory(args, width: int, work: Path):
     ``save_from`` (the tutorial's stage 1, scaled down). Returns the stage-1 end checkpoint, the folder of
     trajectory checkpoints and a factory of the training data set."""
     import mindspore as ms
-    from mindspore import nn
 
-    from model_zoo.resnet.src.dataset import create_dataset
-    from model_zoo.resnet.src.loss import CrossEntropySmooth
-    from model_zoo.resnet.src.lr_generator import get_lr
-    from model_zoo.resnet.src.synthetic_data import ensure_dataset
-    from ms_boost import Model
-
-    data = ensure_dataset(num_classes=args.classes, image_size=32, train_per_class=args.train_per_class,
-                          val_per_class=args.val_per_class, seed=0)
-
-    def train_set():
-        return create_dataset(data / "train", do_train=True, batch_size=args.batch, image_size=32, seed=0,
-                              num_parallel_workers=2)
-
-    steps = train_set().get_dataset_size()
-    net = _build(argparse.Namespace(**{**vars(args), "width": width}), 0)
-    lr = get_lr(lr_init=0.0, lr_end=0.0, lr_max=args.lr_max, warmup_epochs=1,
-                total_epochs=args.epochs1 + args.epochs2, steps_per_epoch=steps, lr_decay_mode="linear")
-    opt = nn.Momentum(net.trainable_params(), ms.Tensor(lr), 0.9, weight_decay=1e-4)
-    loss = CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=0.1, num_classes=args.classes)
-    model = Model(net, loss_fn=loss, optimizer=opt, boost_level="O0")
+    train_set, _ = _datasets(args, 0)
     ckpt_dir = work / f"trajectory_w{width}"
     end = work / f"stage1_end_w{width}.ckpt"
     if end.exists():  # --workdir given and stage 1 already run there with these settings
         print(f"width {width}: stage 1 reused from {work}", flush=True)
         return end, ckpt_dir, train_set
+    steps = train_set().get_dataset_size()
+    net = _build(argparse.Namespace(**{**vars(args), "width": width}), 0)
+    model = _stage1_model(args, net, steps)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     model.train(args.epochs1, train_set(), dataset_sink_mode=False,
@@ -357,9 +358,7 @@ def step_benchmark(args) -> dict:
                 for net in nets:
                     ms.load_param_into_net(net, ms.load_checkpoint(str(end)))
                 boost_extra = {"weight_load_dir": str(ckpt_dir)}  # the first DimReduce cell computes P into pca_path
-                from model_zoo.resnet.src.loss import CrossEntropySmooth
-
-                loss = CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=0.1, num_classes=args.classes)
+                loss = _loss(args)
             else:
                 pca = np.linalg.qr(rng.standard_normal((size, args.k)).astype(np.float32))[0].T
                 write_npy_atomic(pca_path, pca)
