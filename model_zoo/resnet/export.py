@@ -31,7 +31,7 @@ def export_checkpoint(cfg: Config) -> Path:
     if cfg.export_file_format not in _EXTENSIONS:
         raise ValueError(f"export_file_format={cfg.export_file_format!r} is not allowed; allowed: "
                          f"{', '.join(_EXTENSIONS)}.")
-    net = inference_network(cfg)
+    net = inference_network(cfg, conv_impl="native")  # Conv2D operators in the file, portable to any device
     size = int(cfg.eval_image_size)
     sample = ms.Tensor(np.zeros((int(cfg.export_batch_size), 3, size, size), np.float32))
     ms.export(net, sample, file_name=cfg.export_file_name, file_format=cfg.export_file_format)

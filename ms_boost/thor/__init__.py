@@ -19,11 +19,11 @@ or through the boost configuration: ``Model(..., boost_level="O0", boost_config_
 from __future__ import annotations
 
 from ms_boost.thor.boost import apply_boost_thor
-from ms_boost.thor.convert import ConvertedLayer, ConvertModelUtils, ConvertNetUtils
+from ms_boost.thor.convert import ConvertedLayer, ConvertModelUtils, ConvertNetUtils, register_convertible
 from ms_boost.thor.factory import thor
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer, thor_state_parameters
 from ms_boost.thor.optimizer import THOR, ThorGuard, ThorNonFiniteError
 
 __all__ = ["thor", "THOR", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer", "ConvertNetUtils",
-           "ConvertModelUtils", "ConvertedLayer", "apply_boost_thor", "thor_state_parameters",
+           "ConvertModelUtils", "ConvertedLayer", "register_convertible", "apply_boost_thor", "thor_state_parameters",
            "ThorGuard", "ThorNonFiniteError"]

@@ -26,7 +26,7 @@ from ms_boost._ms_compat import cells_compile_cache
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_boost.thor.optimizer import THOR
 
-__all__ = ["ConvertNetUtils", "ConvertModelUtils", "ConvertedLayer"]
+__all__ = ["ConvertNetUtils", "ConvertModelUtils", "ConvertedLayer", "register_convertible"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,30 @@ def _embedding_to_thor(cell: nn.Embedding, factor_decay: float) -> EmbeddingThor
 
 
 _CONVERTERS = {nn.Dense: _dense_to_thor, nn.Conv2d: _conv_to_thor, nn.Embedding: _embedding_to_thor}
+_BUILT_IN = tuple(_CONVERTERS)
+
+
+def register_convertible(cls: type, as_type: type) -> None:
+    """Convert cells of type ``cls`` to THOR layers as if they were ``as_type`` (``nn.Dense``, ``nn.Conv2d``
+    or ``nn.Embedding``).
+
+    Conversion is by exact type so that a subclass computing something else is never replaced silently; a
+    subclass that computes the very same function (another kernel for the same convolution, say) declares
+    it here. Its cells are converted from the attributes ``as_type`` defines (channels, kernel, stride,
+    padding, ...) and keep their weight Parameters. Registering the same pair again is a no-op.
+
+    Raises:
+        TypeError: ``cls`` is not a subclass of ``as_type``, or ``as_type`` is not one of the three.
+        ValueError: ``cls`` is already registered as another type.
+    """
+    if as_type not in _BUILT_IN:
+        raise TypeError(f"register_convertible: as_type={as_type!r} must be one of "
+                        f"{', '.join(t.__module__ + '.' + t.__name__ for t in _BUILT_IN)}.")
+    if not isinstance(cls, type) or not issubclass(cls, as_type):
+        raise TypeError(f"register_convertible: cls={cls!r} must be a subclass of {as_type.__name__}.")
+    if cls in _CONVERTERS and _CONVERTERS[cls] is not _CONVERTERS[as_type]:
+        raise ValueError(f"register_convertible: {cls.__name__} is already registered as another layer type.")
+    _CONVERTERS[cls] = _CONVERTERS[as_type]
 
 
 def _skip_reason(cell: nn.Cell) -> str:
@@ -121,8 +145,8 @@ class ConvertNetUtils:
     def convert_to_thor_net(self, net: nn.Cell, factor_decay: float = 0.0) -> nn.Cell:
         """Return ``net`` with THOR layers, as a new network sharing all Parameters with ``net``.
 
-        Conversion is by exact type (``nn.Dense``, ``nn.Conv2d``, ``nn.Embedding``; subclasses with their own
-        ``construct`` are left alone), keeps the very weight and bias Parameters, activation, stride, padding
+        Conversion is by exact type (``nn.Dense``, ``nn.Conv2d``, ``nn.Embedding``, plus the subclasses declared
+        with :func:`register_convertible`; other subclasses with their own ``construct`` are left alone), keeps the very weight and bias Parameters, activation, stride, padding
         and pad mode, dilation and groups. Cells that are already THOR layers stay. When nothing needs
         converting, ``net`` itself is returned.
 

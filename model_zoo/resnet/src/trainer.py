@@ -124,7 +124,7 @@ def split_folder(cfg: Config, train: bool) -> Path:
 def build_network(cfg: Config) -> nn.Cell:
     """The ResNet named ``net_name``, initialised per ``conv_init``/``dense_init`` (or from ``pretrained``)."""
     net = create_model(cfg.net_name, class_num=cfg.class_num, base_width=cfg.base_width,
-                       zero_init_residual=cfg.zero_init_residual)
+                       zero_init_residual=cfg.zero_init_residual, conv_impl=cfg.conv_impl)
     init_weight(net, cfg.conv_init, cfg.dense_init, seed=int(cfg.seed))
     if cfg.pretrained:
         load_weights(net, cfg.pretrained)
@@ -214,13 +214,14 @@ def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], a
                      f"{_describe(mine)}; {action} it with{hint} (and the same --net_name/--base_width/--class_num).")
 
 
-def inference_network(cfg: Config) -> nn.Cell:
+def inference_network(cfg: Config, conv_impl: Optional[str] = None) -> nn.Cell:
     """The recipe's network in inference mode with ``checkpoint_file_path`` loaded (eval/export).
 
     The network is built the way the recipe's training network was: the boost plan's evaluation rewrite
     (``AutoBoost.network_auto_process_eval``: LessBN's reduced BatchNorms and FN head) is applied, so every
     recipe's own checkpoint loads. A checkpoint whose manifest names a recipe of another structure is
-    refused with that recipe's name.
+    refused with that recipe's name. ``conv_impl`` overrides the recipe's (export asks for ``native``,
+    so the exported graph holds ``Conv2D`` operators whatever device exported it).
     """
     if not cfg.checkpoint_file_path:
         raise ValueError("checkpoint_file_path is empty; give --checkpoint_file_path <file.ckpt>.")
@@ -231,7 +232,8 @@ def inference_network(cfg: Config) -> nn.Cell:
     entries = ms.load_checkpoint(str(path))
     _check_recipe(cfg, path, read_manifest(path, entries), "evaluate/export")
     net = create_model(cfg.net_name, class_num=cfg.class_num, base_width=cfg.base_width,
-                       zero_init_residual=cfg.zero_init_residual)
+                       zero_init_residual=cfg.zero_init_residual,
+                       conv_impl=cfg.conv_impl if conv_impl is None else conv_impl)
     net = _eval_boost(cfg).network_auto_process_eval(net)
     load_weights(net, path, entries)
     net.set_train(False)
