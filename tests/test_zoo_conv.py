@@ -2,7 +2,8 @@
 
 The reference is a direct loop over the kernel taps in float64 (no im2col): output, input gradient and
 weight gradient of ``sum(conv(x) * r)`` for a random ``r``, in PyNative and Graph mode, for every shape the
-ResNets use (7x7/2 stem, 3x3/1, 3x3/2, 1x1/1, 1x1/2) plus bias, 'valid' and unequal row/column padding.
+ResNets use (7x7/2 stem, 3x3/1, 3x3/2, 1x1/1, 1x1/2) plus bias, 'valid' and unequal row/column padding,
+with both ways of forming the product (weight broadcast over the batch, or batch folded into the columns).
 """
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ CASES = [  # in, out, kernel, stride, pad_mode, padding, bias, size
     (4, 6, 1, 2, "valid", 0, False, 6),
     (3, 4, 3, 2, "pad", (1, 1, 2, 2), False, 7),
     (3, 4, 2, 1, "valid", 0, False, 5),
+    (4, 8, 3, 2, "pad", 1, True, 3),  # fewer output positions (4) than channels (8): batch folded into columns
+    (4, 8, 1, 1, "valid", 0, False, 2),
 ]
 
 
