@@ -381,6 +381,8 @@ def step_benchmark(args) -> dict:
             cell.set_train(True)
         stages = {name: [c for _, c in cells[name].cells_and_names() if isinstance(c, DimReduceUpdate)][0]
                   for name in ("dim", "dim_carry")}
+        # the two k x M products of a step alone (P grad, then P^T [d; g]): memory-bound reads of P
+        cells["products"] = _products_cell(stages["dim"].pca_rows, size, rng)
         if trajectory:  # real batches, a new one every repeat (cycling through the epoch)
             batches = [(Tensor(b["image"]), Tensor(b["label"]))
                        for b in train_set().create_dict_iterator(num_epochs=1, output_numpy=True)]
@@ -405,6 +407,7 @@ def step_benchmark(args) -> dict:
                 outcomes[name].append(float(stage.step_size.asnumpy()))
         noise = [t / p for t, p in zip(times["twin"], times["plain"])]
         forward_ratio = statistics.median(f / p for f, p in zip(times["forward"], times["plain"]))
+        products_ratio = statistics.median(f / p for f, p in zip(times["products"], times["plain"]))
         for name, carry in (("dim", False), ("dim_carry", True)):
             ratios = [d / p for d, p in zip(times[name], times["plain"])]
             steps = outcomes[name]  # the accepted step (0: none); accepted at the first trial: equal to its step
@@ -422,10 +425,33 @@ def step_benchmark(args) -> dict:
                             "first_trial_fraction": first / len(steps),
                             "none_fraction": none / len(steps),
                             "forward_ratio": forward_ratio, "mean_trials": trials,
-                            "floor": 1.0 + trials * forward_ratio,
+                            "products_ratio": products_ratio,
+                            "floor": 1.0 + trials * forward_ratio + products_ratio,
                             "repeats": args.step_repeats, "mode": args.mode, "basis": args.basis})
             print(json.dumps(results[-1]), flush=True)
     return {"runs": results}
+
+
+def _products_cell(pca_rows, size, rng):
+    """A compiled cell doing a DimReduce step's two k x M products on a random gradient (inputs ignored)."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, nn, ops
+
+    from ms_boost.dim_reduce.math import back_project, project
+
+    class Products(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.rows = pca_rows
+            self.grad = Tensor(rng.standard_normal(size).astype(np.float32))
+
+        @ms.jit
+        def construct(self, *inputs):
+            g = project(self.rows, self.grad)
+            return back_project(self.rows, ops.stack((g, -g))).sum()
+
+    return Products()
 
 
 def render_steps(section: dict) -> str:
@@ -442,11 +468,13 @@ def render_steps(section: dict) -> str:
              "`dim_reduce.carry_search`, a second identical plain step and one forward pass (train mode) alone. "
              "Medians over the repeats; ratio = median of the per-repeat ratios to the plain step (quartiles in "
              "brackets). *Noise floor*: the twin plain step / the plain step. *Floor*: 1 + (mean line-search "
-             "trials) x (forward / plain step), what the step would cost with no bookkeeping at all. The machine "
+             "trials) x (forward / plain step) + (the two k x M products alone / plain step), what the step "
+             "would cost with no bookkeeping at all (rows written before the products column existed: without "
+             "that term). The machine "
              "is shared with other jobs (2 cores): absolute times drift, only the paired ratios are compared.", "",
              "| base width | weights | mode | carry_search | plain step | DimReduce step | ratio | floor "
-             "| noise floor | forward / plain | accepted at trial 1 / trial 2 / none |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| noise floor | forward / plain | products / plain | accepted at trial 1 / trial 2 / none |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in section["runs"]:
         q = r.get("ratio_quartiles") or [float("nan")] * 2
         first = r.get("first_trial_fraction")
@@ -456,6 +484,7 @@ def render_steps(section: dict) -> str:
                      f"{r['plain_ms']:.0f} ms | {r['dim_reduce_ms']:.0f} ms | **{r['ratio_median']:.2f}x** "
                      f"[{q[0]:.2f}, {q[1]:.2f}] | {r.get('floor', float('nan')):.2f} | "
                      f"{r.get('noise_ratio', float('nan')):.2f} | {r.get('forward_ratio', float('nan')):.2f} | "
+                     f"{r.get('products_ratio', float('nan')):.2f} | "
                      f"{100 * first:.0f}% / {100 * second:.0f}% / {100 * r.get('none_fraction', float('nan')):.0f}% |")
     lines += ["", "k = 32, batch 32. A DimReduce step is one forward + backward, the projection `P grad` (k x M), the "
               "back-projection (2 x M), the k x k BFGS algebra, flat copies of the weights and BatchNorm statistics, "
