@@ -29,6 +29,7 @@ from mindspore.common.initializer import initializer
 from mindspore.nn.layer.activation import get_activation
 from mindspore.ops.primitive import constexpr
 
+from ms_boost.gemm_conv import conv2d_gemm
 from ms_boost.thor import math as thor_math
 
 __all__ = ["CaptureGate", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer"]
@@ -353,6 +354,9 @@ class Conv2dThor(ThorLayer):
     dilation and non-square kernels honoured, constant 1 appended with a bias), one factor per channel
     group; :math:`G = N \sum_{n,t} \delta_{n,t}\delta_{n,t}^{\top}` per group.
 
+    On CPU a group-1 convolution is computed as im2col + matrix product (:func:`ms_boost.gemm_conv.conv2d_gemm`,
+    any pad mode and dilation; attribute ``gemm``), elsewhere and for grouped convolutions by ``ops.Conv2D``.
+
     Args:
         in_channels, out_channels, kernel_size, stride, pad_mode, padding, dilation, group, has_bias,
             weight_init, bias_init: as :class:`mindspore.nn.Conv2d`.
@@ -399,6 +403,12 @@ class Conv2dThor(ThorLayer):
                                  pad_mode=self.pad_mode, pad=self.padding, stride=self.stride,
                                  dilation=self.dilation, group=group)
         self.bias_add = ops.BiasAdd()
+        # On CPU the convolution runs as im2col + GEMM (ms_boost.gemm_conv): MindSpore's CPU Conv2D is oneDNN's
+        # slow plain-layout kernel. A Python constant, so Graph mode compiles only the chosen branch.
+        self.gemm = ms.get_context("device_target") == "CPU" and group == 1
+        self._pynative_mode = _pynative()
+        self._pads = None if self.pad_mode == "same" else thor_math.conv_pads(
+            self.pad_mode, self.padding, (0, 0), self.kernel_size, self.stride, self.dilation)
         a_dim = in_channels // group * self.kernel_size[0] * self.kernel_size[1] + int(has_bias)
         g_dim = out_channels // group
         self.capture_spec = ("conv", self.pad_mode, self.padding, self.kernel_size, self.stride, self.dilation,
@@ -408,7 +418,14 @@ class Conv2dThor(ThorLayer):
     def construct(self, x):
         if self.training:
             x = self.a_capture(x)
-        y = self.conv2d(x, self.weight)
+        if self.gemm:
+            pads = self._pads
+            if pads is None:  # "same": the padding depends on the input size
+                pads = _conv_pads(self.pad_mode, self.padding, x.shape[2:], self.kernel_size, self.stride,
+                                  self.dilation)
+            y = conv2d_gemm(x, self.weight, self.kernel_size, self.stride, pads, self.dilation, self._pynative_mode)
+        else:
+            y = self.conv2d(x, self.weight)
         if self.has_bias:
             y = self.bias_add(y, self.bias)
         if self.training:

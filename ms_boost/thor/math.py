@@ -45,6 +45,8 @@ import mindspore as ms
 from mindspore import Tensor, ops
 from mindspore.scipy.linalg import solve_triangular
 
+from ms_boost.gemm_conv import unfold_columns
+
 __all__ = [
     "conv_pads", "im2col", "split_groups", "append_ones", "input_factor", "output_factor",
     "token_frequencies", "running_average", "block_layout", "diagonal_blocks", "diagonal_tiles", "damped_block_inverse",
@@ -105,14 +107,11 @@ def im2col(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int], dilatio
 
     Row :math:`r = (n, i, j)` holds the receptive field of output position :math:`(i, j)` of sample
     :math:`n`, columns ordered channel-major like a kernel ``(C_out, C, k_h, k_w)`` reshaped to
-    ``(C_out, C k_h k_w)``, so that ``conv(x, W)[n, :, i, j] = W_flat @ patch_r``. Zero padding is applied
-    explicitly first (it may be asymmetric for ``"same"``).
+    ``(C_out, C k_h k_w)``, so that ``conv(x, W)[n, :, i, j] = W_flat @ patch_r``. Zero padding (``pads``) is
+    the convolution's own (:func:`ms_boost.gemm_conv.unfold_columns`, the columns the CPU convolution
+    multiplies, transposed to rows).
     """
-    top, bottom, left, right = pads
-    if top or bottom or left or right:
-        x = ops.pad(x, (left, right, top, bottom))
-    cols = ops.unfold(x, kernel_size=tuple(kernel_size), dilation=tuple(dilation), padding=0,
-                      stride=tuple(stride))
+    cols = unfold_columns(x, kernel_size, stride, dilation, pads)
     width = cols.shape[1]
     return cols.transpose(0, 2, 1).reshape(-1, width)
 
