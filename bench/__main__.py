@@ -42,6 +42,8 @@ class Run:
 REGISTRY: List[Run] = [
     Run("overhead", "bench_overhead.py", (), ("--quick",), ("overhead.md",),
         "ms_boost.Model O0 vs mindspore.train.Model; ms_boost O1 vs upstream mindspore.boost O1 (both modes)"),
+    Run("conv", "bench_conv.py", (), ("--quick",), ("conv.md",),
+        "the zoo's CPU convolutions: ResNet-18 step and forward, nn.Conv2d vs GemmConv2d (both modes)"),
     Run("dim_reduce_steps", "bench_dim_reduce.py", ("--step_only",), ("--step_only", "--quick"), ("dim_reduce.md",),
         "DimReduce step vs SGD step, Graph mode, ResNet-18 widths 16 and 32"),
     Run("dim_reduce_steps_pynative", "bench_dim_reduce.py", ("--step_only", "--mode", "pynative", "--step_widths",
@@ -125,6 +127,12 @@ def _headlines(folder: Path) -> List[str]:
                             f"({r['weights']:,} weights{carry}) | "
                             f"{r['mode']} | {r['ratio_median']:.2f} | "
                             f"{_fmt(noise, 2)} | [dim_reduce.md](dim_reduce.md) |")
+    conv = load("conv")
+    if conv:
+        for r in conv.get("runs", []):
+            rows.append(f"| GemmConv2d / nn.Conv2d ResNet-18 width {r['width']} training step (speed-up, "
+                        f"native / GEMM) | {r['mode']} | {r['step_speedup']['median']:.2f} | "
+                        f"{_fmt(r['noise']['median'], 2)} | [conv.md](conv.md) |")
     ada = load("adasum")
     if ada and "steptime" in ada:
         for key, r in sorted(ada["steptime"].get("rows", {}).items()):

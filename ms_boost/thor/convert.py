@@ -146,8 +146,9 @@ class ConvertNetUtils:
         """Return ``net`` with THOR layers, as a new network sharing all Parameters with ``net``.
 
         Conversion is by exact type (``nn.Dense``, ``nn.Conv2d``, ``nn.Embedding``, plus the subclasses declared
-        with :func:`register_convertible`; other subclasses with their own ``construct`` are left alone), keeps the very weight and bias Parameters, activation, stride, padding
-        and pad mode, dilation and groups. Cells that are already THOR layers stay. When nothing needs
+        with :func:`register_convertible`; other subclasses with their own ``construct`` are left alone),
+        keeps the very weight and bias Parameters, activation, stride, padding and pad mode, dilation and
+        groups. Cells that are already THOR layers stay. When nothing needs
         converting, ``net`` itself is returned.
 
         Args:
