@@ -354,8 +354,9 @@ class Conv2dThor(ThorLayer):
     dilation and non-square kernels honoured, constant 1 appended with a bias), one factor per channel
     group; :math:`G = N \sum_{n,t} \delta_{n,t}\delta_{n,t}^{\top}` per group.
 
-    On CPU a group-1 convolution is computed as im2col + matrix product (:func:`ms_boost.gemm_conv.conv2d_gemm`,
-    any pad mode and dilation; attribute ``gemm``), elsewhere and for grouped convolutions by ``ops.Conv2D``.
+    On CPU a group-1 convolution with pad mode ``"pad"`` (symmetric) or ``"valid"`` (any dilation) is computed as
+    im2col + matrix product (:func:`ms_boost.gemm_conv.conv2d_gemm`; attribute ``gemm``); ``"same"``, asymmetric
+    padding, groups and other devices use ``ops.Conv2D``.
 
     Args:
         in_channels, out_channels, kernel_size, stride, pad_mode, padding, dilation, group, has_bias,
@@ -404,11 +405,14 @@ class Conv2dThor(ThorLayer):
                                  dilation=self.dilation, group=group)
         self.bias_add = ops.BiasAdd()
         # On CPU the convolution runs as im2col + GEMM (ms_boost.gemm_conv): MindSpore's CPU Conv2D is oneDNN's
-        # slow plain-layout kernel. A Python constant, so Graph mode compiles only the chosen branch.
-        self.gemm = ms.get_context("device_target") == "CPU" and group == 1
-        self._pynative_mode = _pynative()
+        # slow plain-layout kernel. A Python constant, so Graph mode compiles only the chosen branch. Only with
+        # symmetric explicit padding: with pad_mode "same" (and asymmetric pads, an explicit Pad before Im2Col) a
+        # Graph-mode dataset-sink run hung in a CPU kernel (tests/test_thor_model.py), so those keep Conv2D.
         self._pads = None if self.pad_mode == "same" else thor_math.conv_pads(
             self.pad_mode, self.padding, (0, 0), self.kernel_size, self.stride, self.dilation)
+        symmetric = self._pads is not None and self._pads[0] == self._pads[1] and self._pads[2] == self._pads[3]
+        self.gemm = ms.get_context("device_target") == "CPU" and group == 1 and symmetric
+        self._pynative_mode = _pynative()
         a_dim = in_channels // group * self.kernel_size[0] * self.kernel_size[1] + int(has_bias)
         g_dim = out_channels // group
         self.capture_spec = ("conv", self.pad_mode, self.padding, self.kernel_size, self.stride, self.dilation,
@@ -419,11 +423,8 @@ class Conv2dThor(ThorLayer):
         if self.training:
             x = self.a_capture(x)
         if self.gemm:
-            pads = self._pads
-            if pads is None:  # "same": the padding depends on the input size
-                pads = _conv_pads(self.pad_mode, self.padding, x.shape[2:], self.kernel_size, self.stride,
-                                  self.dilation)
-            y = conv2d_gemm(x, self.weight, self.kernel_size, self.stride, pads, self.dilation, self._pynative_mode)
+            y = conv2d_gemm(x, self.weight, self.kernel_size, self.stride, self._pads, self.dilation,
+                            self._pynative_mode)
         else:
             y = self.conv2d(x, self.weight)
         if self.has_bias:
