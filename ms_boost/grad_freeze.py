@@ -420,7 +420,7 @@ class FreezeOpt(nn.Cell):
             self.learning_rate = inners[0].learning_rate
             self.atom_lrs = ()
         self._inners = tuple(inners)
-        self._set_steps = {}  # train set -> its compiled PyNative step (_SetStep), built on first use
+        self._atom_step_cells = {}  # inner optimizer -> its compiled PyNative step (_AtomStep), built on first use
 
     # -- construction helpers --------------------------------------------------------------------
     @staticmethod
@@ -534,6 +534,11 @@ class FreezeOpt(nn.Cell):
         group), the trained groups are looked up on the host and only their optimizers are launched.
 
         The position comes from :attr:`global_step` (a Parameter), so a loaded checkpoint resumes exactly.
+        Each inner optimizer runs as its own compiled function (:class:`_AtomStep`). Step 0 trains every
+        group, so every function is compiled by the first step and no later step compiles anything. (One
+        compiled function per train *set* instead compiled a new graph the first time each of the up to
+        ``param_groups`` sets came up, 0.2-0.5 s each, scattered over the first hundreds of steps: that
+        made O1 10-20% slower than O0 in short PyNative runs.)
 
         Selecting on the device instead (the groups' optimizers under tensor-conditioned ``if`` in one
         ``ms.jit`` graph, as :meth:`construct`) was measured and not kept (MindSpore 2.10, CPU): the
@@ -542,9 +547,12 @@ class FreezeOpt(nn.Cell):
         """
         step = self.global_step
         index = self.schedule[int(step.asnumpy()[0]) % self.period]
-        if index not in self._set_steps:
-            self._set_steps[index] = _SetStep(self, index)
-        done = self._set_steps[index](step, *gradients)
+        done = step
+        for a in range(self.n_atoms):
+            if self._mask[index][a]:
+                if a not in self._atom_step_cells:
+                    self._atom_step_cells[a] = _AtomStep(self, a)
+                done = ops.depend(done, self._atom_step_cells[a](step, *_take(gradients, self.atom_indices[a])))
         return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
 
     def construct(self, gradients):
@@ -559,30 +567,26 @@ class FreezeOpt(nn.Cell):
         return done
 
 
-class _SetStep(nn.Cell):
-    """The optimizers of one train set as one compiled function (``ms.jit``): in PyNative mode a step
-    launches one graph, not one per inner optimizer (with their learning-rate and step assignments)."""
+class _AtomStep(nn.Cell):
+    """One inner optimizer of a :class:`FreezeOpt` as one compiled function (``ms.jit``): in PyNative mode
+    its learning-rate and step assignments and its update launch one graph, not one operation each."""
 
-    def __init__(self, freeze_opt: FreezeOpt, index: int):
+    def __init__(self, freeze_opt: FreezeOpt, atom: int):
         super().__init__(auto_prefix=False)
-        atoms = [a for a in range(freeze_opt.n_atoms) if freeze_opt._mask[index][a]]
-        self.opts = nn.CellList([freeze_opt.opts[a] for a in atoms], auto_prefix=False)
-        self.atom_steps = ParameterTuple([freeze_opt.atom_steps[a] for a in atoms])
+        self.opt = freeze_opt.opts[atom]
+        self.atom_step = freeze_opt.atom_steps[atom]
         self.sync_lr = freeze_opt.sync_lr
         if self.sync_lr:
             self.learning_rate = freeze_opt.learning_rate
-            self.atom_lrs = ParameterTuple([freeze_opt.atom_lrs[a] for a in atoms])
-        self.indices = tuple(freeze_opt.atom_indices[a] for a in atoms)
+            self.atom_lr = freeze_opt.atom_lrs[atom]
 
     @ms.jit
     def construct(self, step, *gradients):
         done = step
-        for k in range(len(self.indices)):
-            if self.sync_lr:
-                done = ops.depend(done, ops.assign(self.atom_lrs[k], self.learning_rate))
-            done = ops.depend(done, ops.assign(self.atom_steps[k], step))
-            done = ops.depend(done, self.opts[k](_take(gradients, self.indices[k])))
-        return done
+        if self.sync_lr:
+            done = ops.depend(done, ops.assign(self.atom_lr, self.learning_rate))
+        done = ops.depend(done, ops.assign(self.atom_step, step))
+        return ops.depend(done, self.opt(gradients))
 
 
 class _GroupUpdate(nn.Cell):
