@@ -60,6 +60,8 @@ REGISTRY: List[Run] = [
     Run("adasum", "bench_adasum.py", (), ("--workers", "2", "--rounds", "3", "--epochs", "3", "--train_per_class",
                                           "50"), ("adasum.md",),
         "AdaSum vs mean all-reduce under msrun: step time, convergence at a large global batch"),
+    Run("thor_conv", "bench_thor_conv.py", (), ("--quick",), ("thor_conv.md",),
+        "THOR step on CPU with Conv2dThor's GEMM convolution vs ops.Conv2D, and vs Momentum (both modes)"),
     Run("thor", "bench_thor.py", (), ("--epochs", "3", "--seeds", "0", "--frequency", "10", "--timed_steps", "20"),
         ("thor.md",), "THOR vs Momentum"),
 ]

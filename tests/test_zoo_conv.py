@@ -1,6 +1,7 @@
 """The zoo's im2col + GEMM convolution (model_zoo/resnet/src/conv.py) against a numpy convolution.
 
-The reference is a direct loop over the kernel taps in float64 (no im2col): output, input gradient and
+The reference is a direct loop over the kernel taps in float64 (no im2col; ``np_conv_and_grads`` of
+tests/test_thor_gemm_conv.py): output, input gradient and
 weight gradient of ``sum(conv(x) * r)`` for a random ``r``, in PyNative and Graph mode, for every shape the
 ResNets use (7x7/2 stem, 3x3/1, 3x3/2, 1x1/1, 1x1/2) plus bias, 'valid' and unequal row/column padding,
 with both ways of forming the product (weight broadcast over the batch, or batch folded into the columns).
@@ -14,52 +15,7 @@ from mindspore import Tensor, nn
 
 from model_zoo.resnet.src.conv import GemmConv2d, resolve_conv_impl
 from model_zoo.resnet.src.resnet import create_model
-
-
-def np_conv(x, w, b, stride, pad):
-    """Cross-correlation by kernel taps: x (N,C,H,W), w (O,C,kh,kw), symmetric pad (ph, pw)."""
-    n, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
-    oh = (h + 2 * pad[0] - kh) // stride[0] + 1
-    ow = (wd + 2 * pad[1] - kw) // stride[1] + 1
-    y = np.zeros((n, o, oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, :, i:i + stride[0] * oh:stride[0], j:j + stride[1] * ow:stride[1]]  # (N,C,oh,ow)
-            y += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
-    return y + (0 if b is None else b[None, :, None, None])
-
-
-def np_conv_grads(x, w, b, stride, pad, r):
-    """d sum(conv(x) * r) / dx and / dw (and / db) by the transposed tap loop."""
-    n, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
-    oh, ow = r.shape[2:]
-    dxp = np.zeros((n, c, h + 2 * pad[0], wd + 2 * pad[1]))
-    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
-    dw = np.zeros_like(w, dtype=np.float64)
-    for i in range(kh):
-        for j in range(kw):
-            rows = slice(i, i + stride[0] * oh, stride[0])
-            cols = slice(j, j + stride[1] * ow, stride[1])
-            dxp[:, :, rows, cols] += np.einsum("nohw,oc->nchw", r, w[:, :, i, j])
-            dw[:, :, i, j] = np.einsum("nohw,nchw->oc", r, xp[:, :, rows, cols])
-    dx = dxp[:, :, pad[0]:pad[0] + h, pad[1]:pad[1] + wd]
-    return dx, dw, (None if b is None else r.sum(axis=(0, 2, 3)))
-
-
-class _Weighted(nn.Cell):
-    """sum(layer(x) * r): its gradient is the layer's vector-Jacobian product with r."""
-
-    def __init__(self, layer, r):
-        super().__init__()
-        self.layer = layer
-        self.r = Tensor(r)
-
-    def construct(self, x):
-        return (self.layer(x) * self.r).sum()
-
+from tests.test_thor_gemm_conv import _Weighted, np_conv_and_grads
 
 CASES = [  # in, out, kernel, stride, pad_mode, padding, bias, size
     (3, 5, 7, 2, "pad", 3, False, 11),
@@ -80,24 +36,25 @@ def test_gemm_conv_matches_numpy_forward_and_gradients(mode):
         layer = GemmConv2d(cin, cout, k, stride=s, pad_mode=pad_mode, padding=padding, has_bias=bias,
                            weight_init=Tensor(rng.standard_normal((cout, cin, k, k)).astype(np.float32)),
                            bias_init=Tensor(rng.standard_normal(cout).astype(np.float32)) if bias else "zeros")
-        x = rng.standard_normal((2, cin, size, size)).astype(np.float32)
+        x = rng.standard_normal((2, cin, size, size)).astype(np.float64)
         w = layer.weight.asnumpy().astype(np.float64)
-        b = layer.bias.asnumpy().astype(np.float64) if bias else None
-        pads = (padding, padding) if isinstance(padding, int) else (padding[0], padding[2])
-        want = np_conv(x.astype(np.float64), w, b, (s, s), pads)
-        r = rng.standard_normal(want.shape).astype(np.float32)
-        params = layer.trainable_params()
-
-        got = layer(Tensor(x)).asnumpy()
-        _, (dx, dparams) = ms.value_and_grad(_Weighted(layer, r), 0, params)(Tensor(x))
+        pads = (padding,) * 4 if isinstance(padding, int) else padding
+        want = np_conv_and_grads(x, w, (s, s), (1, 1), pads)[0]
+        if bias:
+            want = want + layer.bias.asnumpy()[None, :, None, None]
+        r = rng.standard_normal(want.shape)
+        _, want_dx, want_dw = np_conv_and_grads(x, w, (s, s), (1, 1), pads, r)
+        got = layer(Tensor(x.astype(np.float32))).asnumpy()
+        _, (dx, dparams) = ms.value_and_grad(_Weighted(layer, r.astype(np.float32)), 0,
+                                             layer.trainable_params())(Tensor(x.astype(np.float32)))
         case = f"k={k} s={s} {pad_mode} {padding} bias={bias} ({mode})"
         assert got.shape == want.shape, case
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
-        want_dx, want_dw, want_db = np_conv_grads(x.astype(np.float64), w, b, (s, s), pads, r.astype(np.float64))
         np.testing.assert_allclose(dx.asnumpy(), want_dx, rtol=1e-4, atol=1e-4, err_msg=case)
         np.testing.assert_allclose(dparams[0].asnumpy(), want_dw, rtol=1e-4, atol=1e-3, err_msg=case)
         if bias:
-            np.testing.assert_allclose(dparams[1].asnumpy(), want_db, rtol=1e-4, atol=1e-4, err_msg=case)
+            np.testing.assert_allclose(dparams[1].asnumpy(), r.sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4,
+                                       err_msg=case)
 
 
 def test_gemm_conv_refuses_what_it_does_not_implement():
