@@ -23,7 +23,7 @@ import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
-from bench.common import load_average, page_footer, quartiles_of, write_results  # noqa: E402
+from bench.common import load_average, page_footer, paired_ratio, write_results  # noqa: E402
 
 
 def _net(impl: str, width: int, classes: int):
@@ -58,16 +58,12 @@ def run(mode: str, width: int, repeats: int, batch: int, size: int, classes: int
             cell(x, y).asnumpy()
             times[name].append(time.perf_counter() - start)
 
-    def ratio(a, b):
-        values = [p / q for p, q in zip(times[a], times[b])]
-        return {"median": statistics.median(values), "quartiles": quartiles_of(values)}
-
     return {"mode": mode, "width": width, "batch": batch, "size": size, "repeats": repeats,
             "weights": sum(int(p.size) for p in twin.trainable_params()),
             "median_ms": {name: 1e3 * statistics.median(t) for name, t in times.items()},
-            "step_speedup": ratio("native step", "gemm step"),
-            "forward_speedup": ratio("native forward", "gemm forward"),
-            "noise": ratio("native step (twin)", "native step")}
+            "step_speedup": paired_ratio(times, "native step", "gemm step"),
+            "forward_speedup": paired_ratio(times, "native forward", "gemm forward"),
+            "noise": paired_ratio(times, "native step (twin)", "native step")}
 
 
 def render(runs, load_before) -> str:

@@ -24,7 +24,7 @@ from mindspore import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import load_average, page_footer, quartiles_of, write_results  # noqa: E402
+from bench.common import load_average, page_footer, paired_ratio, write_results  # noqa: E402
 from model_zoo.resnet.src.resnet import create_model  # noqa: E402
 from ms_boost import Model  # noqa: E402
 from ms_boost.thor import Conv2dThor, ConvertModelUtils, thor  # noqa: E402
@@ -69,15 +69,11 @@ def run(mode: str, args) -> dict:
             (out[0] if isinstance(out, tuple) else out).asnumpy()
             times[kind].append(time.perf_counter() - start)
 
-    def paired(a, b):
-        values = [p / q for p, q in zip(times[a], times[b])]
-        return {"median": statistics.median(values), "quartiles": quartiles_of(values)}
-
     return {"mode": mode, "net": args.net, "width": args.width, "batch": args.batch, "size": args.size,
             "frequency": args.frequency, "steps": args.steps,
             "median_ms": {k: statistics.median(v) * 1e3 for k, v in times.items()},
-            "conv2d_over_gemm": paired("thor_conv2d", "thor_gemm"),
-            "gemm_over_momentum": paired("thor_gemm", "momentum")}
+            "conv2d_over_gemm": paired_ratio(times, "thor_conv2d", "thor_gemm"),
+            "gemm_over_momentum": paired_ratio(times, "thor_gemm", "momentum")}
 
 
 def render(runs, load_before) -> str:

@@ -95,6 +95,12 @@ def quartiles_of(values) -> list:
     return [float(np.percentile(values, 25)), float(np.percentile(values, 75))] if values.size else []
 
 
+def paired_ratio(times: dict, a: str, b: str) -> dict:
+    """Median and quartiles of the per-repeat ratios ``times[a][i] / times[b][i]`` (contenders interleaved)."""
+    values = [p / q for p, q in zip(times[a], times[b])]
+    return {"median": float(np.median(values)), "quartiles": quartiles_of(values)}
+
+
 def page_footer(command: str, load_before: list = None) -> list:
     """Markdown lines every result page ends with: machine, versions, load, how to reproduce."""
     env = environment()
