@@ -548,11 +548,10 @@ class FreezeOpt(nn.Cell):
         step = self.global_step
         index = self.schedule[int(step.asnumpy()[0]) % self.period]
         done = step
-        for a in range(self.n_atoms):
-            if self._mask[index][a]:
-                if a not in self._atom_step_cells:
-                    self._atom_step_cells[a] = _AtomStep(self, a)
-                done = ops.depend(done, self._atom_step_cells[a](step, *_take(gradients, self.atom_indices[a])))
+        for a in self.group_atoms[index]:
+            if a not in self._atom_step_cells:
+                self._atom_step_cells[a] = _AtomStep(self, a)
+            done = ops.depend(done, self._atom_step_cells[a](step, *_take(gradients, self.atom_indices[a])))
         return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
 
     def construct(self, gradients):

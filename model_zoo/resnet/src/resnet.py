@@ -9,7 +9,8 @@ Networks are registered by name (``resnet18`` ... ``resnet152``); :func:`create_
 rejects an unknown name with the list of the known ones. ``base_width`` (64 in the paper) scales every
 stage's width, which gives small, fast networks with the real topology for tests and CPU demos.
 ``conv_impl`` picks the convolution: MindSpore's ``nn.Conv2d`` (``native``) or the same layer computed as
-im2col + GEMM (``gemm``, :mod:`model_zoo.resnet.src.conv`, ~4x faster training on CPU); ``auto`` (default)
+im2col + GEMM (``gemm``, :mod:`model_zoo.resnet.src.conv`; a ResNet-18 training step 7-15x faster in
+Graph mode and 2x in PyNative on CPU, bench/results/conv.md); ``auto`` (default)
 takes ``gemm`` on CPU and ``native`` on Ascend/GPU. Parameters and checkpoints are identical either way.
 """
 from __future__ import annotations
