@@ -76,12 +76,17 @@ class CommonHeadLastFN(nn.Cell):
                 self.bias = bias_init
             else:
                 self.bias = Parameter(initializer(bias_init, (self.out_channels,), mstype.float32), name="bias")
+        # The MatMul primitive with transpose_b, not ops.matmul(x, ops.transpose(w)) nor ``w.T``: in PyNative
+        # mode (MindSpore 2.10) the product of a transposed view has no known shape/type until the launch
+        # queue has run, so the loss's input check (ops.typeof) blocked the Python thread until the whole
+        # forward pass had executed; every later operation of the step was then launched one at a time.
+        self.matmul = ops.MatMul(transpose_b=True)
 
     def construct(self, x):
         dtype = x.dtype
         features = l2_normalize(x.astype(mstype.float32), 1)
         weight = l2_normalize(self.weight.astype(mstype.float32), 1)
-        out = ops.matmul(features, ops.transpose(weight, (1, 0)))  # not .T: its ndim check waits for the queue
+        out = self.matmul(features, weight)
         if self.has_bias:
             out = out + self.bias.astype(mstype.float32)
         return (self.multiplier * out).astype(dtype)

@@ -1,6 +1,8 @@
 """Tests of ms_boost.less_bn: BatchNorm reduction, the FN head, apply_less_bn / apply_less_bn_eval."""
 from __future__ import annotations
 
+import time
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -227,6 +229,32 @@ def test_common_head_last_fn_matches_numpy(mode, has_bias):
     b = head.bias.asnumpy() if has_bias else 0.0
     np.testing.assert_allclose(out, fn_reference(x, head.weight.asnumpy(), b, 2.5), rtol=1e-5, atol=1e-5)
     assert np.abs(out / 2.5 - b).max() <= 1.0 + 1e-5  # cosine similarities
+
+
+def test_common_head_last_fn_output_is_typed_without_waiting_for_the_queue():
+    """PyNative: the head's output type is known when it is launched. (A product with a transposed view
+    made the loss's ``ops.typeof`` input check wait until the whole forward pass had executed, which
+    serialised the rest of every training step.)"""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    conv = nn.Conv2d(16, 16, 3, pad_mode="same", has_bias=False)
+    x = Tensor(np.random.default_rng(0).normal(size=(8, 16, 32, 32)).astype(np.float32))
+    head = CommonHeadLastFN(16, 10, has_bias=False)
+
+    def features():  # a few convolutions still queued when the head is called
+        y = x
+        for _ in range(4):
+            y = conv(y)
+        return y.mean(axis=(2, 3))
+
+    head(features()).asnumpy()  # warm-up
+    queued = features()
+    start = time.perf_counter()
+    out = head(queued)
+    ops.typeof(out)
+    typed = time.perf_counter() - start
+    out.asnumpy()
+    drained = time.perf_counter() - start
+    assert typed < 0.5 * drained, f"typeof waited {typed:.3f} s of the {drained:.3f} s the queue took"
 
 
 def test_common_head_last_fn_rejects_wrong_weight_shape():
