@@ -31,7 +31,12 @@ _SCALARS = (bool, int, float, str)
 
 def cache_enabled() -> bool:
     """True when the compile cache is on (``enable_compile_cache`` context or ``MS_COMPILER_CACHE_ENABLE=1``)."""
-    return bool(ms.get_context("enable_compile_cache")) or os.environ.get("MS_COMPILER_CACHE_ENABLE", "") == "1"
+    if os.environ.get("MS_COMPILER_CACHE_ENABLE", "") == "1":
+        return True
+    try:
+        return bool(ms.get_context("enable_compile_cache"))
+    except (ValueError, KeyError):  # a MindSpore without this context key has no compile cache to scope
+        return False
 
 
 def _is_constant(value) -> bool:
