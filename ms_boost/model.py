@@ -9,7 +9,9 @@
   works on CPU too, and overflow steps are always skipped whole;
 * the plan's summary is logged when training starts;
 * with a THOR optimizer, ``train`` adds its guard callback (``optimizer.training_guard()``), which stops a
-  run whose loss stays non-finite with an error naming the step and the layer.
+  run whose loss stays non-finite with an error naming the step and the layer;
+* with MindSpore's compile cache on, graphs are cached per boost plan, amp and optimizer settings
+  (:mod:`ms_boost.compile_cache`): MindSpore alone would reuse a graph compiled with other settings.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from mindspore.train.loss_scale_manager import LossScaleManager
 
 from ms_boost import comm
 from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
+from ms_boost.compile_cache import optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, BoostConfigError, resolve
 from ms_boost.loss_scale import is_group_manager
 from ms_boost.thor.convert import ConvertModelUtils
@@ -69,6 +72,17 @@ def _train_cell(network: nn.Cell, optimizer, boost: AutoBoost, loss_scale_manage
     return BoostTrainOneStepWithLossScaleCell(network, optimizer, scale_sense, boost_config=boost).set_train()
 
 
+def _scope_cache(boost: AutoBoost, level, optimizer, kwargs: dict) -> None:
+    """Key MindSpore's compile cache (when on) by everything ms_boost compiles into the graphs as constants."""
+    amp = sorted((k, repr(v) if not hasattr(v, "__dict__") else f"{type(v).__name__} {_public_scalars(v)}")
+                 for k, v in kwargs.items())
+    scope_compile_cache("\n".join((boost.summary(), f"amp_level: {level!r} {amp}", optimizer_settings(optimizer))))
+
+
+def _public_scalars(obj) -> list:
+    return sorted((k, v) for k, v in vars(obj).items() if isinstance(v, (bool, int, float, str)))
+
+
 def _build(network, optimizer, loss_fn, level: str, boost: AutoBoost, kwargs: dict) -> nn.Cell:
     config = _amp_config(level, kwargs)
     network = apply_amp_level(network, config, level)
@@ -94,6 +108,7 @@ def build_train_network(network: nn.Cell, optimizer, loss_fn: Optional[nn.Cell] 
         The training cell (``BoostTrainOneStepCell`` or ``BoostTrainOneStepWithLossScaleCell``).
     """
     boost = resolve(boost_level, kwargs.pop("boost_config_dict", None))
+    _scope_cache(boost, level, optimizer, kwargs)
     network, optimizer = boost.network_auto_process_train(network, optimizer)
     return _build(network, optimizer, loss_fn, level, boost, kwargs)
 
@@ -138,13 +153,14 @@ class Model(_MsModel):
             raise TypeError(f"Model: network must be a mindspore.nn.Cell, got {type(network).__name__}.")
         if self._loss_scale_manager is not None and self._optimizer is None:
             raise ValueError("Model: 'optimizer' can not be None when 'loss_scale_manager' is set.")
-        if self._optimizer is None:
-            return nn.WithLossCell(network, self._loss_fn) if self._loss_fn else network
         amp_kwargs = {}
         if self._loss_scale_manager_set:
             amp_kwargs["loss_scale_manager"] = self._loss_scale_manager
         if self._keep_bn_fp32 is not None:
             amp_kwargs["keep_batchnorm_fp32"] = self._keep_bn_fp32
+        _scope_cache(self.boost, self._amp_level, self._optimizer, amp_kwargs)  # eval-only models too
+        if self._optimizer is None:
+            return nn.WithLossCell(network, self._loss_fn) if self._loss_fn else network
         return _build(network, self._optimizer, self._loss_fn, self._amp_level, self.boost, amp_kwargs)
 
     def _enabled(self):

@@ -1,0 +1,84 @@
+"""MindSpore's compile cache, kept apart per boost plan.
+
+MindSpore can save compiled graphs to disk and load them in the next run (``mindspore.set_context(
+enable_compile_cache=True, compile_cache_path=...)`` or the environment variables ``MS_COMPILER_CACHE_ENABLE=1`` /
+``MS_COMPILER_CACHE_PATH``). It decides that a saved graph still fits by the Python source, not by the values
+compiled into the graph: measured with MindSpore 2.10, a run with ``grad_accumulation_step`` 1 followed by a run
+with 4 from the same script trained the second run with 1 accumulation step, silently. ms_boost compiles its
+settings (the boost plan, THOR's frequency, amp casts, ...) into the graph as constants, so when the cache is on,
+:func:`scope_compile_cache` moves it into a sub-folder named after a hash of those settings: a run with other
+settings compiles (and saves) its own graphs, a rerun with the same settings loads them.
+
+Constants of the user's own network (a layer's Python attribute) are not part of the key: that stays MindSpore's
+behaviour (delete the cache folder after changing them).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Optional
+
+import mindspore as ms
+
+logger = logging.getLogger("ms_boost")
+
+__all__ = ["cache_enabled", "optimizer_settings", "scope_compile_cache", "SCOPE_PREFIX"]
+
+SCOPE_PREFIX = "ms_boost-"
+_SCALARS = (bool, int, float, str)
+
+
+def cache_enabled() -> bool:
+    """True when the compile cache is on (``enable_compile_cache`` context or ``MS_COMPILER_CACHE_ENABLE=1``)."""
+    if os.environ.get("MS_COMPILER_CACHE_ENABLE", "") == "1":
+        return True
+    try:
+        return bool(ms.get_context("enable_compile_cache"))
+    except (ValueError, KeyError):  # a MindSpore without this context key has no compile cache to scope
+        return False
+
+
+def _is_constant(value) -> bool:
+    if isinstance(value, _SCALARS) or value is None:
+        return True
+    return isinstance(value, tuple) and all(_is_constant(v) for v in value)
+
+
+def optimizer_settings(optimizer) -> str:
+    """The settings of ``optimizer`` a compiled graph can hold as constants: its class, its public Python scalars
+    (and tuples of them), and what its ``compile_settings()`` returns when it has one (THOR)."""
+    if optimizer is None:
+        return "optimizer: none"
+    cls = type(optimizer)
+    items = sorted((k, repr(v)) for k, v in vars(optimizer).items() if not k.startswith("_") and _is_constant(v))
+    extra = optimizer.compile_settings() if callable(getattr(optimizer, "compile_settings", None)) else {}
+    return f"optimizer: {cls.__module__}.{cls.__qualname__} {items} {sorted((k, repr(v)) for k, v in extra.items())}"
+
+
+def scope_compile_cache(settings: str) -> Optional[str]:
+    """With the compile cache on, point ``compile_cache_path`` at ``<base>/ms_boost-<hash of settings>``.
+
+    ``<base>`` is the path the user chose (context, else ``MS_COMPILER_CACHE_PATH``, else the working directory);
+    a path this function set before (a second model in the same process) is replaced, not nested.
+
+    Args:
+        settings: text holding every setting compiled into the graphs (the boost plan's summary, the amp
+            settings, :func:`optimizer_settings`).
+
+    Returns:
+        The cache path now in use, or None when the compile cache is off (nothing is changed then).
+    """
+    if not cache_enabled():
+        return None
+    current = ms.get_context("compile_cache_path") or os.environ.get("MS_COMPILER_CACHE_PATH", "") or "."
+    base = current.rstrip("/\\") or current
+    if os.path.basename(base).startswith(SCOPE_PREFIX):
+        base = os.path.dirname(base) or "."
+    text = "\n".join((settings, f"mindspore {ms.__version__}"))
+    path = os.path.join(base, SCOPE_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16])
+    if path != current:
+        ms.set_context(compile_cache_path=path)
+        logger.info("ms_boost: MindSpore's compile cache is on; graphs of these settings are cached in %s "
+                    "(keyed by the boost plan, amp and optimizer settings)", path)
+    return path
