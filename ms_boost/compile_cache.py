@@ -23,7 +23,7 @@ import mindspore as ms
 
 logger = logging.getLogger("ms_boost")
 
-__all__ = ["cache_enabled", "optimizer_settings", "scope_compile_cache", "SCOPE_PREFIX"]
+__all__ = ["cache_enabled", "constant_settings", "optimizer_settings", "scope_compile_cache", "SCOPE_PREFIX"]
 
 SCOPE_PREFIX = "ms_boost-"
 _SCALARS = (bool, int, float, str)
@@ -45,15 +45,21 @@ def _is_constant(value) -> bool:
     return isinstance(value, tuple) and all(_is_constant(v) for v in value)
 
 
+def constant_settings(obj, private: bool = False) -> str:
+    """What of ``obj`` a compiled graph can hold as constants: its class, its Python scalars (and tuples of
+    them; the ``_``-prefixed ones too when ``private``), and what its ``compile_settings()`` returns when it
+    has one."""
+    cls = type(obj)
+    items = sorted((k, repr(v)) for k, v in vars(obj).items()
+                   if (private or not k.startswith("_")) and _is_constant(v))
+    extra = obj.compile_settings() if callable(getattr(obj, "compile_settings", None)) else {}
+    return f"{cls.__module__}.{cls.__qualname__} {items} {sorted((k, repr(v)) for k, v in extra.items())}"
+
+
 def optimizer_settings(optimizer) -> str:
-    """The settings of ``optimizer`` a compiled graph can hold as constants: its class, its public Python scalars
-    (and tuples of them), and what its ``compile_settings()`` returns when it has one (THOR)."""
-    if optimizer is None:
-        return "optimizer: none"
-    cls = type(optimizer)
-    items = sorted((k, repr(v)) for k, v in vars(optimizer).items() if not k.startswith("_") and _is_constant(v))
-    extra = optimizer.compile_settings() if callable(getattr(optimizer, "compile_settings", None)) else {}
-    return f"optimizer: {cls.__module__}.{cls.__qualname__} {items} {sorted((k, repr(v)) for k, v in extra.items())}"
+    """:func:`constant_settings` of ``optimizer`` (public attributes: an optimizer's private ones hold
+    per-instance bookkeeping, which would make every run's key new)."""
+    return "optimizer: none" if optimizer is None else f"optimizer: {constant_settings(optimizer)}"
 
 
 def scope_compile_cache(settings: str) -> Optional[str]:

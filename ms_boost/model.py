@@ -25,7 +25,7 @@ from mindspore.train.loss_scale_manager import LossScaleManager
 
 from ms_boost import comm
 from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
-from ms_boost.compile_cache import cache_enabled, optimizer_settings, scope_compile_cache
+from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, BoostConfigError, resolve
 from ms_boost.loss_scale import is_group_manager
 from ms_boost.thor.convert import ConvertModelUtils
@@ -76,13 +76,10 @@ def _scope_cache(boost: AutoBoost, level, optimizer, kwargs: dict) -> None:
     """Key MindSpore's compile cache (when on) by everything ms_boost compiles into the graphs as constants."""
     if not cache_enabled():
         return
-    amp = sorted((k, repr(v) if not hasattr(v, "__dict__") else f"{type(v).__name__} {_public_scalars(v)}")
+    # a loss-scale manager keeps its settings in private attributes (FixedLossScaleManager._loss_scale)
+    amp = sorted((k, constant_settings(v, private=True) if hasattr(v, "__dict__") else repr(v))
                  for k, v in kwargs.items())
     scope_compile_cache("\n".join((boost.summary(), f"amp_level: {level!r} {amp}", optimizer_settings(optimizer))))
-
-
-def _public_scalars(obj) -> list:
-    return sorted((k, v) for k, v in vars(obj).items() if isinstance(v, (bool, int, float, str)))
 
 
 def _build(network, optimizer, loss_fn, level: str, boost: AutoBoost, kwargs: dict) -> nn.Cell:

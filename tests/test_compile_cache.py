@@ -17,7 +17,7 @@ import pytest
 from mindspore import nn
 
 from ms_boost import Model
-from ms_boost.compile_cache import SCOPE_PREFIX, optimizer_settings, scope_compile_cache
+from ms_boost.compile_cache import SCOPE_PREFIX, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.thor import thor
 from tests.workers.compile_cache_run import train
 
@@ -68,6 +68,15 @@ def test_optimizer_settings_hold_the_compiled_constants():
     object.__setattr__(c1, "window", 3)
     object.__setattr__(c2, "window", 4)
     assert "window" in optimizer_settings(c1) and optimizer_settings(c1) != optimizer_settings(c2)
+
+
+def test_constant_settings_of_a_loss_scale_manager_hold_its_private_scale():
+    from mindspore.train import FixedLossScaleManager
+
+    a, b = FixedLossScaleManager(1024.0), FixedLossScaleManager(128.0)
+    assert constant_settings(a, private=True) != constant_settings(b, private=True)
+    assert constant_settings(a) == constant_settings(b)  # its settings are all private
+    assert "FixedLossScaleManager" in constant_settings(a)
 
 
 def test_model_scopes_the_cache_by_its_plan(cache_context, tmp_path):
