@@ -54,7 +54,7 @@ __all__ = [
     "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
     "all_finite", "blocks_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse",
     "clamped_eigen_block_inverse",
-    "trust_region_scale", "damped_blocks", "guarded_block_inverse",
+    "trust_region_scale", "damped_blocks", "guarded_block_inverse", "narrow", "any_true",
 ]
 
 #: A damped block :math:`B + s I` is inverted through Cholesky only when :math:`s \ge \tau \max_i B_{ii}`
@@ -64,6 +64,47 @@ CHOLESKY_SAFE_RATIO = 2.0 ** -10
 
 _REDUCE_MAX = ops.ReduceMax(keep_dims=False)
 _REDUCE_ALL = ops.ReduceAll(keep_dims=False)
+_REDUCE_ANY = ops.ReduceAny(keep_dims=False)
+
+# Graph-mode compile time. MindSpore type-infers a Python-level wrapper (``Tensor.swapaxes``, ``ops.matmul``,
+# ``ops.pad``, ``ops.eye``, tensor slicing, ``Tensor.sum(axis)``, ``ops.clamp``) anew at every call site and
+# shape, 5-33 ms each, while a primitive with static arguments costs 1-2 ms (40 calls of ``x.swapaxes(-1, -2)``:
+# +1.3 s, of ``Transpose`` with a static permutation: +0.05 s). THOR makes hundreds of such calls per step, so
+# the math below goes through these primitives and the small helpers after them.
+_TRANSPOSE = ops.Transpose()
+_BATCH_MATMUL = ops.BatchMatMul()
+_BATCH_MATMUL_TA = ops.BatchMatMul(transpose_a=True)  # a^T b
+_BATCH_MATMUL_TB = ops.BatchMatMul(transpose_b=True)  # a b^T
+_EYE = ops.Eye()
+_REDUCE_SUM = ops.ReduceSum(keep_dims=False)
+_SLICE = ops.Slice()
+_CONCAT_LAST = ops.Concat(-1)
+
+
+def _transpose_last2(x: Tensor) -> Tensor:
+    """``x`` with its last two axes swapped (``Transpose`` with a static permutation; see the compile-time note)."""
+    rank = x.ndim
+    return _TRANSPOSE(x, tuple(range(rank - 2)) + (rank - 1, rank - 2))
+
+
+def _eye(n: int) -> Tensor:
+    """float32 identity ``(n, n)``."""
+    return _EYE(n, n, ms.float32)
+
+
+def _pad_last2(x: Tensor, rows: int, cols: int) -> Tensor:
+    """Zero-pad ``x`` with ``rows`` rows and ``cols`` columns at the end of its last two axes."""
+    return ops.Pad(((0, 0),) * (x.ndim - 2) + ((0, rows), (0, cols)))(x)
+
+
+def narrow(x: Tensor, axis: int, start: int, count: int) -> Tensor:
+    """``count`` entries of ``x`` from ``start`` along non-negative ``axis``: ``x[..., start:start + count, ...]``.
+
+    One ``Slice`` with static bounds (tensor indexing compiles several times slower in Graph mode).
+    """
+    shape = x.shape
+    begin = (0,) * axis + (start,) + (0,) * (len(shape) - axis - 1)
+    return _SLICE(x, begin, shape[:axis] + (count,) + shape[axis + 1:])
 
 
 def conv_pads(pad_mode: str, padding, in_hw: Sequence[int], kernel_size: Sequence[int],
@@ -125,7 +166,7 @@ def split_groups(rows: Tensor, groups: int) -> Tensor:
 def append_ones(rows: Tensor) -> Tensor:
     r"""Append a constant-1 column to ``(..., R, d)`` rows: :math:`\tilde a = [a; 1]`, the bias input."""
     ones = ops.ones(rows.shape[:-1] + (1,), rows.dtype)
-    return ops.concat((rows, ones), axis=-1)
+    return _CONCAT_LAST((rows, ones))
 
 
 def input_factor(rows: Tensor) -> Tensor:
@@ -133,8 +174,8 @@ def input_factor(rows: Tensor) -> Tensor:
 
     Computed in float32 whatever the input type.
     """
-    rows = rows.astype(ms.float32)
-    return ops.matmul(rows.swapaxes(-1, -2), rows) / rows.shape[-2]
+    rows = ops.cast(rows, ms.float32)
+    return _BATCH_MATMUL_TA(rows, rows) / rows.shape[-2]
 
 
 def output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor) -> Tensor:
@@ -149,8 +190,8 @@ def output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor) -> Tensor:
         n_samples: :math:`N`, the number of samples the batch-mean loss averaged over.
         loss_scale: scalar Tensor :math:`s`.
     """
-    rows = rows.astype(ms.float32) / loss_scale.astype(ms.float32)
-    return ops.matmul(rows.swapaxes(-1, -2), rows) * n_samples
+    rows = ops.cast(rows, ms.float32) / ops.cast(loss_scale, ms.float32)
+    return _BATCH_MATMUL_TA(rows, rows) * n_samples
 
 
 def token_frequencies(ids: Tensor, vocab_size: int) -> Tensor:
@@ -204,24 +245,28 @@ def diagonal_tiles(factor: Tensor, block_size: int) -> Tensor:
     padded = n_blocks * block
     if padded != dim:
         extra = padded - dim
-        factor = ops.pad(factor, (0, extra, 0, extra))
-        pad_eye = ops.eye(padded, padded, ms.float32) - ops.pad(ops.eye(dim, dim, ms.float32), (0, extra, 0, extra))
-        factor = factor + pad_eye
+        pad_eye = _eye(padded) - _pad_last2(_eye(dim), extra, extra)
+        factor = _pad_last2(factor, extra, extra) + pad_eye
     if n_blocks == 1:
         return factor.reshape(groups, 1, block, block)
-    tiles = factor.reshape(groups, n_blocks, block, n_blocks, block).transpose(0, 1, 3, 2, 4)
-    mask = ops.eye(n_blocks, n_blocks, ms.float32).reshape(1, n_blocks, n_blocks, 1, 1)
-    return (tiles * mask).sum(axis=2)
+    tiles = _TRANSPOSE(factor.reshape(groups, n_blocks, block, n_blocks, block), (0, 1, 3, 2, 4))
+    mask = _eye(n_blocks).reshape(1, n_blocks, n_blocks, 1, 1)
+    return _REDUCE_SUM(tiles * mask, 2)
 
 
 def symmetrise(matrix: Tensor) -> Tensor:
     r""":math:`\frac{1}{2}(M + M^{\top})` over the last two axes."""
-    return (matrix + matrix.swapaxes(-1, -2)) * 0.5
+    return (matrix + _transpose_last2(matrix)) * 0.5
 
 
 def all_finite(x: Tensor) -> Tensor:
     """Boolean scalar Tensor: no inf or NaN in ``x``."""
-    return ops.isfinite(x).all()
+    return _REDUCE_ALL(ops.isfinite(x), ())
+
+
+def any_true(x: Tensor) -> Tensor:
+    """Boolean scalar Tensor: some entry of boolean ``x`` is True (the primitive: faster to compile than ``.any()``)."""
+    return _REDUCE_ANY(x, ())
 
 
 def blocks_finite(blocks: Tensor) -> Tensor:
@@ -232,9 +277,8 @@ def blocks_finite(blocks: Tensor) -> Tensor:
 def _trace(factor: Tensor) -> Tensor:
     """Per-group trace of ``(groups, d, d)`` factors (or the sum of a ``(d,)`` diagonal factor) -> ``(groups,)``."""
     if factor.ndim == 1:
-        return factor.sum().reshape(1)
-    eye = ops.eye(factor.shape[-1], factor.shape[-1], factor.dtype)
-    return (factor * eye).sum(axis=(-1, -2))
+        return _REDUCE_SUM(factor, ()).reshape(1)
+    return _REDUCE_SUM(factor * ops.cast(_eye(factor.shape[-1]), factor.dtype), (-1, -2))
 
 
 def pi_damping(a_factor: Tensor, g_factor: Tensor, low: float = 1e-3, high: float = 1e3) -> Tensor:
@@ -249,12 +293,12 @@ def pi_damping(a_factor: Tensor, g_factor: Tensor, low: float = 1e-3, high: floa
     """
     a_dim = a_factor.shape[-1]
     g_dim = g_factor.shape[-1]
-    a_mean = _trace(a_factor.astype(ms.float32)) / a_dim
-    g_mean = _trace(g_factor.astype(ms.float32)) / g_dim
+    a_mean = _trace(ops.cast(a_factor, ms.float32)) / a_dim
+    g_mean = _trace(ops.cast(g_factor, ms.float32)) / g_dim
     valid = ops.logical_and(ops.logical_and(a_mean > 0, g_mean > 0),
                             ops.logical_and(ops.isfinite(a_mean), ops.isfinite(g_mean)))
     ratio = ops.select(valid, a_mean / ops.select(valid, g_mean, ops.ones_like(g_mean)), ops.ones_like(a_mean))
-    return ops.clamp(ops.sqrt(ratio), low, high)
+    return ops.minimum(ops.maximum(ops.sqrt(ratio), low), high)  # ratio > 0: no NaN to treat
 
 
 def cholesky_safe(blocks: Tensor, shift: Tensor, ratio: float = CHOLESKY_SAFE_RATIO) -> Tensor:
@@ -280,12 +324,11 @@ def cholesky_block_inverse(blocks: Tensor, shift: Tensor) -> Tensor:
     Only for blocks :func:`cholesky_safe` accepts (``cholesky`` raises inside MindSpore on a matrix it
     finds indefinite).
     """
-    block = blocks.shape[-1]
-    eye = ops.eye(block, block, ms.float32)
+    eye = _eye(blocks.shape[-1])
     damped = blocks + eye * shift.reshape(-1, 1, 1)
     lower = ops.cholesky(damped)
-    lower_inv = solve_triangular(lower, ops.broadcast_to(eye, damped.shape), lower=True)
-    return ops.matmul(lower_inv.swapaxes(-1, -2), lower_inv)
+    lower_inv = solve_triangular(lower, ops.BroadcastTo(damped.shape)(eye), lower=True)
+    return _BATCH_MATMUL_TA(lower_inv, lower_inv)
 
 
 def clamped_eigen_block_inverse(blocks: Tensor, shift: Tensor) -> Tensor:
@@ -297,9 +340,9 @@ def clamped_eigen_block_inverse(blocks: Tensor, shift: Tensor) -> Tensor:
     \operatorname{sign}(u_i^{\top} v_i)`. Never raises on finite input.
     """
     singular, left, right = ops.svd(blocks)
-    sign = ops.sign((left * right).sum(axis=-2))
+    sign = ops.sign(_REDUCE_SUM(left * right, -2))
     eigen = ops.relu(singular * sign) + shift.reshape(-1, 1)
-    return ops.matmul(right / eigen.expand_dims(-2), right.swapaxes(-1, -2))
+    return _BATCH_MATMUL_TB(right / eigen.reshape(eigen.shape[0], 1, eigen.shape[1]), right)
 
 
 def damped_block_inverse(factor: Tensor, damping: Tensor, block_size: int) -> Tensor:
@@ -319,7 +362,7 @@ def damped_block_inverse(factor: Tensor, damping: Tensor, block_size: int) -> Te
         ``(groups, n_b, b, b)`` float32 block inverses.
     """
     groups = factor.shape[0]
-    shift = ops.broadcast_to(ops.sqrt(damping.astype(ms.float32)).reshape(1), (groups,))
+    shift = ops.BroadcastTo((groups,))(ops.sqrt(ops.cast(damping, ms.float32)).reshape(1))
     inverse, _ = guarded_block_inverse(factor, shift, block_size)
     return inverse
 
@@ -329,9 +372,9 @@ def damped_blocks(factor: Tensor, shift: Tensor, block_size: int) -> Tuple[Tenso
 
     ``shift`` is ``(groups,)`` (one damping per channel group, e.g. after :func:`pi_damping`).
     """
-    blocks = diagonal_blocks(factor.astype(ms.float32), block_size)
+    blocks = diagonal_blocks(ops.cast(factor, ms.float32), block_size)
     groups, n_blocks, block = blocks.shape[0], blocks.shape[1], blocks.shape[2]
-    shifts = ops.broadcast_to(shift.astype(ms.float32).reshape(groups, 1), (groups, n_blocks)).reshape(-1)
+    shifts = ops.BroadcastTo((groups, n_blocks))(ops.cast(shift, ms.float32).reshape(groups, 1)).reshape(-1)
     return blocks.reshape(groups * n_blocks, block, block), shifts
 
 
@@ -351,8 +394,8 @@ def guarded_block_inverse(factor: Tensor, shift: Tensor, block_size: int) -> Tup
     groups = factor.shape[0]
     block = flat.shape[-1]
     safe = cholesky_safe(flat, shifts)
-    unsafe = ops.logical_not(safe).astype(ms.float32).sum()
-    if safe.all():
+    unsafe = _REDUCE_SUM(ops.cast(ops.logical_not(safe), ms.float32), ())
+    if _REDUCE_ALL(safe, ()):
         inverse = cholesky_block_inverse(flat, shifts)
     else:
         inverse = clamped_eigen_block_inverse(flat, shifts)
@@ -391,12 +434,12 @@ def block_diag_left(blocks: Tensor, x: Tensor) -> Tensor:
     groups, dim, width = x.shape
     n_blocks, block = blocks.shape[1], blocks.shape[2]
     if n_blocks == 1:
-        return ops.matmul(blocks.reshape(groups, block, block), x)
+        return _BATCH_MATMUL(blocks.reshape(groups, block, block), x)
     padded = n_blocks * block
     if padded != dim:
-        x = ops.pad(x, (0, 0, 0, padded - dim))
-    y = ops.matmul(blocks, x.reshape(groups, n_blocks, block, width)).reshape(groups, padded, width)
-    return y[:, :dim, :] if padded != dim else y
+        x = _pad_last2(x, padded - dim, 0)
+    y = _BATCH_MATMUL(blocks, x.reshape(groups, n_blocks, block, width)).reshape(groups, padded, width)
+    return narrow(y, 1, 0, dim) if padded != dim else y
 
 
 def block_diag_right(x: Tensor, blocks: Tensor) -> Tensor:
@@ -404,13 +447,13 @@ def block_diag_right(x: Tensor, blocks: Tensor) -> Tensor:
     groups, height, dim = x.shape
     n_blocks, block = blocks.shape[1], blocks.shape[2]
     if n_blocks == 1:
-        return ops.matmul(x, blocks.reshape(groups, block, block))
+        return _BATCH_MATMUL(x, blocks.reshape(groups, block, block))
     padded = n_blocks * block
     if padded != dim:
-        x = ops.pad(x, (0, padded - dim))
-    tiles = x.reshape(groups, height, n_blocks, block).transpose(0, 2, 1, 3)
-    y = ops.matmul(tiles, blocks).transpose(0, 2, 1, 3).reshape(groups, height, padded)
-    return y[:, :, :dim] if padded != dim else y
+        x = _pad_last2(x, 0, padded - dim)
+    tiles = _TRANSPOSE(x.reshape(groups, height, n_blocks, block), (0, 2, 1, 3))
+    y = _TRANSPOSE(_BATCH_MATMUL(tiles, blocks), (0, 2, 1, 3)).reshape(groups, height, padded)
+    return narrow(y, 2, 0, dim) if padded != dim else y
 
 
 def kronecker_precondition(grad: Tensor, g_inverse: Tensor, a_inverse: Tensor) -> Tensor:
@@ -436,7 +479,7 @@ def embedding_precondition(grad: Tensor, a_inverse_diagonal: Tensor, g_inverse: 
 
 def clip_by_norm(x: Tensor, max_norm: float) -> Tensor:
     r"""Rescale ``x`` to norm at most ``max_norm``: :math:`x \min(1, c / \lVert x \rVert_2)`."""
-    norm = ops.sqrt((x * x).sum())
+    norm = ops.sqrt(_REDUCE_SUM(x * x, ()))
     return x * ops.minimum(max_norm / ops.maximum(norm, 1e-12), 1.0)
 
 

@@ -444,6 +444,22 @@ class THOR(nn.Optimizer, StageHooks):
         self.inverse_batches = tuple(batches)
         self.inverse_batch_slot = tuple(slots)
         self.batch_block_layer = tuple(block_layer)
+        self.batch_job_groups = tuple(tuple(self.layer_groups[j // 2] for j in jobs) for jobs in batches)
+        self.batch_job_blocks = tuple(tuple(slots[j][2] // self.layer_groups[j // 2] for j in jobs) for jobs in batches)
+        # per job: (mode: 0 another rank's / 1 diagonal / 2 Kronecker, layer, slot 0 A / 1 G, batch, first block,
+        # block count, whole batch, inverse shape); the refresh maps over these instead of unrolling loops
+        specs = []
+        for j in range(2 * self.n_layers):
+            k, first, count = slots[j]
+            mode = 0 if self.inverse_owner[j] != self.rank else (1 if self._is_diagonal(j) else 2)
+            whole = k >= 0 and len(batches[k]) == 1
+            specs.append((mode, j // 2, j % 2, k, first, count, whole, tuple(self.inverse_shapes[j])))
+        self.job_specs = tuple(specs)
+        self.job_layer = tuple(j // 2 for j in range(2 * self.n_layers))
+        self.job_slot = tuple(j % 2 for j in range(2 * self.n_layers))
+        self.layer_embedding = tuple(kind == "embedding" for kind in self.layer_kind)
+        # the new inverses are assigned inside the per-job map unless they first travel through a broadcast
+        self.assign_in_map = not self.broadcast_ranks
 
     # ------------------------------------------------------------------ public helpers
     @property
@@ -477,12 +493,6 @@ class THOR(nn.Optimizer, StageHooks):
             layer.bind_loss_scale(loss_scale)
 
     # ------------------------------------------------------------------ step
-    def _factor_for_inverse(self, job: int, factor):
-        """The factor job ``job`` inverts (A without an untrained bias's row/column)."""
-        if job % 2 == 0 and self.layer_kind[job // 2] != "embedding" and self.trim_a[job // 2]:
-            return factor[:, :-1, :-1]
-        return factor
-
     def _refresh(self, damping, gradients):
         """Fold the captured statistics, average them across ranks, invert, store; returns a dependency token.
 
@@ -491,12 +501,20 @@ class THOR(nn.Optimizer, StageHooks):
         factors hold inf/NaN keeps its previous inverses (counted per layer in ``refresh_health``); every
         block goes through Cholesky when all of this rank's blocks are :func:`~ms_boost.thor.math.cholesky_safe`,
         else through the clamped eigen-inverse (the number of unsafe blocks is counted).
+
+        Per-layer, per-job and per-batch work is mapped (``ops.Map``) over static tuples (``job_specs``, ...):
+        Python loops accumulating tuples unroll into graphs that compile about twice as slowly.
         """
-        factors = ()
-        for i in range(self.n_layers):
-            factors += (self.a_batches[i], self.g_batches[i])
+        token = ops.zeros((), ms.float32)
+        if self.n_layers == 0:
+            return self._finish_refresh(token, token, token, ops.zeros((0,), ms.bool_))
+        hyper_map = _MAP  # not HyperMap: it would map into the tuples these records are
+        a_source, g_source = self.a_batches, self.g_batches
         last = gradients
         if self.distributed:
+            factors = ()
+            for i in range(self.n_layers):
+                factors += (self.a_batches[i], self.g_batches[i])
             flats = ()
             for k in range(len(self.reduce_jobs)):
                 parts = ()
@@ -507,111 +525,67 @@ class THOR(nn.Optimizer, StageHooks):
             reduced = ()
             for j in range(2 * self.n_layers):
                 k, offset = self.reduce_slot[j]
-                reduced += (flats[k][offset:offset + self.factor_sizes[j]].reshape(self.factor_shapes[j]),)
-            factors = reduced
-        token = ops.zeros((), ms.float32)
-        folded = ()
-        layer_ok = ()
-        for i in range(self.n_layers):
-            a, g = factors[2 * i], factors[2 * i + 1]
-            slot = self.factor_slot[i]
-            if slot >= 0:
-                decay = self.factor_decay[i]
-                a = thor_math.running_average(self.a_factors[slot], a, decay, self.thor_initialised)
-                g = thor_math.running_average(self.g_factors[slot], g, decay, self.thor_initialised)
-            ok = ops.logical_and(thor_math.all_finite(a), thor_math.all_finite(g))
-            if slot >= 0:  # a non-finite capture must not poison the running average
-                token = ops.depend(token, ops.assign(self.a_factors[slot], ops.where(ok, a, self.a_factors[slot])))
-                token = ops.depend(token, ops.assign(self.g_factors[slot], ops.where(ok, g, self.g_factors[slot])))
-            if a.ndim == 1:  # a stand-in keeps the diagonal inverse finite; its result is discarded below
-                a = ops.where(ok, a, ops.ones_like(a))
-            folded += (self._factor_for_inverse(2 * i, a), g)
-            layer_ok += (ok,)
+                reduced += (thor_math.narrow(flats[k], 0, offset, self.factor_sizes[j]).reshape(self.factor_shapes[j]),)
+            a_source = hyper_map(ops.partial(_pick, reduced), tuple(range(0, 2 * self.n_layers, 2)))
+            g_source = hyper_map(ops.partial(_pick, reduced), tuple(range(1, 2 * self.n_layers, 2)))
+        folds = hyper_map(ops.partial(_fold_layer, self.thor_initialised, self.a_factors, self.g_factors),
+                          self.factor_slot, self.factor_decay, self.trim_a, a_source, g_source)
+        token = ops.depend(token, hyper_map(_field_3, folds))
+        layer_ok = hyper_map(_field_2, folds)
         ok_vector = ops.stack(layer_ok)
+        folded = hyper_map(ops.partial(_job_field, folds), self.job_layer, self.job_slot)  # per job
         root = ops.sqrt(damping.astype(ms.float32))
         shifts = ()
         if self.pi_damping:
-            for i in range(self.n_layers):
-                # a rejected layer gets pi = 1 (what its identity stand-in blocks give)
-                pi = ops.where(layer_ok[i], thor_math.pi_damping(folded[2 * i], folded[2 * i + 1]), 1.0)
-                pi = ops.broadcast_to(pi.reshape(-1), (self.layer_groups[i],))
-                shifts += (root * pi, root / pi)
+            layer_shifts = hyper_map(ops.partial(_pi_shifts, root), self.layer_groups, folds)
+            shifts = hyper_map(ops.partial(_job_field, layer_shifts), self.job_layer, self.job_slot)
         # this rank's Kronecker blocks, batched by block size; one Cholesky-or-eigen decision for all of them
-        batch_blocks, batch_shifts, batch_ok = (), (), ()
+        raw, block_bad = (), ()
         unsafe = ops.zeros((), ms.float32)
-        for k in range(len(self.inverse_batches)):
-            parts, shift_parts = (), ()
-            for j in self.inverse_batches[k]:
-                block = self.inverse_shapes[j][-1]
-                tiles = thor_math.diagonal_tiles(folded[j].astype(ms.float32), self.block_size)
-                parts += (tiles.reshape(-1, block, block),)
-                if self.pi_damping:
-                    count = self.inverse_batch_slot[j][2]
-                    shift_parts += (ops.broadcast_to(shifts[j].reshape(-1, 1), (self.layer_groups[j // 2],
-                                                                              count // self.layer_groups[j // 2]))
-                                    .reshape(-1),)
-            blocks = thor_math.symmetrise(parts[0] if len(parts) == 1 else ops.concat(parts))
-            # identity stand-ins for the blocks of rejected layers keep the inversion finite; discarded below
-            block_ok = ops.gather(ok_vector, self.batch_block_layer[k], 0)
-            block = blocks.shape[-1]
-            blocks = ops.where(block_ok.reshape(-1, 1, 1), blocks,
-                               ops.broadcast_to(ops.eye(block, block, ms.float32), blocks.shape))
-            batch_ok += (block_ok,)
-            if self.pi_damping:
-                shift = shift_parts[0] if len(shift_parts) == 1 else ops.concat(shift_parts)
+        if self.inverse_batches:
+            prepared = hyper_map(ops.partial(_prepare_batch, folded, shifts, ok_vector, root, self.block_size,
+                                             self.pi_damping),
+                                 self.inverse_batches, self.batch_job_groups, self.batch_job_blocks,
+                                 self.batch_block_layer)
+            batch_blocks = hyper_map(_field_0, prepared)
+            batch_shifts = hyper_map(_field_1, prepared)
+            batch_ok = hyper_map(_field_2, prepared)
+            unsafe = ops.addn(hyper_map(_field_3, prepared))
+            if unsafe > 0.5:
+                raw = hyper_map(_eigen_inverse, batch_blocks, batch_shifts)
             else:
-                shift = ops.broadcast_to(root.reshape(1), (blocks.shape[0],))
-            unsafe = unsafe + ops.logical_not(thor_math.cholesky_safe(blocks, shift)).astype(ms.float32).sum()
-            batch_blocks += (blocks,)
-            batch_shifts += (shift,)
-        if unsafe > 0.5:
-            raw = self._invert_batches(batch_blocks, batch_shifts, False)
-        else:
-            raw = self._invert_batches(batch_blocks, batch_shifts, True)
-        bad_inverses = ops.zeros((), ms.float32)
-        block_bad = ()
-        for k in range(len(self.inverse_batches)):
+                raw = hyper_map(_cholesky_inverse, batch_blocks, batch_shifts)
             # a block is bad when its layer's factors or its inverse are non-finite
-            block_bad += (ops.logical_not(ops.logical_and(batch_ok[k], thor_math.blocks_finite(raw[k]))),)
-        inverses = ()
-        for j in range(2 * self.n_layers):
-            if self.inverse_owner[j] != self.rank:
-                inverses += (None,)
-            elif self._is_diagonal(j):
-                shift = shifts[j][0] if self.pi_damping else root
-                inv = thor_math.damped_diagonal_inverse(folded[j], shift * shift)
-                good = ops.logical_and(layer_ok[j // 2], thor_math.all_finite(inv))
-                bad_inverses = bad_inverses + ops.logical_and(layer_ok[j // 2], ops.logical_not(good)).astype(
-                    ms.float32)
-                inverses += (ops.where(good, inv, self._inverse_param(j)),)
-            else:
-                # a factor keeps its previous inverse when any of its blocks is bad (sliced per factor: constant
-                # index Tensors used after the Cholesky/eigen branch crash MindSpore 2.10's parameter_eliminate)
-                k, first, count = self.inverse_batch_slot[j]
-                if count == raw[k].shape[0]:
-                    inv, bad = raw[k], block_bad[k].any()
+            block_bad = hyper_map(_blocks_bad, batch_ok, raw)
+        jobs = hyper_map(ops.partial(_job_inverse, folded, shifts, layer_ok, raw, block_bad, self.a_inverses,
+                                     self.g_inverses, root, self.pi_damping, self.assign_in_map), self.job_specs)
+        bad_inverses = ops.addn(hyper_map(_field_1, jobs))
+        token = ops.depend(token, hyper_map(_field_2, jobs))
+        if not self.assign_in_map:
+            inverses = hyper_map(_field_0, jobs)
+            received = ()
+            for k in range(len(self.broadcast_ranks)):
+                if self.broadcast_ranks[k] == self.rank:
+                    parts = ()
+                    for j in self.broadcast_jobs[k]:
+                        parts += (inverses[j].reshape(-1),)
+                    flat = ops.concat(parts)
                 else:
-                    inv, bad = raw[k][first:first + count], block_bad[k][first:first + count].any()
-                bad_inverses = bad_inverses + ops.logical_and(layer_ok[j // 2], bad).astype(ms.float32)
-                inverses += (ops.where(bad, self._inverse_param(j), inv.reshape(self.inverse_shapes[j])),)
-        received = ()
-        for k in range(len(self.broadcast_ranks)):
-            if self.broadcast_ranks[k] == self.rank:
-                parts = ()
-                for j in self.broadcast_jobs[k]:
-                    parts += (inverses[j].reshape(-1),)
-                flat = ops.concat(parts)
-            else:
-                flat = ops.zeros((self.broadcast_sizes[k],), ms.float32)
-            last = self.broadcasters[k](ops.depend(flat, last))
-            received += (last,)
-        for j in range(2 * self.n_layers):
-            k, offset = self.broadcast_slot[j]
-            if k < 0:
-                value = inverses[j]
-            else:
-                value = received[k][offset:offset + self.inverse_sizes[j]].reshape(self.inverse_shapes[j])
-            token = ops.depend(token, ops.assign(self._inverse_param(j), value))
+                    flat = ops.zeros((self.broadcast_sizes[k],), ms.float32)
+                last = self.broadcasters[k](ops.depend(flat, last))
+                received += (last,)
+            for j in range(2 * self.n_layers):
+                k, offset = self.broadcast_slot[j]
+                if k < 0:
+                    value = inverses[j]
+                else:
+                    value = thor_math.narrow(received[k], 0, offset, self.inverse_sizes[j]).reshape(
+                        self.inverse_shapes[j])
+                token = ops.depend(token, ops.assign(self._inverse_param(j), value))
+        return self._finish_refresh(token, unsafe, bad_inverses, ok_vector)
+
+    def _finish_refresh(self, token, unsafe, bad_inverses, ok_vector):
+        """Count the refresh's health events and mark the refresh done; returns the dependency token."""
         rejected = ops.logical_not(ok_vector).astype(ms.float32)
         health = self.refresh_health + ops.concat((ops.stack([unsafe, bad_inverses]), rejected))
         token = ops.depend(token, ops.assign(self.refresh_health, health.astype(ms.float32)))
@@ -621,33 +595,8 @@ class THOR(nn.Optimizer, StageHooks):
     def _is_diagonal(self, job: int) -> bool:
         return job % 2 == 0 and self.layer_kind[job // 2] == "embedding"
 
-    def _invert_batches(self, blocks, shifts, use_cholesky: bool):
-        """``(K, b, b)`` inverses of ``blocks + shifts I`` per batch: all by Cholesky or all by the eigen fallback."""
-        out = ()
-        for k in range(len(blocks)):
-            if use_cholesky:
-                out += (thor_math.cholesky_block_inverse(blocks[k], shifts[k]),)
-            else:
-                out += (thor_math.clamped_eigen_block_inverse(blocks[k], shifts[k]),)
-        return out
-
     def _inverse_param(self, job: int):
         return self.a_inverses[job // 2] if job % 2 == 0 else self.g_inverses[job // 2]
-
-    def _precondition_layer(self, i: int, gradients):
-        """``(weight_grad, bias_grad_or_None)`` of layer ``i`` after THOR preconditioning."""
-        grad = gradients[self.weight_index[i]]
-        groups, g_dim, bias_idx = self.layer_groups[i], self.g_dims[i], self.bias_index[i]
-        if self.layer_kind[i] == "embedding":
-            return thor_math.embedding_precondition(grad, self.a_inverses[i], self.g_inverses[i]), None
-        shape = grad.shape
-        matrix = grad.reshape(groups, g_dim, -1)
-        if bias_idx < 0:
-            return thor_math.kronecker_precondition(matrix, self.g_inverses[i], self.a_inverses[i]).reshape(shape), None
-        bias_grad = gradients[bias_idx]
-        matrix = ops.concat((matrix, bias_grad.reshape(groups, g_dim, 1)), axis=-1)
-        out = thor_math.kronecker_precondition(matrix, self.g_inverses[i], self.a_inverses[i])
-        return out[:, :, :-1].reshape(shape), out[:, :, -1].reshape(bias_grad.shape)
 
     def construct(self, gradients):
         params = self._parameters
@@ -663,9 +612,9 @@ class THOR(nn.Optimizer, StageHooks):
         lr = self.get_lr()
         # Per-parameter work is mapped with HyperMap over tuples: a Python loop over ResNet-50's 161
         # parameters unrolls into nested calls deeper than Graph mode's call-depth limit.
-        preconditioned = ()
-        for i in range(self.n_layers):
-            preconditioned += (self._precondition_layer(i, gradients),)
+        preconditioned = _MAP(ops.partial(_precondition, gradients), self.layer_embedding,
+                                        self.weight_index, self.bias_index, self.layer_groups, self.g_dims,
+                                        self.a_inverses, self.g_inverses)
         # per parameter: its preconditioned direction (THOR layers) or its gradient, picked by a static map
         directions = self.hyper_map(ops.partial(_pick_direction, preconditioned, gradients), self.param_layer,
                                     self.param_slot, self.param_position)
@@ -894,9 +843,11 @@ def _dot(x, y):
         x = x.astype(ms.float32)
     if y.dtype != ms.float32:
         y = y.astype(ms.float32)
-    return ops.matmul(x.reshape(1, -1), y.reshape(-1, 1))
+    return _MATMUL(x.reshape(1, -1), y.reshape(-1, 1))  # the primitive: compiles faster than ops.matmul
 
 
+_MATMUL = ops.MatMul()
+_REDUCE_SUM = ops.ReduceSum(keep_dims=False)
 _decay = ops.MultitypeFuncGraph("thor_decay")
 _clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
 _momentum_step = ops.MultitypeFuncGraph("thor_momentum")
@@ -905,6 +856,197 @@ _set_flag = ops.MultitypeFuncGraph("thor_set_flag")
 _pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
 _preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
 _scale_preconditioned = ops.MultitypeFuncGraph("thor_scale_preconditioned")
+
+
+_pick = ops.MultitypeFuncGraph("thor_pick")
+_field_0 = ops.MultitypeFuncGraph("thor_field_0")
+_field_1 = ops.MultitypeFuncGraph("thor_field_1")
+_field_2 = ops.MultitypeFuncGraph("thor_field_2")
+_field_3 = ops.MultitypeFuncGraph("thor_field_3")
+_job_field = ops.MultitypeFuncGraph("thor_job_field")
+_fold_layer = ops.MultitypeFuncGraph("thor_fold_layer")
+_pi_shifts = ops.MultitypeFuncGraph("thor_pi_shifts")
+_job_tiles = ops.MultitypeFuncGraph("thor_job_tiles")
+_job_shift = ops.MultitypeFuncGraph("thor_job_shift")
+_prepare_batch = ops.MultitypeFuncGraph("thor_prepare_batch")
+_cholesky_inverse = ops.MultitypeFuncGraph("thor_cholesky_inverse")
+_eigen_inverse = ops.MultitypeFuncGraph("thor_eigen_inverse")
+_blocks_bad = ops.MultitypeFuncGraph("thor_blocks_bad")
+_job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
+_precondition = ops.MultitypeFuncGraph("thor_precondition")
+_MAP = ops.Map()
+_CONCAT = ops.Concat(0)
+
+
+@_pick.register("Tuple", "Number")
+def _pick_tuple(values, index):
+    """``values[index]`` (mapped over indices)."""
+    return values[index]
+
+
+# One extractor per field, not ``ops.partial(field, index)``: mapping such a partial over a tuple of records gave
+# wrong values in MindSpore 2.10 Graph mode.
+@_field_0.register("Tuple")
+def _field_0_tuple(record):
+    return record[0]
+
+
+@_field_1.register("Tuple")
+def _field_1_tuple(record):
+    return record[1]
+
+
+@_field_2.register("Tuple")
+def _field_2_tuple(record):
+    return record[2]
+
+
+@_field_3.register("Tuple")
+def _field_3_tuple(record):
+    return record[3]
+
+
+@_job_field.register("Tuple", "Number", "Number")
+def _job_field_tuple(per_layer, layer, slot):
+    """Field ``slot`` (0: input factor A, 1: output factor G) of layer ``layer``'s record."""
+    return per_layer[layer][slot]
+
+
+@_fold_layer.register("Tensor", "Tuple", "Tuple", "Number", "Number", "Bool", "Tensor", "Tensor")
+def _fold_layer_tensor(initialised, a_factors, g_factors, slot, decay, trim, a, g):
+    """One layer's captured factors made ready to invert -> ``(A, G, finite, token)``.
+
+    Folds them into the running averages (``slot >= 0``; a non-finite capture leaves the averages as they
+    were), replaces a non-finite diagonal A by ones (a finite stand-in whose inverse is discarded) and drops
+    the row/column of a bias captured in A but not trained (``trim``).
+    """
+    token = ops.zeros((), ms.float32)
+    if slot >= 0:
+        a = thor_math.running_average(a_factors[slot], a, decay, initialised)
+        g = thor_math.running_average(g_factors[slot], g, decay, initialised)
+    ok = ops.logical_and(thor_math.all_finite(a), thor_math.all_finite(g))
+    if slot >= 0:  # a non-finite capture must not poison the running average
+        token = ops.depend(token, ops.assign(a_factors[slot], ops.where(ok, a, a_factors[slot])))
+        token = ops.depend(token, ops.assign(g_factors[slot], ops.where(ok, g, g_factors[slot])))
+    if a.ndim == 1:
+        a = ops.where(ok, a, ops.ones_like(a))
+    elif trim:
+        size = a.shape[-1] - 1
+        a = thor_math.narrow(thor_math.narrow(a, 1, 0, size), 2, 0, size)
+    return a, g, ok, token
+
+
+@_pi_shifts.register("Tensor", "Number", "Tuple")
+def _pi_shifts_tuple(root, groups, fold):
+    r"""``(groups,)`` shifts :math:`(\pi\sqrt\lambda, \sqrt\lambda/\pi)` of one layer's A and G (pi = 1 if rejected)."""
+    pi = ops.where(fold[2], thor_math.pi_damping(fold[0], fold[1]), 1.0)
+    pi = ops.BroadcastTo((groups,))(pi.reshape(-1))
+    return root * pi, root / pi
+
+
+@_job_tiles.register("Tuple", "Number", "Number")
+def _job_tiles_tuple(folded, block_size, job):
+    """The diagonal blocks of job ``job``'s factor as ``(groups * n_b, b, b)`` (not yet symmetrised)."""
+    tiles = thor_math.diagonal_tiles(folded[job].astype(ms.float32), block_size)
+    return tiles.reshape(-1, tiles.shape[-1], tiles.shape[-1])
+
+
+@_job_shift.register("Tuple", "Number", "Number", "Number")
+def _job_shift_tuple(shifts, job, groups, blocks):
+    """Job ``job``'s ``(groups,)`` shift repeated for each of its ``blocks`` blocks per group."""
+    return ops.BroadcastTo((groups, blocks))(shifts[job].reshape(-1, 1)).reshape(-1)
+
+
+@_prepare_batch.register("Tuple", "Tuple", "Tensor", "Tensor", "Number", "Bool", "Tuple", "Tuple", "Tuple",
+                         "Tensor")
+def _prepare_batch_tuple(folded, shifts, ok_vector, root, block_size, use_pi, jobs, groups, blocks, block_layer):
+    """One batch of same-size blocks -> ``(blocks, shifts, block finite, unsafe count)``.
+
+    The blocks of the batch's jobs, symmetrised; identity stand-ins for the blocks of rejected layers keep
+    the inversion finite (their inverses are discarded).
+    """
+    parts = _MAP(ops.partial(_job_tiles, folded, block_size), jobs)
+    batch = thor_math.symmetrise(parts[0] if len(parts) == 1 else _CONCAT(parts))
+    block_ok = ops.gather(ok_vector, block_layer, 0)
+    size = batch.shape[-1]
+    eye = ops.BroadcastTo(batch.shape)(ops.Eye()(size, size, ms.float32))
+    batch = ops.where(block_ok.reshape(-1, 1, 1), batch, eye)
+    if use_pi:
+        shift_parts = _MAP(ops.partial(_job_shift, shifts), jobs, groups, blocks)
+        shift = shift_parts[0] if len(shift_parts) == 1 else _CONCAT(shift_parts)
+    else:
+        shift = ops.BroadcastTo((batch.shape[0],))(root.reshape(1))
+    unsafe = _REDUCE_SUM(ops.cast(ops.logical_not(thor_math.cholesky_safe(batch, shift)), ms.float32), ())
+    return batch, shift, block_ok, unsafe
+
+
+@_cholesky_inverse.register("Tensor", "Tensor")
+def _cholesky_inverse_tensor(blocks, shift):
+    return thor_math.cholesky_block_inverse(blocks, shift)
+
+
+@_eigen_inverse.register("Tensor", "Tensor")
+def _eigen_inverse_tensor(blocks, shift):
+    return thor_math.clamped_eigen_block_inverse(blocks, shift)
+
+
+@_blocks_bad.register("Tensor", "Tensor")
+def _blocks_bad_tensor(block_ok, inverse):
+    """Per block: its layer's factors or its inverse are non-finite."""
+    return ops.logical_not(ops.logical_and(block_ok, thor_math.blocks_finite(inverse)))
+
+
+@_job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Bool",
+                       "Tuple")
+def _job_inverse_tuple(folded, shifts, layer_ok, raw, block_bad, a_inverses, g_inverses, root, use_pi, assign, spec):
+    """One job's new inverse -> ``(inverse, 1.0 if rejected as non-finite else 0.0, token)``.
+
+    A factor keeps its previous inverse when its layer was rejected or any of its blocks is bad (sliced per
+    factor from its batch: constant index Tensors used after the Cholesky/eigen branch crash MindSpore 2.10's
+    parameter_eliminate). With ``assign`` the inverse Parameter is written here.
+    """
+    mode, layer, slot, batch, first, count, whole, shape = spec
+    old = a_inverses[layer] if slot == 0 else g_inverses[layer]
+    none = ops.zeros((), ms.float32)
+    if mode == 0:  # another rank inverts this factor; the broadcast brings it
+        return old, none, none
+    job = 2 * layer + slot
+    ok = layer_ok[layer]
+    if mode == 1:  # diagonal input factor (embedding)
+        shift = shifts[job][0] if use_pi else root
+        inv = thor_math.damped_diagonal_inverse(folded[job], shift * shift)
+        good = ops.logical_and(ok, thor_math.all_finite(inv))
+        rejected = ops.logical_and(ok, ops.logical_not(good)).astype(ms.float32)
+        value = ops.where(good, inv, old)
+    else:
+        if whole:
+            inv, bad = raw[batch], thor_math.any_true(block_bad[batch])
+        else:
+            inv = thor_math.narrow(raw[batch], 0, first, count)
+            bad = thor_math.any_true(thor_math.narrow(block_bad[batch], 0, first, count))
+        rejected = ops.logical_and(ok, bad).astype(ms.float32)
+        value = ops.where(bad, old, inv.reshape(shape))
+    if assign:
+        return value, rejected, ops.depend(none, ops.assign(old, value))
+    return value, rejected, none
+
+
+@_precondition.register("Tuple", "Bool", "Number", "Number", "Number", "Number", "Tensor", "Tensor")
+def _precondition_tensor(gradients, embedding, weight_index, bias_index, groups, g_dim, a_inverse, g_inverse):
+    """``(weight direction, bias direction or None)`` of one THOR layer after THOR preconditioning."""
+    grad = gradients[weight_index]
+    if embedding:
+        return thor_math.embedding_precondition(grad, a_inverse, g_inverse), None
+    shape = grad.shape
+    matrix = grad.reshape(groups, g_dim, -1)
+    if bias_index < 0:
+        return thor_math.kronecker_precondition(matrix, g_inverse, a_inverse).reshape(shape), None
+    bias_grad = gradients[bias_index]
+    matrix = ops.concat((matrix, bias_grad.reshape(groups, g_dim, 1)), axis=-1)
+    out = thor_math.kronecker_precondition(matrix, g_inverse, a_inverse)
+    width = out.shape[-1] - 1
+    return (thor_math.narrow(out, 2, 0, width).reshape(shape),
+            thor_math.narrow(out, 2, width, 1).reshape(bias_grad.shape))
 
 
 @_pick_direction.register("Tuple", "Tuple", "Number", "Number", "Number")
