@@ -101,14 +101,14 @@ def _input_statistic(spec: tuple, x):
     """The input factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`)."""
     kind = spec[0]
     if kind == "dense":
-        rows = x.reshape(-1, x.shape[-1]).astype(ms.float32)
+        rows = ops.cast(x.reshape(-1, x.shape[-1]), ms.float32)  # ops.cast: compiles faster than astype
         if spec[1]:
             rows = thor_math.append_ones(rows)
         return thor_math.input_factor(rows.reshape((1,) + rows.shape))
     if kind == "conv":
         _, pad_mode, padding, kernel_size, stride, dilation, group, bias = spec
         pads = _conv_pads(pad_mode, padding, x.shape[2:], kernel_size, stride, dilation)
-        rows = thor_math.im2col(x.astype(ms.float32), kernel_size, stride, dilation, pads)
+        rows = thor_math.im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
         rows = thor_math.split_groups(rows, group)
         if bias:
             rows = thor_math.append_ones(rows)

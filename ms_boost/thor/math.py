@@ -200,7 +200,7 @@ def token_frequencies(ids: Tensor, vocab_size: int) -> Tensor:
     An embedding lookup is a dense layer on one-hot inputs, whose second moment is diagonal: the
     frequency of each token among the :math:`T` looked-up ids. Returns ``(vocab_size,)`` float32.
     """
-    flat = ids.reshape(-1).astype(ms.int32)
+    flat = ops.cast(ids.reshape(-1), ms.int32)
     counts = ops.unsorted_segment_sum(ops.ones(flat.shape, ms.float32), flat, vocab_size)
     return counts / flat.shape[0]
 
@@ -216,7 +216,7 @@ def running_average(old: Tensor, new: Tensor, decay: float, has_old: Tensor) -> 
     """
     if decay == 0.0:
         return new
-    weight = has_old.astype(ms.float32) * decay
+    weight = ops.cast(has_old, ms.float32) * decay
     return new + (old - new) * weight
 
 
@@ -415,14 +415,14 @@ def trust_region_scale(vg_sum: Tensor, lr: Tensor, kl_clip: float) -> Tensor:
         lr: scalar learning rate :math:`\eta`.
         kl_clip: :math:`c > 0`.
     """
-    quad = ops.abs(vg_sum) * lr.astype(ms.float32) * lr.astype(ms.float32)
+    quad = ops.abs(vg_sum) * ops.cast(lr, ms.float32) * ops.cast(lr, ms.float32)
     nu = ops.minimum(ops.sqrt(ops.reciprocal(quad + 1e-30) * kl_clip), 1.0)  # (compiles faster than ops.clamp)
-    return (nu + quad * 0.0).astype(ms.float32)  # inf/NaN in the sum propagate (clamp would hide them)
+    return ops.cast(nu + quad * 0.0, ms.float32)  # inf/NaN in the sum propagate (clamp would hide them)
 
 
 def damped_diagonal_inverse(diagonal: Tensor, damping: Tensor) -> Tensor:
     r"""Inverse of a diagonal factor: :math:`(a + \sqrt{\lambda})^{-1}` elementwise."""
-    return 1.0 / (diagonal.astype(ms.float32) + ops.sqrt(damping.astype(ms.float32)))
+    return 1.0 / (ops.cast(diagonal, ms.float32) + ops.sqrt(ops.cast(damping, ms.float32)))
 
 
 def block_diag_left(blocks: Tensor, x: Tensor) -> Tensor:

@@ -534,7 +534,7 @@ class THOR(nn.Optimizer, StageHooks):
         layer_ok = hyper_map(_field_2, folds)
         ok_vector = ops.stack(layer_ok)
         folded = hyper_map(ops.partial(_job_field, folds), self.job_layer, self.job_slot)  # per job
-        root = ops.sqrt(damping.astype(ms.float32))
+        root = ops.sqrt(ops.cast(damping, ms.float32))
         shifts = ()
         if self.pi_damping:
             layer_shifts = hyper_map(ops.partial(_pi_shifts, root), self.layer_groups, folds)
@@ -586,9 +586,9 @@ class THOR(nn.Optimizer, StageHooks):
 
     def _finish_refresh(self, token, unsafe, bad_inverses, ok_vector):
         """Count the refresh's health events and mark the refresh done; returns the dependency token."""
-        rejected = ops.logical_not(ok_vector).astype(ms.float32)
+        rejected = ops.cast(ops.logical_not(ok_vector), ms.float32)
         health = self.refresh_health + ops.concat((ops.stack([unsafe, bad_inverses]), rejected))
-        token = ops.depend(token, ops.assign(self.refresh_health, health.astype(ms.float32)))
+        token = ops.depend(token, ops.assign(self.refresh_health, ops.cast(health, ms.float32)))
         token = ops.depend(token, ops.assign(self.refresh_next, Tensor(False, ms.bool_)))
         return ops.depend(token, ops.assign(self.thor_initialised, Tensor(True, ms.bool_)))
 
@@ -839,10 +839,9 @@ def _ensure_call_depth(n_layers: int) -> None:
 
 def _dot(x, y):
     """``sum(x * y)`` as one ``(1, n) @ (n, 1)`` product (float32), shaped ``(1, 1)``."""
-    if x.dtype != ms.float32:
-        x = x.astype(ms.float32)
-    if y.dtype != ms.float32:
-        y = y.astype(ms.float32)
+    # unconditional casts (a no-op cast is removed when compiling): an ``if dtype`` per parameter cost a branch each
+    x = ops.cast(x, ms.float32)
+    y = ops.cast(y, ms.float32)
     return _MATMUL(x.reshape(1, -1), y.reshape(-1, 1))  # the primitive: compiles faster than ops.matmul
 
 
@@ -947,7 +946,7 @@ def _pi_shifts_tuple(root, groups, fold):
 @_job_tiles.register("Tuple", "Number", "Number")
 def _job_tiles_tuple(folded, block_size, job):
     """The diagonal blocks of job ``job``'s factor as ``(groups * n_b, b, b)`` (not yet symmetrised)."""
-    tiles = thor_math.diagonal_tiles(folded[job].astype(ms.float32), block_size)
+    tiles = thor_math.diagonal_tiles(ops.cast(folded[job], ms.float32), block_size)
     return tiles.reshape(-1, tiles.shape[-1], tiles.shape[-1])
 
 
@@ -1016,7 +1015,7 @@ def _job_inverse_tuple(folded, shifts, layer_ok, raw, block_bad, a_inverses, g_i
         shift = shifts[job][0] if use_pi else root
         inv = thor_math.damped_diagonal_inverse(folded[job], shift * shift)
         good = ops.logical_and(ok, thor_math.all_finite(inv))
-        rejected = ops.logical_and(ok, ops.logical_not(good)).astype(ms.float32)
+        rejected = ops.cast(ops.logical_and(ok, ops.logical_not(good)), ms.float32)
         value = ops.where(good, inv, old)
     else:
         if whole:
@@ -1024,7 +1023,7 @@ def _job_inverse_tuple(folded, shifts, layer_ok, raw, block_bad, a_inverses, g_i
         else:
             inv = thor_math.narrow(raw[batch], 0, first, count)
             bad = thor_math.any_true(thor_math.narrow(block_bad[batch], 0, first, count))
-        rejected = ops.logical_and(ok, bad).astype(ms.float32)
+        rejected = ops.cast(ops.logical_and(ok, bad), ms.float32)
         value = ops.where(bad, old, inv.reshape(shape))
     if assign:
         return value, rejected, ops.depend(none, ops.assign(old, value))
