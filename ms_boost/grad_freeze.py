@@ -27,7 +27,6 @@ the backward pass.
 from __future__ import annotations
 
 import logging
-import os
 from typing import List, Optional, Sequence
 
 import mindspore as ms
@@ -41,6 +40,7 @@ from ms_boost.grad_accumulation import AccumulateUpdate
 from ms_boost.grad_process import OptimizerProcess, optimizer_params
 from ms_boost.sections import GradFreezeConfig
 from ms_boost.topology import Topology
+from ms_boost.update import StageHooks, runs_as_python
 
 logger = logging.getLogger("ms_boost")
 
@@ -301,7 +301,7 @@ def _prefix_local_parameters(cell: nn.Cell, prefix: str, user_ids: set) -> None:
             param.name = prefix + param.name
 
 
-class FreezeOpt(nn.Cell):
+class FreezeOpt(nn.Cell, StageHooks):
     """An optimizer that updates, at each step, only the parameter group the schedule names.
 
     Args:
@@ -318,6 +318,9 @@ class FreezeOpt(nn.Cell):
 
     PyNative mode selects the groups on the host (one read of :attr:`global_step` per step, see
     :meth:`host_step`); Graph mode selects them on the device from the table :attr:`train_strategy`.
+    In PyNative mode the boost train cells ask :meth:`plan_step` before the forward pass and differentiate
+    only the weights of the step's train group: the frozen layers' weight gradients, and the backward pass
+    below the lowest trained layer, are never computed (as upstream's per-group train cells do).
 
     Attributes:
         parameters: every parameter of ``opt``, in ``opt``'s order (the gradients' order).
@@ -377,6 +380,10 @@ class FreezeOpt(nn.Cell):
             signatures.setdefault(member[i].tobytes(), []).append(i)
         atoms = list(signatures.values())
         self._mask = np.array([[member[a[0], j] for a in atoms] for j in range(len(sets))], bool)
+        # per train set: which gradients (optimizer order) its update reads; None when it reads all of them
+        self._needed = tuple(None if member[:, j].all() else tuple(bool(v) for v in member[:, j])
+                             for j in range(len(sets)))
+        self._planned = None  # train set chosen by plan_step for the current step (PyNative)
         self.train_mask = Tensor(self._mask)
         self.group_atoms = tuple(tuple(int(a) for a in np.flatnonzero(row)) for row in self._mask)
         self.schedule = strategy
@@ -520,8 +527,23 @@ class FreezeOpt(nn.Cell):
             start = start + count
         return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
 
+    def _schedule_position(self) -> int:
+        """The train set of the coming step: ``schedule[global_step % period]`` (one device read)."""
+        return self.schedule[int(self.global_step.asnumpy()[0]) % self.period]
+
+    def plan_step(self):
+        """PyNative: choose this step's train set now (one read of :attr:`global_step`) and return which
+        gradients its update reads (None: all). :meth:`host_step` of this step applies the same set."""
+        if not runs_as_python():
+            return None
+        self._planned = self._schedule_position()
+        return self._needed[self._planned]
+
+    def end_step(self) -> None:
+        self._planned = None
+
     def __call__(self, *args, **kwargs):
-        if ms.get_context("mode") == ms.GRAPH_MODE and os.getenv("MS_JIT") != "0":
+        if not runs_as_python():
             if not self.table_complete:
                 raise ValueError(f"FreezeOpt: a schedule of {self.period} steps (grad_freeze.total_steps) runs only in "
                                  f"PYNATIVE_MODE; GRAPH_MODE keeps the schedule on the device and allows at most "
@@ -533,7 +555,8 @@ class FreezeOpt(nn.Cell):
         """PyNative step: the schedule position is read once (one host round trip per step, not one per
         group), the trained groups are looked up on the host and only their optimizers are launched.
 
-        The position comes from :attr:`global_step` (a Parameter), so a loaded checkpoint resumes exactly.
+        The position comes from :attr:`global_step` (a Parameter), so a loaded checkpoint resumes exactly; when
+        the train cell called :meth:`plan_step` for this step, its decision is used (no second read).
         Each inner optimizer runs as its own compiled function (:class:`_AtomStep`). Step 0 trains every
         group, so every function is compiled by the first step and no later step compiles anything. (One
         compiled function per train *set* instead compiled a new graph the first time each of the up to
@@ -546,7 +569,10 @@ class FreezeOpt(nn.Cell):
         writing the weights' old memory (the checkpoint-load test fails).
         """
         step = self.global_step
-        index = self.schedule[int(step.asnumpy()[0]) % self.period]
+        index = self._planned
+        if index is None:
+            index = self._schedule_position()
+        self._planned = None
         done = step
         for a in self.group_atoms[index]:
             if a not in self._atom_step_cells:

@@ -24,7 +24,7 @@ from ms_boost import comm, pipeline
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import make_loss_scaler
 from ms_boost.topology import Topology
-from ms_boost.update import StageHooks, stage_chain
+from ms_boost.update import StageHooks, runs_as_python, stage_chain
 
 logger = logging.getLogger("ms_boost")
 
@@ -85,6 +85,20 @@ class BoostTrainOneStepCell(nn.Cell):
         ctx = pipeline.build_context(self.boost, self.topology)
         self.reducer = pipeline.build_reducer(self.boost, self.weights, ctx)
         self.update = pipeline.build_update(self.boost, network, optimizer, self.weights, ctx)
+        # PyNative: the gradients the outermost stage says this step's update reads (None: all), see __call__
+        self._grad_mask = None
+
+    def __call__(self, *args, **kwargs):
+        # PyNative only: ask the update chain which gradients this step reads before the forward pass, so that
+        # loss_and_grads differentiates only those weights (Graph mode compiles one step for every case).
+        if not (isinstance(self.update, StageHooks) and runs_as_python()):
+            return super().__call__(*args, **kwargs)
+        self._grad_mask = self.update.plan_step()
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            self._grad_mask = None
+            self.update.end_step()
 
     def stage_hooks(self):
         """The stages of the update chain that offer hooks (:class:`~ms_boost.update.StageHooks`)."""
@@ -98,7 +112,19 @@ class BoostTrainOneStepCell(nn.Cell):
         Graph mode run that forward pass twice.) ``sens`` is a float32 scalar Tensor (1.0 or the loss scale):
         ``loss * sens`` is float32 even for a float16 loss, so a loss scale above float16's range stays finite.
         """
+        if self._grad_mask is not None:
+            return self._loss_and_planned_grads(inputs, sens)
         (_, loss), grads = ops.value_and_grad(self.scaled_loss, None, self.weights, has_aux=True)(inputs, sens)
+        return loss, grads
+
+    def _loss_and_planned_grads(self, inputs, sens):
+        """PyNative: :meth:`loss_and_grads` differentiating only the weights ``_grad_mask`` marks; the other
+        gradients are zeros the update does not read (the reducer and loss scaler see the usual tuple)."""
+        mask = self._grad_mask
+        wanted = [w for w, keep in zip(self.weights, mask) if keep]
+        (_, loss), part = ops.value_and_grad(self.scaled_loss, None, wanted, has_aux=True)(inputs, sens)
+        part = iter(part)
+        grads = tuple(next(part) if keep else ops.zeros_like(w) for w, keep in zip(self.weights, mask))
         return loss, grads
 
     def construct(self, *inputs):

@@ -14,15 +14,26 @@ Hooks (:class:`StageHooks`): what the loss-scale train cell asks every stage, in
 
 * :meth:`StageHooks.transient_parameters` -- Parameters the forward pass writes that an overflow
   snapshot must *not* restore (scratch statistics folded in only by the skipped update);
-* :meth:`StageHooks.bind_loss_scale` -- told the Parameter that holds the live loss scale.
+* :meth:`StageHooks.bind_loss_scale` -- told the Parameter that holds the live loss scale;
+* :meth:`StageHooks.plan_step` / :meth:`StageHooks.end_step` -- (PyNative only) before the forward pass, which
+  gradients this step's update reads, so the train cell differentiates only those weights (gradient freezing:
+  the frozen layers' weight gradients, and the backward pass below the lowest trained layer, are never run).
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+import os
+from typing import Iterator, Optional, Sequence, Tuple
 
+import mindspore as ms
 from mindspore import Parameter, nn
 
-__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain"]
+__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python"]
+
+
+def runs_as_python() -> bool:
+    """True when a Cell's ``construct`` runs as Python, step by step (PyNative mode, or Graph mode with
+    ``MS_JIT=0``), so host-side decisions can be made per step."""
+    return ms.get_context("mode") != ms.GRAPH_MODE or os.getenv("MS_JIT") == "0"
 
 
 class StageHooks:
@@ -35,6 +46,19 @@ class StageHooks:
     def bind_loss_scale(self, loss_scale: Parameter) -> None:
         """Receive the Parameter holding the live loss scale (the loss-scale train cell calls this once)."""
         del loss_scale
+
+    def plan_step(self) -> Optional[Tuple[bool, ...]]:
+        """Called by the train cell before each step's forward pass when :func:`runs_as_python`.
+
+        Returns:
+            None when the update reads every gradient; else one bool per weight of the train cell (the
+            optimizer's ``parameters`` order): the gradients this step's update reads. The others are passed
+            as zeros and must not be used. A stage that answers keeps its decision for this step's update.
+        """
+        return None
+
+    def end_step(self) -> None:
+        """Called by the train cell after the step (also when an overflow skipped the update): forget the plan."""
 
 
 class UpdateStage(nn.Cell, StageHooks):
@@ -69,6 +93,13 @@ class OptimizerUpdate(UpdateStage):
     def bind_loss_scale(self, loss_scale: Parameter) -> None:
         if isinstance(self.optimizer, StageHooks):
             self.optimizer.bind_loss_scale(loss_scale)
+
+    def plan_step(self) -> Optional[Tuple[bool, ...]]:
+        return self.optimizer.plan_step() if isinstance(self.optimizer, StageHooks) else None
+
+    def end_step(self) -> None:
+        if isinstance(self.optimizer, StageHooks):
+            self.optimizer.end_step()
 
     def construct(self, loss, grads, *inputs):
         return self.optimizer(grads)

@@ -17,7 +17,7 @@ from ms_boost.grad_freeze import (
     partition_parameters,
 )
 from ms_boost.grad_process import CentralizedGradients, OptimizerProcess
-from ms_boost.train_cell import BoostTrainOneStepCell
+from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 from ms_boost.update import OptimizerUpdate
 from tests.helpers.nets import SmallConvNet
 
@@ -459,3 +459,59 @@ def test_default_o1_on_a_network_with_fewer_parameters_than_groups():
     step(x, y)
     after = [p.asnumpy() for p in train_net.trainable_params()]
     assert all(np.isfinite(a).all() for a in after) and any(np.abs(a - b).max() > 0 for a, b in zip(after, before))
+
+
+def _linear_stack_gradients(ws, bs, x, y):
+    """numpy: gradients of mean((x W_1^T + b_1 ... W_n^T + b_n - y)^2) with respect to every W_k and b_k."""
+    hs = [x]
+    for w, b in zip(ws, bs):
+        hs.append(hs[-1] @ w.T + b)
+    d = 2.0 * (hs[-1] - y) / y.size
+    gw, gb = [None] * len(ws), [None] * len(ws)
+    for k in reversed(range(len(ws))):
+        gw[k], gb[k] = d.T @ hs[k], d.sum(axis=0)
+        d = d @ ws[k]
+    return gw, gb
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "loss_scale"])
+def test_train_cell_differentiates_only_the_scheduled_group(mode, scaled, monkeypatch):
+    """The boost train cells with a FreezeOpt: every step equals numpy SGD on the scheduled group's weights (the
+    frozen ones stay put); in PyNative only that group's weights are differentiated (the frozen layers' weight
+    gradients are never computed, as upstream's per-group cells), in Graph mode one compiled step does all."""
+    net = dense_stack(4)
+    loss_net = nn.WithLossCell(net, nn.MSELoss())
+    _, freeze_opt = GradientFreeze(4, 1, 0.4, 8, seed=2).freeze_generate(loss_net, nn.SGD(net.trainable_params(), 0.1))
+    schedule = [int(v) for v in freeze_opt.train_strategy.asnumpy()]
+    assert min(schedule) == 0 and max(schedule) >= 2  # some steps freeze several layers
+    if scaled:
+        cell = BoostTrainOneStepWithLossScaleCell(loss_net, freeze_opt, Tensor(8.0, ms.float32))
+    else:
+        cell = BoostTrainOneStepCell(loss_net, freeze_opt)
+    counted = []
+    if mode == "pynative":
+        real = ops.value_and_grad
+
+        def counting(fn, grad_position=None, weights=None, has_aux=False):
+            counted.append(len(weights))
+            return real(fn, grad_position, weights, has_aux=has_aux)
+
+        monkeypatch.setattr(ops, "value_and_grad", counting)
+    rng = np.random.default_rng(3)
+    dense = [net[k] for k in range(4)]
+    for t in range(10):  # the 8-step schedule, then it repeats
+        x = rng.normal(size=(5, 3)).astype(np.float32)
+        y = rng.normal(size=(5, 3)).astype(np.float32)
+        ws = [d.weight.asnumpy().copy() for d in dense]
+        bs = [d.bias.asnumpy().copy() for d in dense]
+        gw, gb = _linear_stack_gradients(ws, bs, x, y)
+        cell(Tensor(x), Tensor(y))
+        frozen = schedule[t % 8]  # layers below this index are frozen at step t
+        for k in range(4):
+            lr = 0.1 if k >= frozen else 0.0
+            np.testing.assert_allclose(dense[k].weight.asnumpy(), ws[k] - lr * gw[k], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"step {t} layer {k}")
+            np.testing.assert_allclose(dense[k].bias.asnumpy(), bs[k] - lr * gb[k], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"step {t} layer {k}")
+    if mode == "pynative":
+        assert counted == [2 * (4 - schedule[t % 8]) for t in range(10)]
