@@ -70,11 +70,9 @@ _REDUCE_ANY = ops.ReduceAny(keep_dims=False)
 # ``ops.pad``, ``ops.eye``, tensor slicing, ``Tensor.sum(axis)``, ``ops.clamp``) anew at every call site and
 # shape, 5-33 ms each, while a primitive with static arguments costs 1-2 ms (40 calls of ``x.swapaxes(-1, -2)``:
 # +1.3 s, of ``Transpose`` with a static permutation: +0.05 s). THOR makes hundreds of such calls per step, so
-# the math below goes through these primitives and the small helpers after them.
+# the math below goes through these primitives and the small helpers after them. Products stay ``ops.matmul``
+# (cheap to compile; a ``BatchMatMul`` with transposed operands rounds differently on CPU).
 _TRANSPOSE = ops.Transpose()
-_BATCH_MATMUL = ops.BatchMatMul()
-_BATCH_MATMUL_TA = ops.BatchMatMul(transpose_a=True)  # a^T b
-_BATCH_MATMUL_TB = ops.BatchMatMul(transpose_b=True)  # a b^T
 _EYE = ops.Eye()
 _REDUCE_SUM = ops.ReduceSum(keep_dims=False)
 _SLICE = ops.Slice()
@@ -175,7 +173,7 @@ def input_factor(rows: Tensor) -> Tensor:
     Computed in float32 whatever the input type.
     """
     rows = ops.cast(rows, ms.float32)
-    return _BATCH_MATMUL_TA(rows, rows) / rows.shape[-2]
+    return ops.matmul(_transpose_last2(rows), rows) / rows.shape[-2]
 
 
 def output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor) -> Tensor:
@@ -191,7 +189,7 @@ def output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor) -> Tensor:
         loss_scale: scalar Tensor :math:`s`.
     """
     rows = ops.cast(rows, ms.float32) / ops.cast(loss_scale, ms.float32)
-    return _BATCH_MATMUL_TA(rows, rows) * n_samples
+    return ops.matmul(_transpose_last2(rows), rows) * n_samples
 
 
 def token_frequencies(ids: Tensor, vocab_size: int) -> Tensor:
@@ -328,7 +326,7 @@ def cholesky_block_inverse(blocks: Tensor, shift: Tensor) -> Tensor:
     damped = blocks + eye * shift.reshape(-1, 1, 1)
     lower = ops.cholesky(damped)
     lower_inv = solve_triangular(lower, ops.BroadcastTo(damped.shape)(eye), lower=True)
-    return _BATCH_MATMUL_TA(lower_inv, lower_inv)
+    return ops.matmul(_transpose_last2(lower_inv), lower_inv)
 
 
 def clamped_eigen_block_inverse(blocks: Tensor, shift: Tensor) -> Tensor:
@@ -342,7 +340,7 @@ def clamped_eigen_block_inverse(blocks: Tensor, shift: Tensor) -> Tensor:
     singular, left, right = ops.svd(blocks)
     sign = ops.sign(_REDUCE_SUM(left * right, -2))
     eigen = ops.relu(singular * sign) + shift.reshape(-1, 1)
-    return _BATCH_MATMUL_TB(right / eigen.reshape(eigen.shape[0], 1, eigen.shape[1]), right)
+    return ops.matmul(right / eigen.reshape(eigen.shape[0], 1, eigen.shape[1]), _transpose_last2(right))
 
 
 def damped_block_inverse(factor: Tensor, damping: Tensor, block_size: int) -> Tensor:
@@ -434,11 +432,11 @@ def block_diag_left(blocks: Tensor, x: Tensor) -> Tensor:
     groups, dim, width = x.shape
     n_blocks, block = blocks.shape[1], blocks.shape[2]
     if n_blocks == 1:
-        return _BATCH_MATMUL(blocks.reshape(groups, block, block), x)
+        return ops.matmul(blocks.reshape(groups, block, block), x)
     padded = n_blocks * block
     if padded != dim:
         x = _pad_last2(x, padded - dim, 0)
-    y = _BATCH_MATMUL(blocks, x.reshape(groups, n_blocks, block, width)).reshape(groups, padded, width)
+    y = ops.matmul(blocks, x.reshape(groups, n_blocks, block, width)).reshape(groups, padded, width)
     return narrow(y, 1, 0, dim) if padded != dim else y
 
 
@@ -447,12 +445,12 @@ def block_diag_right(x: Tensor, blocks: Tensor) -> Tensor:
     groups, height, dim = x.shape
     n_blocks, block = blocks.shape[1], blocks.shape[2]
     if n_blocks == 1:
-        return _BATCH_MATMUL(x, blocks.reshape(groups, block, block))
+        return ops.matmul(x, blocks.reshape(groups, block, block))
     padded = n_blocks * block
     if padded != dim:
         x = _pad_last2(x, 0, padded - dim)
     tiles = _TRANSPOSE(x.reshape(groups, height, n_blocks, block), (0, 2, 1, 3))
-    y = _TRANSPOSE(_BATCH_MATMUL(tiles, blocks), (0, 2, 1, 3)).reshape(groups, height, padded)
+    y = _TRANSPOSE(ops.matmul(tiles, blocks), (0, 2, 1, 3)).reshape(groups, height, padded)
     return narrow(y, 2, 0, dim) if padded != dim else y
 
 

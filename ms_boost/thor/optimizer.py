@@ -842,10 +842,9 @@ def _dot(x, y):
     # unconditional casts (a no-op cast is removed when compiling): an ``if dtype`` per parameter cost a branch each
     x = ops.cast(x, ms.float32)
     y = ops.cast(y, ms.float32)
-    return _MATMUL(x.reshape(1, -1), y.reshape(-1, 1))  # the primitive: compiles faster than ops.matmul
+    return ops.matmul(x.reshape(1, -1), y.reshape(-1, 1))
 
 
-_MATMUL = ops.MatMul()
 _REDUCE_SUM = ops.ReduceSum(keep_dims=False)
 _decay = ops.MultitypeFuncGraph("thor_decay")
 _clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
