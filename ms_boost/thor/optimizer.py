@@ -423,8 +423,9 @@ class THOR(nn.Optimizer, StageHooks):
         """Static layout of the batched inversion: this rank's Kronecker jobs grouped by block size.
 
         All ``(b, b)`` blocks of every job of one size are inverted by one batched call (Cholesky or the
-        eigen fallback) instead of one call per factor; per batch ``k``: its jobs, each job's slot
-        ``(k, first block, block count)`` and the layer of each block (to gather the layers' finiteness).
+        eigen fallback) instead of one call per factor; per batch ``k``: its jobs and the layer of each block
+        (to gather the layers' finiteness); per job: its record in :attr:`job_specs`, which holds its slot
+        ``(k, first block, block count)`` in the batch.
         """
         by_size = {}
         for j in range(2 * self.n_layers):
@@ -442,7 +443,6 @@ class THOR(nn.Optimizer, StageHooks):
             batches.append(jobs)
             block_layer.append(Tensor(np.array(layer_of_block, np.int32)))
         self.inverse_batches = tuple(batches)
-        self.inverse_batch_slot = tuple(slots)
         self.batch_block_layer = tuple(block_layer)
         self.batch_job_groups = tuple(tuple(self.layer_groups[j // 2] for j in jobs) for jobs in batches)
         self.batch_job_blocks = tuple(tuple(slots[j][2] // self.layer_groups[j // 2] for j in jobs) for jobs in batches)
