@@ -8,7 +8,10 @@
 * the train network is an ms_boost train cell, so every loss-scale manager (fixed, dynamic, group)
   works on CPU too, and overflow steps are always skipped whole;
 * the plan's summary is logged when training starts;
-* with a THOR optimizer, ``train`` adds its guard callback (``optimizer.training_guard()``), which stops a
+* with a THOR optimizer it trains the network whose THOR layers capture statistics
+  (``optimizer.thor_network`` when given the net ``thor()`` was built from, as ``convert_to_thor_model``
+  does), accepts the THOR tutorial's ``frequency=N`` (the optimizer's refresh interval), and ``train`` adds
+  its guard callback (``optimizer.training_guard()``), which stops a
   run whose loss stays non-finite with an error naming the step and the layer;
 * with MindSpore's compile cache on, graphs are cached per boost plan, amp and optimizer settings
   (:mod:`ms_boost.compile_cache`): MindSpore alone would reuse a graph compiled with other settings.
@@ -28,7 +31,7 @@ from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
 from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, BoostConfigError, resolve
 from ms_boost.loss_scale import is_group_manager
-from ms_boost.thor.convert import ConvertModelUtils
+from ms_boost.thor.convert import ConvertModelUtils, set_thor_frequency, thor_train_network
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 
 logger = logging.getLogger("ms_boost")
@@ -117,7 +120,9 @@ class Model(_MsModel):
 
     Same arguments as ``mindspore.train.Model``: ``network, loss_fn=None, optimizer=None, metrics=None,
     eval_network=None, eval_indexes=None, amp_level="O0", boost_level="O0", **kwargs`` with kwargs
-    ``loss_scale_manager``, ``keep_batchnorm_fp32``, ``boost_config_dict`` (dict or YAML/JSON path).
+    ``loss_scale_manager``, ``keep_batchnorm_fp32``, ``boost_config_dict`` (dict or YAML/JSON path), and
+    ``frequency`` (the THOR tutorial's ``Model_Thor`` argument: the THOR optimizer's refresh interval;
+    an error with any other optimizer).
 
     Attributes:
         boost: the resolved :class:`~ms_boost.config.AutoBoost` plan (``model.boost.summary()``).
@@ -130,6 +135,10 @@ class Model(_MsModel):
                           stacklevel=2)
             boost_level = kwargs.pop("acc_level")
         boost_config_dict = kwargs.pop("boost_config_dict", None)
+        if "frequency" in kwargs:  # the THOR tutorial's Model(..., frequency=config.frequency)
+            set_thor_frequency(optimizer, kwargs.pop("frequency"))
+        if isinstance(network, nn.Cell):
+            network = thor_train_network(network, optimizer, loss_fn is not None)
         self.boost = AutoBoost(boost_level, boost_config_dict)
         self._plan_logged = False
         super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,

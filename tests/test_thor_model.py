@@ -189,3 +189,43 @@ def test_deep_network_compiles_in_graph_mode_and_matches_numpy(monkeypatch):
     for i, (g, e) in enumerate(zip(graph, expected)):
         np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-5, err_msg=f"parameter {i}")
     assert any(not np.allclose(g, w) for g, w in zip(graph, initial))
+
+
+def test_tutorial_model_call_trains_thor_without_convert_and_takes_frequency():
+    """The THOR tutorial's ``Model(net, loss_fn, optimizer=opt, ..., frequency=N)`` on the net given to ``thor()``
+    (no ``convert_to_thor_model``): Model trains ``opt.thor_network`` (whose layers capture the statistics) and
+    ``frequency`` becomes the refresh interval (thor() had its default 100): three steps equal numpy's THOR with
+    refreshes at steps 0 and 2. Before, the plain layers captured nothing and THOR preconditioned with the
+    damping alone."""
+    weights, x, y = _mlp_data(seed=3, n=24)
+    net = MLP(*weights)
+    opt = thor(net, 0.05, 0.05, 0.9)
+    assert opt.get_frequency() == 100
+    model = Model(net, ce(), opt, metrics={"acc"}, frequency=2)
+    assert opt.get_frequency() == 2
+    model.train(1, dataset(x, y, batch_size=8), dataset_sink_mode=False)
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]
+    expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 2)
+    for got, want in zip([p.asnumpy() for p in net.trainable_params()], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert set(model.eval(dataset(x, y, batch_size=8), dataset_sink_mode=False)) == {"acc"}
+
+
+def test_model_refuses_a_thor_optimizer_on_a_network_without_its_layers_and_frequency_without_thor():
+    """Misuse named, not trained wrongly: ``frequency`` with another optimizer or out of range; a THOR optimizer
+    with a network that shares no parameter, or a loss cell around the unconverted net (it holds no THOR layer).
+    A loss cell around ``opt.thor_network`` is fine."""
+    import pytest
+
+    weights, _, _ = _mlp_data(seed=3, n=8)
+    net = MLP(*weights)
+    with pytest.raises(ValueError, match=r"frequency=5 .*Momentum, not THOR"):
+        Model(net, ce(), nn.Momentum(net.trainable_params(), 0.1, 0.9), frequency=5)
+    opt = thor(net, 0.05, 0.05, 0.9)
+    with pytest.raises(ValueError, match=r"frequency=0 must be an int >= 1"):
+        Model(net, ce(), opt, frequency=0)
+    with pytest.raises(ValueError, match="share no parameter"):
+        Model(MLP(*weights), ce(), opt)
+    with pytest.raises(ValueError, match="does not contain its THOR layers"):
+        Model(nn.WithLossCell(net, ce()), optimizer=opt)
+    Model(nn.WithLossCell(opt.thor_network, ce()), optimizer=opt)

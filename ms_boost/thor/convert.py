@@ -13,6 +13,7 @@ either load into both, and the original keeps its structure for evaluation and e
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,7 +27,10 @@ from ms_boost._ms_compat import cells_compile_cache
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_boost.thor.optimizer import THOR
 
-__all__ = ["ConvertNetUtils", "ConvertModelUtils", "ConvertedLayer", "register_convertible"]
+_log = logging.getLogger("ms_boost")  # what a user must see (MindSpore's own log hides INFO by default)
+
+__all__ = ["ConvertNetUtils", "ConvertModelUtils", "ConvertedLayer", "register_convertible", "thor_train_network",
+           "set_thor_frequency"]
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,66 @@ class ConvertModelUtils:
         if isinstance(scale, Parameter):
             optimizer.bind_loss_scale(scale)
         return thor_model
+
+
+def thor_train_network(network: nn.Cell, optimizer, has_loss_fn: bool) -> nn.Cell:
+    """The network a Model given a THOR ``optimizer`` must train: the one whose THOR layers capture statistics.
+
+    ``thor(net, ...)`` converts a copy of ``net`` (:attr:`THOR.thor_network`, sharing ``net``'s Parameters) and
+    leaves ``net`` as it is, so ``Model(net, loss_fn, optimizer=thor(net, ...))`` -- the tutorial's call
+    without :meth:`ConvertModelUtils.convert_to_thor_model` -- would train layers that capture nothing, and
+    THOR would precondition with factors that never change. This picks the right network:
+
+    * any other optimizer, or a network holding the optimizer's THOR layers: ``network`` unchanged;
+    * ``network`` is the network ``thor()`` was built from (same trainable Parameters) and ``loss_fn`` is
+      given: :attr:`THOR.thor_network`, logged;
+    * otherwise a ``ValueError`` that says what to pass.
+
+    Args:
+        network: the ``network`` argument of Model.
+        optimizer: the ``optimizer`` argument of Model.
+        has_loss_fn: whether Model was given a ``loss_fn`` (``network`` is then the bare network).
+    """
+    if not isinstance(optimizer, THOR):
+        return network
+    train_net = optimizer.thor_network
+    if network is train_net:
+        return network
+    present = {id(p) for p in network.get_parameters()}
+    flags = list(optimizer.capture_flags)
+    if flags and all(id(flag) in present for flag in flags):
+        return network  # e.g. a loss cell wrapped around optimizer.thor_network
+    mine = {id(p) for p in network.trainable_params()}
+    theirs = {id(p) for p in train_net.trainable_params()}
+    if not mine & theirs:
+        raise ValueError("Model: the network is not the one the THOR optimizer was built for (they share no "
+                         "parameter); pass the net given to thor(), or opt.thor_network.")
+    if has_loss_fn and mine == theirs:
+        _log.info("Model: training the THOR copy of the network (optimizer.thor_network, same Parameters), "
+                    "whose layers capture the statistics THOR needs.")
+        return train_net
+    raise ValueError(
+        "Model: the network shares parameters with the THOR optimizer's network but does not contain its THOR "
+        "layers, so no curvature statistics would be captured. Build the optimizer on the network you pass "
+        "(thor(net, ...) then Model(net, loss_fn=..., optimizer=opt)), pass opt.thor_network, or use "
+        "ConvertModelUtils.convert_to_thor_model.")
+
+
+def set_thor_frequency(optimizer, frequency) -> None:
+    """``Model(..., frequency=N)`` (the THOR tutorial's Model argument): the refresh interval of ``optimizer``.
+
+    Raises:
+        ValueError: ``optimizer`` is not THOR, or ``frequency`` is not an int >= 1.
+    """
+    if not isinstance(optimizer, THOR):
+        raise ValueError(f"Model: frequency={frequency!r} is THOR's refresh interval; the optimizer is "
+                         f"{type(optimizer).__name__}, not THOR (allowed: a THOR optimizer from ms_boost.thor).")
+    if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 1:
+        raise ValueError(f"Model: frequency={frequency!r} must be an int >= 1.")
+    if frequency != optimizer.frequency:
+        _log.info(f"Model: frequency={frequency} sets the THOR optimizer's refresh interval "
+                    f"(thor() had {optimizer.frequency}).")
+        optimizer.frequency = frequency
 
 
 def _shares_parameters(a: nn.Cell, b: nn.Cell) -> bool:
