@@ -11,7 +11,6 @@ levels coexist, and nothing here is mutated after construction.
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import warnings
 from types import MappingProxyType
@@ -33,8 +32,6 @@ from ms_boost.sections import (
 from ms_boost.spec import AlgorithmSpec
 from ms_boost.topology import Topology
 from ms_boost.validation import BoostConfigError, check_bool, load_mapping_file, short_repr
-
-logger = logging.getLogger("ms_boost")
 
 __all__ = [
     "AutoBoost", "BoostConfigError", "LEVELS", "MODES", "SWITCHES",
@@ -160,11 +157,11 @@ class AutoBoost:
 
     # -- resolution helpers ------------------------------------------------------------------------
     def _note(self, text: str, warn: bool = True) -> None:
+        """Record a note for :meth:`summary` (logged when training starts); ``warn``: also warn now (the
+        user asked for something that does not happen)."""
         self.notes.append(text)
         if warn:
             warnings.warn(f"ms_boost: {text}", UserWarning, stacklevel=3)
-        else:
-            logger.info("ms_boost: %s", text)
 
     def _apply_exclusivity(self, switches: Dict[str, bool], explicit: Mapping[str, bool]) -> None:
         """A spec that runs alone (dim_reduce before thor: lower order first) switches every other off; a

@@ -32,6 +32,7 @@ from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_s
 from ms_boost.config import AutoBoost, BoostConfigError, resolve
 from ms_boost.loss_scale import is_group_manager
 from ms_boost.thor.convert import ConvertModelUtils, set_thor_frequency, thor_train_network
+from ms_boost.thor.optimizer import THOR
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 
 logger = logging.getLogger("ms_boost")
@@ -171,6 +172,16 @@ class Model(_MsModel):
             return nn.WithLossCell(network, self._loss_fn) if self._loss_fn else network
         return _build(network, self._optimizer, self._loss_fn, self._amp_level, self.boost, amp_kwargs)
 
+    def _plan_text(self) -> str:
+        """The boost plan's summary, plus the optimizer when it is a THOR given directly (the plan alone would
+        read as a plain training step)."""
+        text = self.boost.summary()
+        if isinstance(self._optimizer, THOR) and not self.boost.boost_config.get("thor"):
+            opt = self._optimizer
+            text += (f"\n  optimizer: THOR from thor() over {opt.n_layers} THOR layers, factors and inverses "
+                     f"refreshed every {opt.frequency} steps")
+        return text
+
     def _enabled(self):
         return [k for k, v in self.boost.boost_config.items() if v]
 
@@ -180,7 +191,7 @@ class Model(_MsModel):
         if not self._plan_logged:
             self._plan_logged = True
             if comm.get_rank() == 0:
-                logger.info("%s", self.boost.summary())
+                logger.info("%s", self._plan_text())
         guard = getattr(self._optimizer, "training_guard", None)  # THOR: stop a run that stays non-finite
         if callable(guard):
             if callbacks is None:

@@ -314,8 +314,15 @@ def test_prepare_computes_saves_and_reloads(tmp_path):
         prepare_pca_matrix(specs, 2, str(tmp_path / "missing.npy"), None)
     with pytest.raises(ValueError, match="does not fit the network"):
         prepare_pca_matrix(specs[:2], 2, target, None)
-    with pytest.raises(ValueError, match="needs at least 7"):
+    with pytest.raises(ValueError, match=r"dim_reduce.n_components=6 needs at least 7 stage-1 checkpoints in "
+                                         r"dim_reduce.weight_load_dir='.*ckpt' .* found 6"):
         prepare_pca_matrix(specs, 6, str(tmp_path / "other.npy"), folder)
+    # a missing (or mistyped) folder is named as such, not as an unwritable pca_mat_path
+    for missing in (str(tmp_path / "ckpt_typo"), os.path.join(folder, "net-0_1.ckpt")):
+        with pytest.raises(ValueError, match=r"dim_reduce.weight_load_dir=.* is not an existing folder"):
+            prepare_pca_matrix(specs, 2, None, missing)
+        with pytest.raises(ValueError, match=r"is not an existing folder.*pca_mat_path='.*new.npy' does not exist"):
+            prepare_pca_matrix(specs, 2, str(tmp_path / "new.npy"), missing)
     with pytest.raises(TimeoutError, match="time limit"):
         prepare_pca_matrix(specs, 2, str(tmp_path / "slow.npy"), folder, timeout=1e-9, progress=None)
 

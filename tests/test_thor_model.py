@@ -203,6 +203,9 @@ def test_tutorial_model_call_trains_thor_without_convert_and_takes_frequency():
     assert opt.get_frequency() == 100
     model = Model(net, ce(), opt, metrics={"acc"}, frequency=2)
     assert opt.get_frequency() == 2
+    # the plan logged when training starts names THOR (the boost plan alone reads as a plain step)
+    assert "optimizer: THOR from thor() over 2 THOR layers, factors and inverses refreshed every 2 steps" in (
+        model._plan_text())  # pylint: disable=protected-access
     model.train(1, dataset(x, y, batch_size=8), dataset_sink_mode=False)
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]
     expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 2)

@@ -26,7 +26,7 @@ from mindspore import Tensor
 
 from ms_boost import comm
 from ms_boost.dim_reduce.math import local_row_block
-from ms_boost.dim_reduce.pca import ParamSpec, check_finite_rows, compute_pca_matrix, open_pca_matrix
+from ms_boost.dim_reduce.pca import ParamSpec, check_finite_rows, compute_pca_matrix, list_checkpoints, open_pca_matrix
 from ms_boost.topology import Topology
 
 __all__ = ["prepare_pca_matrix", "local_pca_rows", "DEFAULT_PCA_FILE_NAME"]
@@ -112,6 +112,15 @@ def _root_prepare(target: str, specs, n_components: int, num_weights: int, pca_m
     if not weight_load_dir:
         raise ValueError(f"dim_reduce.pca_mat_path={pca_mat_path!r} does not exist and weight_load_dir is None: "
                          f"nothing to compute the PCA matrix from.")
+    if not os.path.isdir(weight_load_dir):
+        raise ValueError(f"dim_reduce.weight_load_dir={str(weight_load_dir)!r} is not an existing folder; it must "
+                         f"hold the stage-1 checkpoints the PCA matrix is computed from (pca_mat_path="
+                         f"{pca_mat_path!r} {'does not exist' if pca_mat_path else 'is not given'}).")
+    found = len(list_checkpoints(str(weight_load_dir)))
+    if found < n_components + 1:
+        raise ValueError(f"dim_reduce.n_components={n_components} needs at least {n_components + 1} stage-1 "
+                         f"checkpoints in dim_reduce.weight_load_dir={str(weight_load_dir)!r} (centring removes one "
+                         f"dimension), found {found}: save more in stage 1, or lower n_components.")
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise ValueError(f"dim_reduce.pca_mat_path={target!r}: folder {folder!r} does not exist, so the computed "
