@@ -26,9 +26,11 @@ that method in its ``construct``, so the update is otherwise exactly the user's 
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from typing import Dict, List, Optional, Sequence, Union
 
+import numpy as np
 from mindspore import Parameter, Tensor, nn
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
@@ -159,13 +161,109 @@ def _group_settings(group: dict) -> dict:
 def optimizer_params(opt: nn.Optimizer):
     """The parameter argument ``opt`` was built with (list of Parameters or of group dicts).
 
-    Falls back to ``opt.parameters`` when the recorded argument is unusable (e.g. an exhausted generator).
+    Falls back to the optimizer's own parameters when the recorded argument is unusable (an exhausted
+    generator) or was never recorded (optimizers without ``@opt_init_args_register``, e.g.
+    ``AdamWeightDecay``): as groups rebuilt from its per-parameter settings when it has groups
+    (:func:`recovered_groups`), else the plain parameter list.
     """
     raw = getattr(opt, "init_params", {}).get("params")
     if isinstance(raw, (list, tuple)) and raw:
         return list(raw)
-    # A generator given by the user is exhausted by now: fall back to the optimizer's own parameters.
+    if getattr(opt, "is_group", False):
+        return recovered_groups(opt)
     return list(opt.parameters)
+
+
+def _learning_rate_value(lr):
+    """A learning rate as a constructor argument: a float (fixed), a Tensor (per-step list) or the schedule Cell."""
+    if isinstance(lr, nn.Cell):
+        values = getattr(lr, "learning_rate", None)  # MindSpore's wrapper of a per-step list keeps it here
+        if isinstance(values, Tensor) and not isinstance(lr, nn.LearningRateSchedule):
+            return Tensor(values.asnumpy())
+        return lr
+    if isinstance(lr, Tensor):
+        value = lr.asnumpy()
+        return float(value) if value.size == 1 else Tensor(value)
+    return lr
+
+
+def _scalar(value):
+    """A one-element Tensor as a Python number; anything else unchanged."""
+    if isinstance(value, Tensor):
+        array = value.asnumpy()
+        if array.size == 1:
+            return array.reshape(-1)[0].item()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def recovered_groups(opt: nn.Optimizer) -> List[dict]:
+    """Parameter groups of an optimizer that did not record its argument, rebuilt from its per-parameter
+    ``group_lr``, ``group_weight_decay`` and ``group_grad_centralization``: parameters with equal settings
+    share a group, and an ``order_params`` group keeps the optimizer's parameter order."""
+    params = list(opt.parameters)
+    lrs = list(opt.learning_rate) if getattr(opt, "is_group_lr", False) else [None] * len(params)
+    decays = opt.weight_decay if isinstance(opt.weight_decay, (list, tuple)) else [opt.weight_decay] * len(params)
+    centralize = list(getattr(opt, "group_grad_centralization", [False] * len(params)))
+    groups: Dict[tuple, dict] = {}
+    for param, lr, decay, gc in zip(params, lrs, decays, centralize):
+        settings = {"weight_decay": float(_scalar(decay)), "grad_centralization": bool(gc)}
+        key = (id(lr), settings["weight_decay"], settings["grad_centralization"])
+        if lr is not None:
+            settings["lr"] = _learning_rate_value(lr)
+        groups.setdefault(key, {**settings, "params": []})["params"].append(param)
+    return list(groups.values()) + [{"order_params": params}]
+
+
+def recovered_init_args(opt: nn.Optimizer) -> dict:
+    """Constructor arguments of an optimizer built without ``@opt_init_args_register``, read back from the
+    instance: every argument of its class's ``__init__`` (except ``params`` and ``learning_rate``) must be an
+    attribute of the same name (one-element Tensors become numbers).
+
+    Raises:
+        TypeError: an argument the instance does not keep (its value cannot be known).
+    """
+    signature = inspect.signature(type(opt).__init__)
+    args, missing = {}, []
+    for name, spec in signature.parameters.items():
+        if name in ("self", "params", "learning_rate") or spec.kind in (spec.VAR_POSITIONAL, spec.VAR_KEYWORD):
+            continue
+        value = getattr(opt, name, None)
+        if isinstance(value, (list, tuple)) and name == "weight_decay":  # per parameter: the groups carry it
+            value = value[0] if value else spec.default
+        value = _scalar(value)
+        if value is None and spec.default is None:
+            args[name] = None
+        elif value is None or isinstance(value, (Tensor, nn.Cell)):
+            missing.append(name)
+        elif isinstance(spec.default, bool):
+            args[name] = bool(value)
+        elif isinstance(spec.default, float) and isinstance(value, (int, float)):
+            args[name] = float(value)
+        else:
+            args[name] = value
+    if missing:
+        raise TypeError(f"OptimizerProcess: optimizer {type(opt).__name__} does not record its constructor arguments "
+                        f"(no @opt_init_args_register) and keeps no readable attribute for {missing}, so it cannot "
+                        f"be rebuilt for boost; use an optimizer that records them (e.g. nn.Adam, nn.Momentum) or "
+                        f"switch off the algorithms that rebuild it (less_bn, grad_freeze).")
+    return args
+
+
+def _constructor_args(recorded: dict) -> dict:
+    """``init_args`` as keyword arguments: ``@opt_init_args_register`` records a ``**kwargs`` argument under the
+    key ``kwargs`` (``nn.Adam``) and ``*args`` under ``args``; they are passed on unpacked."""
+    args = dict(recorded)
+    extra = args.pop("kwargs", None)
+    if isinstance(extra, dict):
+        args.update(extra)
+    elif extra is not None:
+        args["kwargs"] = extra
+    positional = args.pop("args", None)
+    if positional not in (None, ()):
+        args["args"] = positional
+    return args
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,14 +295,16 @@ class OptimizerProcess:
             raise TypeError(f"OptimizerProcess: 'opt' must be a mindspore.nn.Optimizer, got {type(opt).__name__}.")
         self.is_lars = isinstance(opt, nn.LARS)
         inner = opt.opt if self.is_lars else opt
-        if not hasattr(inner, "init_args"):
-            raise TypeError(f"OptimizerProcess: optimizer {type(inner).__name__} does not record its constructor "
-                            f"arguments (build it with @opt_init_args_register), so it cannot be rebuilt.")
         self.single_opt = inner
         self.opt_class = type(inner)
-        self.opt_init_args = dict(inner.init_args)
-        self.lars_init_args = dict(opt.init_args) if self.is_lars else {}
-        self.learning_rate = getattr(inner, "init_learning_rate", None)
+        if hasattr(inner, "init_args"):
+            self.opt_init_args = _constructor_args(inner.init_args)
+            self.learning_rate = getattr(inner, "init_learning_rate", None)
+        else:  # e.g. nn.AdamWeightDecay: read its arguments back from the instance
+            self.opt_init_args = recovered_init_args(inner)
+            lr = inner.learning_rate
+            self.learning_rate = _learning_rate_value(lr[0] if isinstance(lr, (list, tuple)) else lr)
+        self.lars_init_args = _constructor_args(opt.init_args) if self.is_lars else {}
         self.origin_params = optimizer_params(inner)
 
     @staticmethod

@@ -430,6 +430,9 @@ def apply_less_bn(network: nn.Cell, optimizer: nn.Optimizer, less_bn_cfg, common
     process = OptimizerProcess(optimizer)
     # the parameters the user's optimizer trained (minus removed ones) plus those the conversion created
     held = {id(p) for p in optimizer.parameters}
+    # the FN heads' multipliers are trained even when the network was converted by an earlier Model (a second
+    # Model on the same net and optimizer: they are not new then, and the user's optimizer never held them)
+    held |= {id(cell.multiplier) for _, cell in wrapped.cells_and_names() if isinstance(cell, CommonHeadLastFN)}
     trained = [p for p in wrapped.trainable_params() if id(p) in held or id(p) not in existing]
     params = ParameterProcess().assign_parameter_group(trained, list(common_cfg.gradient_split_groups))
     process.origin_params = ParameterProcess.generate_group_params(params, process.origin_params)

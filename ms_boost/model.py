@@ -29,7 +29,7 @@ from mindspore.train.loss_scale_manager import LossScaleManager
 from ms_boost import comm
 from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
 from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
-from ms_boost.config import AutoBoost, BoostConfigError, resolve
+from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scale import is_group_manager
 from ms_boost.thor.convert import ConvertModelUtils, set_thor_frequency, thor_train_network
 from ms_boost.thor.optimizer import THOR
@@ -149,9 +149,13 @@ class Model(_MsModel):
     def _build_boost_network(self, kwargs):
         if not self.boost.is_active:
             return
-        if self._optimizer is None:
-            raise BoostConfigError(f"boost_level={self.boost.level!r} enables {self._enabled()} which need an "
-                                   "optimizer; pass optimizer=... to Model or use boost_level='O0'.")
+        if self._optimizer is None:  # an evaluation/prediction Model: the structure the weights were trained in
+            self._network = self.boost.network_auto_process_eval(self._network)
+            if self._eval_network is not None:
+                self._eval_network = self.boost.network_auto_process_eval(self._eval_network)
+            logger.info("Model: no optimizer, so boost_level=%r applies its evaluation rewrites only (%s); "
+                        "training needs an optimizer.", self.boost.level, ", ".join(self._enabled()))
+            return
         self._network, self._optimizer = self.boost.network_auto_process_train(self._network, self._optimizer)
         if self._eval_network is not None:
             self._eval_network = self.boost.network_auto_process_eval(self._eval_network)
@@ -176,6 +180,9 @@ class Model(_MsModel):
         """The boost plan's summary, plus the optimizer when it is a THOR given directly (the plan alone would
         read as a plain training step)."""
         text = self.boost.summary()
+        if self._optimizer is None and self.boost.is_active:
+            text += ("\n  note: Model has no optimizer: only the evaluation rewrites were applied, and no boost "
+                     "algorithm takes part in training")
         if isinstance(self._optimizer, THOR) and not self.boost.boost_config.get("thor"):
             opt = self._optimizer
             text += (f"\n  optimizer: THOR from thor() over {opt.n_layers} THOR layers, factors and inverses "

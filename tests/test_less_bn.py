@@ -306,6 +306,10 @@ def test_apply_less_bn_keeps_the_users_parameter_selection():
     boost = AutoBoost("O1")
     _, new_opt = apply_less_bn(net, nn.SGD(head_only, learning_rate=0.1), boost.less_bn, boost.common)
     assert [p.name for p in new_opt.parameters] == ["end_point.weight", "end_point.multiplier"]
+    # a second conversion (a second Model on the same net and optimizer): the multiplier is not new any more,
+    # and the user's optimizer never held it; it is still trained
+    _, again = apply_less_bn(net, nn.SGD(head_only, learning_rate=0.1), boost.less_bn, boost.common)
+    assert [p.name for p in again.parameters] == ["end_point.weight", "end_point.multiplier"]
 
 
 def test_eval_conversion_loads_trained_checkpoint(mode):
@@ -338,3 +342,30 @@ def test_less_bn_resnet_trains(mode):
     losses = [float(train(Tensor(x), Tensor(y)).asnumpy()) for _ in range(12)]
     assert np.isfinite(losses).all()
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
+
+
+def test_eval_only_model_with_boost_level_evaluates_a_trained_o1_checkpoint(mode, tmp_path):
+    """docs/light_algorithms.md: evaluating an O1 checkpoint with ``Model(net, loss, metrics=..., boost_level="O1")``
+    and no optimizer (an evaluation script). The Model applies the evaluation rewrites (BatchNorm removal, FN
+    head) to ``net`` in place, the checkpoint loads with nothing left over and the accuracy equals the trained
+    Model's; before, Model refused to be built without an optimizer."""
+    from ms_boost import Model
+
+    ms.set_seed(1)
+    x, y = learnable_data(48)
+    data = lambda: ms.dataset.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(16)  # noqa: E731
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    trained = TinyResNet()
+    model = Model(trained, loss, nn.Momentum(trained.trainable_params(), 0.05, 0.9), metrics={"acc"},
+                  boost_level="O1")
+    model.train(2, data(), dataset_sink_mode=False)
+    path = str(tmp_path / "o1.ckpt")
+    ms.save_checkpoint(trained, path)
+    expected = model.eval(data(), dataset_sink_mode=False)
+
+    fresh = TinyResNet()
+    evaluator = Model(fresh, loss, metrics={"acc"}, boost_level="O1")
+    assert "no boost algorithm takes part in training" in evaluator._plan_text()  # pylint: disable=protected-access
+    not_loaded, unused = ms.load_param_into_net(fresh, ms.load_checkpoint(path))
+    assert not_loaded == [] and unused == []
+    assert evaluator.eval(data(), dataset_sink_mode=False) == expected
