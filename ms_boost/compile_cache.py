@@ -85,6 +85,6 @@ def scope_compile_cache(settings: str) -> Optional[str]:
     path = os.path.join(base, SCOPE_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16])
     if path != current:
         ms.set_context(compile_cache_path=path)
-        logger.info("ms_boost: MindSpore's compile cache is on; graphs of these settings are cached in %s "
+        logger.info("MindSpore's compile cache is on; graphs of these settings are cached in %s "
                     "(keyed by the boost plan, amp and optimizer settings)", path)
     return path

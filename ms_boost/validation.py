@@ -23,6 +23,7 @@ import os
 import reprlib
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
 import yaml
 
 __all__ = [
@@ -82,6 +83,8 @@ def check_int(path: str, value: Any, low: Optional[int] = None, high: Optional[i
         low, high: inclusive bounds (None: unbounded). ``high`` defaults to :data:`INT64_MAX`.
         holder: what bounds ``high`` (e.g. ``"the int32 micro-step counter"``), said in the message.
     """
+    if isinstance(value, np.integer):  # e.g. a value read from a numpy array
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"boost config {path} must be an int, got {short_repr(value)} ({_type_name(value)}).")
     if (low is not None and value < low) or (high is not None and value > high):
@@ -93,7 +96,10 @@ def check_int(path: str, value: Any, low: Optional[int] = None, high: Optional[i
 
 def check_float(path: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
                 low_open: bool = False, high_open: bool = False) -> float:
-    """``float(value)`` if it is a finite real number in the interval (ints accepted, bools not)."""
+    """``float(value)`` if it is a finite real number in the interval (ints and numpy numbers accepted, bools
+    not)."""
+    if isinstance(value, (np.integer, np.floating)):
+        value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"boost config {path} must be a number, got {short_repr(value)} ({_type_name(value)}).")
     number = float(value)
@@ -140,7 +146,7 @@ def check_int_list(path: str, value: Any, low: int = 0, high: int = INT32_MAX) -
     """A strictly increasing tuple of ints in ``[low, high]`` (a single int is a one-element list)."""
     if isinstance(value, bool):
         raise TypeError(f"boost config {path} must be a list of ints, got {short_repr(value)}.")
-    if isinstance(value, int):
+    if isinstance(value, (int, np.integer)):
         value = [value]
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"boost config {path} must be a list of ints, got {short_repr(value)} "

@@ -287,3 +287,19 @@ def test_dim_reduce_carry_search_is_a_validated_key():
     assert AutoBoost("O0").dim_reduce.carry_search is False
     with pytest.raises(TypeError, match="dim_reduce.carry_search"):
         AutoBoost("O0", {"dim_reduce": {"carry_search": "yes"}})
+
+
+def test_numpy_numbers_are_accepted_like_python_numbers():
+    """Values read from numpy (``np.int64``, ``np.float32``) validate as the Python numbers they hold; numpy bools
+    stay refused where an int is needed."""
+    import numpy as np
+
+    cfg = AutoBoost("O1", {"grad_freeze": {"param_groups": np.int64(4), "freeze_p": np.float32(0.5)},
+                           "common": {"gradient_split_groups": [np.int32(3), 7]}})
+    assert cfg.grad_freeze.param_groups == 4 and type(cfg.grad_freeze.param_groups) is int
+    assert cfg.grad_freeze.freeze_p == 0.5 and type(cfg.grad_freeze.freeze_p) is float
+    assert cfg.common.gradient_split_groups == (3, 7)
+    with pytest.raises(TypeError, match=r"grad_freeze.param_groups must be an int"):
+        AutoBoost("O1", {"grad_freeze": {"param_groups": np.bool_(True)}})
+    with pytest.raises(ValueError, match=r"grad_freeze.freeze_p=.* is out of range"):
+        AutoBoost("O1", {"grad_freeze": {"freeze_p": np.float64(1.5)}})
