@@ -383,6 +383,8 @@ def step_benchmark(args) -> dict:
                   for name in ("dim", "dim_carry")}
         # the two k x M products of a step alone (P grad, then P^T [d; g]): memory-bound reads of P
         cells["products"] = _products_cell(stages["dim"].pca_rows, size, rng)
+        # the same two products by numpy (OpenBLAS): the best this CPU's memory bandwidth allows
+        cells["numpy_products"] = _numpy_products(stages["dim"].pca_rows.asnumpy(), size, rng)
         if trajectory:  # real batches, a new one every repeat (cycling through the epoch)
             batches = [(Tensor(b["image"]), Tensor(b["label"]))
                        for b in train_set().create_dict_iterator(num_epochs=1, output_numpy=True)]
@@ -391,7 +393,7 @@ def step_benchmark(args) -> dict:
                         Tensor(rng.integers(0, args.classes, args.batch).astype(np.int32)))]
         x, y = batches[0]
         for cell in cells.values():
-            cell(x, y).asnumpy()  # compile
+            _sync(cell(x, y))  # compile
         times = {name: [] for name in cells}
         outcomes = {name: [] for name in stages}
         first_trials = {name: [] for name in stages}  # the first trial's step: rho^0 times the carried scale
@@ -401,13 +403,14 @@ def step_benchmark(args) -> dict:
                 first_trials[name].append(float(stage.search_scale.asnumpy()) if stage.carry_search else 1.0)
             for name, cell in cells.items():  # interleaved: load drift hits every contender alike
                 start = time.perf_counter()
-                cell(x, y).asnumpy()
+                _sync(cell(x, y))
                 times[name].append(time.perf_counter() - start)
             for name, stage in stages.items():
                 outcomes[name].append(float(stage.step_size.asnumpy()))
         noise = [t / p for t, p in zip(times["twin"], times["plain"])]
         forward_ratio = statistics.median(f / p for f, p in zip(times["forward"], times["plain"]))
         products_ratio = statistics.median(f / p for f, p in zip(times["products"], times["plain"]))
+        numpy_products_ratio = statistics.median(f / p for f, p in zip(times["numpy_products"], times["plain"]))
         for name, carry in (("dim", False), ("dim_carry", True)):
             ratios = [d / p for d, p in zip(times[name], times["plain"])]
             steps = outcomes[name]  # the accepted step (0: none); accepted at the first trial: equal to its step
@@ -427,6 +430,9 @@ def step_benchmark(args) -> dict:
                             "forward_ratio": forward_ratio, "mean_trials": trials,
                             "products_ratio": products_ratio,
                             "floor": 1.0 + trials * forward_ratio + products_ratio,
+                            "numpy_products_ratio": numpy_products_ratio,
+                            # one trial per step, the products by the faster of MindSpore and numpy
+                            "bandwidth_floor": 1.0 + forward_ratio + min(products_ratio, numpy_products_ratio),
                             "repeats": args.step_repeats, "mode": args.mode, "basis": args.basis})
             print(json.dumps(results[-1]), flush=True)
     return {"runs": results}
@@ -454,6 +460,25 @@ def _products_cell(pca_rows, size, rng):
     return Products()
 
 
+def _sync(value):
+    """Wait for a contender's result (a Tensor is copied to the host; numpy's is already there)."""
+    return value.asnumpy() if hasattr(value, "asnumpy") else value
+
+
+def _numpy_products(pca_rows, size, rng):
+    """The two k x M products of a step in numpy (OpenBLAS, all cores) on a random gradient (inputs ignored):
+    how fast this machine reads P, i.e. the products' share of the bandwidth floor."""
+    import numpy as np
+
+    grad = rng.standard_normal(size).astype(np.float32)
+
+    def products(*inputs):
+        g = pca_rows @ grad
+        return (np.stack((g, -g)) @ pca_rows).sum()
+
+    return products
+
+
 def render_steps(section: dict) -> str:
     modes = sorted({r["mode"] for r in section["runs"]})
     trajectory = any(r.get("basis") == "trajectory" for r in section["runs"])
@@ -470,11 +495,16 @@ def render_steps(section: dict) -> str:
              "brackets). *Noise floor*: the twin plain step / the plain step. *Floor*: 1 + (mean line-search "
              "trials) x (forward / plain step) + (the two k x M products alone / plain step), what the step "
              "would cost with no bookkeeping at all (rows written before the products column existed: without "
-             "that term). The machine "
+             "that term). *Bandwidth floor*: 1 + (forward / plain step) + (the two products by the faster of "
+             "MindSpore and numpy's OpenBLAS / plain step), what the step would cost if every line search accepted "
+             "its first trial and nothing but the forward pass and the two reads of P were added (rows written "
+             "before that column existed: -). The "
+             "machine "
              "is shared with other jobs (2 cores): absolute times drift, only the paired ratios are compared.", "",
              "| base width | weights | mode | carry_search | plain step | DimReduce step | ratio | floor "
-             "| noise floor | forward / plain | products / plain | accepted at trial 1 / trial 2 / none |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| bandwidth floor | noise floor | forward / plain | products / plain | products in numpy / plain "
+             "| accepted at trial 1 / trial 2 / none |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in section["runs"]:
         q = r.get("ratio_quartiles") or [float("nan")] * 2
         first = r.get("first_trial_fraction")
@@ -482,14 +512,19 @@ def render_steps(section: dict) -> str:
         second = r["accepted_fraction"] - first
         lines.append(f"| {r['width']} | {r['weights']:,} | {r['mode']} | {'on' if r.get('carry_search') else 'off'} | "
                      f"{r['plain_ms']:.0f} ms | {r['dim_reduce_ms']:.0f} ms | **{r['ratio_median']:.2f}x** "
-                     f"[{q[0]:.2f}, {q[1]:.2f}] | {r.get('floor', float('nan')):.2f} | "
+                     f"[{q[0]:.2f}, {q[1]:.2f}] | {r.get('floor', float('nan')):.2f} | {_opt(r, 'bandwidth_floor')} | "
                      f"{r.get('noise_ratio', float('nan')):.2f} | {r.get('forward_ratio', float('nan')):.2f} | "
-                     f"{r.get('products_ratio', float('nan')):.2f} | "
+                     f"{r.get('products_ratio', float('nan')):.2f} | {_opt(r, 'numpy_products_ratio')} | "
                      f"{100 * first:.0f}% / {100 * second:.0f}% / {100 * r.get('none_fraction', float('nan')):.0f}% |")
     lines += ["", "k = 32, batch 32. A DimReduce step is one forward + backward, the projection `P grad` (k x M), the "
               "back-projection (2 x M), the k x k BFGS algebra, flat copies of the weights and BatchNorm statistics, "
               "and 1 (accepted at once) or 2 extra forward passes of the line search (`max_search_time` = 2)."]
     return "\n".join(lines)
+
+
+def _opt(row: dict, key: str) -> str:
+    """A ratio of a row, or '-' for rows written before the column existed."""
+    return f"{row[key]:.2f}" if key in row else "-"
 
 
 def main() -> None:
