@@ -94,7 +94,7 @@ def describe_steps(boost, topology: Topology) -> str:
     ctx = BuildContext(common=boost.common, topology=topology, level=boost.level)
     specs = boost.enabled_specs()
     reducer = _single(specs, "reducer")
-    steps = []
+    steps, after_apply = [], []
     reduction_done = False
     for spec in specs:
         if not reduction_done and reducer is None and spec.order > REDUCTION_ORDER:
@@ -102,11 +102,14 @@ def describe_steps(boost, topology: Topology) -> str:
             reduction_done = True
         if spec.describe is not None:
             text = spec.describe(boost.section(spec.name), ctx)
-            if text:
-                steps.append(text)
-                reduction_done = reduction_done or spec is reducer
+            before, after = text if isinstance(text, tuple) else (text, None)  # (before, after): see spec.py
+            if before:
+                steps.append(before)
+            if after:
+                after_apply.append(after)
+            reduction_done = reduction_done or (spec is reducer and bool(before or after))
     if not reduction_done and reducer is None:
         steps.append(_default_reduction(topology))
     apply_texts = [s.apply_text for s in specs if s.apply_text]
     steps.append(apply_texts[-1] if apply_texts else "optimizer")
-    return " -> ".join(steps)
+    return " -> ".join(steps + after_apply[::-1])  # the outermost stage acts last

@@ -12,7 +12,8 @@ user's with :func:`ms_boost.register_algorithm`). The pipeline reads the enabled
   of the chain (DimReduce); at most one enabled spec has one.
 * ``stage(inner, cfg, ctx) -> Cell`` -- an update stage wrapping the next one
   (``construct(loss, grads, *inputs)``); lower ``order`` wraps higher, so the chain reads in ``order``.
-* ``describe(cfg, ctx) -> str`` -- this algorithm's step in the plan summary (None: no step of its own);
+* ``describe(cfg, ctx) -> str`` -- this algorithm's step in the plan summary (None: no step of its own; a
+  pair ``(before, after)`` places ``after`` behind the apply step, for a stage acting on the update's result);
   ``apply_text`` names the apply step when this algorithm changes it.
 
 ``cfg`` is the algorithm's section (an instance of ``section``, a frozen dataclass validating itself in

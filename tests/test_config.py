@@ -101,7 +101,10 @@ def test_summary_names_stages_and_values():
     cfg = AutoBoost("O2", {"common": {"device_number": 4}, "grad_freeze": {"freeze_p": 0.25}})
     text = cfg.summary(ranks=8)
     assert "level=O2" in text and "adasum" in text and "freeze_p': 0.25" in text
-    assert "mean within server (4 of 8 ranks) -> AdaSum across 2 servers" in text
+    assert "mean within each server (4 rank(s) per server) -> " in text
+    pipeline = text.split("pipeline: ")[1].split("\n")[0]  # AdaSum combines what the optimizer produced: last
+    assert pipeline.endswith("-> optimizer on this step's unfrozen groups -> AdaSum of the servers' weight deltas "
+                             "across 2 servers")
     # fewer ranks than device_number: one server, AdaSum is inactive and the summary says so
     assert "across 2 ranks (one server of common.device_number=4: AdaSum inactive)" in cfg.summary(ranks=2)
     # not distributed (no communication initialised in the test process): no reduction at all

@@ -42,6 +42,8 @@ deltas are formed and combined in fp32.
 """
 from __future__ import annotations
 
+from typing import Tuple, Union
+
 from ms_boost.adasum.cell import AdaSum
 from ms_boost.adasum.layout import (
     DEFAULT_BUCKET_SIZE,
@@ -82,13 +84,13 @@ def _stage(inner, weights, cfg: AdaSumConfig, ctx: BuildContext) -> AdaSumUpdate
     return AdaSumUpdate(inner, weights, ctx.common.device_number, topology=ctx.topology)
 
 
-def _describe(cfg: AdaSumConfig, ctx: BuildContext) -> str:
+def _describe(cfg: AdaSumConfig, ctx: BuildContext) -> Union[str, Tuple[str, str]]:
     topology = ctx.topology
     if topology.size == 1:
         return "no gradient reduction (1 rank); AdaSum inactive"
     if topology.num_servers > 1:
-        return (f"mean within server ({topology.server_size} of {topology.size} ranks) -> AdaSum across "
-                f"{topology.num_servers} servers")
+        return (f"mean within each server ({topology.server_size} rank(s) per server)",
+                f"AdaSum of the servers' weight deltas across {topology.num_servers} servers")
     return (f"mean all-reduce across {topology.size} ranks (one server of common.device_number="
             f"{topology.device_number}: AdaSum inactive)")
 
