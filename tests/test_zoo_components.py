@@ -316,3 +316,15 @@ def test_format_duration_and_loss_value():
     assert format_duration(float("inf")) == "?"
     assert loss_value(ms.Tensor(np.array([1.0, 3.0], np.float32))) == 2.0
     assert loss_value((ms.Tensor(np.float32(0.5)), ms.Tensor(True))) == 0.5
+
+
+def test_stem_max_pool_equals_the_padded_max_pool_on_relu_output():
+    from model_zoo.resnet.src.resnet import StemMaxPool
+
+    rng = np.random.default_rng(0)
+    reference = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="pad", padding=1)
+    for shape in ((2, 3, 9, 8), (1, 4, 16, 16), (1, 2, 7, 7)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        x[:, :, 0, :] = -1.0  # a negative border row: the ReLU zeroes it, the pools still agree
+        x = ms.Tensor(np.maximum(x, 0.0))
+        assert np.array_equal(StemMaxPool()(x).asnumpy(), reference(x).asnumpy())

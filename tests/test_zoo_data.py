@@ -204,7 +204,7 @@ def test_eval_py_takes_the_classes_from_the_train_split(dataset_root, tmp_path):
     from model_zoo.resnet.eval import train_classes
     from model_zoo.resnet.src.config import parse_config
 
-    recipe = Path(__file__).resolve().parents[1] / "model_zoo" / "resnet" / "configs" / "resnet50_imagenet_momentum.yaml"
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
     cfg = parse_config(["--data_path", str(dataset_root), "--class_num", "10"], recipe)
     assert train_classes(cfg) == class_folders(dataset_root / "train")
     (tmp_path / "val" / "a").mkdir(parents=True)  # no train split here, no checkpoint naming one
