@@ -316,3 +316,36 @@ def test_format_duration_and_loss_value():
     assert format_duration(float("inf")) == "?"
     assert loss_value(ms.Tensor(np.array([1.0, 3.0], np.float32))) == 2.0
     assert loss_value((ms.Tensor(np.float32(0.5)), ms.Tensor(True))) == 0.5
+
+
+def test_stem_max_pool_equals_the_padded_max_pool_on_relu_output():
+    from model_zoo.resnet.src.resnet import StemMaxPool
+
+    rng = np.random.default_rng(0)
+    reference = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="pad", padding=1)
+    for shape in ((2, 3, 9, 8), (1, 4, 16, 16), (1, 2, 7, 7)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        x[:, :, 0, :] = -1.0  # a negative border row: the ReLU zeroes it, the pools still agree
+        x = ms.Tensor(np.maximum(x, 0.0))
+        assert np.array_equal(StemMaxPool()(x).asnumpy(), reference(x).asnumpy())
+
+
+def test_an_unsupported_device_target_is_one_error_line():
+    """train.py --device_target GPU on a machine (or build) without GPU: one line naming the targets, status 1."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from model_zoo.resnet.src.device import unsupported_device_message
+
+    assert unsupported_device_message(RuntimeError("something else")) is None
+    assert unsupported_device_message(ValueError("Unsupported device target GPU.")) is None
+    if ms.hal.is_available("GPU"):
+        pytest.skip("this machine has a GPU")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "model_zoo/resnet/train.py"), "--device_target", "GPU",
+                           "--check_data", "never", "--data_path", str(root / "no_such_data")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert re.search(r"^train.py: error: device_target='GPU' is not supported by this MindSpore build on this "
+                     r"machine; supported here: CPU \(or auto", done.stderr, re.M), done.stderr[-2000:]

@@ -109,6 +109,44 @@ def test_help_lists_keys_values_types_and_comments(recipe, capsys):
     assert "--lr 0.1 (float)" in text and "--ids [26, 53] (list)" in text
 
 
+@pytest.mark.parametrize("child, message", [
+    ("epochs_total: 5\n", r"child.yaml': unknown key 'epochs_total' \(value 5\).*base '.*base.yaml'.*Did you mean: "
+                           r"epochs\?"),
+    ("section:\n  iner: 2\n", r"unknown key 'section.iner' \(value 2\).*Did you mean: section.inner"),
+    ("flag: 'false'\n", r"flag='false' \(str\): expected a bool"),
+    ("epochs: 2.5\n", r"epochs=2.5 \(float\): expected an int, as in the base '.*base.yaml' \(3\)"),
+    ("epochs: three\n", r"epochs='three' \(str\): expected an int"),
+    ("name: null\n", r"name=null: expected a str.*null is allowed only where the base's value is null"),
+    ("ids: [1, x]\n", r"ids=\[1, 'x'\] \(list\): expected a list whose items are each an int"),
+    ("section: 4\n", r"section=4 \(int\): expected a section"),
+    ("lr: {a: 1}\n", r"lr=\{'a': 1\} \(dict\): expected a float"),
+    ("section: {}\n", r"section is an empty section; the base .* gives it the keys \['deeper', 'inner'\]"),
+])
+def test_recipe_keys_and_types_are_checked_against_the_base(recipe, child, message):
+    recipe.write_text("base: base.yaml\n" + child)
+    with pytest.raises(ValueError, match=message):
+        load_yaml(recipe)
+
+
+def test_recipe_values_that_fit_the_base(recipe):
+    recipe.write_text("base: base.yaml\nlr: 1\npath: 3\nempty: [a, 1]\nids: []\nnothing: {}\n")
+    cfg = parse_config(["--lr", "0.5"], recipe)  # lr: 1 became 1.0, so the override parses as a float
+    assert cfg.lr == 0.5 and cfg.path == 3 and cfg.empty == ["a", 1] and cfg.ids == []
+    assert isinstance(load_yaml(recipe)["lr"], float)
+    # the thor section may be added; boost_config_dict is open (ms_boost.AutoBoost checks it), but typed where known
+    child = recipe.parent / "thor_child.yaml"
+    child.write_text(f"base: {CONFIGS / 'resnet50_imagenet_boost_o1.yaml'}\nthor:\n  frequency: 5\n"
+                     f"boost_config_dict:\n  adasum:\n    anything: 1\n")
+    assert load_yaml(child)["thor"] == {"frequency": 5}
+    child.write_text(f"base: {CONFIGS / 'resnet50_imagenet_boost_o1.yaml'}\nthor:\n  frequncy: 5\n")
+    with pytest.raises(ValueError, match="unknown key 'thor.frequncy'.*Did you mean: thor.frequency"):
+        load_yaml(child)
+    child.write_text(f"base: {CONFIGS / 'resnet50_imagenet_boost_o1.yaml'}\n"
+                     f"boost_config_dict:\n  grad_freeze:\n    freeze_p: high\n")
+    with pytest.raises(ValueError, match="boost_config_dict.grad_freeze.freeze_p='high' \\(str\\): expected a float"):
+        load_yaml(child)
+
+
 def test_parse_value_and_apply_overrides_do_not_mutate():
     data = {"a": {"b": 1}}
     out = apply_overrides(data, [("a.b", "2")])

@@ -166,3 +166,48 @@ def test_pipeline_rejects_bad_arguments(dataset_root, tmp_path):
     with pytest.raises(ValueError, match="crop_scale"):
         create_dataset(dataset_root / "train", do_train=True, crop_scale=(0.9, 0.1))
     assert os.path.isdir(dataset_root)
+
+
+def test_eval_split_takes_the_train_splits_labels(dataset_root, tmp_path):
+    import shutil
+
+    train = class_folders(dataset_root / "train")
+    val = tmp_path / "val"
+    for name in train[:3] + train[4:]:  # class 3 missing
+        shutil.copytree(dataset_root / "val" / name, val / name)
+    with pytest.warns(UserWarning, match=f"lacks 1 of the train split's 10 classes: '{train[3]}'"):
+        data = create_dataset(val, do_train=False, batch_size=6, image_size=32, shuffle=False, class_names=train,
+                              class_num=10)
+    labels = np.concatenate([label for _, label in data.create_tuple_iterator(output_numpy=True)])
+    assert sorted(set(labels.tolist())) == [0, 1, 2, 4, 5, 6, 7, 8, 9]  # not shifted to 0..8
+    assert (labels == 9).sum() == 6
+    (val / "digit_extra").mkdir()
+    shutil.copy(next((val / train[0]).iterdir()), val / "digit_extra" / "x.JPEG")
+    with pytest.raises(ValueError, match=r"holds 1 class folder\(s\) the train split lacks: 'digit_extra'"):
+        create_dataset(val, do_train=False, batch_size=6, image_size=32, class_names=train)
+
+
+def test_class_folders_against_class_num(dataset_root, tmp_path):
+    import shutil
+
+    with pytest.raises(ValueError, match=r"class_num=5 is smaller than the 10 class folders of .*raise --class_num"):
+        create_dataset(dataset_root / "train", do_train=True, batch_size=8, image_size=32, class_num=5)
+    with pytest.warns(UserWarning, match=r"holds 10 class folders but class_num=20; outputs 10..19 are never"):
+        create_dataset(dataset_root / "train", do_train=True, batch_size=8, image_size=32, class_num=20)
+    one = class_folders(dataset_root / "train")[0]
+    shutil.copytree(dataset_root / "train" / one, tmp_path / "train" / one)
+    with pytest.raises(ValueError, match=f"holds a single class folder \\('{one}'\\); training a classifier needs"):
+        create_dataset(tmp_path / "train", do_train=True, batch_size=8, image_size=32)
+
+
+def test_eval_py_takes_the_classes_from_the_train_split(dataset_root, tmp_path):
+    from model_zoo.resnet.eval import train_classes
+    from model_zoo.resnet.src.config import parse_config
+
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    cfg = parse_config(["--data_path", str(dataset_root), "--class_num", "10"], recipe)
+    assert train_classes(cfg) == class_folders(dataset_root / "train")
+    (tmp_path / "val" / "a").mkdir(parents=True)  # no train split here, no checkpoint naming one
+    cfg = cfg.replace(data_path=str(tmp_path), checkpoint_file_path=str(tmp_path / "none.ckpt"))
+    with pytest.warns(UserWarning, match=r"no train split at hand .*labels are the 1 sorted class folders of"):
+        assert train_classes(cfg) is None

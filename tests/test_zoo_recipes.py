@@ -89,6 +89,12 @@ def test_eval_prints_top1_top5_and_export_writes_mindir(trained, tmp_path, monke
     assert path.suffix == ".mindir" and path.is_file() and path.stat().st_size > 1000
     graph = nn.GraphCell(ms.load(str(path)))
     assert graph(ms.Tensor(np.zeros((1, 3, 16, 16), np.float32))).shape == (1, 10)
+    # ONNX too (the stem's max pool was MaxPool3DWithArgmax, which MindSpore cannot export to ONNX)
+    with redirect_stdout(io.StringIO()):
+        path = zoo_export.main(trained["eval_args"] + ["--export_file_name", str(tmp_path / "resnet_small"),
+                                                       "--export_file_format", "ONNX"])
+    assert path == tmp_path / "resnet_small.onnx" and path.is_file() and path.stat().st_size > 1000
+    assert b"MaxPool" in path.read_bytes() and b"Conv" in path.read_bytes()
 
 
 def test_eval_rejects_mismatched_checkpoint(trained, tmp_path):

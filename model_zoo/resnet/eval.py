@@ -2,27 +2,60 @@
 
     python model_zoo/resnet/eval.py --config model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml \
         --data_path /data/imagenet --checkpoint_file_path output/checkpoint/resnet-90_625.ckpt
+
+Labels are the train split's (label ``i`` = its ``i``-th sorted class folder), as in training: taken from
+``<data_path>/<train_dir>``, else from the train split recorded in the checkpoint's manifest
+(``config.data_path``/``train_dir``) if that folder exists here; an eval class folder the train split lacks
+is an error, eval classes missing are named in a warning. Without any train split the eval split's own
+sorted class folders are used, with a warning (a class missing there would shift every later label).
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+import warnings
 from pathlib import Path
+from typing import List, Optional
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.data_check import check_images  # noqa: E402
+from model_zoo.resnet.src.dataset import class_folders, create_dataset  # noqa: E402
+from model_zoo.resnet.src.device import unsupported_device_message  # noqa: E402
+from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
     EVAL_METRICS,
     build_loss,
-    eval_dataset,
+    data_root,
     inference_network,
     split_folder,
 )
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet50_imagenet_momentum.yaml"
+
+
+def train_classes(cfg: Config) -> Optional[List[str]]:
+    """The class folders of the train split the checkpoint was trained on (label ``i`` = the ``i``-th), or
+    ``None`` (with a warning) when no train split is at hand. See the module doc for the order searched."""
+    here = data_root(cfg) / cfg.train_dir
+    if here.is_dir():
+        return class_folders(here)
+    path = Path(os.path.expanduser(str(cfg.checkpoint_file_path)))
+    manifest = read_manifest(path) if path.is_file() else None
+    recorded = (manifest or {}).get("config") or {}
+    if isinstance(recorded.get("data_path"), str) and recorded["data_path"] != "synthetic":
+        there = Path(os.path.expanduser(recorded["data_path"])) / str(recorded.get("train_dir", cfg.train_dir))
+        if there.is_dir():
+            return class_folders(there)
+    eval_folder = split_folder(cfg, train=False)
+    warnings.warn(f"no train split at hand ({str(here)!r} does not exist and the checkpoint names none that "
+                  f"does): labels are the {len(class_folders(eval_folder))} sorted class folders of "
+                  f"{str(eval_folder)!r} itself, which match training only if that split has every class of the "
+                  f"train split (a missing one shifts every later label).", UserWarning, stacklevel=2)
+    return None
 
 
 def evaluate_checkpoint(cfg: Config) -> dict:
@@ -33,10 +66,15 @@ def evaluate_checkpoint(cfg: Config) -> dict:
     from mindspore.train import Model
 
     net = inference_network(cfg)
-    check_images(split_folder(cfg, train=False), cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)))
+    folder = split_folder(cfg, train=False)
+    check_images(folder, cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)))
+    images = sum(1 for path in folder.rglob("*") if path.is_file())
+    data = create_dataset(folder, do_train=False, batch_size=min(cfg.eval_batch_size, max(1, images)),
+                          image_size=cfg.eval_image_size, num_parallel_workers=cfg.num_parallel_workers,
+                          drop_remainder=False, class_names=train_classes(cfg), class_num=int(cfg.class_num))
     model = Model(net, loss_fn=build_loss(cfg), metrics=set(EVAL_METRICS))
     started = time.time()
-    result = model.eval(eval_dataset(cfg), dataset_sink_mode=False)
+    result = model.eval(data, dataset_sink_mode=False)
     return {"top_1_accuracy": float(result["top_1_accuracy"]), "top_5_accuracy": float(result["top_5_accuracy"]),
             "seconds": time.time() - started}
 
@@ -56,4 +94,10 @@ if __name__ == "__main__":
         main()
     except ValueError as err:  # a clear message and status 1, not a traceback
         print(f"eval.py: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except RuntimeError as err:  # only MindSpore's "unsupported device target": one line, not a traceback
+        message = unsupported_device_message(err)
+        if message is None:
+            raise
+        print(f"eval.py: error: {message}", file=sys.stderr, flush=True)
         sys.exit(1)

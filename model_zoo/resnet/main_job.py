@@ -19,7 +19,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from model_zoo.resnet.src.callbacks import format_duration  # noqa: E402
 from model_zoo.resnet.src.config import parse_config  # noqa: E402
-from model_zoo.resnet.src.trainer import TrainingDiverged, train  # noqa: E402
+from model_zoo.resnet.src.dataset import class_folders  # noqa: E402
+from model_zoo.resnet.src.trainer import TrainingDiverged, split_folder, train  # noqa: E402
 
 QUICKSTART_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet18_synthetic_quickstart.yaml"
 
@@ -31,7 +32,7 @@ def main(argv=None) -> dict:
     results = train(cfg)
     wall = time.time() - started
     if results.get("rank", 0) == 0:
-        chance = 1.0 / cfg.synthetic.num_classes if cfg.data_path == "synthetic" else float("nan")
+        chance = 1.0 / len(class_folders(split_folder(cfg, train=True)))  # the train split's classes
         before, after = results.get("before"), results.get("after")
         print("=" * 72)
         print(f"main job: {cfg.net_name} (width {cfg.base_width}) on "

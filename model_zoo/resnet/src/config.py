@@ -1,8 +1,12 @@
 """YAML recipe configuration with ``--key value`` command-line overrides.
 
 A recipe is one YAML mapping. A top-level ``base: other.yaml`` key (a path relative to the file)
-inherits another recipe and deep-merges this file's keys over it. Nested mappings are addressed with
-dotted keys (``synthetic.image_size``, ``boost_config_dict.dim_reduce.n_component``).
+inherits another recipe and deep-merges this file's keys over it. Such a child recipe may only set keys its
+base has (or add a section of :data:`OPTIONAL_SECTIONS`, or keys under an :data:`OPEN_SECTIONS` section), each
+with the base value's type (an int where a float is expected, made a float; null only where the base's is
+null); anything else is a ``ValueError`` naming the file, the dotted key, the value and what is allowed
+(:func:`check_against_base`). Nested mappings are addressed with dotted keys (``synthetic.image_size``,
+``boost_config_dict.dim_reduce.n_component``).
 
 Every scalar or list key can be overridden on the command line as ``--key value`` or ``--key=value``;
 the value is converted to the type of the YAML default:
@@ -34,8 +38,8 @@ import yaml
 
 from ms_boost.validation import MAX_FILE_VALUES, load_mapping_file
 
-__all__ = ["Config", "ConfigHelp", "MAX_NODES", "MAX_QUOTE", "load_yaml", "parse_value", "apply_overrides",
-           "parse_config", "config_source", "quote"]
+__all__ = ["Config", "ConfigHelp", "MAX_NODES", "MAX_QUOTE", "OPEN_SECTIONS", "OPTIONAL_SECTIONS", "load_yaml",
+           "check_against_base", "parse_value", "apply_overrides", "parse_config", "config_source", "quote"]
 
 MAX_NODES = MAX_FILE_VALUES
 """Most values (mappings, lists and scalars, aliases counted as expanded) a recipe may hold."""
@@ -126,6 +130,111 @@ def _read_mapping(path: Path) -> Dict[str, Any]:
     return load_mapping_file(path, "config file", max_values=MAX_NODES)
 
 
+OPEN_SECTIONS = ("boost_config_dict",)
+"""Sections under which a recipe may add keys its base lacks: ``boost_config_dict`` holds ms_boost's own
+sections, which :class:`ms_boost.AutoBoost` checks key by key (names, types, ranges) when train.py, eval.py or
+export.py build the boost plan. Keys the base does give there are still type-checked."""
+
+OPTIONAL_SECTIONS: Dict[str, Dict[str, Any]] = {
+    "thor": {"lr_init": 0.0, "lr_decay": 0.0, "lr_end_epoch": 0, "decay_epochs": 0, "damping_init": 0.0,
+             "damping_decay": 0.0, "damping_epochs": 0, "frequency": 0, "split_indices": [0], "kl_clip": 0.0},
+}
+"""Top-level sections a recipe may add although its base lacks them, each key with a value of its type
+(``optimizer: THOR`` needs ``thor``; see configs/resnet50_imagenet_thor.yaml)."""
+
+
+def _kind(reference: Any) -> str:
+    """What a value must be to replace ``reference`` (in words, for error messages)."""
+    if isinstance(reference, Mapping):
+        return "a section (a mapping of keys)"
+    if isinstance(reference, bool):
+        return "a bool (true or false, unquoted)"
+    if isinstance(reference, int):
+        return "an int"
+    if isinstance(reference, float):
+        return "a float (or an int)"
+    if isinstance(reference, str):
+        return "a str"
+    if isinstance(reference, list):
+        return f"a list whose items are each {_kind(reference[0])}" if reference else "a list"
+    return "a value (the base's is null)"
+
+
+def _fits(value: Any, reference: Any) -> bool:
+    if isinstance(reference, bool):
+        return isinstance(value, bool)
+    if isinstance(reference, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(reference, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(reference, str):
+        return isinstance(value, str)
+    if isinstance(reference, list):
+        return isinstance(value, list) and (not reference or all(_fits(item, reference[0]) for item in value))
+    return reference is None and not isinstance(value, Mapping)
+
+
+def _typed(value: Any, reference: Any) -> Any:
+    """``value`` (which fits ``reference``) with ints given for float defaults made floats, so that a later
+    ``--key`` override still parses as a float."""
+    if isinstance(reference, float) and not isinstance(value, bool) and isinstance(value, int):
+        return float(value)
+    if isinstance(reference, list) and reference:
+        return [_typed(item, reference[0]) for item in value]
+    return value
+
+
+def check_against_base(data: Mapping, base: Mapping, path: Union[str, Path], base_path: Union[str, Path],
+                       prefix: str = "", open_section: bool = False) -> Dict[str, Any]:
+    """Check a child recipe's keys against its (merged) base: every key must exist in the base, or be one of
+    :data:`OPTIONAL_SECTIONS`, or sit under one of :data:`OPEN_SECTIONS`, and its value must have the base
+    value's type (an int where a float is expected is made a float; null only where the base's is null).
+
+    Returns:
+        ``data`` with those ints made floats.
+
+    Raises:
+        ValueError: naming the file, the dotted key, the value and what is allowed.
+    """
+    where = f"config {str(path)!r}"
+    checked: Dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key in base:
+            reference = base[key]
+        elif not prefix and key in OPTIONAL_SECTIONS:
+            reference = OPTIONAL_SECTIONS[key]
+        elif open_section:
+            checked[key] = copy.deepcopy(value)
+            continue
+        else:
+            known = [f"{prefix}{k}" for k in base] + ([] if prefix else list(OPTIONAL_SECTIONS))
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise ValueError(f"{where}: unknown key {quote(name)} (value {quote(value)}); a recipe may only set "
+                             f"the keys of its base {str(base_path)!r}, which has no such key.{hint} "
+                             f"(--help --config <base> lists every key)")
+        if isinstance(reference, Mapping) or isinstance(value, Mapping):
+            if not (isinstance(reference, Mapping) and isinstance(value, Mapping)):
+                raise ValueError(f"{where}: {name}={quote(value)} ({type(value).__name__}): expected "
+                                 f"{_kind(reference)}, as in the base {str(base_path)!r} ({quote(reference)}).")
+            is_open = open_section or (not prefix and key in OPEN_SECTIONS)
+            if not value and reference and not is_open:
+                raise ValueError(f"{where}: {name} is an empty section; the base {str(base_path)!r} gives it the "
+                                 f"keys {sorted(reference)}; set the keys to change, do not empty the section.")
+            checked[key] = check_against_base(value, reference, path, base_path, f"{name}.", is_open)
+        elif value is None and reference is not None:
+            raise ValueError(f"{where}: {name}=null: expected {_kind(reference)}, as in the base "
+                             f"{str(base_path)!r} ({quote(reference)}); null is allowed only where the base's "
+                             f"value is null.")
+        elif not _fits(value, reference):
+            raise ValueError(f"{where}: {name}={quote(value)} ({type(value).__name__}): expected "
+                             f"{_kind(reference)}, as in the base {str(base_path)!r} ({quote(reference)}).")
+        else:
+            checked[key] = _typed(value, reference)
+    return checked
+
+
 def load_yaml(path: Union[str, Path], _seen: Tuple[Path, ...] = ()) -> Dict[str, Any]:
     """Read a recipe, resolving ``base:`` inheritance (deep merge, child wins).
 
@@ -141,7 +250,9 @@ def load_yaml(path: Union[str, Path], _seen: Tuple[Path, ...] = ()) -> Dict[str,
         return data
     if not isinstance(base, str):
         raise ValueError(f"config {str(path)!r}: 'base' must be a file name, got {quote(base)}.")
-    return _deep_merge(load_yaml(path.parent / base, (*_seen, path)), data)
+    base_path = (path.parent / base).resolve()
+    inherited = load_yaml(base_path, (*_seen, path))
+    return _deep_merge(inherited, check_against_base(data, inherited, path, base_path))
 
 
 def _flatten(data: Mapping, prefix: str = "") -> Dict[str, Any]:

@@ -25,7 +25,7 @@ from mindspore import nn, ops
 from model_zoo.resnet.src.conv import GemmConv2d, resolve_conv_impl
 
 __all__ = [
-    "BasicBlock", "Bottleneck", "ResNet", "register_model", "list_models", "create_model",
+    "BasicBlock", "Bottleneck", "StemMaxPool", "ResNet", "register_model", "list_models", "create_model",
     "resnet10", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "init_weight", "init_group_params",
     "CONV_INITS", "DENSE_INITS",
 ]
@@ -143,6 +143,25 @@ def _shortcut(in_channels: int, out_channels: int, stride: int, conv_impl: str =
     return nn.SequentialCell([_conv(in_channels, out_channels, 1, stride, conv_impl), _bn(out_channels)])
 
 
+class StemMaxPool(nn.Cell):
+    """The stem's 3x3 stride-2 max pool with padding 1, for non-negative input (it follows a ReLU).
+
+    Written as a zero ``Pad`` then a ``'valid'`` ``MaxPool2d``: every 3x3 window holds at least one real
+    value, and with values >= 0 a zero border never exceeds the window's maximum, so the output equals
+    ``nn.MaxPool2d(3, 2, pad_mode="pad", padding=1)`` (an implicit ``-inf`` border) exactly. Unlike that
+    layer (``MaxPool3DWithArgmax`` inside, which MindSpore cannot export to ONNX) both operators export to
+    MINDIR, AIR and ONNX. No parameters: checkpoints are unaffected.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.pad = ops.Pad(((0, 0), (0, 0), (1, 1), (1, 1)))
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="valid")
+
+    def construct(self, x):
+        return self.pool(self.pad(x))
+
+
 class ResNet(nn.Cell):
     """ResNet backbone plus classifier.
 
@@ -175,7 +194,7 @@ class ResNet(nn.Cell):
         self.conv1 = _conv(3, base_width, 7, stride=2, conv_impl=conv_impl)
         self.bn1 = _bn(base_width)
         self.relu = nn.ReLU()
-        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="pad", padding=1)
+        self.maxpool = StemMaxPool()  # after the ReLU: ONNX-exportable, same output as pad_mode="pad"
         stages = []
         in_channels = base_width
         for index, blocks in enumerate(layer_nums):

@@ -1,0 +1,32 @@
+"""A device target this MindSpore build cannot use, as one line naming it and the targets it can.
+
+MindSpore refuses such a target with a ``RuntimeError`` (``Unsupported device target GPU. This process only
+supports one of the ['CPU']. ...`` and a page of load messages) from deep inside ``set_context``/``set_device``.
+train.py, eval.py and export.py turn exactly that error into ``<script>: error: <line>`` (exit status 1).
+"""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Optional
+
+__all__ = ["unsupported_device_message"]
+
+_UNSUPPORTED = re.compile(r"Unsupported device target (?P<target>\w+)\.")
+_SUPPORTED = re.compile(r"only supports one of the (?P<list>\[[^\]]*\])")
+
+
+def unsupported_device_message(err: BaseException) -> Optional[str]:
+    """The one-line message for MindSpore's "unsupported device target" error, ``None`` for any other error."""
+    text = str(err)
+    match = _UNSUPPORTED.search(text)
+    if not isinstance(err, RuntimeError) or match is None:
+        return None
+    found = _SUPPORTED.search(text)
+    try:
+        supported = [str(name) for name in ast.literal_eval(found.group("list"))] if found else []
+    except (ValueError, SyntaxError):
+        supported = []
+    allowed = ", ".join(supported) if supported else "see MindSpore's message (rerun with --device_target auto)"
+    return (f"device_target={match.group('target')!r} is not supported by this MindSpore build on this machine; "
+            f"supported here: {allowed} (or auto, MindSpore's default device).")
