@@ -24,6 +24,8 @@ from mindspore import nn
 from model_zoo.resnet import eval as zoo_eval
 from model_zoo.resnet import export as zoo_export
 from model_zoo.resnet import train as zoo_train
+from model_zoo.resnet.src import trainer
+from model_zoo.resnet.src.config import parse_config
 from model_zoo.resnet.src.metrics import read_metrics
 from model_zoo.resnet.src.run_state import read_manifest
 
@@ -132,9 +134,40 @@ def check_recipe(recipe: str, results: dict, ckpt_dir: Path, steps: int, extra: 
         assert np.load(pca_mat, allow_pickle=False).shape[0] == 3
 
 
+def check_extension(cache_dir: Path, folder: Path, recipe: str, mode: str, extra: list, monkeypatch) -> None:
+    """A finished 2-epoch run resumed with ``--epoch_size 3``: every state Parameter restored from its checkpoint,
+    the learning rates (O1: one array per freezing group) those of the 3-epoch schedule, and epoch 3 trained."""
+    last = folder / "checkpoint" / f"resnet-2_{SPE}.ckpt"
+    saved = state(last)
+    restored = {}
+
+    def capture(cfg, model, steps_per_epoch):
+        result = real_resume(cfg, model, steps_per_epoch)
+        restored.update({p.name: p.asnumpy().copy() for p in model.train_network.get_parameters()})  # not a view
+        restored["schedules"] = trainer.schedule_parameter_names(model.train_network)
+        return result
+
+    real_resume = trainer.resume_state
+    monkeypatch.setattr(trainer, "resume_state", capture)
+    longer = run(recipe, small(cache_dir, folder, mode, epochs=3) + extra + ["--resume", str(folder)])
+    schedules = restored.pop("schedules")
+    assert schedules and all(name.endswith("learning_rate") for name in schedules)
+    new_lr = trainer.learning_rate(parse_config(["--config", str(CONFIGS / recipe), *small(cache_dir, folder, mode, 3),
+                                                 *extra], CONFIGS / recipe), SPE)
+    assert len(new_lr) == 3 * SPE and not np.allclose(new_lr[:2 * SPE], saved[sorted(schedules)[0]])
+    for name, value in restored.items():
+        np.testing.assert_array_equal(value, new_lr if name in schedules else saved[name], err_msg=name)
+    assert "epoch_size 2 -> 3" in longer["stdout"] and longer["initial_epoch"] == 2
+    assert len(longer["losses"]) == SPE and all(math.isfinite(v) for v in longer["losses"])
+    after = state(folder / "checkpoint" / f"resnet-3_{SPE}.ckpt")
+    assert all(after[name][0] == 3 * SPE for name in after if name.endswith("global_step"))
+    lrs = [r["lr"] for r in read_metrics(folder) if r["kind"] == "step"]  # epochs 1-2 kept, epoch 3 appended
+    np.testing.assert_allclose(lrs, np.concatenate([saved[sorted(schedules)[0]], new_lr[2 * SPE:]]), rtol=1e-6)
+
+
 @pytest.mark.parametrize("recipe,mode,extra", CASES, ids=[f"{c[0].split('.')[0]}-{c[1]}" for c in CASES])
 def test_recipe_resumes_exactly_and_its_checkpoint_evaluates_and_exports(cache_dir, stage1_run, tmp_path, recipe,
-                                                                         mode, extra):
+                                                                         mode, extra, monkeypatch):
     pca_mat = tmp_path / "pca_mat.npy"
     if recipe == STAGE1:
         out, results = stage1_run  # trained by the fixture with this very case's settings
@@ -182,6 +215,7 @@ def test_recipe_resumes_exactly_and_its_checkpoint_evaluates_and_exports(cache_d
     graph = nn.GraphCell(ms.load(str(exported)))
     assert graph(ms.Tensor(np.zeros((1, 3, 16, 16), np.float32))).shape == (1, 10)
     if recipe == "resnet50_imagenet_boost_o1.yaml":
+        check_extension(cache_dir, stopped, recipe, mode, extra, monkeypatch)
         # a LessBN checkpoint given to the plain recipe: the error names the recipe it needs
         plain = ["--config", str(CONFIGS / "resnet50_imagenet_momentum.yaml"), *args[2:]]
         with pytest.raises(ValueError, match=r"written by recipe 'resnet50_imagenet_boost_o1'.*LessBN.*"

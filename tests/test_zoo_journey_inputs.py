@@ -22,6 +22,7 @@ from mindspore import nn
 from model_zoo.resnet import plot_run
 from model_zoo.resnet.src.config import MAX_NODES, load_yaml, parse_config
 from model_zoo.resnet.src.data_check import check_images
+from model_zoo.resnet.src.metrics import read_metrics
 from model_zoo.resnet.src.run_state import MANIFEST_KEY, GuardedCheckpoint, read_manifest
 from tests.test_zoo_journey import CONFIGS, ROOT, assert_same_state, run, small, state
 
@@ -33,14 +34,31 @@ def cache_dir(tmp_path_factory) -> Path:
 
 def test_resume_mid_epoch_is_exact_and_fast_data_mode_is_not(cache_dir, tmp_path):
     """The plain recipe (the data position does not depend on the recipe; each recipe's own state resumes exactly
-    at an epoch boundary in tests/test_zoo_journey.py)."""
+    at an epoch boundary in tests/test_zoo_journey.py). The resumed epoch's record equals the straight run's; a new
+    run into a folder holding a run's checkpoints is refused, or (``overwrite_output``) replaces them."""
     recipe = "resnet50_imagenet_momentum.yaml"
     run(recipe, small(cache_dir, tmp_path / "a") + ["--save_checkpoint_steps", "1", "--keep_checkpoint_max", "9"])
     middle = tmp_path / "a" / "checkpoint" / "resnet-2_1.ckpt"
+    (tmp_path / "b").mkdir()  # the stopped run's metrics file (its records after step 3 are dropped on resume)
+    shutil.copy(tmp_path / "a" / "metrics.jsonl", tmp_path / "b")
     resumed = run(recipe, small(cache_dir, tmp_path / "b") + ["--resume", str(middle), "--save_checkpoint_steps", "1"])
     assert len(resumed["losses"]) == 1 and "(global 4/4)" in resumed["stdout"]
     assert_same_state(tmp_path / "a" / "checkpoint" / "resnet-2_2.ckpt", tmp_path / "b" / "checkpoint" /
                       "resnet-2_2.ckpt")
+    # the epoch-2 record averages both of its steps, the one before the resume included: as in the straight run
+    epochs = [[{k: r[k] for k in ("epoch", "step", "loss", "steps")} for r in read_metrics(d) if r["kind"] == "epoch"]
+              for d in (tmp_path / "a", tmp_path / "b")]
+    assert epochs[0] == epochs[1] and [e["steps"] for e in epochs[0]] == [2, 2]
+    # a new run (no --resume) into that folder is refused, naming the folder and the ways on
+    with pytest.raises(ValueError, match=r"output_path='.*b' already holds a run: 1 checkpoint\(s\) in .*checkpoint' "
+                                         r"\(resnet-2_2.ckpt\)\. Continue that run with --resume .*b, choose another "
+                                         r"--output_path, or give --overwrite_output true"):
+        run(recipe, small(cache_dir, tmp_path / "b"))
+    assert [p.name for p in (tmp_path / "b" / "checkpoint").glob("*.ckpt")] == ["resnet-2_2.ckpt"]
+    # --overwrite_output true: the old run's checkpoints are deleted, the metrics file starts anew
+    run(recipe, small(cache_dir, tmp_path / "b", epochs=1) + ["--steps_per_epoch", "1", "--overwrite_output", "true"])
+    assert [p.name for p in (tmp_path / "b" / "checkpoint").glob("*.ckpt")] == ["resnet-1_1.ckpt"]
+    assert [(r["kind"], r["step"]) for r in read_metrics(tmp_path / "b")] == [("step", 1), ("epoch", 1)]
     # fast data recovery skips the pipeline instead of replaying it: other augmentations, other weights
     run(recipe, small(cache_dir, tmp_path / "c") + ["--resume", str(middle), "--resume_data", "fast",
                                                      "--summary_dir", str(tmp_path / "summary")])
@@ -123,6 +141,41 @@ def test_guard_names_first_non_finite_statistic_writes_nothing_and_never_rotates
     assert "resnet-2_1.ckpt" in guard.failure
     assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["resnet-1_2.ckpt", "resnet-2_1.ckpt"]
     assert not list(tmp_path.glob(".*"))  # no temporary file left
+
+
+def test_nan_loss_saves_nothing_at_or_after_the_failed_step_and_names_a_checkpoint_to_resume(tmp_path):
+    """The loss of step s comes from the weights saved at step s - 1: that file repeats the NaN when resumed."""
+    net = nn.SequentialCell([nn.Dense(3, 4), nn.BatchNorm1d(4)])
+    nan, one = ms.Tensor(np.float32("nan")), ms.Tensor(np.float32(1.0))
+    # checkpoints at epoch ends (3 steps); the loss turns NaN at step 2: nothing to resume from
+    guard = GuardedCheckpoint(None, str(tmp_path / "a"), "resnet", save_steps=3, keep_max=5, check_steps=0,
+                              steps_per_epoch=3, manifest={"recipe": "r"})
+    params = _Params(train_network=net, cur_step_num=1, net_outputs=(one, ms.Tensor(False), one))
+    context = _Context(params)
+    guard.on_train_step_end(context)
+    params.cur_step_num, params.net_outputs = 2, (nan, ms.Tensor(False), one)
+    guard.on_train_step_end(context)
+    guard.on_train_end(context)  # training stops after the failed step: the end must not save it
+    assert context.stopped and not list((tmp_path / "a").iterdir())
+    assert "at step 2 (epoch 1, step 2) loss is nan. Nothing was saved at or after this step" in guard.failure
+    assert "no checkpoint was written before it, so --resume has nothing to continue from" in guard.failure
+    assert guard.last_good is None
+    # a checkpoint every step: the step-2 file produced the NaN of step 3, the step-1 file is the one to resume
+    guard = GuardedCheckpoint(None, str(tmp_path / "b"), "resnet", save_steps=1, keep_max=5, check_steps=0,
+                              steps_per_epoch=3, manifest={"recipe": "r"})
+    context = _Context(params)
+    for step, loss in ((1, one), (2, one), (3, nan)):
+        params.cur_step_num, params.net_outputs = step, (loss, ms.Tensor(False), one)
+        guard.on_train_step_end(context)
+    guard.on_train_end(context)
+    assert sorted(p.name for p in (tmp_path / "b").glob("*.ckpt")) == ["resnet-1_1.ckpt", "resnet-1_2.ckpt"]
+    assert f"the newest checkpoint {str(tmp_path / 'b' / 'resnet-1_2.ckpt')!r} (step 2) holds the weights that " \
+           f"gave this loss" in guard.failure
+    assert f"the last good checkpoint is {str(tmp_path / 'b' / 'resnet-1_1.ckpt')!r}" in guard.failure
+    # resumed at step 2 in a folder also holding a later step's file (an abandoned continuation): never "good"
+    later = GuardedCheckpoint(None, str(tmp_path / "b"), "resnet", save_steps=0, keep_max=5, check_steps=0,
+                              steps_per_epoch=3, step_offset=1, manifest={"recipe": "r"})
+    assert later.last_good == tmp_path / "b" / "resnet-1_1.ckpt"
 
 
 def test_truncated_jpeg_is_listed_before_training(cache_dir, tmp_path, monkeypatch):

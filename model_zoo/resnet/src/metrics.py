@@ -5,8 +5,10 @@ One JSON object per line; ``"kind"`` says what it is:
 * ``{"kind": "step", "step": 12, "epoch": 1, "loss": 2.31, "lr": 0.1, "loss_scale": 1024.0,
   "step_time": 0.41}`` after every training step (``loss_scale`` is ``null`` without loss scaling;
   ``step_time`` is seconds since the previous step ended, so the first step includes graph compilation);
-* ``{"kind": "epoch", "epoch": 1, "step": 12, "loss": 2.2, "epoch_time": 5.1}`` at every epoch end
-  (``loss`` is the epoch's mean);
+* ``{"kind": "epoch", "epoch": 1, "step": 12, "loss": 2.2, "steps": 12, "epoch_time": 5.1}`` at every epoch end
+  (``loss`` is the mean of the epoch's ``steps`` finite step losses; after a mid-epoch resume it includes the
+  losses the stopped run recorded for that epoch, so it equals the uninterrupted run's; ``epoch_time`` counts
+  only this process's part of the epoch);
 * ``{"kind": "eval", "step": 96, "epoch": 8, "top_1_accuracy": 0.6, "top_5_accuracy": 0.95}`` when the
   run evaluates (before training: ``step`` 0).
 
@@ -98,7 +100,8 @@ class MetricsLogger(Callback):
         path: the metrics file (appended to).
         lr_schedule: learning rate per global step (index ``step - 1``), or one float for a constant rate.
         steps_per_epoch: steps of one epoch.
-        step_offset: global step the run starts from (resumed runs).
+        step_offset: global step the run starts from (resumed runs: the file, already truncated to this step,
+            supplies the losses of the resumed epoch's earlier steps).
     """
 
     def __init__(self, path: Union[str, Path], lr_schedule: Union[float, Sequence[float], np.ndarray],
@@ -111,6 +114,14 @@ class MetricsLogger(Callback):
         self._last = 0.0
         self._epoch_start = 0.0
         self._epoch_losses: List[float] = []
+        # A run resumed inside an epoch: that epoch's earlier losses come from the step records the stopped run
+        # left in the file, so the epoch record averages the whole epoch as an uninterrupted run's does.
+        self._carried: List[float] = []
+        first = self.step_offset - self.step_offset % self.steps_per_epoch + 1  # first step of the resumed epoch
+        if self.step_offset % self.steps_per_epoch and self.path.is_file():
+            earlier = {int(r["step"]): r.get("loss") for r in read_metrics(self.path)
+                       if r.get("kind") == "step" and first <= int(r.get("step", 0)) <= self.step_offset}
+            self._carried = [float(v) if v is not None else math.nan for _, v in sorted(earlier.items())]
 
     def _lr_at(self, step: int) -> Optional[float]:
         if isinstance(self.lr, (int, float)):
@@ -123,7 +134,7 @@ class MetricsLogger(Callback):
 
     def on_train_epoch_begin(self, run_context) -> None:
         self._epoch_start = time.time()
-        self._epoch_losses = []
+        self._epoch_losses, self._carried = self._carried, []
 
     def on_train_step_end(self, run_context) -> None:
         params = run_context.original_args()
@@ -142,5 +153,5 @@ class MetricsLogger(Callback):
         step = self.step_offset + int(params.cur_step_num)
         finite = [v for v in self._epoch_losses if math.isfinite(v)]
         append_record(self.path, {"kind": "epoch", "epoch": int(params.cur_epoch_num), "step": step,
-                                  "loss": _number(np.mean(finite)) if finite else None,
+                                  "loss": _number(np.mean(finite)) if finite else None, "steps": len(finite),
                                   "epoch_time": round(time.time() - self._epoch_start, 6)})

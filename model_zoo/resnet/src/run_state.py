@@ -3,11 +3,11 @@ need, and the state to resume from.
 
 * :class:`GuardedCheckpoint` (every rank checks, rank 0 writes): every ``check_steps`` steps, at every
   checkpoint step and at the end it checks that every Parameter of the train network (weights, BatchNorm
-  statistics, optimizer moments, loss scale, boost state) is finite. A non-finite value stops training;
-  :func:`~.trainer.train` then raises :class:`TrainingDiverged` naming the step, the first non-finite
-  Parameter and the newest checkpoint (which, since no checkpoint is written after a failed check, is
-  finite: rotation never removes the last good checkpoint). Checkpoints are written to a temporary file and
-  renamed, so a killed run never leaves half a checkpoint.
+  statistics, optimizer moments, loss scale, boost state) is finite, and after every step that the loss
+  is. A non-finite value stops training; :func:`~.trainer.train` then raises :class:`TrainingDiverged`
+  naming the step, the first non-finite Parameter (or the loss) and the checkpoint to continue from.
+  Nothing is written at or after a failed step (rotation never removes the last good checkpoint).
+  Checkpoints are written to a temporary file and renamed, so a killed run never leaves half a checkpoint.
 * Every checkpoint carries ``ms_boost_run`` (a JSON manifest: recipe, network structure, global step,
   epoch, steps per epoch) so eval/export can tell which recipe a checkpoint needs and ``--resume`` where
   to continue.
@@ -15,6 +15,7 @@ need, and the state to resume from.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -25,8 +26,10 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Callback
 
+from model_zoo.resnet.src.callbacks import loss_value
+
 __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheckpoint", "read_manifest",
-           "find_resume_checkpoint", "checkpoint_step"]
+           "find_resume_checkpoint", "checkpoint_step", "run_checkpoints"]
 
 MANIFEST_KEY = "ms_boost_run"
 _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
@@ -104,27 +107,50 @@ class GuardedCheckpoint(Callback):
         self.write = write
         self.failure: Optional[str] = None
         self.saved: List[Path] = []
-        self.last_good: Optional[Path] = None
+        # Checkpoints this run may point back to: its own, and (resumed runs) the folder's files up to the step it
+        # resumed from; files of later steps belong to an abandoned continuation and are never "good".
+        self._before: List[Path] = []
         self._last_checked = -1
         if write:
             self.directory.mkdir(parents=True, exist_ok=True)
-            existing = sorted((p for p in self.directory.glob(f"{prefix}-*.ckpt") if _NAME.match(p.name)),
-                              key=lambda p: checkpoint_step(p, self.steps_per_epoch))
-            self.last_good = existing[-1] if existing else None
+            self._before = [p for p in self.directory.glob(f"{prefix}-*.ckpt")
+                            if _NAME.match(p.name) and checkpoint_step(p, self.steps_per_epoch) <= self.step_offset]
+
+    @property
+    def last_good(self) -> Optional[Path]:
+        """The newest finite checkpoint of this run (or, resumed, of the run it continues); ``None`` if none."""
+        found = self._good_before(None)
+        return found[-1] if found else None
+
+    def _good_before(self, step: Optional[int]) -> List[Path]:
+        """Existing good checkpoints written before global ``step`` (all with ``None``), oldest first."""
+        paths = {p for p in self._before + self.saved if p.is_file()}
+        steps = {p: checkpoint_step(p, self.steps_per_epoch) for p in paths}
+        return sorted((p for p in paths if step is None or steps[p] < step), key=steps.get)
 
     # -- callback hooks ----------------------------------------------------------------------------------
     def on_train_step_end(self, run_context) -> None:
+        if self.failure is not None:
+            return
         params = run_context.original_args()
         step = self.step_offset + int(params.cur_step_num)
+        loss = loss_value(params.net_outputs) if getattr(params, "net_outputs", None) is not None else 0.0
+        if not math.isfinite(loss):
+            self._fail(step, f"loss is {loss}", loss_failure=True, run_context=run_context)
+            return
         save = self.save_steps and step % self.save_steps == 0
         check = self.check_steps and step % self.check_steps == 0
         if save or check:
             self._visit(params, step, save, run_context)
 
     def on_train_end(self, run_context) -> None:
+        # Nothing is checked or saved once a step failed (here, or the loss check of another callback that asked
+        # to stop): the weights after a failed step are not a state to continue from.
+        if self.failure is not None:
+            return
         params = run_context.original_args()
         step = self.step_offset + int(params.cur_step_num)
-        if self.failure is None and step != self._last_checked and step > self.step_offset:
+        if step != self._last_checked and step > self.step_offset:
             self._visit(params, step, self.save_steps > 0, run_context)
 
     # -- work ----------------------------------------------------------------------------------------------
@@ -134,16 +160,34 @@ class GuardedCheckpoint(Callback):
         self._last_checked = step
         bad = first_non_finite(arrays)
         if bad is not None:
-            epoch, in_epoch = (step - 1) // self.steps_per_epoch + 1, (step - 1) % self.steps_per_epoch + 1
-            good = (f"the last good checkpoint is {str(self.last_good)!r}" if self.last_good else
-                    "no checkpoint was written before")
-            self.failure = (f"training diverged: at step {step} (epoch {epoch}, step {in_epoch}) the train network "
-                            f"holds non-finite values: first {bad}. Nothing was saved at this step; {good}. Lower "
-                            f"lr_max (or use a dynamic loss scale) and continue from it with --resume <checkpoint>.")
-            run_context.request_stop()
+            self._fail(step, f"the train network holds non-finite values: first {bad}", loss_failure=False,
+                       run_context=run_context)
             return
         if save and self.write:
             self._save(arrays, step)
+
+    def _fail(self, step: int, what: str, loss_failure: bool, run_context) -> None:
+        """Record why training stops at ``step`` and which checkpoint (written before it) to continue from."""
+        epoch, in_epoch = (step - 1) // self.steps_per_epoch + 1, (step - 1) % self.steps_per_epoch + 1
+        good = self._good_before(step)
+        advice = "Lower lr_max (or raise loss_scale / use a dynamic loss scale) and continue from it with --resume"
+        if loss_failure and good and checkpoint_step(good[-1], self.steps_per_epoch) == step - 1:
+            # the loss of ``step`` was computed from the weights saved at ``step - 1``: resuming from that file
+            # replays the same batch on the same weights and gives the same loss, whatever the learning rate
+            newest = good.pop()
+            where = (f"the newest checkpoint {str(newest)!r} (step {step - 1}) holds the weights that gave this "
+                     f"loss, so resuming from it fails again; ")
+            where += (f"the last good checkpoint is {str(good[-1])!r}. {advice} {str(good[-1])!r}." if good else
+                      "no earlier checkpoint is kept, so --resume has nothing to continue from: start a new run "
+                      "with a lower lr_max (and another --output_path, or --overwrite_output true).")
+        elif good:
+            where = f"the last good checkpoint is {str(good[-1])!r}. {advice} {str(good[-1])!r}."
+        else:
+            where = ("no checkpoint was written before it, so --resume has nothing to continue from: start a new run "
+                     "with a lower lr_max.")
+        self.failure = (f"training diverged: at step {step} (epoch {epoch}, step {in_epoch}) {what}. Nothing was "
+                        f"saved at or after this step; {where}")
+        run_context.request_stop()
 
     def _save(self, arrays: List[Tuple[str, np.ndarray]], step: int) -> None:
         epoch, in_epoch = (step - 1) // self.steps_per_epoch + 1, (step - 1) % self.steps_per_epoch + 1
@@ -155,7 +199,6 @@ class GuardedCheckpoint(Callback):
             append[MANIFEST_KEY] = json.dumps(manifest, sort_keys=True)
         items = [{"name": name, "data": ms.Tensor(value)} for name, value in arrays]
         _atomic_save(items, path, append or None)
-        self.last_good = path
         if path not in self.saved:
             self.saved.append(path)
         self._rotate()
@@ -163,8 +206,9 @@ class GuardedCheckpoint(Callback):
     def _rotate(self) -> None:
         files = sorted((p for p in self.directory.glob(f"{self.prefix}-*.ckpt") if _NAME.match(p.name)),
                        key=lambda p: checkpoint_step(p, self.steps_per_epoch))
+        newest = self.last_good
         for old in files[:-self.keep_max]:
-            if old != self.last_good:  # never the newest (finite) checkpoint
+            if old != newest:  # never the newest (finite) checkpoint
                 old.unlink(missing_ok=True)
 
 
@@ -205,3 +249,12 @@ def find_resume_checkpoint(target: str, checkpoint_dir: str, prefix: str) -> Pat
     raise ValueError(f"resume={target!r}: no '{prefix}-<epoch>_<step>.ckpt' checkpoint in {str(path)!r} or "
                      f"{str(path / checkpoint_dir)!r}.")
 
+
+
+def run_checkpoints(directory: Path, prefix: str, subfolders: Iterable[str] = ()) -> List[Path]:
+    """``<prefix>-<epoch>_<step>.ckpt`` files of a run's checkpoint folder, its ``rank_<r>/`` folders and the
+    given ``subfolders`` (e.g. the PCA's weight-only checkpoints), sorted by path."""
+    directory = Path(directory)
+    folders = [directory, *sorted(directory.glob("rank_*")), *(directory / name for name in subfolders if name)]
+    return sorted(p for folder in folders if folder.is_dir() for p in folder.glob(f"{prefix}-*.ckpt")
+                  if _NAME.match(p.name))

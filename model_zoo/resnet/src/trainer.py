@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Parameter, ParameterTuple, Tensor, nn
 from mindspore.train import DynamicLossScaleManager, FixedLossScaleManager
 
 from model_zoo.resnet.src.callbacks import ProgressMonitor, format_duration
@@ -37,7 +37,13 @@ from model_zoo.resnet.src.loss import CrossEntropySmooth
 from model_zoo.resnet.src.lr_generator import get_lr, get_thor_damping, get_thor_lr
 from model_zoo.resnet.src.metrics import MetricsLogger, append_record, truncate_metrics
 from model_zoo.resnet.src.resnet import create_model, init_group_params, init_weight
-from model_zoo.resnet.src.run_state import GuardedCheckpoint, TrainingDiverged, find_resume_checkpoint, read_manifest
+from model_zoo.resnet.src.run_state import (
+    GuardedCheckpoint,
+    TrainingDiverged,
+    find_resume_checkpoint,
+    read_manifest,
+    run_checkpoints,
+)
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import Model, comm
 from ms_boost.config import AutoBoost
@@ -47,7 +53,8 @@ __all__ = [
     "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
     "load_weights", "build_loss", "learning_rate", "build_optimizer", "loss_scale_manager", "boost_config_dict",
     "build_model", "train_dataset", "eval_dataset", "evaluate", "inference_network", "train",
-    "recipe_structure", "recipe_manifest", "resume_state", "TrainingDiverged",
+    "recipe_structure", "recipe_manifest", "resume_state", "schedule_parameter_names", "claim_output",
+    "TrainingDiverged",
 ]
 
 OPTIMIZERS = ("Momentum", "SGD", "THOR")
@@ -412,7 +419,9 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
     Restores every Parameter of the train network: weights, BatchNorm statistics, optimizer moments and
     step counter (the learning-rate position), loss scale and its counters, and the boost state
     (freezing position, accumulation buffers, AdaSum, DimReduce and THOR state). Training continues at
-    the checkpoint's global step (the data set is positioned there by :func:`train`).
+    the checkpoint's global step (the data set is positioned there by :func:`train`). The schedules
+    (:func:`schedule_parameter_names`: learning rates, THOR damping) are configuration: they keep this
+    run's values, so ``epoch_size`` may be raised to train further.
 
     Returns:
         ``(global_step, checkpoint)``; ``(0, None)`` without ``resume``.
@@ -453,7 +462,8 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
         raise ValueError(f"resume: checkpoint {str(path)!r} is at step {step}, the end of epoch_size "
                          f"{cfg.epoch_size} x {steps_per_epoch} steps or later; raise --epoch_size to train further.")
     network = model.train_network
-    wanted = {p.name: p for p in network.get_parameters()}
+    schedules = schedule_parameter_names(network)
+    wanted = {p.name: p for p in network.get_parameters() if p.name not in schedules}
     missing = sorted(set(wanted) - set(entries))
     if missing:
         raise ValueError(f"resume: checkpoint {str(path)!r} lacks {len(missing)} Parameter(s) of this run's train "
@@ -464,15 +474,46 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
     if mismatched:
         raise ValueError(f"resume: checkpoint {str(path)!r} does not fit this run's train network: "
                          f"{mismatched[:3]} (network vs checkpoint).")
-    ms.load_param_into_net(network, {name: entries[name] for name in wanted}, strict_load=True)
+    # the schedules keep this run's values (given as their own Parameters, so none is reported as not loaded)
+    ms.load_param_into_net(network, {**{name: entries[name] for name in wanted},
+                                     **{p.name: p for p in network.get_parameters() if p.name in schedules}},
+                           strict_load=True)
     changed = sorted(key for key, value in (manifest.get("config") or {}).items()
                      if key not in _RESUME_FREE_KEYS and cfg.get(key) != value)
     if changed and comm.get_rank() == 0:
         print(f"resume: note: these keys differ from the checkpoint's run: {changed}", flush=True)
+    saved_epochs = (manifest.get("config") or {}).get("epoch_size")
+    if saved_epochs is not None and saved_epochs != cfg.epoch_size and comm.get_rank() == 0:
+        print(f"resume: note: epoch_size {saved_epochs} -> {cfg.epoch_size}: the learning-rate schedule (and "
+              f"grad_freeze.total_steps: 0) follow this run's epoch_size from step {step + 1} on.", flush=True)
     return step, path
 
 
-_RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints",
+SCHEDULE_PARAMETERS = ("thor_damping_values",)
+
+
+def schedule_parameter_names(network: nn.Cell) -> set:
+    """Names of the train network's Parameters that hold a schedule computed from the configuration.
+
+    These are the learning rates of every optimizer in ``network`` (a per-step array whose length is the
+    run's total steps) and THOR's per-step damping values. ``--resume`` keeps this run's values instead of
+    loading the checkpoint's, so a run resumed with a larger ``epoch_size`` follows the schedule of its
+    own length; the position in the schedule is the restored step counter.
+    """
+    names = set()
+    for _, cell in network.cells_and_names():
+        if isinstance(cell, nn.Optimizer):
+            rates = getattr(cell, "learning_rate", None)
+            for rate in rates if isinstance(rates, (ParameterTuple, tuple, list)) else (rates,):
+                if isinstance(rate, Parameter):
+                    names.add(rate.name)
+                elif isinstance(rate, nn.Cell):  # a per-step array is wrapped in a cell holding it as a Parameter
+                    names.update(p.name for p in rate.get_parameters())
+    names.update(p.name for p in network.get_parameters() if p.name.split(".")[-1] in SCHEDULE_PARAMETERS)
+    return names
+
+
+_RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints", "overwrite_output",
                      "epoch_size", "output_path", "log_interval", "run_eval",
                      "eval_before_train", "check_data", "summary_dir", "metrics_file", "save_checkpoint",
                      "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "divergence_check_steps",
@@ -488,6 +529,37 @@ def check_training_data(cfg: Config, run: RunInfo) -> None:
     for train in splits:
         check_images(split_folder(cfg, train), cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)),
                      verbose=run.rank == 0)
+
+
+def claim_output(cfg: Config, run: RunInfo) -> None:
+    """Make sure a fresh run (no ``resume``) does not mix its files with another run's in ``output_path``.
+
+    A folder holding checkpoints of a run (``<checkpoint_dir>/<prefix>-E_S.ckpt``, its ``rank_<r>/`` and
+    weight-only PCA folders) is refused: the new run's rotation would delete its own files and keep the old
+    ones, and ``--resume`` would later continue the old run. With ``overwrite_output`` those checkpoints are
+    deleted first (rank 0 all of them, every other rank its own ``rank_<r>/`` files).
+
+    Raises:
+        ValueError: the folder holds checkpoints and ``overwrite_output`` is false.
+    """
+    if cfg.resume:
+        return
+    directory = Path(os.path.expanduser(str(cfg.output_path))) / cfg.checkpoint_dir
+    found = run_checkpoints(directory, cfg.checkpoint_prefix, [cfg.pca_checkpoint_dir])
+    if not found:
+        return
+    if not cfg.overwrite_output:
+        names = ", ".join(str(p.relative_to(directory)) for p in found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ValueError(f"output_path={str(cfg.output_path)!r} already holds a run: {len(found)} checkpoint(s) in "
+                         f"{str(directory)!r} ({names}). Continue that run with --resume {cfg.output_path}, choose "
+                         f"another --output_path, or give --overwrite_output true to delete its checkpoints and "
+                         f"start a new run there.")
+    mine = found if run.rank == 0 else [p for p in found if p.parent.name == f"rank_{run.rank}"]
+    for path in mine:
+        path.unlink(missing_ok=True)
+    if mine:
+        print(f"{'' if run.rank_size == 1 else f'[rank {run.rank}] '}overwrite_output: deleted {len(mine)} "
+              f"checkpoint(s) of the previous run in {str(directory)!r}", flush=True)
 
 
 def _say(run: RunInfo, text: str) -> None:
@@ -511,6 +583,7 @@ def train(cfg: Config) -> Dict[str, Any]:
     """
     run = setup_runtime(cfg)
     started = time.time()
+    claim_output(cfg, run)
     check_training_data(cfg, run)
     dataset = train_dataset(cfg, run)
     steps_per_epoch = dataset.get_dataset_size()
@@ -560,12 +633,8 @@ def train(cfg: Config) -> Dict[str, Any]:
     monitor, guard = callbacks[0], callbacks[1]
     results["losses"] = list(monitor.losses)
     results["last_checkpoint"] = guard.last_good
-    failure = guard.failure or monitor.failure
+    failure = guard.failure or monitor.failure  # the guard checks the loss too, and names the checkpoint to resume
     if failure:
-        if monitor.failure and not guard.failure:
-            good = (f"the last good checkpoint is {str(guard.last_good)!r}" if guard.last_good else
-                    "no checkpoint was written before")
-            failure = f"{failure}; {good}"
         raise TrainingDiverged(failure)
     if cfg.run_eval and run.rank == 0:
         results["after"] = evaluate(model, cfg)
