@@ -211,3 +211,24 @@ def test_eval_py_takes_the_classes_from_the_train_split(dataset_root, tmp_path):
     cfg = cfg.replace(data_path=str(tmp_path), checkpoint_file_path=str(tmp_path / "none.ckpt"))
     with pytest.warns(UserWarning, match=r"no train split at hand .*labels are the 1 sorted class folders of"):
         assert train_classes(cfg) is None
+
+
+def test_train_py_evaluation_labels_the_val_split_by_the_train_splits_classes(dataset_root, tmp_path):
+    """The evaluation train.py runs (trainer.eval_dataset) reads a val split lacking a class with the train split's
+    labels, as eval.py does: the labels of the classes after the missing one are not shifted down."""
+    import shutil
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import eval_dataset
+
+    train = class_folders(dataset_root / "train")
+    shutil.copytree(dataset_root / "train", tmp_path / "train")
+    for name in train[:3] + train[4:]:  # class 3 missing from val
+        shutil.copytree(dataset_root / "val" / name, tmp_path / "val" / name)
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    cfg = parse_config(["--data_path", str(tmp_path), "--class_num", "10", "--eval_image_size", "32",
+                        "--eval_batch_size", "6", "--num_parallel_workers", "1"], recipe)
+    with pytest.warns(UserWarning, match=f"lacks 1 of the train split's 10 classes: '{train[3]}'"):
+        data = eval_dataset(cfg)
+    labels = np.concatenate([label for _, label in data.create_tuple_iterator(output_numpy=True)])
+    assert sorted(set(labels.tolist())) == [0, 1, 2, 4, 5, 6, 7, 8, 9]

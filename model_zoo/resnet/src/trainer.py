@@ -361,16 +361,18 @@ def train_dataset(cfg: Config, run: RunInfo) -> ds.Dataset:
                           image_size=cfg.train_image_size, rank_size=run.rank_size, rank_id=run.rank,
                           num_parallel_workers=cfg.num_parallel_workers,
                           crop_scale=(float(cfg.train_crop_min_scale), 1.0), num_steps=cfg.steps_per_epoch,
-                          seed=int(cfg.seed))
+                          seed=int(cfg.seed), class_num=int(cfg.class_num))
 
 
 def eval_dataset(cfg: Config) -> ds.Dataset:
-    """The evaluation pipeline (whole split, one process)."""
+    """The evaluation pipeline (whole split, one process), labelled by the train split's class folders (a val
+    split lacking a class keeps every other label; see :func:`create_dataset`)."""
     folder = split_folder(cfg, train=False)
     images = sum(1 for path in folder.rglob("*") if path.is_file())
     return create_dataset(folder, do_train=False, batch_size=min(cfg.eval_batch_size, max(1, images)),
                           image_size=cfg.eval_image_size, num_parallel_workers=cfg.num_parallel_workers,
-                          drop_remainder=False)
+                          drop_remainder=False, class_names=class_folders(split_folder(cfg, train=True)),
+                          class_num=int(cfg.class_num))
 
 
 def evaluate(model: Model, cfg: Config) -> Dict[str, float]:
