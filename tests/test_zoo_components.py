@@ -328,6 +328,12 @@ def test_stem_max_pool_equals_the_padded_max_pool_on_relu_output():
         x[:, :, 0, :] = -1.0  # a negative border row: the ReLU zeroes it, the pools still agree
         x = ms.Tensor(np.maximum(x, 0.0))
         assert np.array_equal(StemMaxPool()(x).asnumpy(), reference(x).asnumpy())
+    # only export swaps it in: a zoo ResNet trains with MindSpore's padded pool
+    from model_zoo.resnet.src.resnet import create_model, onnx_exportable
+
+    net = create_model("resnet10", class_num=3, base_width=4)
+    assert type(net.maxpool) is nn.MaxPool2d
+    assert isinstance(onnx_exportable(net).maxpool, StemMaxPool)
 
 
 def test_an_unsupported_device_target_is_one_error_line():

@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.device import unsupported_device_message  # noqa: E402
+from model_zoo.resnet.src.resnet import onnx_exportable  # noqa: E402
 from model_zoo.resnet.src.trainer import inference_network  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet50_imagenet_momentum.yaml"
@@ -33,6 +34,8 @@ def export_checkpoint(cfg: Config) -> Path:
         raise ValueError(f"export_file_format={cfg.export_file_format!r} is not allowed; allowed: "
                          f"{', '.join(_EXTENSIONS)}.")
     net = inference_network(cfg, conv_impl="native")  # Conv2D operators in the file, portable to any device
+    if cfg.export_file_format == "ONNX":  # MindSpore's padded MaxPool2d has no ONNX converter
+        net = onnx_exportable(net)
     size = int(cfg.eval_image_size)
     sample = ms.Tensor(np.zeros((int(cfg.export_batch_size), 3, size, size), np.float32))
     ms.export(net, sample, file_name=cfg.export_file_name, file_format=cfg.export_file_format)

@@ -25,7 +25,8 @@ from mindspore import nn, ops
 from model_zoo.resnet.src.conv import GemmConv2d, resolve_conv_impl
 
 __all__ = [
-    "BasicBlock", "Bottleneck", "StemMaxPool", "ResNet", "register_model", "list_models", "create_model",
+    "BasicBlock", "Bottleneck", "StemMaxPool", "onnx_exportable", "ResNet", "register_model", "list_models",
+    "create_model",
     "resnet10", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "init_weight", "init_group_params",
     "CONV_INITS", "DENSE_INITS",
 ]
@@ -150,7 +151,9 @@ class StemMaxPool(nn.Cell):
     value, and with values >= 0 a zero border never exceeds the window's maximum, so the output equals
     ``nn.MaxPool2d(3, 2, pad_mode="pad", padding=1)`` (an implicit ``-inf`` border) exactly. Unlike that
     layer (``MaxPool3DWithArgmax`` inside, which MindSpore cannot export to ONNX) both operators export to
-    MINDIR, AIR and ONNX. No parameters: checkpoints are unaffected.
+    MINDIR, AIR and ONNX. No parameters: checkpoints are unaffected. Used for export only
+    (:func:`onnx_exportable`): in training the two layers' backward passes break ties between equal window
+    values differently, which changes a trained network slightly (measured on the THOR tutorial's run).
     """
 
     def __init__(self):
@@ -160,6 +163,15 @@ class StemMaxPool(nn.Cell):
 
     def construct(self, x):
         return self.pool(self.pad(x))
+
+
+def onnx_exportable(net: nn.Cell) -> nn.Cell:
+    """``net`` with its ResNet stems' padded max pool replaced (in place) by :class:`StemMaxPool`, which MindSpore
+    can export to ONNX; the inference output is unchanged (the pool follows a ReLU)."""
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, ResNet) and isinstance(cell.maxpool, nn.MaxPool2d):
+            cell.maxpool = StemMaxPool()
+    return net
 
 
 class ResNet(nn.Cell):
@@ -194,7 +206,9 @@ class ResNet(nn.Cell):
         self.conv1 = _conv(3, base_width, 7, stride=2, conv_impl=conv_impl)
         self.bn1 = _bn(base_width)
         self.relu = nn.ReLU()
-        self.maxpool = StemMaxPool()  # after the ReLU: ONNX-exportable, same output as pad_mode="pad"
+        # training keeps MindSpore's padded pool (its backward breaks ties as before); export_for_onnx swaps in
+        # StemMaxPool, whose forward is identical after the ReLU
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="pad", padding=1)
         stages = []
         in_channels = base_width
         for index, blocks in enumerate(layer_nums):
