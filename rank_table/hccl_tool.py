@@ -94,12 +94,11 @@ class RankTable:
 # validation
 # ------------------------------------------------------------------------------------------------------------
 def _int_field(where: str, value: Any, low: int = 0, high: Optional[int] = None) -> int:
-    """Rank tables store integers as decimal strings; accept those (and plain ints)."""
-    if isinstance(value, bool):
-        raise RankTableError(f"{where}={value!r} must be a decimal integer string.")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, str) and _DIGITS.fullmatch(value):
+    """Rank tables store integers as decimal strings (HCCL reads strings); a JSON number is refused."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise RankTableError(f"{where}={value!r} is a JSON number; the HCCL rank table format needs a string: "
+                             f"write \"{value}\".")
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
         number = int(value)
     else:
         raise RankTableError(f"{where}={value!r} must be a decimal integer string of ASCII digits 0-9 such as "
@@ -144,6 +143,9 @@ def validate(table: Any) -> RankTable:
     """
     table = _mapping("rank table", table)
     version = _required("", table, "version")
+    if not isinstance(version, str):
+        raise RankTableError(f"version={version!r} must be a JSON string such as \"{SUPPORTED_VERSIONS[0]}\" "
+                             f"(supported: {', '.join(SUPPORTED_VERSIONS)}), not a {type(version).__name__}.")
     if version not in SUPPORTED_VERSIONS:
         raise RankTableError(f"version={version!r} is not supported; supported: {', '.join(SUPPORTED_VERSIONS)}.")
     status = _required("", table, "status")
@@ -415,31 +417,41 @@ def _renumbered(server_list: Sequence[Mapping], first_rank: int = 0) -> List[dic
     return servers
 
 
-def merge(tables: Sequence[Mapping]) -> dict:
+def merge(tables: Sequence[Mapping], names: Optional[Sequence[str]] = None) -> dict:
     """Concatenate the servers of several tables into one, renumbering ``rank_id`` 0..n-1 in server order.
 
     The inputs' own ``rank_id`` values are ignored (each may count from 0, or be a slice of a larger
     table); everything else of each input must validate. The result keeps each input's device order,
     takes the highest input version, and is validated (so a server present twice is an error).
 
+    ``names`` (e.g. the file names) name the inputs in errors; without them, ``input <position>``.
+
     Raises:
-        RankTableError: an invalid input (named by its position), a server present twice, or no input.
+        RankTableError: an invalid input, a server present twice (each named by its input and its position
+            there), or no input.
     """
     if not tables:
         raise RankTableError("merge needs at least one rank table.")
+    names = [f"input {i}" for i in range(len(tables))] if names is None else [str(n) for n in names]
     servers: List[dict] = []
+    origin: List[str] = []  # merged server index -> "server_list[k] of <input>"
     versions = []
     for index, table in enumerate(tables):
         try:
             table = _mapping("rank table", table)
             validate({**table, "server_list": _renumbered(_required("", table, "server_list"))})
         except RankTableError as exc:
-            raise RankTableError(f"input {index}: {exc}") from None
+            raise RankTableError(f"{names[index]}: {exc}") from None
         versions.append(table["version"])
         servers.extend(table["server_list"])
+        origin.extend(f"{names[index]}: server_list[{k}]" for k in range(len(table["server_list"])))
     merged = {"version": max(versions, key=lambda v: tuple(int(p) for p in v.split("."))),
               "server_count": str(len(servers)), "server_list": _renumbered(servers), "status": "completed"}
-    validate(merged)
+    try:
+        validate(merged)
+    except RankTableError as exc:  # positions in the merged list -> the input they come from
+        raise RankTableError(re.sub(r"server_list\[(\d+)\]", lambda m: f"({origin[int(m.group(1))]})", str(exc))) \
+            from None
     return merged
 
 
@@ -499,7 +511,7 @@ def _cmd_merge(args) -> int:
     for name in args.inputs:
         raw, _ = load(name)
         tables.append(raw)
-    merged = merge(tables)
+    merged = merge(tables, names=args.inputs)
     print(f"wrote {write(merged, args.output)} ({len(merged['server_list'])} servers, "
           f"{sum(len(s['device']) for s in merged['server_list'])} ranks)")
     return 0

@@ -10,8 +10,20 @@
 #   HCCL_CONNECT_TIMEOUT  Ascend: seconds to build the HCCL links (default here 600; CANN: 120..7200)
 #   HCCL_EXEC_TIMEOUT     Ascend: seconds a collective waits for the other devices (default here 1800)
 #   CLUSTER_TIME_OUT      msrun --cluster_time_out: seconds to wait for every process to join (default 600)
+# Stopping (see start_job below): SIGINT (Ctrl-C) or SIGTERM to a launcher stops its whole job and the launcher
+# exits 130 / 143 after printing how to continue with --resume.
+#   STOP_TIMEOUT  seconds a stopped job may take to end before it is killed (SIGKILL; default 30)
 
 set -euo pipefail
+
+# A launcher started in the background by a script inherits SIGINT ignored, and bash can neither trap nor reset a
+# signal ignored on entry: start it again with SIGINT at its default, so that SIGINT stops the job (start_job).
+if [ -n "${MS_BOOST_LAUNCHER_SIGINT:-}" ]; then
+    unset MS_BOOST_LAUNCHER_SIGINT
+elif [ -r "/proc/$$/status" ] && (( (16#$(awk '/^SigIgn:/ {print $2}' "/proc/$$/status") >> 1) & 1 )) \
+        && env --default-signal=INT true 2>/dev/null; then
+    exec env --default-signal=INT MS_BOOST_LAUNCHER_SIGINT=1 bash "$0" "$@"
+fi
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
@@ -34,6 +46,7 @@ if [ -z "${MSRUN:-}" ]; then
     fi
 fi
 DRY_RUN="${DRY_RUN:-0}"
+LAUNCH_ARGS=("$@")  # the launcher's own arguments (this file is sourced without arguments)
 
 # die MESSAGE: print the message and the launcher's usage to stderr, exit 2.
 die() {
@@ -158,6 +171,7 @@ msrun_launch() {
                "${TRAIN_PY}" --config "${config}" --data_path "${dataset}" --device_target "${target}"
                --run_distribute true --output_path "${run_dir}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
     local i rank
+    check_overrides "${config}"
     if [ "${DRY_RUN}" = "1" ]; then
         for ((i = 0; i < local_num; i++)); do
             rank=$((node_rank * local_num + i))
@@ -169,9 +183,12 @@ msrun_launch() {
         echo "cmd: $(quote_cmd "${cmd[@]}")"
         return 0
     fi
-    mkdir -p "${run_dir}"
     echo "starting ${local_num} of ${worker_num} worker(s) on ${target} (node ${node_rank}); logs in ${log_dir}"
-    (cd "${run_dir}" && "${cmd[@]}")
+    # msrun's own stop (SIGINT): it kills every worker (they run in sessions of their own) and the scheduler
+    start_job msrun INT "${run_dir}" "" "${cmd[@]}"
+    wait_jobs
+    finish_jobs "${run_dir}"
+    return "${JOB_STATUS[0]}"
 }
 
 # collective_timeouts TARGET: export the bounds above that apply to TARGET (Ascend, GPU or CPU), validated.
@@ -197,4 +214,134 @@ run_logged() {
     shift 2
     mkdir -p "${dir}"
     (cd "${dir}" && "$@") 2>&1 | tee "${log}"
+}
+
+# check_overrides CONFIG: let the zoo's config parser read CONFIG with EXTRA_ARGS, as train.py/eval.py will; exit 2
+# with its message on an unknown key, a bad value or a stray argument (a typo fails here, before any process
+# starts, instead of in every rank). Reads the YAML only: no MindSpore import (scripts/check_overrides.py).
+check_overrides() {
+    local message
+    if ! message="$("${PYTHON}" "${SCRIPT_DIR}/check_overrides.py" --config "$1" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} 2>&1)"; then
+        die "${message}"
+    fi
+}
+
+# Jobs: processes a launcher starts in the background and waits for. Each runs in a session of its own (setsid),
+# so a Ctrl-C in the terminal or a SIGTERM from a scheduler reaches the launcher only; the launcher forwards the
+# stop to every job (start_job's STOP_HOW), waits for them, and kills what is left after STOP_TIMEOUT seconds.
+JOB_PIDS=()
+JOB_HOW=()
+JOB_STATUS=()
+STOP_SIGNAL=""
+WATCHDOG_PID=""
+STOP_TIMEOUT="${STOP_TIMEOUT:-30}"
+SETSID=()
+if command -v setsid >/dev/null 2>&1; then SETSID=(setsid); fi
+
+# start_job NAME STOP_HOW DIR LOG CMD...: run CMD in DIR in the background (output to LOG, or the launcher's own
+# output when LOG is ""). STOP_HOW is how a stop is forwarded: INT or TERM (the signal to the job's process:
+# msrun / mpirun stop their workers themselves) or GROUP_TERM (SIGTERM to the job's whole process group).
+start_job() {
+    local name="$1" how="$2" dir="$3" log="$4"
+    shift 4
+    if [ "${#JOB_PIDS[@]}" -eq 0 ]; then
+        require_int STOP_TIMEOUT "${STOP_TIMEOUT}" 1
+        trap 'request_stop INT' INT
+        trap 'request_stop TERM' TERM
+    fi
+    [ -z "${STOP_SIGNAL}" ] || return 0  # stopped while starting: start nothing more
+    mkdir -p "${dir}"
+    if [ -n "${log}" ]; then
+        (cd "${dir}" && exec ${SETSID[@]+"${SETSID[@]}"} "$@" >"${log}" 2>&1) &
+    else
+        (cd "${dir}" && exec ${SETSID[@]+"${SETSID[@]}"} "$@") &
+    fi
+    JOB_PIDS+=($!)
+    JOB_HOW+=("${how}")
+}
+
+# signal_job SIGNAL INDEX: send SIGNAL to job INDEX as its STOP_HOW says (KILL: the job's group and the groups
+# of its children, which msrun puts in sessions of their own).
+signal_job() {
+    local sig="$1" pid="${JOB_PIDS[$2]}" child
+    if [ "${sig}" = "KILL" ]; then
+        for child in $(ps -o pid= --ppid "${pid}" 2>/dev/null || true); do
+            kill -KILL -- "-${child}" 2>/dev/null || kill -KILL "${child}" 2>/dev/null || true
+        done
+        kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+    elif [ "${JOB_HOW[$2]}" = "GROUP_TERM" ]; then
+        kill -TERM -- "-${pid}" 2>/dev/null || kill -TERM "${pid}" 2>/dev/null || true
+    else
+        kill "-${JOB_HOW[$2]}" "${pid}" 2>/dev/null || true
+    fi
+}
+
+# request_stop INT|TERM (the trap): forward the stop to every job once. A watchdog then repeats it each second
+# (msrun ignores SIGINT until its workers are up), notes the jobs' children (msrun starts its workers in sessions
+# of their own), stops those whose job has ended without them (SIGTERM to their group), and kills whatever still
+# runs after STOP_TIMEOUT seconds.
+request_stop() {
+    [ -z "${STOP_SIGNAL}" ] || return 0
+    STOP_SIGNAL="$1"
+    echo "launcher: SIG$1 received: stopping ${#JOB_PIDS[@]} job process(es)" >&2
+    local i children=()
+    for i in "${!JOB_PIDS[@]}"; do  # noted first: a job that dies of the signal leaves them behind
+        children+=($(ps -o pid= --ppid "${JOB_PIDS[$i]}" 2>/dev/null || true))
+    done
+    for i in "${!JOB_PIDS[@]}"; do signal_job "${JOB_HOW[$i]}" "${i}"; done
+    (
+        trap - INT TERM
+        local t alive child
+        for ((t = 0; t <= STOP_TIMEOUT; t++)); do
+            alive=0
+            for i in "${!JOB_PIDS[@]}"; do
+                if kill -0 "${JOB_PIDS[$i]}" 2>/dev/null; then
+                    alive=1
+                    children+=($(ps -o pid= --ppid "${JOB_PIDS[$i]}" 2>/dev/null || true))
+                    [ "${t}" -eq 0 ] || signal_job "${JOB_HOW[$i]}" "${i}"
+                fi
+            done
+            for child in ${children[@]+"${children[@]}"}; do
+                if kill -0 "${child}" 2>/dev/null && [ "$(ps -o ppid= -p "${child}" 2>/dev/null | tr -d ' ')" = 1 ]; then
+                    alive=1  # orphaned: its job ended without stopping it
+                    kill -TERM -- "-${child}" 2>/dev/null || kill -TERM "${child}" 2>/dev/null || true
+                fi
+            done
+            [ "${alive}" = 1 ] || exit 0
+            [ "${t}" -eq "${STOP_TIMEOUT}" ] || sleep 1
+        done
+        echo "launcher: still running ${STOP_TIMEOUT} s after the stop: killing (SIGKILL)" >&2
+        for i in "${!JOB_PIDS[@]}"; do signal_job KILL "${i}"; done
+        for child in ${children[@]+"${children[@]}"}; do
+            kill -KILL -- "-${child}" 2>/dev/null || kill -KILL "${child}" 2>/dev/null || true
+        done
+    ) &
+    WATCHDOG_PID=$!
+}
+
+# wait_jobs: wait for every job; JOB_STATUS[i] is job i's exit status.
+wait_jobs() {
+    local i rc
+    for i in "${!JOB_PIDS[@]}"; do
+        while :; do
+            rc=0
+            wait "${JOB_PIDS[$i]}" || rc=$?
+            # a trapped signal interrupts `wait` (status > 128) while the job still runs
+            kill -0 "${JOB_PIDS[$i]}" 2>/dev/null || break
+        done
+        JOB_STATUS[$i]="${rc}"
+    done
+}
+
+# finish_jobs RUN_DIR: after wait_jobs. When the launcher was stopped: say how to continue and exit 130 (SIGINT)
+# or 143 (SIGTERM).
+finish_jobs() {
+    [ -n "${STOP_SIGNAL}" ] || return 0
+    trap - INT TERM
+    # the watchdog ends once nothing of the job runs any more (at most STOP_TIMEOUT seconds)
+    [ -z "${WATCHDOG_PID}" ] || wait "${WATCHDOG_PID}" 2>/dev/null || true
+    echo "launcher: stopped by SIG${STOP_SIGNAL}; to continue from the newest checkpoint run the same command" \
+         "with --resume $1" >&2
+    if [ "${STOP_SIGNAL}" = "INT" ]; then exit 130; fi
+    exit 143
 }

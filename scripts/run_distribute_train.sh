@@ -14,11 +14,15 @@ Environment:
   SERVER_ID   this server's 0-based position in the rank table's server_list (multi-node: run the
               script on every server with its SERVER_ID; default 0)
   RANK_SIZE   optional; when set it must equal the number of ranks in the table
-  RUN_DIR     parent of the per-device folders (default ./train_parallel)
+  RUN_DIR     the job's run folder (default ./train_parallel); multi-node: the same path on every server
   HCCL_CONNECT_TIMEOUT, HCCL_EXEC_TIMEOUT  bounds on HCCL link setup / a collective's wait, seconds
               (default 600 / 1800; see scripts/common.sh)
-Each device d of this server runs in RUN_DIR/device<d> with DEVICE_ID and RANK_ID from the rank table,
-logging to RUN_DIR/device<d>/log.txt. The script waits for all of them and fails if any fails.
+  STOP_TIMEOUT  seconds the devices get to end after a stop before they are killed (default 30)
+Every device runs train.py with --output_path RUN_DIR, as msrun's workers do: rank 0 writes its checkpoints
+to RUN_DIR/checkpoint/, rank r to RUN_DIR/checkpoint/rank_<r>/, so --resume RUN_DIR continues every rank
+from its own state. Device d of this server runs in RUN_DIR/device<d> (its working folder) with DEVICE_ID and
+RANK_ID from the rank table, logging to RUN_DIR/device<d>/log.txt. The script waits for all of them and
+fails if any fails; Ctrl-C or SIGTERM stops every device (exit 130 / 143).
 USAGE
 }
 source "$(cd "$(dirname "$0")" && pwd)/common.sh"
@@ -47,12 +51,26 @@ export RANK_SIZE="${TABLE_RANK_SIZE}"
 export DEVICE_NUM="$(wc -l <<<"${DEVICE_LINES}" | tr -d ' ')"
 RUN_DIR="$(abs_path "${RUN_DIR:-./train_parallel}")"
 
-PIDS=()
+# One run folder for the whole job: a relative --output_path given as an override counts from RUN_DIR (not from
+# each device's working folder), so the devices never split the run into per-device folders.
+for i in "${!EXTRA_ARGS[@]}"; do
+    case "${EXTRA_ARGS[$i]}" in
+        --output_path=*) value="${EXTRA_ARGS[$i]#--output_path=}"
+                         [[ "${value}" == /* ]] || EXTRA_ARGS[$i]="--output_path=${RUN_DIR}/${value}" ;;
+        --output_path) next=$((i + 1))
+                       if [ -n "${EXTRA_ARGS[$next]:-}" ] && [[ "${EXTRA_ARGS[$next]}" != /* ]]; then
+                           EXTRA_ARGS[$next]="${RUN_DIR}/${EXTRA_ARGS[$next]}"
+                       fi ;;
+    esac
+done
+check_overrides "${CONFIG_PATH}"
+
 DIRS=()
+RANKS=()
 while read -r DEVICE_ID RANK_ID DEVICE_IP; do
     DIR="${RUN_DIR}/device${DEVICE_ID}"
     CMD=("${PYTHON}" "${TRAIN_PY}" --config "${CONFIG_PATH}" --data_path "${DATASET_PATH}" --device_target Ascend
-         --run_distribute true --output_path "${DIR}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
+         --run_distribute true --output_path "${RUN_DIR}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
     if [ "${DRY_RUN}" = "1" ]; then
         echo "rank ${RANK_ID}: $(print_env DEVICE_ID RANK_ID RANK_SIZE DEVICE_NUM SERVER_ID RANK_TABLE_FILE) DEVICE_IP=${DEVICE_IP}" \
              "$(timeout_env Ascend)"
@@ -60,20 +78,23 @@ while read -r DEVICE_ID RANK_ID DEVICE_IP; do
         echo "  cmd: $(quote_cmd "${CMD[@]}")"
         continue
     fi
-    mkdir -p "${DIR}"
-    (cd "${DIR}" && DEVICE_ID="${DEVICE_ID}" RANK_ID="${RANK_ID}" exec "${CMD[@]}" >"${DIR}/log.txt" 2>&1) &
-    PIDS+=($!)
+    start_job "device${DEVICE_ID}" GROUP_TERM "${DIR}" "${DIR}/log.txt" \
+        env DEVICE_ID="${DEVICE_ID}" RANK_ID="${RANK_ID}" "${CMD[@]}"
+    [ "${#JOB_PIDS[@]}" -gt "${#DIRS[@]}" ] || break  # stopped while starting
     DIRS+=("${DIR}")
-    echo "rank ${RANK_ID} on device ${DEVICE_ID}: pid $!, log ${DIR}/log.txt"
+    RANKS+=("${RANK_ID}")
+    echo "rank ${RANK_ID} on device ${DEVICE_ID}: pid ${JOB_PIDS[-1]}, log ${DIR}/log.txt"
 done <<<"${DEVICE_LINES}"
 [ "${DRY_RUN}" = "1" ] && exit 0
 
+wait_jobs
+finish_jobs "${RUN_DIR}"
 FAILED=0
-for i in "${!PIDS[@]}"; do
-    if ! wait "${PIDS[$i]}"; then
-        echo "FAILED: ${DIRS[$i]} (see ${DIRS[$i]}/log.txt)" >&2
+for i in "${!JOB_PIDS[@]}"; do
+    if [ "${JOB_STATUS[$i]}" -ne 0 ]; then
+        echo "FAILED: rank ${RANKS[$i]} in ${DIRS[$i]} (exit ${JOB_STATUS[$i]}; see ${DIRS[$i]}/log.txt)" >&2
         FAILED=$((FAILED + 1))
     fi
 done
-[ "${FAILED}" -eq 0 ] || { echo "${FAILED} of ${#PIDS[@]} device process(es) failed" >&2; exit 1; }
-echo "all ${#PIDS[@]} device process(es) finished"
+[ "${FAILED}" -eq 0 ] || { echo "${FAILED} of ${#JOB_PIDS[@]} device process(es) failed" >&2; exit 1; }
+echo "all ${#JOB_PIDS[@]} device process(es) finished; run folder ${RUN_DIR}"

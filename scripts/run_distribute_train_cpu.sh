@@ -11,8 +11,11 @@ Usage: bash scripts/run_distribute_train_cpu.sh WORKER_NUM DATASET_PATH [CONFIG_
   --key value    any config key, forwarded to train.py (e.g. --net_name resnet18 --steps_per_epoch 4)
 
 Environment: MASTER_PORT (default: random in 8200..8999), RUN_DIR (default ./train_parallel_cpu),
-CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s).
-Logs: RUN_DIR/msrun_log/worker_<rank>.log; rank 0 writes the checkpoints under RUN_DIR.
+CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s), STOP_TIMEOUT (seconds a stopped job gets before
+it is killed, default 30).
+Logs: RUN_DIR/msrun_log/worker_<rank>.log. Checkpoints: rank 0 in RUN_DIR/checkpoint/, rank r in
+RUN_DIR/checkpoint/rank_<r>/; --resume RUN_DIR continues every rank. Ctrl-C / SIGTERM stop every worker
+(exit 130 / 143).
 USAGE
 }
 source "$(cd "$(dirname "$0")" && pwd)/common.sh"

@@ -13,8 +13,10 @@ Usage: bash scripts/run_distribute_train_gpu.sh DEVICE_NUM DATASET_PATH [CONFIG_
   --key value    any config key, forwarded to train.py
 
 Environment: CUDA_VISIBLE_DEVICES (default 0..DEVICE_NUM-1), MASTER_PORT (msrun, default 8118),
-RUN_DIR (default ./train_parallel_gpu), CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s). Logs: RUN_DIR/msrun_log/worker_<rank>.log (msrun) or
-RUN_DIR/mpirun_log/1/rank.<rank>/stdout (mpirun).
+RUN_DIR (default ./train_parallel_gpu), CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s),
+STOP_TIMEOUT (seconds a stopped job gets before it is killed, default 30). Logs: RUN_DIR/msrun_log/worker_<rank>.log
+(msrun) or RUN_DIR/mpirun_log/1/rank.<rank>/stdout (mpirun). Checkpoints: rank 0 in RUN_DIR/checkpoint/, rank r in
+RUN_DIR/checkpoint/rank_<r>/ (--resume RUN_DIR continues every rank). Ctrl-C / SIGTERM stop the job (exit 130 / 143).
 USAGE
 }
 source "$(cd "$(dirname "$0")" && pwd)/common.sh"
@@ -48,6 +50,7 @@ CMD=(mpirun -n "${DEVICE_NUM}" --allow-run-as-root --output-filename "${RUN_DIR}
      -x CUDA_VISIBLE_DEVICES -x PYTHONPATH
      "${PYTHON}" "${TRAIN_PY}" --config "${CONFIG_PATH}" --data_path "${DATASET_PATH}" --device_target GPU
      --run_distribute true --output_path "${RUN_DIR}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
+check_overrides "${CONFIG_PATH}"
 if [ "${DRY_RUN}" = "1" ]; then
     for ((i = 0; i < DEVICE_NUM; i++)); do
         echo "rank ${i}: OMPI_COMM_WORLD_RANK=${i} RANK_SIZE=${DEVICE_NUM} GPU=${GPUS[$i]} $(print_env CUDA_VISIBLE_DEVICES)"
@@ -56,6 +59,8 @@ if [ "${DRY_RUN}" = "1" ]; then
     echo "cmd: $(quote_cmd "${CMD[@]}")"
     exit 0
 fi
-mkdir -p "${RUN_DIR}"
-cd "${RUN_DIR}"
-"${CMD[@]}"
+# mpirun forwards SIGTERM to every rank and ends them
+start_job mpirun TERM "${RUN_DIR}" "" "${CMD[@]}"
+wait_jobs
+finish_jobs "${RUN_DIR}"
+exit "${JOB_STATUS[0]}"

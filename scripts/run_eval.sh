@@ -28,6 +28,7 @@ RUN_DIR="$(abs_path "${RUN_DIR:-./eval}")"
 export DEVICE_ID="${DEVICE_ID:-0}"
 CMD=("${PYTHON}" "${EVAL_PY}" --config "${CONFIG_PATH}" --data_path "${DATASET_PATH}"
      --checkpoint_file_path "${CHECKPOINT_PATH}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
+check_overrides "${CONFIG_PATH}"
 if [ "${DRY_RUN}" = "1" ]; then
     echo "rank 0: $(print_env DEVICE_ID)"
     echo "  cwd: ${RUN_DIR}  log: ${RUN_DIR}/log.txt"

@@ -16,7 +16,10 @@ Usage: bash scripts/run_multinode_train.sh WORKER_NUM LOCAL_WORKER_NUM NODE_RANK
 
 Environment: DEVICE_TARGET (Ascend, GPU or CPU; default Ascend), MASTER_PORT (default 8118),
 RUN_DIR (default ./train_multinode), CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s),
-HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT (Ascend, default 600 / 1800 s). Ranks of node n are n*LOCAL_WORKER_NUM .. (n+1)*LOCAL_WORKER_NUM-1.
+HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT (Ascend, default 600 / 1800 s), STOP_TIMEOUT (default 30 s).
+Ranks of node n are n*LOCAL_WORKER_NUM .. (n+1)*LOCAL_WORKER_NUM-1. Checkpoints: rank 0 in RUN_DIR/checkpoint/,
+rank r in RUN_DIR/checkpoint/rank_<r>/ on its own node; use the same RUN_DIR path on every node (for --resume
+without a shared file system see docs/model_zoo.md). Ctrl-C / SIGTERM stop this node's workers (exit 130 / 143).
 With AdaSum (boost O2) set --boost_config_dict.common.device_number LOCAL_WORKER_NUM.
 USAGE
 }

@@ -10,9 +10,9 @@ Usage: bash scripts/run_stage_1.sh DATASET_PATH [RANK_TABLE_FILE] [--dry-run] [-
   --key value      any config key, forwarded to train.py
 
 Environment: CONFIG_PATH (default model_zoo/resnet/configs/resnet50_imagenet_dim_reduce_stage1.yaml),
-RUN_DIR (default ./stage_1), SERVER_ID (with a rank table). Checkpoints: <run folder>/checkpoint_stage_1/,
-the weight-only ones for stage 2 in <run folder>/checkpoint_stage_1/checkpoint_pca/ (the run folder is
-RUN_DIR alone, or RUN_DIR/device0 with a rank table).
+RUN_DIR (default ./stage_1), SERVER_ID (with a rank table). Checkpoints: RUN_DIR/checkpoint_stage_1/
+(other ranks: RUN_DIR/checkpoint_stage_1/rank_<r>/), the weight-only ones for stage 2 in
+RUN_DIR/checkpoint_stage_1/checkpoint_pca/.
 USAGE
 }
 source "$(cd "$(dirname "$0")" && pwd)/common.sh"

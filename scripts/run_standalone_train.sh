@@ -25,6 +25,7 @@ export DEVICE_ID="${DEVICE_ID:-0}"
 export RANK_ID=0 RANK_SIZE=1
 CMD=("${PYTHON}" "${TRAIN_PY}" --config "${CONFIG_PATH}" --data_path "${DATASET_PATH}" --output_path "${RUN_DIR}"
      ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
+check_overrides "${CONFIG_PATH}"
 if [ "${DRY_RUN}" = "1" ]; then
     echo "rank 0: $(print_env DEVICE_ID RANK_ID RANK_SIZE)"
     echo "  cwd: ${RUN_DIR}  log: ${RUN_DIR}/log.txt"

@@ -110,13 +110,18 @@ def test_same_device_id_on_different_servers_is_fine():
     assert [d.device_id for d in table.servers[0].devices] == [d.device_id for d in table.servers[1].devices]
 
 
-def test_integers_may_be_json_numbers():
-    table = table_16()
-    for server in table["server_list"]:
-        for device in server["device"]:
-            device["rank_id"] = int(device["rank_id"])
-    table["server_count"] = 2
-    assert validate(table).rank_size == 16
+def test_numbers_and_version_must_be_json_strings():
+    """The HCCL format writes every value as a string; a JSON number is named as such (not "unsupported")."""
+    with pytest.raises(RankTableError, match=r"server_list\[0\]\.device\[0\]\.rank_id=0 is a JSON number; the HCCL "
+                                             r"rank table format needs a string: write \"0\""):
+        validate(_set(table_16(), ("server_list", 0, "device", 0, "rank_id"), 0))
+    with pytest.raises(RankTableError, match=r"server_count=2 is a JSON number"):
+        validate({**table_16(), "server_count": 2})
+    with pytest.raises(RankTableError, match=r"device_id=1\.0 is a JSON number"):
+        validate(_set(table_16(), ("server_list", 1, "device", 1, "device_id"), 1.0))
+    with pytest.raises(RankTableError, match=r'version=1\.0 must be a JSON string such as "1\.0" \(supported: 1\.0, '
+                                             r'1\.2\), not a float'):
+        validate({**table_16(), "version": 1.0})
 
 
 def test_schema_1_2_is_read():
@@ -189,8 +194,12 @@ def test_merge_renumbers_rank_ids_in_server_order():
     assert [s.server_id for s in parsed.servers] == ["10.155.111.141", "10.155.111.140"]
     assert [d.rank_id for s in parsed.servers for d in s.devices] == list(range(16))
     assert second["server_list"][0]["device"][0]["rank_id"] == "7"  # inputs untouched
-    with pytest.raises(RankTableError, match=r"server_list\[1\]\.server_id='10\.155\.111\.141' duplicates"):
+    with pytest.raises(RankTableError, match=r"\(input 1: server_list\[0\]\)\.server_id='10\.155\.111\.141' "
+                                             r"duplicates \(input 0: server_list\[0\]\)\.server_id"):
         merge([first, first])
+    with pytest.raises(RankTableError, match=r"\(b\.json: server_list\[0\]\)\.server_id=.* duplicates "
+                                             r"\(a\.json: server_list\[0\]\)"):
+        merge([first, first], names=["a.json", "b.json"])
     with pytest.raises(RankTableError, match=r"input 1: server_count='3'"):
         merge([first, {**second, "server_count": "3"}])
     with pytest.raises(RankTableError, match=r"input 0: server_list\[0\]\.device\[2\]\.device_ip='x'"):

@@ -6,8 +6,10 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +92,11 @@ def test_usage_on_missing_arguments_and_help(script, env, tmp_path):
     ("run_eval.sh", ["synthetic", "/no/model.ckpt"], "CHECKPOINT_PATH '/no/model.ckpt' is not a file"),
     ("run_stage_1.sh", ["synthetic", "table.txt"], "must be a rank table (.json)"),
     ("run_stage_2.sh", ["synthetic"], "missing CHECKPOINT_PATH"),
+    # overrides are parsed as train.py will parse them, dry runs included (scripts/check_overrides.py)
+    ("run_distribute_train_cpu.sh", ["2", "synthetic", "--dry-run", "--epoch", "3"],
+     "unknown config key --epoch. Did you mean: --epoch_size?"),
+    ("run_distribute_train.sh", [TABLE_8, "synthetic", "--dry-run", "--epoch_size", "3", "stray"],
+     "unexpected command-line argument 'stray'"),
 ])
 def test_wrong_arguments_print_the_reason_and_usage(script, args, message, env, tmp_path):
     proc = run(script, *args, env=env, cwd=tmp_path)
@@ -125,7 +132,9 @@ def test_ascend_dry_run_matches_the_rank_table_on_both_servers(env, tmp_path):
             assert fields["log"] == fields["cwd"] + "/log.txt"
             cmd = fields["cmd"]
             assert "--device_target Ascend --run_distribute true" in cmd and cmd.endswith("--epoch_size 2")
-            assert f"--output_path {fields['cwd']}" in cmd and "resnet50_imagenet_boost_o1.yaml" in cmd
+            # one run folder for every device of every server, as msrun: rank 0 saves in RUN_DIR/checkpoint,
+            # rank r in RUN_DIR/checkpoint/rank_<r>, where --resume RUN_DIR looks for each rank's own state
+            assert f"--output_path {tmp_path / 'train_parallel'} " in cmd and "resnet50_imagenet_boost_o1.yaml" in cmd
     assert sorted(seen) == list(range(16))
     assert not any(tmp_path.iterdir())  # a dry run creates nothing
 
@@ -236,10 +245,12 @@ def test_only_input_paths_become_absolute_outputs_stay_in_the_run_folder(script,
     for name in ("checkpoint", "resnet18", "out"):
         (tmp_path / name).mkdir()
     (tmp_path / "weights.ckpt").write_bytes(b"")
-    proc = run(script, *args, "--dry-run", "--checkpoint_dir", "checkpoint", "--net_name", "resnet18",
+    stage_2 = CONFIGS / "resnet50_imagenet_dim_reduce_stage2.yaml"  # a recipe with dim_reduce.pca_mat_path
+    config = [] if script == "run_stage_1.sh" else [stage_2]
+    proc = run(script, *args, *config, "--dry-run", "--checkpoint_dir", "checkpoint", "--net_name", "resnet18",
                "--export_file_name=out", "--pretrained", "weights.ckpt", "--boost_config_dict.dim_reduce.pca_mat_path",
                "new/pca.npy", "--resume=run1", "--data_path", "synthetic", env=env, cwd=tmp_path,
-               extra_env={"CUDA_VISIBLE_DEVICES": "0,1"})
+               extra_env={"CUDA_VISIBLE_DEVICES": "0,1", "CONFIG_PATH": str(stage_2)})
     assert proc.returncode == 0, proc.stderr
     printed = ranks(proc.stdout)
     cmd = printed[0].get("cmd") or proc.stdout.strip().splitlines()[-1]
@@ -384,3 +395,92 @@ def test_version_matrix_dry_run_and_arguments(env, tmp_path):
     assert not any(tmp_path.iterdir())  # a dry run creates nothing
     bad = run("version_matrix.sh", "latest", env=env, cwd=tmp_path)
     assert bad.returncode == 2 and "'latest' is neither a MindSpore version" in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# stopping a launcher: stub processes in place of train.py / msrun (PYTHON and MSRUN choose them)
+# ---------------------------------------------------------------------------------------------------------------
+STUB_PYTHON = """#!/bin/bash
+# train.py: note pid, rank and folder, then sleep (SIGINT is ignored in background jobs; SIGTERM ends it)
+case "$1" in *train.py) echo "$$ ${RANK_ID} $PWD $*" >>"${STUB_DIR}/started"; exec sleep 300 ;; esac
+exec %(python)s "$@"
+"""
+STUB_MSRUN = """#!%(python)s
+# msrun's stop behaviour: workers in sessions of their own; SIGINT kills them and exits 0; SIGTERM just ends msrun
+import os, signal, subprocess, sys, time
+workers = [subprocess.Popen(["sleep", "300"], start_new_session=True) for _ in range(2)]
+def stop(sig, frame):
+    for w in workers:
+        os.killpg(w.pid, signal.SIGKILL)
+    sys.exit(0)
+mode = os.environ.get("STUB_MODE")  # as msrun once its handler is installed, or before (ignored / inherited)
+signal.signal(signal.SIGINT, {"handler": stop, "ignore": signal.SIG_IGN, "die": signal.default_int_handler}[mode])
+with open(os.path.join(os.environ["STUB_DIR"], "started"), "a") as out:
+    out.write(" ".join(str(p) for p in [os.getpid()] + [w.pid for w in workers]) + "\\n")
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _stop_launcher(script, args, sig, env, tmp_path, extra_env, expected_lines):
+    """Start ``script`` with the stubs, send ``sig`` to the launcher alone once the stubs run; return
+    (exit status, stderr, pids the stubs noted, their lines)."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, text in (("python", STUB_PYTHON), ("msrun", STUB_MSRUN)):
+        (stubs / name).write_text(text % {"python": sys.executable})
+        (stubs / name).chmod(0o755)
+    full = dict(env, PYTHON=str(stubs / "python"), MSRUN=str(stubs / "msrun"), STUB_DIR=str(stubs),
+                STOP_TIMEOUT="3", **extra_env)
+    with open(stubs / "out", "w") as out, open(stubs / "err", "w") as errors:  # files: no pipe an orphan holds
+        # started as `launcher &` from a script is: SIGINT ignored on entry (the launcher restores it)
+        proc = subprocess.Popen(["bash", str(SCRIPTS / script), *map(str, args)], env=full, cwd=tmp_path,
+                                stdout=out, stderr=errors,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    started = stubs / "started"
+    for _ in range(200):
+        if started.exists() and len(started.read_text().splitlines()) >= expected_lines:
+            break
+        time.sleep(0.05)
+    lines = started.read_text().splitlines()
+    assert len(lines) == expected_lines, lines
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    err = (stubs / "err").read_text()
+    pids = [int(p) for line in lines for p in line.split()[:3 if script.endswith("cpu.sh") else 1]]
+    time.sleep(0.2)
+    return proc.returncode, err, [p for p in pids if _alive(p)], lines
+
+
+def test_ascend_launcher_stop_reaches_every_device_and_exits_143(env, tmp_path):
+    """SIGTERM to the rank-table launcher (a scheduler's stop): every device process ends, exit 143, and the line
+    saying how to continue; the devices ran in their own folders with the one shared --output_path."""
+    rc, err, alive, lines = _stop_launcher("run_distribute_train.sh", [TABLE_8, "synthetic", "--epoch_size", "3"],
+                                           signal.SIGTERM, env, tmp_path, {}, 8)
+    assert rc == 143 and not alive, (rc, alive, err)
+    run_dir = tmp_path / "train_parallel"
+    assert f"stopped by SIGTERM; to continue from the newest checkpoint run the same command with --resume {run_dir}" \
+        in err
+    seen = {int(line.split()[1]): line.split()[2] for line in lines}
+    assert seen == {r: str(run_dir / f"device{r}") for r in range(8)}
+    assert all(f"--output_path {run_dir} --epoch_size 3" in line for line in lines)
+    assert all((run_dir / f"device{r}" / "log.txt").is_file() for r in range(8))
+
+
+@pytest.mark.parametrize("mode", ["handler", "ignore", "die"])
+def test_cpu_launcher_ctrl_c_stops_msrun_and_its_workers_and_exits_130(mode, env, tmp_path):
+    """SIGINT to the launcher: forwarded to msrun, whose own stop kills the workers (handler); an msrun still
+    starting either ignores it (then it and its workers are killed after STOP_TIMEOUT) or dies of it, leaving its
+    workers (then they get SIGTERM). Exit 130 and nothing left running in every case."""
+    rc, err, alive, _ = _stop_launcher("run_distribute_train_cpu.sh", [2, "synthetic"], signal.SIGINT, env,
+                                       tmp_path, {"STUB_MODE": mode}, 1)
+    assert rc == 130 and not alive, (rc, alive, err)
+    assert f"--resume {tmp_path / 'train_parallel_cpu'}" in err
+    assert ("killing (SIGKILL)" in err) == (mode == "ignore")
