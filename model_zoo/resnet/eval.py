@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.data_check import check_images  # noqa: E402
 from model_zoo.resnet.src.dataset import class_folders, create_dataset  # noqa: E402
-from model_zoo.resnet.src.device import unsupported_device_message  # noqa: E402
+from model_zoo.resnet.src.device import run_script  # noqa: E402
 from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
     EVAL_METRICS,
@@ -90,14 +90,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as err:  # a clear message and status 1, not a traceback
-        print(f"eval.py: error: {err}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except RuntimeError as err:  # only MindSpore's "unsupported device target": one line, not a traceback
-        message = unsupported_device_message(err)
-        if message is None:
-            raise
-        print(f"eval.py: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    run_script(main, "eval.py")

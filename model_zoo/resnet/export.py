@@ -14,7 +14,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import numpy as np  # noqa: E402
 
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
-from model_zoo.resnet.src.device import unsupported_device_message  # noqa: E402
+from model_zoo.resnet.src.device import run_script  # noqa: E402
 from model_zoo.resnet.src.resnet import onnx_exportable  # noqa: E402
 from model_zoo.resnet.src.trainer import inference_network  # noqa: E402
 
@@ -51,14 +51,4 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as err:  # a clear message and status 1, not a traceback
-        print(f"export.py: error: {err}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except RuntimeError as err:  # only MindSpore's "unsupported device target": one line, not a traceback
-        message = unsupported_device_message(err)
-        if message is None:
-            raise
-        print(f"export.py: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    run_script(main, "export.py")

@@ -17,7 +17,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from model_zoo.resnet.src.config import parse_config  # noqa: E402
-from model_zoo.resnet.src.device import unsupported_device_message  # noqa: E402
+from model_zoo.resnet.src.device import run_script  # noqa: E402
 from model_zoo.resnet.src.trainer import TrainingDiverged, train  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet50_imagenet_momentum.yaml"
@@ -34,14 +34,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (TrainingDiverged, ValueError) as err:
-        print(f"train.py: error: {err}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except RuntimeError as err:  # only MindSpore's "unsupported device target": one line, not a traceback
-        message = unsupported_device_message(err)
-        if message is None:
-            raise
-        print(f"train.py: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    run_script(main, "train.py", expected=(TrainingDiverged, ValueError))

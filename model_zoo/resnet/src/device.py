@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Optional
+import sys
+from typing import Callable, Optional, Tuple, Type
 
-__all__ = ["unsupported_device_message"]
+__all__ = ["unsupported_device_message", "run_script"]
 
 _UNSUPPORTED = re.compile(r"Unsupported device target (?P<target>\w+)\.")
 _SUPPORTED = re.compile(r"only supports one of the (?P<list>\[[^\]]*\])")
@@ -30,3 +31,20 @@ def unsupported_device_message(err: BaseException) -> Optional[str]:
     allowed = ", ".join(supported) if supported else "see MindSpore's message (rerun with --device_target auto)"
     return (f"device_target={match.group('target')!r} is not supported by this MindSpore build on this machine; "
             f"supported here: {allowed} (or auto, MindSpore's default device).")
+
+
+def run_script(main: Callable[[], object], script: str,
+               expected: Tuple[Type[BaseException], ...] = (ValueError,)) -> None:
+    """Run a zoo script's ``main``: an ``expected`` error, or MindSpore's "unsupported device target", becomes
+    ``<script>: error: <message>`` on stderr and exit status 1 instead of a traceback; anything else is raised."""
+    try:
+        main()
+    except expected as err:
+        print(f"{script}: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except RuntimeError as err:
+        message = unsupported_device_message(err)
+        if message is None:
+            raise
+        print(f"{script}: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(1)
