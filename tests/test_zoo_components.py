@@ -355,3 +355,32 @@ def test_an_unsupported_device_target_is_one_error_line():
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert re.search(r"^train.py: error: device_target='GPU' is not supported by this MindSpore build on this "
                      r"machine; supported here: CPU \(or auto", done.stderr, re.M), done.stderr[-2000:]
+
+
+def test_resume_on_a_server_without_rank_0s_checkpoints_takes_its_own_and_all_ranks_check_the_step(tmp_path):
+    """Several servers without a shared file system: only server 0 holds rank 0's ``checkpoint/`` files, server 1
+    only ``checkpoint/rank_1/``. Rank 1 resumes from its own newest file (was: no checkpoint found), and the ranks
+    compare their steps (loopback world of 2 ranks): equal steps pass, different steps are an error on every rank."""
+    from pathlib import Path
+
+    from model_zoo.resnet.src import trainer
+    from model_zoo.resnet.src.config import parse_config
+    from tests.helpers.loopback import run_ranks
+
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    base = parse_config([], recipe)
+    for name in ("resnet-1_4.ckpt", "resnet-2_4.ckpt"):
+        for folder in (tmp_path / "server0" / "checkpoint", tmp_path / "server1" / "checkpoint" / "rank_1"):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(b"")
+
+    def resume(steps):
+        def rank_fn(rank):
+            path = trainer._resume_path(base.replace(resume=str(tmp_path / f"server{rank}")))
+            trainer._same_step_on_every_rank(path, steps[rank])
+            return path.relative_to(tmp_path).as_posix()
+        return run_ranks(2, rank_fn)
+
+    assert resume([8, 8]) == ["server0/checkpoint/resnet-2_4.ckpt", "server1/checkpoint/rank_1/resnet-2_4.ckpt"]
+    with pytest.raises(ValueError, match=r"different steps \{0: 8, 1: 4\}"):
+        resume([8, 4])

@@ -415,6 +415,48 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
 RESUME_DATA = ("exact", "fast")
 
 
+def _resume_path(cfg: Config) -> Path:
+    """This rank's checkpoint for ``--resume``: rank 0 the file named (or its run folder's newest); rank ``r`` its own
+    state of the same name in ``rank_<r>/`` beside it (optimizer moments differ between ranks under AdaSum), else
+    rank 0's file. A server that holds no rank-0 checkpoint (several servers without a shared file system: only
+    server 0 has ``checkpoint/``'s own files) takes the newest file of its own ``checkpoint/rank_<r>/``;
+    :func:`_same_step_on_every_rank` then checks that every rank resumes at the same step."""
+    rank = comm.get_rank()
+    own_folder = Path(os.path.expanduser(str(cfg.resume))) / cfg.checkpoint_dir / f"rank_{rank}"
+    try:
+        path = find_resume_checkpoint(cfg.resume, cfg.checkpoint_dir, cfg.checkpoint_prefix)
+    except ValueError:
+        if rank == 0 or not own_folder.is_dir():
+            raise
+        path = find_resume_checkpoint(str(own_folder), ".", cfg.checkpoint_prefix)
+        print(f"[rank {rank}] resume: no rank-0 checkpoint under {str(cfg.resume)!r} on this server; resuming from "
+              f"this rank's own newest {str(path)!r}", flush=True)
+        return path
+    if rank > 0:
+        own = path.parent / f"rank_{rank}" / path.name
+        if own.is_file():
+            return own
+        print(f"[rank {rank}] resume: no {str(own)!r}; this rank continues from rank 0's state (exact only "
+              f"when every rank's optimizer/boost state equals rank 0's; save_rank_checkpoints keeps them).",
+              flush=True)
+    return path
+
+
+def _same_step_on_every_rank(path: Path, step: int) -> None:
+    """Every rank resumes at the same global step (one AllGather of the steps; nothing on one rank).
+
+    Raises:
+        ValueError: the ranks' checkpoints are at different steps (named per rank).
+    """
+    if comm.get_size() < 2:
+        return
+    steps = comm.AllGather()(ms.Tensor(np.array([step], np.int32))).asnumpy().tolist()
+    if len(set(steps)) > 1:
+        raise ValueError(f"resume: the ranks' checkpoints are at different steps {dict(enumerate(steps))} (this "
+                         f"rank: {str(path)!r}); every rank must resume from the same step: give --resume a "
+                         f"checkpoint every rank has, or copy rank 0's checkpoint folder to every server.")
+
+
 def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, Optional[Path]]:
     """Load ``cfg.resume`` (a checkpoint, or a run folder's newest one) into the whole train network.
 
@@ -435,17 +477,7 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
     if not cfg.resume:
         return 0, None
     _choice("resume_data", cfg.resume_data, RESUME_DATA)
-    path = find_resume_checkpoint(cfg.resume, cfg.checkpoint_dir, cfg.checkpoint_prefix)
-    rank = comm.get_rank()
-    if rank > 0:
-        # each rank's own state (optimizer moments differ between ranks under AdaSum); rank 0's otherwise
-        own = path.parent / f"rank_{rank}" / path.name
-        if own.is_file():
-            path = own
-        else:
-            print(f"[rank {rank}] resume: no {str(own)!r}; this rank continues from rank 0's state (exact only "
-                  f"when every rank's optimizer/boost state equals rank 0's; save_rank_checkpoints keeps them).",
-                  flush=True)
+    path = _resume_path(cfg)
     entries = ms.load_checkpoint(str(path))
     manifest = read_manifest(path, entries)
     if manifest is None:
@@ -454,6 +486,7 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
                          f"from its weights only.")
     _check_recipe(cfg, path, manifest, "resume")
     step, saved_spe = int(manifest.get("global_step", -1)), int(manifest.get("steps_per_epoch", -1))
+    _same_step_on_every_rank(path, step)
     if saved_spe != steps_per_epoch:
         raise ValueError(f"resume: checkpoint {str(path)!r} was written with {saved_spe} steps per epoch, this run "
                          f"has {steps_per_epoch} (batch_size, rank count, data set or steps_per_epoch changed); "
