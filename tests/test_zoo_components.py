@@ -384,3 +384,31 @@ def test_resume_on_a_server_without_rank_0s_checkpoints_takes_its_own_and_all_ra
     assert resume([8, 8]) == ["server0/checkpoint/resnet-2_4.ckpt", "server1/checkpoint/rank_1/resnet-2_4.ckpt"]
     with pytest.raises(ValueError, match=r"different steps \{0: 8, 1: 4\}"):
         resume([8, 4])
+
+
+def test_a_stopped_script_exits_130_or_143_and_train_py_says_how_to_resume(monkeypatch, capsys):
+    """Ctrl-C (a KeyboardInterrupt) ends a zoo script with status 130 and SIGTERM with 143, without a traceback;
+    train.py first names the run folder and the --resume to continue with."""
+    import os
+    import signal
+
+    from model_zoo.resnet import train as zoo_train
+    from model_zoo.resnet.src.device import run_script
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exited:
+        run_script(interrupted, "x.py")
+    assert exited.value.code == 130
+    with pytest.raises(SystemExit) as exited:
+        run_script(lambda: os.kill(os.getpid(), signal.SIGTERM), "x.py")
+    assert exited.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+
+    monkeypatch.setattr(zoo_train, "train", lambda cfg: interrupted())
+    with pytest.raises(SystemExit) as exited:
+        run_script(lambda: zoo_train.main(["--output_path", "/runs/a"]), "train.py")
+    assert exited.value.code == 130
+    assert "train.py: interrupted; the checkpoints written so far are in '/runs/a': run the same command with " \
+           "--resume /runs/a to continue" in capsys.readouterr().err

@@ -30,7 +30,12 @@ def main(argv=None) -> dict:
         TrainingDiverged: the run diverged (as a script: the message on stderr, exit status 1).
     """
     cfg = parse_config(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG, prog="train.py")
-    return train(cfg)
+    try:
+        return train(cfg)
+    except KeyboardInterrupt:  # Ctrl-C (and SIGTERM, see run_script): say how to go on
+        print(f"train.py: interrupted; the checkpoints written so far are in {str(cfg.output_path)!r}: run the same "
+              f"command with --resume {cfg.output_path} to continue", file=sys.stderr, flush=True)
+        raise
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import signal
 import sys
 from typing import Callable, Optional, Tuple, Type
 
@@ -36,9 +37,20 @@ def unsupported_device_message(err: BaseException) -> Optional[str]:
 def run_script(main: Callable[[], object], script: str,
                expected: Tuple[Type[BaseException], ...] = (ValueError,)) -> None:
     """Run a zoo script's ``main``: an ``expected`` error, or MindSpore's "unsupported device target", becomes
-    ``<script>: error: <message>`` on stderr and exit status 1 instead of a traceback; anything else is raised."""
+    ``<script>: error: <message>`` on stderr and exit status 1 instead of a traceback; Ctrl-C (SIGINT) and
+    SIGTERM end it with status 130 / 143 and no traceback (``main`` sees a ``KeyboardInterrupt`` for both, so
+    it can say how to resume); anything else is raised."""
+    stopped_by = {"signal": signal.SIGINT}
+
+    def on_sigterm(signum, _frame):
+        stopped_by["signal"] = signum
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         main()
+    except KeyboardInterrupt:
+        sys.exit(128 + int(stopped_by["signal"]))
     except expected as err:
         print(f"{script}: error: {err}", file=sys.stderr, flush=True)
         sys.exit(1)
@@ -48,3 +60,5 @@ def run_script(main: Callable[[], object], script: str,
             raise
         print(f"{script}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
