@@ -77,6 +77,26 @@ def _choice(key: str, value: Any, allowed) -> Any:
     return value
 
 
+#: run sizes checked by their config names before anything is built (the pipeline's own checks name its arguments)
+_AT_LEAST = {"epoch_size": 1, "batch_size": 1, "eval_batch_size": 1, "train_image_size": 1, "eval_image_size": 1,
+             "steps_per_epoch": 0, "warmup_epochs": 0, "save_checkpoint_epochs": 1, "keep_checkpoint_max": 1,
+             "log_interval": 1}
+
+
+def check_run_sizes(cfg: Config) -> None:
+    """Every run size of :data:`_AT_LEAST` in ``cfg`` is an int at least its bound.
+
+    Raises:
+        ValueError: naming the key, the value and the allowed range.
+    """
+    for key, low in _AT_LEAST.items():
+        value = getattr(cfg, key, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{key}={value!r} is not allowed; allowed: an int >= {low}.")
+
+
 def setup_runtime(cfg: Config) -> RunInfo:
     """Execution mode, device, seeds and (with ``run_distribute``) data-parallel communication.
 
@@ -616,6 +636,7 @@ def train(cfg: Config) -> Dict[str, Any]:
             checkpoint).
         ValueError: bad configuration, undecodable images, or a checkpoint ``--resume`` cannot continue from.
     """
+    check_run_sizes(cfg)
     run = setup_runtime(cfg)
     started = time.time()
     claim_output(cfg, run)
