@@ -87,6 +87,10 @@ class BoostTrainOneStepCell(nn.Cell):
         self.update = pipeline.build_update(self.boost, network, optimizer, self.weights, ctx)
         # PyNative: the gradients the outermost stage says this step's update reads (None: all), see __call__
         self._grad_mask = None
+        # upstream's flags, fixed by the plan (read by check_*_enable and by subclasses written against upstream)
+        self.enable_adasum = bool(self.boost.boost_config.get("adasum") and self.topology.data_parallel
+                                  and self.topology.num_servers > 1)
+        self.enable_dim_reduce = bool(self.boost.boost_config.get("dim_reduce"))
 
     def __call__(self, *args, **kwargs):
         # PyNative only: ask the update chain which gradients this step reads before the forward pass, so that
@@ -133,6 +137,36 @@ class BoostTrainOneStepCell(nn.Cell):
         loss = ops.depend(loss, self.update(loss, grads, *inputs))
         return loss
 
+    # -- upstream's per-algorithm entry points (mindspore.boost.BoostTrainOneStepCell) ----------------------
+    # Upstream's construct branches into these; here one pipeline built in __init__ runs every enabled stage,
+    # and these names stay for scripts and subclasses that call them.
+    def check_adasum_enable(self) -> bool:
+        """Whether AdaSum combines this cell's updates: on in the plan, data parallel, more than one server."""
+        return self.enable_adasum
+
+    def check_dim_reduce_enable(self) -> bool:
+        """Whether the plan replaces the optimizer step by DimReduce."""
+        return self.enable_dim_reduce
+
+    def gradient_freeze_process(self, *inputs):
+        """One training step on ``inputs`` (the freezing schedule is part of every step here); returns the loss."""
+        return self.construct(*inputs)
+
+    def gradient_accumulation_process(self, loss, grads, sens, *inputs):
+        """Run this cell's update pipeline (accumulation, AdaSum, DimReduce or the optimizer, as the plan says)
+        on gradients the caller computed (and reduced across ranks) with sensitivity ``sens``; returns the loss.
+
+        The gradients are divided by ``sens`` first: the stages work on the gradients of the loss itself.
+        """
+        grads = _hyper_map(ops.partial(_divide, ops.cast(sens, ms.float32)), grads)
+        return ops.depend(loss, self.update(loss, grads, *inputs))
+
+    def adasum_process(self, loss, grads):
+        """Run this cell's update pipeline on reduced gradients (with AdaSum on: the optimizer step, then the
+        servers' weight deltas combined); returns the loss. Stages that need the network inputs (DimReduce)
+        need :meth:`gradient_accumulation_process`."""
+        return ops.depend(loss, self.update(loss, grads))
+
 
 # Buffer snapshot/restore mapped over tuples with HyperMap (a Python loop would unroll one call per tensor).
 _copy_into = ops.MultitypeFuncGraph("copy_into")
@@ -144,6 +178,12 @@ def _copy_tensor(dst, src):
 
 
 _hyper_map = ops.HyperMap()
+_divide = ops.MultitypeFuncGraph("divide")
+
+
+@_divide.register("Tensor", "Tensor")
+def _divide_by(scale, grad):
+    return grad / ops.cast(scale, grad.dtype)
 
 
 class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):

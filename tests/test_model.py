@@ -161,3 +161,45 @@ def test_model_bad_inputs():
         BoostTrainOneStepWithLossScaleCell(nn.WithLossCell(net, ce()), opt, scale_sense="big")
     with pytest.raises(ValueError, match="positive finite"):
         BoostTrainOneStepWithLossScaleCell(nn.WithLossCell(net, ce()), opt, scale_sense=Tensor(-1.0))
+
+
+def test_upstream_per_algorithm_entry_points_of_the_train_cell(mode):
+    """mindspore.boost.BoostTrainOneStepCell's documented methods exist and act: check_adasum_enable /
+    check_dim_reduce_enable report the plan (AdaSum off on one process even at O2); gradient_freeze_process is a
+    training step; gradient_accumulation_process on caller-computed gradients (computed with sens 4) accumulates
+    two calls, then makes one SGD step with their mean (numpy), unscaled by sens."""
+    from mindspore import ops
+
+    x, y = learnable_data(16)
+    net = nn.Dense(8 * 8 * 3, 4)
+    flat = lambda a: Tensor(a.reshape(len(a), -1))  # noqa: E731
+    cell = BoostTrainOneStepCell(nn.WithLossCell(net, ce()), nn.SGD(net.trainable_params(), 0.5), boost_config="O2")
+    assert cell.check_adasum_enable() is False and cell.check_dim_reduce_enable() is False
+    before = [p.asnumpy().copy() for p in net.trainable_params()]
+    loss = cell.gradient_freeze_process(flat(x), Tensor(y))
+    assert np.isfinite(float(loss.asnumpy()))
+
+    net = nn.Dense(8 * 8 * 3, 4)
+    for p, b in zip(net.trainable_params(), before):
+        p.set_data(Tensor(b))
+    boost = {"boost": {"mode": "manual", "grad_accumulation": True}, "grad_accumulation": {"grad_accumulation_step": 2}}
+    from ms_boost import AutoBoost
+
+    cell = BoostTrainOneStepCell(nn.WithLossCell(net, ce()), nn.SGD(net.trainable_params(), 0.5),
+                                 boost_config=AutoBoost("O0", boost))
+    loss_net = nn.WithLossCell(net, ce())
+    def scaled_loss(a, b):  # the loss times sens = 4
+        return loss_net(a, b) * 4.0
+
+    grad_fn = ops.value_and_grad(scaled_loss, None, net.trainable_params())
+    seen = []
+    for half in (slice(0, 8), slice(8, 16)):
+        loss, grads = grad_fn(flat(x[half]), Tensor(y[half]))
+        loss = loss / 4.0
+        seen.append([g.asnumpy() / 4.0 for g in grads])
+        cell.gradient_accumulation_process(loss, grads, Tensor(4.0), flat(x[half]), Tensor(y[half]))
+        if half.start == 0:  # first micro-step: accumulated, not applied
+            for p, b in zip(net.trainable_params(), before):
+                np.testing.assert_array_equal(p.asnumpy(), b)
+    for p, b, g0, g1 in zip(net.trainable_params(), before, *seen):
+        np.testing.assert_allclose(p.asnumpy(), b - 0.5 * (g0 + g1) / 2, rtol=1e-5, atol=1e-6)
