@@ -11,6 +11,7 @@ Chain built by :func:`build_update` (lower order wraps higher)::
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, List, Optional, Tuple
 
 from mindspore import nn
@@ -38,12 +39,41 @@ def _single(specs: List[AlgorithmSpec], hook: str) -> Optional[AlgorithmSpec]:
     return found[0] if found else None
 
 
+#: each hook's arguments, for the message when a user's hook cannot take them
+_HOOK_ARGS = {"rewrite_train": "(network, optimizer, cfg, ctx)", "rewrite_eval": "(network, cfg, ctx)",
+              "reducer": "(weights, cfg, ctx)", "apply": "(network, optimizer, weights, cfg, ctx)",
+              "stage": "(inner, weights, cfg, ctx)", "describe": "(cfg, ctx)"}
+
+
+def call_hook(spec, hook: str, *args):
+    """``spec.<hook>(*args)``; a hook whose signature cannot take these arguments is a ``TypeError`` naming the
+    algorithm, the hook and what it is called with (rather than Python's bare message from inside the pipeline),
+    and a ``stage`` or ``apply`` hook must return a Cell (a plain function trains in PyNative and fails in Graph
+    mode)."""
+    fn = getattr(spec, hook)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to check
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(*args)
+        except TypeError as exc:
+            raise TypeError(f"algorithm {spec.name!r}: its {hook} hook {getattr(fn, '__name__', fn)}{signature} "
+                            f"cannot be called as {hook}{_HOOK_ARGS.get(hook, '')} ({exc}).") from None
+    result = fn(*args)
+    if hook in ("stage", "apply") and result is not None and not isinstance(result, nn.Cell):
+        raise TypeError(f"algorithm {spec.name!r}: its {hook} hook returned {type(result).__name__}; it must return "
+                        f"an nn.Cell (an UpdateStage with construct(loss, grads, *inputs)).")
+    return result
+
+
 def rewrite_train(boost, network: nn.Cell, optimizer, ctx: Optional[BuildContext] = None) -> Tuple[nn.Cell, Any]:
     """Apply every enabled spec's ``rewrite_train`` in order; returns ``(network, optimizer)``."""
     ctx = build_context(boost) if ctx is None else ctx
     for spec in boost.enabled_specs():
         if spec.rewrite_train is not None:
-            network, optimizer = spec.rewrite_train(network, optimizer, boost.section(spec.name), ctx)
+            network, optimizer = call_hook(spec, "rewrite_train", network, optimizer, boost.section(spec.name), ctx)
     return network, optimizer
 
 
@@ -52,7 +82,7 @@ def rewrite_eval(boost, network: nn.Cell, ctx: Optional[BuildContext] = None) ->
     ctx = build_context(boost) if ctx is None else ctx
     for spec in boost.enabled_specs():
         if spec.rewrite_eval is not None:
-            network = spec.rewrite_eval(network, boost.section(spec.name), ctx)
+            network = call_hook(spec, "rewrite_eval", network, boost.section(spec.name), ctx)
     return network
 
 
@@ -62,7 +92,7 @@ def build_reducer(boost, weights, ctx: BuildContext) -> comm.GradReducer:
     topology = ctx.topology
     spec = _single(boost.enabled_specs(), "reducer")
     if topology.data_parallel and spec is not None:
-        return spec.reducer(weights, boost.section(spec.name), ctx)
+        return call_hook(spec, "reducer", weights, boost.section(spec.name), ctx)
     return comm.GradReducer(weights, topology.mean, topology.degree, None, enabled=topology.data_parallel)
 
 
@@ -72,12 +102,12 @@ def build_update(boost, network: nn.Cell, optimizer, weights, ctx: BuildContext)
     weights = tuple(weights)
     applier = _single(specs, "apply")
     if applier is not None:
-        stage = applier.apply(network, optimizer, weights, boost.section(applier.name), ctx)
+        stage = call_hook(applier, "apply", network, optimizer, weights, boost.section(applier.name), ctx)
     else:
         stage = OptimizerUpdate(optimizer)
     for spec in reversed(specs):
         if spec.stage is not None:
-            built = spec.stage(stage, weights, boost.section(spec.name), ctx)
+            built = call_hook(spec, "stage", stage, weights, boost.section(spec.name), ctx)
             if built is not None:
                 stage = built
     return stage
@@ -101,7 +131,7 @@ def describe_steps(boost, topology: Topology) -> str:
             steps.append(_default_reduction(topology))
             reduction_done = True
         if spec.describe is not None:
-            text = spec.describe(boost.section(spec.name), ctx)
+            text = call_hook(spec, "describe", boost.section(spec.name), ctx)
             before, after = text if isinstance(text, tuple) else (text, None)  # (before, after): see spec.py
             if before:
                 steps.append(before)

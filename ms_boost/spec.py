@@ -10,7 +10,7 @@ user's with :func:`ms_boost.register_algorithm`). The pipeline reads the enabled
   gradients (AdaSum: a mean inside each server); at most one enabled spec has one.
 * ``apply(network, optimizer, weights, cfg, ctx) -> Cell`` -- replaces the optimizer step at the end
   of the chain (DimReduce); at most one enabled spec has one.
-* ``stage(inner, cfg, ctx) -> Cell`` -- an update stage wrapping the next one
+* ``stage(inner, weights, cfg, ctx) -> Cell`` -- an update stage wrapping the next one
   (``construct(loss, grads, *inputs)``); lower ``order`` wraps higher, so the chain reads in ``order``.
 * ``describe(cfg, ctx) -> str`` -- this algorithm's step in the plan summary (None: no step of its own; a
   pair ``(before, after)`` places ``after`` behind the apply step, for a stage acting on the update's result);

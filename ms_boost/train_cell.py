@@ -24,7 +24,7 @@ from ms_boost import comm, pipeline
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import make_loss_scaler
 from ms_boost.topology import Topology
-from ms_boost.update import StageHooks, runs_as_python, stage_chain
+from ms_boost.update import OptimizerUpdate, StageHooks, runs_as_python, stage_chain
 
 logger = logging.getLogger("ms_boost")
 
@@ -197,9 +197,11 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
             scale of shape ``()`` or ``(1,)``, or a :class:`~ms_boost.loss_scale.GroupLossScaleManager`.
         boost_config: as :class:`BoostTrainOneStepCell`.
 
-    Gradients leave the cell divided by ``loss_scale / optimizer.loss_scale``: an optimizer built with
-    ``loss_scale=S`` (MindSpore's convention with ``FixedLossScaleManager(S, drop_overflow_update=False)``)
-    divides by ``S`` itself, and every combination of manager and optimizer ends with unscaled updates.
+    The update stages (accumulation, AdaSum, DimReduce, a user's stage) get the gradients of the loss itself,
+    divided by the whole loss scale; an optimizer built with ``loss_scale=S`` (MindSpore's convention with
+    ``FixedLossScaleManager(S, drop_overflow_update=False)``) divides by ``S`` itself, so its apply stage
+    multiplies them by ``S`` again just before it. Every combination of manager and optimizer ends with
+    unscaled updates, and no stage sees a share of the scale.
 
     Returns from ``construct``: ``(loss, overflow, loss_scale)`` like MindSpore's
     ``TrainOneStepWithLossScaleCell``. An overflow on any rank skips the update on every rank, whatever
@@ -210,9 +212,13 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
                  boost_config: Union[AutoBoost, str, None] = None):
         super().__init__(network, optimizer, sens=None, boost_config=boost_config)
         # An optimizer built with loss_scale=S divides the gradients by S itself (MindSpore's convention for
-        # FixedLossScaleManager(drop_overflow_update=False)); the scaler leaves that share of the scale in.
+        # FixedLossScaleManager(drop_overflow_update=False)): the scaler removes the whole scale, so every
+        # stage sees true gradients, and the optimizer's apply stage puts S back just before the optimizer.
         optimizer_loss_scale = float(optimizer.loss_scale) if hasattr(optimizer, "loss_scale") else 1.0
-        self.loss_scaler = make_loss_scaler(scale_sense, self.weights, optimizer_loss_scale or 1.0)
+        self.loss_scaler = make_loss_scaler(scale_sense, self.weights)
+        for stage in stage_chain(self.update):
+            if isinstance(stage, OptimizerUpdate):
+                stage.gradient_scale = optimizer_loss_scale or 1.0
         self.scale_sense = Parameter(Tensor(self.loss_scaler.initial_scale, ms.float32), name="scale_sense")
         # Buffers the forward pass writes (BatchNorm moving statistics): snapshotted before the step and
         # restored on overflow, so an overflow step leaves the network exactly as it was. Skipped: the

@@ -25,7 +25,7 @@ import os
 from typing import Iterator, Optional, Sequence, Tuple
 
 import mindspore as ms
-from mindspore import Parameter, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 __all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python"]
 
@@ -84,6 +84,10 @@ class OptimizerUpdate(UpdateStage):
     def __init__(self, optimizer):
         super().__init__()
         self.optimizer = optimizer
+        # the share of the loss scale this optimizer divides by itself (built with loss_scale=S): the loss-scale
+        # train cell hands every stage the gradients of the loss itself and sets this to S, so the gradients
+        # are multiplied back just before the optimizer (stages in between see true gradients)
+        self.gradient_scale = 1.0
 
     def transient_parameters(self) -> Sequence[Parameter]:
         if isinstance(self.optimizer, StageHooks):
@@ -102,7 +106,18 @@ class OptimizerUpdate(UpdateStage):
             self.optimizer.end_step()
 
     def construct(self, loss, grads, *inputs):
+        if self.gradient_scale != 1.0:
+            grads = _MAP(ops.partial(_times, Tensor(self.gradient_scale, ms.float32)), grads)
         return self.optimizer(grads)
+
+
+_MAP = ops.HyperMap()
+_times = ops.MultitypeFuncGraph("times")
+
+
+@_times.register("Tensor", "Tensor")
+def _times_tensor(factor, grad):
+    return grad * ops.cast(factor, grad.dtype)
 
 
 def stage_chain(stage: nn.Cell) -> Iterator[nn.Cell]:

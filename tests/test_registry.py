@@ -13,7 +13,14 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 import ms_boost
-from ms_boost import AlgorithmSpec, AutoBoost, BoostTrainOneStepCell, register_algorithm, unregister_algorithm
+from ms_boost import (
+    AlgorithmSpec,
+    AutoBoost,
+    BoostTrainOneStepCell,
+    register_algorithm,
+    registered,
+    unregister_algorithm,
+)
 from ms_boost.update import UpdateStage, stage_chain
 from ms_boost.validation import check_float
 
@@ -95,6 +102,24 @@ def test_registered_algorithm_switched_on_from_boost_config_dict(clip_registered
     w_plain, _ = numpy_clipped_sgd(w0.astype(np.float64), b0.astype(np.float64), x, y, 0.1, np.inf, 3)
     assert np.abs(w_plain - w_ref).max() > 1e-3
 
+    # with a loss scale of 128 and MindSpore's convention of an optimizer built with loss_scale=128 (it divides
+    # by 128 itself): the stage sees the true gradients (it clipped 128x-scaled ones before, 128x too small a
+    # step), the optimizer gets its share back, and the steps equal numpy's again
+    from mindspore.train import FixedLossScaleManager
+
+    from ms_boost import BoostTrainOneStepWithLossScaleCell
+
+    net.weight.set_data(Tensor(w0))
+    net.bias.set_data(Tensor(b0))
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1, loss_scale=128.0)
+    manager = FixedLossScaleManager(128.0, drop_overflow_update=False)
+    step = BoostTrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), opt, manager.get_update_cell()
+                                              or Tensor(128.0), boost_config=boost)
+    for _ in range(3):
+        step(Tensor(x), Tensor(y))
+    np.testing.assert_allclose(net.weight.asnumpy(), w_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(net.bias.asnumpy(), b_ref, rtol=1e-5, atol=1e-6)
+
 
 def test_registered_section_is_validated_and_composes_with_built_ins(clip_registered):
     with pytest.raises(ValueError, match=r"clip_global_norm\.max_norm=-1 is out of range"):
@@ -137,3 +162,29 @@ def test_registry_semantics():
         AlgorithmSpec(name="bad", section=dict, order=1)
     with pytest.raises(ValueError, match="lower-case identifier"):
         AlgorithmSpec(name="Bad Name", section=ClipConfig, order=1)
+
+
+def test_a_hook_with_the_wrong_signature_or_result_is_named():
+    """A plugin author's mistakes in hooks: a stage hook without the ``weights`` argument, a describe taking one
+    argument, a stage returning a plain function (trained in PyNative, failed to parse in Graph mode) -- each a
+    TypeError naming the algorithm, the hook and what it is called with."""
+    import dataclasses
+
+    net = nn.Dense(4, 3)
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    cases = [
+        (dict(stage=lambda inner, cfg, ctx: ClipStage(inner, cfg.max_norm)),
+         r"algorithm 'clip_bad': its stage hook <lambda>\(inner, cfg, ctx\) cannot be called as "
+         r"stage\(inner, weights, cfg, ctx\)"),
+        (dict(describe=lambda cfg: "clip"),
+         r"its describe hook <lambda>\(cfg\) cannot be called as describe\(cfg, ctx\)"),
+        (dict(stage=lambda inner, weights, cfg, ctx: (lambda loss, grads: inner(loss, grads))),
+         r"its stage hook returned function; it must return an nn.Cell"),
+    ]
+    for hooks, message in cases:
+        spec = dataclasses.replace(CLIP_SPEC, name="clip_bad", **hooks)
+        with registered(spec):
+            boost = AutoBoost("O0", {"boost": {"mode": "manual", "clip_bad": True}})
+            with pytest.raises(TypeError, match=message):
+                boost.summary(ranks=1)
+                BoostTrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt, boost_config=boost)
