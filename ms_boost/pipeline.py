@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Tuple
 from mindspore import nn
 
 from ms_boost import comm
-from ms_boost.spec import REDUCTION_ORDER, AlgorithmSpec, BuildContext
+from ms_boost.spec import AlgorithmSpec, BuildContext
 from ms_boost.topology import Topology
 from ms_boost.update import OptimizerUpdate
 
@@ -120,26 +120,25 @@ def _default_reduction(topology: Topology) -> str:
 
 
 def describe_steps(boost, topology: Topology) -> str:
-    """The summary's pipeline line: the steps of the enabled specs in order, the reduction, the apply step."""
+    """The summary's pipeline line in the order the train step runs: the gradient reduction (the reducer
+    spec's text, else the data-parallel mean; it runs in the train cell before every stage), the stages of
+    the enabled specs in ``order``, the apply step, then what stages do with the update (``describe``'s
+    ``after`` texts, outermost last)."""
     ctx = BuildContext(common=boost.common, topology=topology, level=boost.level)
     specs = boost.enabled_specs()
     reducer = _single(specs, "reducer")
-    steps, after_apply = [], []
-    reduction_done = False
+    reduction, steps, after_apply = None, [], []
     for spec in specs:
-        if not reduction_done and reducer is None and spec.order > REDUCTION_ORDER:
-            steps.append(_default_reduction(topology))
-            reduction_done = True
-        if spec.describe is not None:
-            text = call_hook(spec, "describe", boost.section(spec.name), ctx)
-            before, after = text if isinstance(text, tuple) else (text, None)  # (before, after): see spec.py
-            if before:
-                steps.append(before)
-            if after:
-                after_apply.append(after)
-            reduction_done = reduction_done or (spec is reducer and bool(before or after))
-    if not reduction_done and reducer is None:
-        steps.append(_default_reduction(topology))
+        if spec.describe is None:
+            continue
+        text = call_hook(spec, "describe", boost.section(spec.name), ctx)
+        before, after = text if isinstance(text, tuple) else (text, None)  # (before, after): see spec.py
+        if spec is reducer:
+            reduction = before
+        elif before:
+            steps.append(before)
+        if after:
+            after_apply.append(after)
     apply_texts = [s.apply_text for s in specs if s.apply_text]
-    steps.append(apply_texts[-1] if apply_texts else "optimizer")
-    return " -> ".join(steps + after_apply[::-1])  # the outermost stage acts last
+    apply = apply_texts[-1] if apply_texts else "optimizer"
+    return " -> ".join([reduction or _default_reduction(topology), *steps, apply, *after_apply[::-1]])

@@ -31,8 +31,8 @@ from ms_boost.topology import Topology
 
 __all__ = ["AlgorithmSpec", "BuildContext", "REDUCTION_ORDER"]
 
-#: Where the gradient reduction sits among the steps of the summary (stages with a lower order are
-#: described before it; the reduction itself always runs in the train cell, before every stage).
+#: Kept for plugins that import it: the summary now shows the gradient reduction first, where the train cell
+#: runs it (before every stage), whatever the stages' ``order``.
 REDUCTION_ORDER = 35
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")

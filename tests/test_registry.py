@@ -129,7 +129,7 @@ def test_registered_section_is_validated_and_composes_with_built_ins(clip_regist
     boost = AutoBoost("O0", {"boost": {"mode": "manual", "clip_global_norm": True, "grad_accumulation": True},
                              "grad_accumulation": {"grad_accumulation_step": 2}})
     # order 30 (accumulate) wraps order 45 (clip): the summary reads in the same order
-    assert "accumulate x2 -> no gradient reduction (1 rank) -> clip global norm to 1.0 -> optimizer" in \
+    assert "no gradient reduction (1 rank) -> accumulate x2 -> clip global norm to 1.0 -> optimizer" in \
         boost.summary(ranks=1)
     net = nn.Dense(4, 3)
     step = BoostTrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.1),
