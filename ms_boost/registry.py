@@ -70,9 +70,15 @@ def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
         raise TypeError(f"register_algorithm: expected an ms_boost.AlgorithmSpec, got {type(spec).__name__}.")
     if spec.name in RESERVED_NAMES:
         raise ValueError(f"register_algorithm: the name {spec.name!r} is reserved; choose another.")
+    if any(builtin.name == spec.name for builtin in BUILTIN_SPECS):
+        raise ValueError(f"register_algorithm: {spec.name!r} is a built-in algorithm; give yours another name.")
     if spec.name in _REGISTRY:
         raise ValueError(f"register_algorithm: an algorithm named {spec.name!r} is already registered "
                          f"(unregister_algorithm({spec.name!r}) first if it is yours).")
+    clash = [other.name for other in _REGISTRY.values() if other.order == spec.order]
+    if clash:
+        raise ValueError(f"register_algorithm: {spec.name!r} has order={spec.order}, the place of {clash[0]!r} in "
+                         f"the pipeline; choose a free order (taken: {sorted(o.order for o in _REGISTRY.values())}).")
     unknown = [name for name in spec.excludes if name not in _REGISTRY]
     if unknown:
         raise ValueError(f"register_algorithm: {spec.name!r} excludes unknown algorithm(s) {unknown}; "

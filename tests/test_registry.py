@@ -162,6 +162,12 @@ def test_registry_semantics():
         AlgorithmSpec(name="bad", section=dict, order=1)
     with pytest.raises(ValueError, match="lower-case identifier"):
         AlgorithmSpec(name="Bad Name", section=ClipConfig, order=1)
+    # a built-in's name is not "already registered ... unregister it first" (built-ins cannot be unregistered)
+    with pytest.raises(ValueError, match=r"'grad_accumulation' is a built-in algorithm; give yours another name"):
+        register_algorithm(AlgorithmSpec(name="grad_accumulation", section=ClipConfig, order=99))
+    # two algorithms at one place of the pipeline would run in registration order: refused
+    with pytest.raises(ValueError, match=r"'clip_twin' has order=40, the place of 'adasum' in the pipeline"):
+        register_algorithm(AlgorithmSpec(name="clip_twin", section=ClipConfig, order=40))
 
 
 def test_a_hook_with_the_wrong_signature_or_result_is_named():
