@@ -23,23 +23,18 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ms_boost import comm
 from ms_boost.loss_scale import GroupLossScaleManager
+from ms_boost.update import scale_gradients
 
 __all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler"]
 
 # Per-tensor steps mapped over tuples with HyperMap: a Python loop in ``construct`` unrolls into one call
 # per tensor, which exceeds Graph mode's call-depth limit on deep networks (ResNet-101 has ~300 tensors).
 _non_finite = ops.MultitypeFuncGraph("non_finite")
-_scale_by = ops.MultitypeFuncGraph("scale_by")
 
 
 @_non_finite.register("Tensor")
 def _non_finite_tensor(g):
     return ops.cast(ops.logical_not(ops.isfinite(g).all()), ms.float32)
-
-
-@_scale_by.register("Tensor", "Tensor")
-def _scale_tensor(factor, g):
-    return g * ops.cast(factor, g.dtype)
 
 
 _hyper_map = ops.HyperMap()
@@ -81,7 +76,7 @@ class FixedLossScaler(LossScaler):
 
     def unscale(self, scale, grads) -> Tuple[Any, Tensor]:
         inv = ops.reciprocal(scale) * self.optimizer_loss_scale
-        grads = _hyper_map(ops.partial(_scale_by, inv), grads)
+        grads = scale_gradients(inv, grads)
         overflow = self.overflow_reduce(ops.reshape(non_finite_count(grads), (1,)))[0] > 0.5
         return grads, overflow
 

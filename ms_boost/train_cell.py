@@ -24,7 +24,7 @@ from ms_boost import comm, pipeline
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import make_loss_scaler
 from ms_boost.topology import Topology
-from ms_boost.update import OptimizerUpdate, StageHooks, runs_as_python, stage_chain
+from ms_boost.update import OptimizerUpdate, StageHooks, runs_as_python, scale_gradients, stage_chain
 
 logger = logging.getLogger("ms_boost")
 
@@ -158,7 +158,7 @@ class BoostTrainOneStepCell(nn.Cell):
 
         The gradients are divided by ``sens`` first: the stages work on the gradients of the loss itself.
         """
-        grads = _hyper_map(ops.partial(_divide, ops.cast(sens, ms.float32)), grads)
+        grads = scale_gradients(ops.reciprocal(ops.cast(sens, ms.float32)), grads)
         return ops.depend(loss, self.update(loss, grads, *inputs))
 
     def adasum_process(self, loss, grads):
@@ -178,12 +178,6 @@ def _copy_tensor(dst, src):
 
 
 _hyper_map = ops.HyperMap()
-_divide = ops.MultitypeFuncGraph("divide")
-
-
-@_divide.register("Tensor", "Tensor")
-def _divide_by(scale, grad):
-    return grad / ops.cast(scale, grad.dtype)
 
 
 class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):

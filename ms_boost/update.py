@@ -27,7 +27,7 @@ from typing import Iterator, Optional, Sequence, Tuple
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python"]
+__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients"]
 
 
 def runs_as_python() -> bool:
@@ -107,17 +107,25 @@ class OptimizerUpdate(UpdateStage):
 
     def construct(self, loss, grads, *inputs):
         if self.gradient_scale != 1.0:
-            grads = _MAP(ops.partial(_times, Tensor(self.gradient_scale, ms.float32)), grads)
+            grads = scale_gradients(Tensor(self.gradient_scale, ms.float32), grads)
         return self.optimizer(grads)
 
 
+# mapped with HyperMap: a Python loop in a construct unrolls into one call per tensor, which exceeds Graph mode's
+# call-depth limit on deep networks (ResNet-101 has ~300 tensors)
 _MAP = ops.HyperMap()
-_times = ops.MultitypeFuncGraph("times")
+_scale_by = ops.MultitypeFuncGraph("scale_by")
 
 
-@_times.register("Tensor", "Tensor")
-def _times_tensor(factor, grad):
+@_scale_by.register("Tensor", "Tensor")
+def _scale_tensor(factor, grad):
     return grad * ops.cast(factor, grad.dtype)
+
+
+def scale_gradients(factor, grads):
+    """Every gradient of the tuple ``grads`` times the scalar Tensor ``factor`` (cast to each gradient's dtype);
+    usable in PyNative and inside Graph-mode constructs."""
+    return _MAP(ops.partial(_scale_by, factor), grads)
 
 
 def stage_chain(stage: nn.Cell) -> Iterator[nn.Cell]:

@@ -23,13 +23,14 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.data_check import check_images  # noqa: E402
-from model_zoo.resnet.src.dataset import class_folders, create_dataset  # noqa: E402
+from model_zoo.resnet.src.dataset import class_folders  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
 from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
     EVAL_METRICS,
     build_loss,
     data_root,
+    eval_dataset,
     inference_network,
     split_folder,
 )
@@ -68,10 +69,7 @@ def evaluate_checkpoint(cfg: Config) -> dict:
     net = inference_network(cfg)
     folder = split_folder(cfg, train=False)
     check_images(folder, cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)))
-    images = sum(1 for path in folder.rglob("*") if path.is_file())
-    data = create_dataset(folder, do_train=False, batch_size=min(cfg.eval_batch_size, max(1, images)),
-                          image_size=cfg.eval_image_size, num_parallel_workers=cfg.num_parallel_workers,
-                          drop_remainder=False, class_names=train_classes(cfg), class_num=int(cfg.class_num))
+    data = eval_dataset(cfg, class_names=train_classes(cfg))
     model = Model(net, loss_fn=build_loss(cfg), metrics=set(EVAL_METRICS))
     started = time.time()
     result = model.eval(data, dataset_sink_mode=False)

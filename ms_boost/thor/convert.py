@@ -299,7 +299,7 @@ def thor_train_network(network: nn.Cell, optimizer, has_loss_fn: bool) -> nn.Cel
                          "parameter); pass the net given to thor(), or opt.thor_network.")
     if has_loss_fn and mine == theirs:
         _log.info("Model: training the THOR copy of the network (optimizer.thor_network, same Parameters), "
-                    "whose layers capture the statistics THOR needs.")
+                  "whose layers capture the statistics THOR needs.")
         return train_net
     raise ValueError(
         "Model: the network shares parameters with the THOR optimizer's network but does not contain its THOR "
@@ -321,7 +321,7 @@ def set_thor_frequency(optimizer, frequency) -> None:
         raise ValueError(f"Model: frequency={frequency!r} must be an int >= 1.")
     if frequency != optimizer.frequency:
         _log.info(f"Model: frequency={frequency} sets the THOR optimizer's refresh interval "
-                    f"(thor() had {optimizer.frequency}).")
+                  f"(thor() had {optimizer.frequency}).")
         optimizer.frequency = frequency
 
 

@@ -113,8 +113,8 @@ class GuardedCheckpoint(Callback):
         self._last_checked = -1
         if write:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._before = [p for p in self.directory.glob(f"{prefix}-*.ckpt")
-                            if _NAME.match(p.name) and checkpoint_step(p, self.steps_per_epoch) <= self.step_offset]
+            self._before = [p for p in _checkpoints_in(self.directory, prefix)
+                            if checkpoint_step(p, self.steps_per_epoch) <= self.step_offset]
 
     @property
     def last_good(self) -> Optional[Path]:
@@ -204,7 +204,7 @@ class GuardedCheckpoint(Callback):
         self._rotate()
 
     def _rotate(self) -> None:
-        files = sorted((p for p in self.directory.glob(f"{self.prefix}-*.ckpt") if _NAME.match(p.name)),
+        files = sorted(_checkpoints_in(self.directory, self.prefix),
                        key=lambda p: checkpoint_step(p, self.steps_per_epoch))
         newest = self.last_good
         for old in files[:-self.keep_max]:
@@ -240,7 +240,7 @@ def find_resume_checkpoint(target: str, checkpoint_dir: str, prefix: str) -> Pat
     if not path.is_dir():
         raise ValueError(f"resume={target!r} is neither a checkpoint file nor a run folder.")
     for folder in (path / checkpoint_dir, path):
-        found = [p for p in folder.glob(f"{prefix}-*.ckpt") if _NAME.match(p.name)] if folder.is_dir() else []
+        found = _checkpoints_in(folder, prefix)
         if found:
             def key(p: Path) -> Tuple[int, int]:
                 match = _NAME.match(p.name)
@@ -250,11 +250,14 @@ def find_resume_checkpoint(target: str, checkpoint_dir: str, prefix: str) -> Pat
                      f"{str(path / checkpoint_dir)!r}.")
 
 
+def _checkpoints_in(folder: Path, prefix: str) -> List[Path]:
+    """The ``<prefix>-<epoch>_<step>.ckpt`` files directly in ``folder`` (none when it does not exist)."""
+    return [p for p in folder.glob(f"{prefix}-*.ckpt") if _NAME.match(p.name)] if folder.is_dir() else []
+
 
 def run_checkpoints(directory: Path, prefix: str, subfolders: Iterable[str] = ()) -> List[Path]:
     """``<prefix>-<epoch>_<step>.ckpt`` files of a run's checkpoint folder, its ``rank_<r>/`` folders and the
     given ``subfolders`` (e.g. the PCA's weight-only checkpoints), sorted by path."""
     directory = Path(directory)
     folders = [directory, *sorted(directory.glob("rank_*")), *(directory / name for name in subfolders if name)]
-    return sorted(p for folder in folders if folder.is_dir() for p in folder.glob(f"{prefix}-*.ckpt")
-                  if _NAME.match(p.name))
+    return sorted(p for folder in folders for p in _checkpoints_in(folder, prefix))

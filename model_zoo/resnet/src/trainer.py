@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -384,15 +384,20 @@ def train_dataset(cfg: Config, run: RunInfo) -> ds.Dataset:
                           seed=int(cfg.seed), class_num=int(cfg.class_num))
 
 
-def eval_dataset(cfg: Config) -> ds.Dataset:
-    """The evaluation pipeline (whole split, one process), labelled by the train split's class folders (a val
-    split lacking a class keeps every other label; see :func:`create_dataset`)."""
+_TRAIN_SPLIT = object()  # eval_dataset's default: the class folders of the recipe's train split
+
+
+def eval_dataset(cfg: Config, class_names: Optional[Sequence[str]] = _TRAIN_SPLIT) -> ds.Dataset:
+    """The evaluation pipeline (whole split, one process), labelled by ``class_names`` (label ``i`` = the
+    ``i``-th): by default the train split's class folders, so a val split lacking a class keeps every other
+    label (see :func:`create_dataset`); ``None``: the eval split's own folders."""
+    if class_names is _TRAIN_SPLIT:
+        class_names = class_folders(split_folder(cfg, train=True))
     folder = split_folder(cfg, train=False)
     images = sum(1 for path in folder.rglob("*") if path.is_file())
     return create_dataset(folder, do_train=False, batch_size=min(cfg.eval_batch_size, max(1, images)),
                           image_size=cfg.eval_image_size, num_parallel_workers=cfg.num_parallel_workers,
-                          drop_remainder=False, class_names=class_folders(split_folder(cfg, train=True)),
-                          class_num=int(cfg.class_num))
+                          drop_remainder=False, class_names=class_names, class_num=int(cfg.class_num))
 
 
 def evaluate(model: Model, cfg: Config) -> Dict[str, float]:
