@@ -191,12 +191,12 @@ def test_deep_network_compiles_in_graph_mode_and_matches_numpy(monkeypatch):
     assert any(not np.allclose(g, w) for g, w in zip(graph, initial))
 
 
-def test_tutorial_model_call_trains_thor_without_convert_and_takes_frequency():
+def test_tutorial_model_call_trains_thor_without_convert_and_takes_frequency(mode):
     """The THOR tutorial's ``Model(net, loss_fn, optimizer=opt, ..., frequency=N)`` on the net given to ``thor()``
     (no ``convert_to_thor_model``): Model trains ``opt.thor_network`` (whose layers capture the statistics) and
-    ``frequency`` becomes the refresh interval (thor() had its default 100): three steps equal numpy's THOR with
-    refreshes at steps 0 and 2. Before, the plain layers captured nothing and THOR preconditioned with the
-    damping alone."""
+    ``frequency`` becomes the refresh interval (thor() had its default 100): three steps (both modes) equal
+    numpy's THOR with refreshes at steps 0 and 2. Before, the plain layers captured nothing and THOR
+    preconditioned with the damping alone."""
     weights, x, y = _mlp_data(seed=3, n=24)
     net = MLP(*weights)
     opt = thor(net, 0.05, 0.05, 0.9)
