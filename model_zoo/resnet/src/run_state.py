@@ -27,6 +27,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
+from ms_boost.divergence import first_non_finite
 
 __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheckpoint", "read_manifest",
            "find_resume_checkpoint", "checkpoint_step", "run_checkpoints"]
@@ -37,22 +38,6 @@ _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 
 class TrainingDiverged(RuntimeError):
     """Training stopped because a loss or a Parameter of the train network became NaN or infinite."""
-
-
-def first_non_finite(arrays: Iterable[Tuple[str, np.ndarray]]) -> Optional[str]:
-    """``"<name> (<k> of <n> values non-finite, e.g. nan)"`` for the first array holding NaN/Inf, else ``None``.
-
-    Integer and boolean arrays are always finite.
-    """
-    for name, value in arrays:
-        value = np.asarray(value)
-        if value.dtype.kind not in "fc":
-            continue
-        bad = ~np.isfinite(value)
-        if bad.any():
-            example = value[bad].flat[0]
-            return f"{name} ({int(bad.sum())} of {value.size} values non-finite, e.g. {example})"
-    return None
 
 
 def checkpoint_step(path: Path, steps_per_epoch: int) -> int:
