@@ -278,7 +278,7 @@ class DivergenceRollback(Callback):
         if self.failure is not None:
             return
         params = run_context.original_args()
-        params.divergence_rolled_back = False
+        params.divergence_rolled_back, params.divergence_failure = False, None
         step = self.step_offset + int(params.cur_step_num)
         loss = _loss_of(getattr(params, "net_outputs", None))
         code, reason = _FINE, self.detector.verdict(loss)

@@ -58,6 +58,14 @@ def _atomic_save(items: List[Dict[str, Any]], path: Path, append: Dict[str, Any]
             tmp.unlink()
 
 
+def _mark(params, key: str) -> Any:
+    """A mark a callback before this one left on MindSpore's callback parameters (``None`` when there is none)."""
+    try:
+        return getattr(params, key)
+    except (AttributeError, KeyError):  # the parameters are a dict whose attribute lookup raises KeyError
+        return None
+
+
 class GuardedCheckpoint(Callback):
     """Finite-checked checkpoints of the whole train network, with rotation and the run manifest.
 
@@ -119,14 +127,17 @@ class GuardedCheckpoint(Callback):
             return
         params = run_context.original_args()
         step = self.step_offset + int(params.cur_step_num)
+        if _mark(params, "divergence_rolled_back"):  # ms_boost.divergence restored an earlier state
+            return
+        if _mark(params, "divergence_failure"):  # ... or gave up: today's message, for its reason
+            self._fail(step, params.divergence_failure, loss_failure=True, run_context=run_context)
+            return
         loss = loss_value(params.net_outputs) if getattr(params, "net_outputs", None) is not None else 0.0
         if not math.isfinite(loss):
             self._fail(step, f"loss is {loss}", loss_failure=True, run_context=run_context)
             return
-        save = self.save_steps and step % self.save_steps == 0
-        check = self.check_steps and step % self.check_steps == 0
-        if save or check:
-            self._visit(params, step, save, run_context)
+        if self.visits(step):
+            self._visit(params, step, bool(self.save_steps and step % self.save_steps == 0), run_context)
 
     def on_train_end(self, run_context) -> None:
         # Nothing is checked or saved once a step failed (here, or the loss check of another callback that asked
@@ -137,6 +148,17 @@ class GuardedCheckpoint(Callback):
         step = self.step_offset + int(params.cur_step_num)
         if step != self._last_checked and step > self.step_offset:
             self._visit(params, step, self.save_steps > 0, run_context)
+
+    def visits(self, step: int) -> bool:
+        """Whether the Parameters are checked (and, at save steps, saved) after global ``step``."""
+        return any(every and step % every == 0 for every in (self.save_steps, self.check_steps))
+
+    def abandon_after(self, step: int) -> None:
+        """Training went back to the state of global ``step`` (``divergence_action: rollback``): this run's
+        checkpoints of later steps hold a state it left, and are deleted."""
+        for path in [p for p in self.saved if checkpoint_step(p, self.steps_per_epoch) > step]:
+            self.saved.remove(path)
+            path.unlink(missing_ok=True)
 
     # -- work ----------------------------------------------------------------------------------------------
     def _visit(self, params, step: int, save: bool, run_context) -> None:

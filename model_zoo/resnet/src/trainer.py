@@ -48,13 +48,14 @@ from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import Model, comm
 from ms_boost.config import AutoBoost
 from ms_boost.dim_reduce.pca import write_weight_manifest
+from ms_boost.divergence import DivergencePolicy, DivergenceRollback
 
 __all__ = [
     "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
     "load_weights", "build_loss", "learning_rate", "build_optimizer", "loss_scale_manager", "boost_config_dict",
     "build_model", "train_dataset", "eval_dataset", "evaluate", "inference_network", "train",
     "recipe_structure", "recipe_manifest", "resume_state", "schedule_parameter_names", "claim_output",
-    "TrainingDiverged",
+    "TrainingDiverged", "divergence_policy",
 ]
 
 OPTIMIZERS = ("Momentum", "SGD", "THOR")
@@ -409,7 +410,8 @@ def evaluate(model: Model, cfg: Config) -> Dict[str, float]:
 def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch: int, total_steps: int,
                         step_offset: int) -> List[Any]:
     monitor = ProgressMonitor(total_steps, steps_per_epoch, cfg.batch_size * run.rank_size, cfg.log_interval,
-                              run.rank, run.rank_size, step_offset=step_offset)
+                              run.rank, run.rank_size, step_offset=step_offset,
+                              stop_on_nan=cfg.divergence_action != "rollback")
     directory = os.path.join(cfg.output_path, cfg.checkpoint_dir)
     steps = (cfg.save_checkpoint_steps or cfg.save_checkpoint_epochs * steps_per_epoch) if cfg.save_checkpoint else 0
     own = directory if run.rank == 0 else os.path.join(directory, f"rank_{run.rank}")
@@ -427,6 +429,8 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
     if cfg.metrics_file and run.rank == 0:
         callbacks.append(MetricsLogger(os.path.join(cfg.output_path, cfg.metrics_file),
                                        learning_rate(cfg, steps_per_epoch), steps_per_epoch, step_offset))
+    if cfg.divergence_action == "rollback":  # before the guards: they skip a rolled-back step
+        callbacks.insert(1, _divergence_healer(cfg, run, callbacks, total_steps, step_offset))
     if cfg.summary_dir:
         from mindspore.train import SummaryCollector
 
@@ -435,6 +439,40 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
                                           collect_freq=max(1, int(cfg.log_interval)),
                                           collect_specified_data={"collect_landscape": None}))
     return callbacks
+
+
+_DIVERGENCE_KEYS = ("action", "spike_factor", "window", "max_rollbacks", "lr_factor", "damping_factor",
+                    "snapshot_steps")
+
+
+def divergence_policy(cfg: Config) -> DivergencePolicy:
+    """The recipe's ``divergence_*`` keys as a checked :class:`ms_boost.divergence.DivergencePolicy`.
+
+    Raises:
+        ValueError: naming the ``divergence_<key>``, its value and what is allowed.
+    """
+    return DivergencePolicy.from_mapping({key: cfg[f"divergence_{key}"] for key in _DIVERGENCE_KEYS},
+                                         names={key: f"divergence_{key}" for key in _DIVERGENCE_KEYS})
+
+
+def _divergence_healer(cfg: Config, run: RunInfo, callbacks: List[Any], total_steps: int,
+                       step_offset: int) -> DivergenceRollback:
+    """``divergence_action: rollback``: the healer, snapshotting (and so checking) at every guard's save and check
+    steps and at the last step, logging on rank 0 and recording each rollback in the metrics file."""
+    guards = [c for c in callbacks if isinstance(c, GuardedCheckpoint)]
+    metrics = next((c for c in callbacks if isinstance(c, MetricsLogger)), None)
+
+    def rolled_back(record: Dict[str, Any]) -> None:
+        for guard in guards:  # their checkpoints of the abandoned steps hold a state training left
+            guard.abandon_after(record["restored_step"])
+        if metrics is not None:
+            metrics.lr = np.asarray(metrics.lr, np.float64) * record["lr_factor"]  # the lr its records report
+            append_record(metrics.path, record)
+
+    return DivergenceRollback(divergence_policy(cfg), step_offset=step_offset,
+                              log=(lambda line: print(line, flush=True)) if run.rank == 0 else None,
+                              on_rollback=rolled_back,
+                              snapshot_at=lambda step: step == total_steps or any(g.visits(step) for g in guards))
 
 
 RESUME_DATA = ("exact", "fast")
@@ -577,6 +615,7 @@ _RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints", "overwrit
                      "epoch_size", "output_path", "log_interval", "run_eval",
                      "eval_before_train", "check_data", "summary_dir", "metrics_file", "save_checkpoint",
                      "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "divergence_check_steps",
+                     *(f"divergence_{key}" for key in _DIVERGENCE_KEYS),
                      "num_parallel_workers", "checkpoint_file_path", "export_file_name", "export_file_format",
                      "export_batch_size"}
 
@@ -642,6 +681,7 @@ def train(cfg: Config) -> Dict[str, Any]:
         ValueError: bad configuration, undecodable images, or a checkpoint ``--resume`` cannot continue from.
     """
     check_run_sizes(cfg)
+    divergence_policy(cfg)
     run = setup_runtime(cfg)
     started = time.time()
     claim_output(cfg, run)
@@ -691,7 +731,7 @@ def train(cfg: Config) -> Dict[str, Any]:
     model.train(int(cfg.epoch_size), dataset, callbacks=callbacks, dataset_sink_mode=bool(cfg.dataset_sink_mode),
                 initial_epoch=initial_epoch)
     results["train_seconds"] = time.time() - train_start
-    monitor, guard = callbacks[0], callbacks[1]
+    monitor, guard = callbacks[0], next(c for c in callbacks if isinstance(c, GuardedCheckpoint))
     results["losses"] = list(monitor.losses)
     results["last_checkpoint"] = guard.last_good
     failure = guard.failure or monitor.failure  # the guard checks the loss too, and names the checkpoint to resume
