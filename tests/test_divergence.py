@@ -205,3 +205,34 @@ def test_every_rank_rolls_back_together_when_one_rank_diverges():
         assert [(r["step"], r["restored_step"]) for r in result["rollbacks"]] == [(SPIKE_STEP + 1, 6)]
     assert results[0]["rollbacks"][0]["reason"].startswith("another rank's")
     assert results[1]["rollbacks"][0]["reason"].startswith("loss ")
+
+
+def test_thor_rollback_restores_its_inverses_and_raises_the_damping():
+    """THOR (factors refreshed every 2 steps): the same spike; the rollback restores the weights and THOR's
+    inverses of the snapshot, halves the learning rate and doubles every damping value; training goes on."""
+    from ms_boost.divergence import damping_parameters
+    from ms_boost.thor import ConvertModelUtils, thor
+
+    x, y = learnable_data(STEPS_PER_EPOCH * 16)
+    net = make_net(3)
+    lr, damping = lr_schedule([SPIKE_STEP]), np.linspace(0.05, 0.01, STEPS_PER_EPOCH * EPOCHS).astype(np.float32)
+    opt = thor(net, ms.Tensor(lr), ms.Tensor(damping), 0.9, frequency=2)
+    ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = ConvertModelUtils().convert_to_thor_model(Model(net, ce, opt), net, ce, opt)
+    healer, before, after = DivergenceRollback(POLICY, log=None), StateLog(), StateLog()
+    model.train(EPOCHS, dataset(x, y), callbacks=[before, healer, after], dataset_sink_mode=False)
+    assert healer.failure is None and len(healer.rollbacks) == 1
+    step, restored = healer.rollbacks[0]["step"], healer.rollbacks[0]["restored_step"]
+    (damping_param,) = damping_parameters(model.train_network)
+    np.testing.assert_allclose(damping_param.asnumpy(), damping * 2.0, rtol=1e-6)
+    lr_names = {p.name for p in learning_rate_parameters(model.train_network)}
+    inverses = [name for name in after.states[step] if "inverse" in name]
+    assert inverses
+    for name, value in after.states[step].items():
+        if name in lr_names:
+            np.testing.assert_allclose(value, lr * 0.5, rtol=1e-6)
+        elif name != damping_param.name and not name.endswith("global_step"):
+            np.testing.assert_array_equal(value, before.states[restored][name], err_msg=name)
+    last = after.states[STEPS_PER_EPOCH * EPOCHS]
+    assert all(np.isfinite(v).all() for v in last.values())
+    assert not np.array_equal(last["fc.weight"], after.states[step]["fc.weight"])
