@@ -27,7 +27,7 @@ After ``max_rollbacks`` rollbacks (or at once with ``action="stop"``) it gives u
 :attr:`DivergenceRollback.failure`, marks the step (``cb_params.divergence_failure``) and requests the end of
 training, so the caller raises its usual divergence error. A step that was rolled back is marked
 ``cb_params.divergence_rolled_back = True`` for the callbacks after this one (a checkpoint callback must not
-save, or check, the abandoned state of that step).
+save, or check, the abandoned state of that step; read the marks with :func:`callback_mark`).
 
 The math (median, verdicts) is plain numpy in :class:`LossSpikeDetector` and :func:`first_non_finite`; the
 callback holds the plumbing.
@@ -47,7 +47,7 @@ from mindspore.train import Callback
 from ms_boost import comm
 
 __all__ = ["DIVERGENCE_ACTIONS", "DivergencePolicy", "LossSpikeDetector", "DivergenceRollback", "first_non_finite",
-           "learning_rate_parameters", "damping_parameters"]
+           "learning_rate_parameters", "damping_parameters", "callback_mark"]
 
 DIVERGENCE_ACTIONS = ("stop", "rollback")
 
@@ -189,6 +189,15 @@ def damping_parameters(network: nn.Cell) -> List[Parameter]:
     return [p for p in network.get_parameters() if p.name.split(".")[-1] == _DAMPING_NAME]
 
 
+def callback_mark(params, key: str) -> Any:
+    """``params.<key>`` of MindSpore's callback parameters, ``None`` when unset (their attribute lookup raises
+    ``KeyError``, so ``getattr`` with a default does not work): how later callbacks read this one's marks."""
+    try:
+        return getattr(params, key)
+    except (AttributeError, KeyError):
+        return None
+
+
 def _loss_of(outputs) -> float:
     while isinstance(outputs, (tuple, list)) and outputs:
         outputs = outputs[0]
@@ -280,7 +289,7 @@ class DivergenceRollback(Callback):
         params = run_context.original_args()
         params.divergence_rolled_back, params.divergence_failure = False, None
         step = self.step_offset + int(params.cur_step_num)
-        loss = _loss_of(getattr(params, "net_outputs", None))
+        loss = _loss_of(callback_mark(params, "net_outputs"))
         code, reason = _FINE, self.detector.verdict(loss)
         if reason is not None:
             code = _NONFINITE_LOSS if not math.isfinite(loss) else _SPIKE

@@ -27,7 +27,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
-from ms_boost.divergence import first_non_finite
+from ms_boost.divergence import callback_mark, first_non_finite
 
 __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheckpoint", "read_manifest",
            "find_resume_checkpoint", "checkpoint_step", "run_checkpoints"]
@@ -56,14 +56,6 @@ def _atomic_save(items: List[Dict[str, Any]], path: Path, append: Dict[str, Any]
     finally:
         if tmp.exists():
             tmp.unlink()
-
-
-def _mark(params, key: str) -> Any:
-    """A mark a callback before this one left on MindSpore's callback parameters (``None`` when there is none)."""
-    try:
-        return getattr(params, key)
-    except (AttributeError, KeyError):  # the parameters are a dict whose attribute lookup raises KeyError
-        return None
 
 
 class GuardedCheckpoint(Callback):
@@ -127,9 +119,9 @@ class GuardedCheckpoint(Callback):
             return
         params = run_context.original_args()
         step = self.step_offset + int(params.cur_step_num)
-        if _mark(params, "divergence_rolled_back"):  # ms_boost.divergence restored an earlier state
+        if callback_mark(params, "divergence_rolled_back"):  # ms_boost.divergence restored an earlier state
             return
-        if _mark(params, "divergence_failure"):  # ... or gave up: today's message, for its reason
+        if callback_mark(params, "divergence_failure"):  # ... or gave up: today's message, for its reason
             self._fail(step, params.divergence_failure, loss_failure=True, run_context=run_context)
             return
         loss = loss_value(params.net_outputs) if getattr(params, "net_outputs", None) is not None else 0.0
