@@ -49,13 +49,20 @@ def test_mindir_and_onnx_give_the_networks_outputs_without_shape_keys(checkpoint
     assert_exports_match(base_args(path), tmp_path, classes=10)
 
 
-def test_eval_reads_the_shape_from_the_manifest_and_says_so(checkpoint, capsys):
+def test_eval_reads_the_shape_and_the_built_in_data_set_from_the_manifest_and_says_so(checkpoint, capsys):
     path, data = checkpoint
-    result = zoo_eval.main(base_args(path) + ["--eval_batch_size", "10", *data])
+    result = zoo_eval.main(base_args(path) + ["--eval_batch_size", "10"])
     out = capsys.readouterr().out
-    assert ("eval.py: from the checkpoint's run manifest: net_name='resnet10', base_width=4, class_num=10, "
-            "eval_image_size=16") in out
+    cache = data[data.index("--synthetic.cache_dir") + 1]
+    assert (f"eval.py: from the checkpoint's run manifest: net_name='resnet10', base_width=4, class_num=10, "
+            f"eval_image_size=16, synthetic.cache_dir={cache!r}, synthetic.image_size=16, "
+            f"synthetic.train_per_class=2, synthetic.val_per_class=1") in out
     assert 0.0 <= result["top_1_accuracy"] <= result["top_5_accuracy"] <= 1.0
+    # the eval split of the run's own set: 10 classes x 1 image, so top-1 is a multiple of 1/10
+    assert round(result["top_1_accuracy"] * 10, 6) == int(round(result["top_1_accuracy"] * 10))
+    # a data key given on the command line wins over the manifest's
+    zoo_eval.main(base_args(path) + ["--eval_batch_size", "10", "--synthetic.val_per_class", "2"])
+    assert "synthetic.val_per_class" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("key,value,recorded", [("net_name", "resnet18", "'resnet10'"), ("base_width", "8", "4"),

@@ -5,9 +5,11 @@ structure and the whole configuration; see :mod:`.run_state`). The keys of :data
 the network's Parameters) and :data:`INPUT_KEYS` (the input side the run evaluated at) are taken from there
 unless the command line gives them, so a user does not repeat the training run's overrides (``--net_name
 resnet10 --base_width 4 ...``) to evaluate or export its checkpoint; the recipe file's own values never
-override the manifest's. A command-line value of a :data:`SHAPE_KEYS` key that differs from the manifest's is
-an error naming both; one of :data:`INPUT_KEYS` is used as given (a ResNet evaluates at any image size).
-Checkpoints without a manifest keep the configuration as it is.
+override the manifest's. A command-line value of a :data:`SHAPE_KEYS` key that differs from the manifest's
+is an error naming both; one of :data:`INPUT_KEYS` is used as given (a ResNet evaluates at any image size).
+A run trained on the built-in data set (``data_path: synthetic``) also hands on its ``synthetic.*`` keys
+(classes, image size, split sizes, seed, cache) unless ``--data_path`` or that key is given, so eval.py
+evaluates on the set the run trained on. Checkpoints without a manifest keep the configuration as it is.
 """
 from __future__ import annotations
 
@@ -60,7 +62,19 @@ def with_checkpoint_shape(cfg: Config) -> Tuple[Config, Dict[str, Any]]:
             continue
         if cfg[key] != value:
             taken[key] = value
-    return (cfg.replace(**taken) if taken else cfg), taken
+    changes = dict(taken)
+    if recorded.get("data_path") == "synthetic" and "data_path" not in given and "synthetic" in cfg \
+            and isinstance(recorded.get("synthetic"), dict):
+        # the built-in data set the run trained on (its classes, image size and split sizes), unless given
+        synthetic = cfg.synthetic.to_dict()
+        for key, value in recorded["synthetic"].items():
+            if key in synthetic and f"synthetic.{key}" not in given and synthetic[key] != value:
+                synthetic[key] = taken[f"synthetic.{key}"] = value
+        if cfg.data_path != "synthetic":
+            taken["data_path"] = changes["data_path"] = "synthetic"
+        if synthetic != cfg.synthetic.to_dict():
+            changes["synthetic"] = synthetic
+    return (cfg.replace(**changes) if changes else cfg), taken
 
 
 def checkpoint_config(cfg: Config, prog: str) -> Config:
