@@ -30,7 +30,7 @@ from ms_boost import comm
 from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
 from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, resolve
-from ms_boost.loss_scale import is_group_manager
+from ms_boost.loss_scale_group import is_group_manager
 from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.thor.convert import ConvertModelUtils, set_thor_frequency, thor_train_network
 from ms_boost.thor.optimizer import THOR

@@ -188,7 +188,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         optimizer: the optimizer.
         scale_sense: a loss-scale update cell (``DynamicLossScaleUpdateCell``,
             ``FixedLossScaleUpdateCell``, from ``manager.get_update_cell()``), a Tensor holding a fixed
-            scale of shape ``()`` or ``(1,)``, or a :class:`~ms_boost.loss_scale.GroupLossScaleManager`.
+            scale of shape ``()`` or ``(1,)``, or a :class:`~ms_boost.loss_scale_group.GroupLossScaleManager`.
         boost_config: as :class:`BoostTrainOneStepCell`.
 
     The update stages (accumulation, AdaSum, DimReduce, a user's stage) get the gradients of the loss itself,
