@@ -1,4 +1,5 @@
-"""The built-in algorithms, registered one line each (in upstream's switch order, the display order).
+"""The built-in algorithms, registered one line each (in upstream's switch order, the display order), and the
+optimizer hooks of the built-in optimizers that do not implement them themselves (THOR).
 
 Adding a built-in is one package ``ms_boost/<name>/`` whose ``spec.py`` defines its section and ``SPEC`` (named
 ``<name>``), plus one line here (``tests/test_import_graph.py`` checks both). :mod:`ms_boost.registry` imports no
@@ -14,6 +15,9 @@ from ms_boost.less_bn import spec as less_bn
 from ms_boost.loss_scale_group import spec as loss_scale_group
 from ms_boost.registry import register_builtin
 from ms_boost.thor import spec as thor
+from ms_boost.thor.convert import ThorModelHooks
+from ms_boost.thor.optimizer import THOR
+from ms_boost.update import register_optimizer_hooks
 
 register_builtin(less_bn.SPEC)
 register_builtin(grad_freeze.SPEC)
@@ -22,3 +26,6 @@ register_builtin(grad_accumulation.SPEC)
 register_builtin(dim_reduce.SPEC)
 register_builtin(loss_scale_group.SPEC)
 register_builtin(thor.SPEC)
+
+# what Model asks a THOR optimizer (ms_boost.update.OptimizerHooks): its network, frequency=, plan note, guard
+register_optimizer_hooks(THOR, ThorModelHooks)

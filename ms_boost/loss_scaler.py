@@ -22,10 +22,11 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ms_boost import comm
-from ms_boost.loss_scale_group import GroupLossScaleManager
+from ms_boost.loss_scale_group import GroupLossScaleManager, is_group_manager
 from ms_boost.update import scale_gradients
 
-__all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler"]
+__all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler",
+           "is_group_manager"]
 
 # Per-tensor steps mapped over tuples with HyperMap: a Python loop in ``construct`` unrolls into one call
 # per tensor, which exceeds Graph mode's call-depth limit on deep networks (ResNet-101 has ~300 tensors).

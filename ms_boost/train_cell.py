@@ -24,7 +24,14 @@ from ms_boost import comm, pipeline
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import make_loss_scaler
 from ms_boost.topology import Topology
-from ms_boost.update import OptimizerUpdate, StageHooks, runs_as_python, scale_gradients, stage_chain
+from ms_boost.update import (
+    OptimizerUpdate,
+    StageHooks,
+    optimizer_hooks,
+    runs_as_python,
+    scale_gradients,
+    stage_chain,
+)
 
 logger = logging.getLogger("ms_boost")
 
@@ -208,7 +215,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         # An optimizer built with loss_scale=S divides the gradients by S itself (MindSpore's convention for
         # FixedLossScaleManager(drop_overflow_update=False)): the scaler removes the whole scale, so every
         # stage sees true gradients, and the optimizer's apply stage puts S back just before the optimizer.
-        optimizer_loss_scale = float(optimizer.loss_scale) if hasattr(optimizer, "loss_scale") else 1.0
+        optimizer_loss_scale = optimizer_hooks(optimizer).own_loss_scale()
         self.loss_scaler = make_loss_scaler(scale_sense, self.weights)
         for stage in stage_chain(self.update):
             if isinstance(stage, OptimizerUpdate):

@@ -18,16 +18,21 @@ Hooks (:class:`StageHooks`): what the loss-scale train cell asks every stage, in
 * :meth:`StageHooks.plan_step` / :meth:`StageHooks.end_step` -- (PyNative only) before the forward pass, which
   gradients this step's update reads, so the train cell differentiates only those weights (gradient freezing:
   the frozen layers' weight gradients, and the backward pass below the lowest trained layer, are never run).
+
+Optimizer hooks (:class:`OptimizerHooks`, :func:`optimizer_hooks`): what ``Model`` and the train cells ask the
+optimizer -- the network to train, ``frequency=``, a plan note, callbacks, its own loss scale -- so ``Model``
+imports no algorithm and tests no type.
 """
 from __future__ import annotations
 
 import os
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients"]
+__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients",
+           "OptimizerHooks", "register_optimizer_hooks", "optimizer_hooks"]
 
 
 def runs_as_python() -> bool:
@@ -128,8 +133,92 @@ def scale_gradients(factor, grads):
     return _MAP(ops.partial(_scale_by, factor), grads)
 
 
-def stage_chain(stage: nn.Cell) -> Iterator[nn.Cell]:
+def stage_chain(stage: Optional[nn.Cell]) -> Iterator[nn.Cell]:
     """The stages of a chain from the outermost to the apply stage (following ``inner``)."""
     while stage is not None:
         yield stage
-        stage = getattr(stage, "inner", None) if isinstance(stage, UpdateStage) else None
+        stage = stage.inner if isinstance(stage, UpdateStage) else None
+
+
+class OptimizerHooks:
+    """What ``Model`` and the train cells ask an optimizer, instead of testing its type (defaults: a plain one).
+
+    An optimizer class answers by subclassing it (:class:`~ms_boost.grad_freeze.FreezeOpt`), or through an
+    adapter registered for its class with :func:`register_optimizer_hooks` (THOR:
+    :class:`ms_boost.thor.convert.ThorModelHooks`, registered by :mod:`ms_boost.builtins`).
+    :func:`optimizer_hooks` gives the hooks of any optimizer.
+    """
+
+    def train_network(self, network: nn.Cell, has_loss_fn: bool) -> nn.Cell:
+        """The network ``Model`` must train when given this optimizer and ``network`` (default: ``network``).
+
+        Args:
+            network: the ``network`` argument of Model.
+            has_loss_fn: whether Model was given a ``loss_fn`` (``network`` is then the bare network).
+        """
+        del has_loss_fn
+        return network
+
+    def set_frequency(self, frequency: object) -> None:
+        """``Model(..., frequency=N)`` (the THOR tutorial's argument): the optimizer's refresh interval.
+
+        Raises:
+            ValueError: the optimizer has no refresh interval (the default).
+        """
+        raise ValueError(f"Model: frequency={frequency!r} is THOR's refresh interval; the optimizer is "
+                         f"{self.optimizer_name()}, not THOR (allowed: a THOR optimizer from ms_boost.thor).")
+
+    def plan_note(self) -> str:
+        """A line for the plan summary when the optimizer itself does more than a plain step ("" when not)."""
+        return ""
+
+    def callbacks(self) -> List[Any]:
+        """Callbacks ``Model.train`` adds for this optimizer (THOR: its guard against a run that stays non-finite)."""
+        return []
+
+    def own_loss_scale(self) -> float:
+        """The static loss scale the optimizer divides the gradients by itself (``loss_scale=S``; default 1)."""
+        return 1.0
+
+    def optimizer_name(self) -> str:
+        """The optimizer's class name, for messages."""
+        return type(self).__name__
+
+
+class _PlainOptimizerHooks(OptimizerHooks):
+    """The hooks of an optimizer that offers none: a plain step (an ``nn.Optimizer`` keeps its ``loss_scale``)."""
+
+    def __init__(self, optimizer: Any):
+        self.optimizer = optimizer
+
+    def own_loss_scale(self) -> float:
+        return float(self.optimizer.loss_scale) if isinstance(self.optimizer, nn.Optimizer) else 1.0
+
+    def optimizer_name(self) -> str:
+        return type(self.optimizer).__name__
+
+
+#: optimizer class -> adapter class (``adapter(optimizer)`` is that optimizer's :class:`OptimizerHooks`)
+_ADAPTERS: Dict[type, Callable[[Any], OptimizerHooks]] = {}
+
+
+def register_optimizer_hooks(optimizer_class: type, adapter: Callable[[Any], OptimizerHooks]) -> None:
+    """Answer :func:`optimizer_hooks` for instances of ``optimizer_class`` (and subclasses) with ``adapter(opt)``.
+
+    Raises:
+        ValueError: ``optimizer_class`` already has an adapter.
+    """
+    if optimizer_class in _ADAPTERS:
+        raise ValueError(f"register_optimizer_hooks: {optimizer_class.__name__} already has optimizer hooks.")
+    _ADAPTERS[optimizer_class] = adapter
+
+
+def optimizer_hooks(optimizer: Any) -> OptimizerHooks:
+    """The :class:`OptimizerHooks` of ``optimizer``: itself when it subclasses them, its class's registered
+    adapter, else the plain defaults."""
+    if isinstance(optimizer, OptimizerHooks):
+        return optimizer
+    for cls in type(optimizer).__mro__:
+        if cls in _ADAPTERS:
+            return _ADAPTERS[cls](optimizer)
+    return _PlainOptimizerHooks(optimizer)

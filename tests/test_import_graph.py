@@ -161,3 +161,9 @@ def test_every_algorithm_package_registers_its_spec():
     assert sorted(builtins) == packages, "a built-in algorithm lives outside ms_boost/<name>/"
     edges, _ = graph()
     assert {f"ms_boost.{name}.spec" for name in packages} <= edges["ms_boost.builtins"]
+
+
+def test_the_face_imports_no_algorithm():
+    """Model asks optimizers and stages through hook protocols (ms_boost.update): model.py imports no algorithm."""
+    edges, _ = graph()
+    assert not [m for m in edges["ms_boost.model"] if m.startswith(ALGORITHMS)], sorted(edges["ms_boost.model"])

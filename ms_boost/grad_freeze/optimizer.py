@@ -23,7 +23,7 @@ from mindspore.common import dtype as mstype
 
 from ms_boost.grad_freeze.schedule import MAX_TOTAL_STEPS, FreezeSchedule, _ArraySchedule
 from ms_boost.grad_process import OptimizerProcess, optimizer_params
-from ms_boost.update import StageHooks, runs_as_python
+from ms_boost.update import OptimizerHooks, StageHooks, runs_as_python
 
 __all__ = ["FreezeOpt", "DEVICE_TABLE_MAX"]
 
@@ -64,7 +64,7 @@ def _prefix_local_parameters(cell: nn.Cell, prefix: str, user_ids: set) -> None:
             param.name = prefix + param.name
 
 
-class FreezeOpt(nn.Cell, StageHooks):
+class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
     """An optimizer that updates, at each step, only the parameter group the schedule names.
 
     Args:
@@ -293,6 +293,10 @@ class FreezeOpt(nn.Cell, StageHooks):
     def _schedule_position(self) -> int:
         """The train set of the coming step: ``schedule[global_step % period]`` (one device read)."""
         return self.schedule[int(self.global_step.asnumpy()[0]) % self.period]
+
+    def own_loss_scale(self) -> float:
+        """:class:`~ms_boost.update.OptimizerHooks`: the inner optimizers divide the gradients by ``loss_scale``."""
+        return self.loss_scale
 
     def plan_step(self):
         """PyNative: choose this step's train set now (one read of :attr:`global_step`) and return which
