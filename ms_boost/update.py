@@ -32,7 +32,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 __all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients",
-           "OptimizerHooks", "register_optimizer_hooks", "optimizer_hooks"]
+           "OptimizerHooks", "register_optimizer_hooks", "optimizer_hooks", "learning_rate_parameters"]
 
 
 def runs_as_python() -> bool:
@@ -180,6 +180,12 @@ class OptimizerHooks:
         """The static loss scale the optimizer divides the gradients by itself (``loss_scale=S``; default 1)."""
         return 1.0
 
+    def schedule_parameters(self) -> Sequence[Parameter]:
+        """Parameters holding a per-step schedule computed from the configuration (learning rates, THOR's damping):
+        a resumed run keeps its own values for them (its schedule may be longer); the step counter is the position.
+        """
+        return ()
+
     def optimizer_name(self) -> str:
         """The optimizer's class name, for messages."""
         return type(self).__name__
@@ -194,8 +200,26 @@ class _PlainOptimizerHooks(OptimizerHooks):
     def own_loss_scale(self) -> float:
         return float(self.optimizer.loss_scale) if isinstance(self.optimizer, nn.Optimizer) else 1.0
 
+    def schedule_parameters(self) -> Sequence[Parameter]:
+        return learning_rate_parameters(self.optimizer)
+
     def optimizer_name(self) -> str:
         return type(self.optimizer).__name__
+
+
+def learning_rate_parameters(optimizer: Any) -> Tuple[Parameter, ...]:
+    """The Parameters holding an ``nn.Optimizer``'s learning rate(s) (a per-step array is a cell holding one);
+    ``()`` for anything else."""
+    if not isinstance(optimizer, nn.Optimizer):
+        return ()
+    rates = optimizer.learning_rate
+    out = []
+    for rate in rates if isinstance(rates, (tuple, list)) else (rates,):  # a ParameterTuple is a tuple
+        if isinstance(rate, Parameter):
+            out.append(rate)
+        elif isinstance(rate, nn.Cell):
+            out.extend(rate.get_parameters())
+    return tuple(out)
 
 
 #: optimizer class -> adapter class (``adapter(optimizer)`` is that optimizer's :class:`OptimizerHooks`)

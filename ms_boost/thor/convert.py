@@ -17,7 +17,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 from mindspore import Parameter, nn
 from mindspore import log as logger
@@ -26,7 +26,7 @@ from mindspore.train import Model as _MsModel
 from ms_boost._ms_compat import cells_compile_cache
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_boost.thor.optimizer import THOR
-from ms_boost.update import OptimizerHooks
+from ms_boost.update import OptimizerHooks, learning_rate_parameters
 
 _log = logging.getLogger("ms_boost")  # what a user must see (MindSpore's own log hides INFO by default)
 
@@ -306,6 +306,9 @@ class ThorModelHooks(OptimizerHooks):
 
     def own_loss_scale(self) -> float:
         return float(self.optimizer.loss_scale)
+
+    def schedule_parameters(self) -> Sequence[Parameter]:
+        return (*learning_rate_parameters(self.optimizer), *self.optimizer.damping.get_parameters())
 
     def optimizer_name(self) -> str:
         return type(self.optimizer).__name__
