@@ -14,10 +14,10 @@ from ms_boost.grad_freeze import spec as grad_freeze
 from ms_boost.less_bn import spec as less_bn
 from ms_boost.loss_scale_group import spec as loss_scale_group
 from ms_boost.registry import register_builtin
+from ms_boost.stages import register_optimizer_hooks
 from ms_boost.thor import spec as thor
 from ms_boost.thor.convert import ThorModelHooks
 from ms_boost.thor.optimizer import THOR
-from ms_boost.update import register_optimizer_hooks
 
 register_builtin(less_bn.SPEC)
 register_builtin(grad_freeze.SPEC)
@@ -27,5 +27,5 @@ register_builtin(dim_reduce.SPEC)
 register_builtin(loss_scale_group.SPEC)
 register_builtin(thor.SPEC)
 
-# what Model asks a THOR optimizer (ms_boost.update.OptimizerHooks): its network, frequency=, plan note, guard
+# what Model asks a THOR optimizer (ms_boost.stages.OptimizerHooks): its network, frequency=, plan note, guard
 register_optimizer_hooks(THOR, ThorModelHooks)

@@ -26,7 +26,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ms_boost import comm
 from ms_boost.loss_scale_group import GroupLossScaleManager, is_group_manager
-from ms_boost.update import scale_gradients
+from ms_boost.stages import scale_gradients
 
 __all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler",
            "forward_non_finite", "non_finite_count", "is_group_manager"]
@@ -83,7 +83,7 @@ class FixedLossScaler(LossScaler):
 
     An optimizer built with ``loss_scale=S`` (MindSpore's convention with ``FixedLossScaleManager(S,
     drop_overflow_update=False)``) gets its share back from its apply stage
-    (:attr:`~ms_boost.update.OptimizerUpdate.gradient_scale`), so every stage in between sees true gradients.
+    (:attr:`~ms_boost.stages.OptimizerUpdate.gradient_scale`), so every stage in between sees true gradients.
 
     Args:
         value: the loss scale ``S`` (> 0, finite).

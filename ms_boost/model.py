@@ -8,7 +8,7 @@
 * the train network is an ms_boost train cell, so every loss-scale manager (fixed, dynamic, group)
   works on CPU too, and overflow steps are always skipped whole;
 * the plan's summary is logged when training starts;
-* it asks the optimizer's hooks (:func:`ms_boost.update.optimizer_hooks`) instead of knowing any algorithm:
+* it asks the optimizer's hooks (:func:`ms_boost.stages.optimizer_hooks`) instead of knowing any algorithm:
   with a THOR optimizer it trains the network whose THOR layers capture statistics
   (``optimizer.thor_network`` when given the net ``thor()`` was built from, as ``convert_to_thor_model``
   does), accepts the THOR tutorial's ``frequency=N`` (the optimizer's refresh interval), and ``train`` adds
@@ -28,13 +28,13 @@ from mindspore.train import Model as _MsModel
 from mindspore.train.loss_scale_manager import LossScaleManager
 
 from ms_boost import comm
-from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
 from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import is_group_manager
+from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
 from ms_boost.pipeline import rewrite_eval, rewrite_train
+from ms_boost.stages import optimizer_hooks
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
-from ms_boost.update import optimizer_hooks
 
 logger = logging.getLogger("ms_boost")
 

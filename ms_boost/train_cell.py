@@ -24,8 +24,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ms_boost import comm, pipeline
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import forward_non_finite, make_loss_scaler
-from ms_boost.topology import Topology
-from ms_boost.update import (
+from ms_boost.stages import (
     OptimizerUpdate,
     StageHooks,
     optimizer_hooks,
@@ -33,6 +32,7 @@ from ms_boost.update import (
     scale_gradients,
     stage_chain,
 )
+from ms_boost.topology import Topology
 
 logger = logging.getLogger("ms_boost")
 
@@ -113,7 +113,7 @@ class BoostTrainOneStepCell(nn.Cell):
             self.update.end_step()
 
     def stage_hooks(self):
-        """The stages of the update chain that offer hooks (:class:`~ms_boost.update.StageHooks`)."""
+        """The stages of the update chain that offer hooks (:class:`~ms_boost.stages.StageHooks`)."""
         return [stage for stage in stage_chain(self.update) if isinstance(stage, StageHooks)]
 
     def loss_and_grads(self, inputs, sens):

@@ -17,8 +17,8 @@ from ms_boost.grad_freeze import (
     partition_parameters,
 )
 from ms_boost.grad_process import CentralizedGradients, OptimizerProcess
+from ms_boost.stages import OptimizerUpdate
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
-from ms_boost.update import OptimizerUpdate
 from tests.helpers.nets import SmallConvNet
 
 

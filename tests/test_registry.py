@@ -21,7 +21,7 @@ from ms_boost import (
     registered,
     unregister_algorithm,
 )
-from ms_boost.update import UpdateStage, scale_gradients, stage_chain
+from ms_boost.stages import UpdateStage, scale_gradients, stage_chain
 from ms_boost.validation import check_float
 
 

@@ -36,15 +36,7 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_boost import comm
-from ms_boost.dim_reduce.handshake import (  # noqa: F401 -- re-exported: the handshake lived here
-    DEFAULT_PCA_FILE_NAME,
-    _devices_per_server,
-    _PeerFailed,
-    _root_prepare,
-    _StatusExchange,
-    local_pca_rows,
-    prepare_pca_matrix,
-)
+from ms_boost.dim_reduce.handshake import local_pca_rows, prepare_pca_matrix
 from ms_boost.dim_reduce.math import (
     armijo_accepts,
     back_project,
@@ -61,7 +53,7 @@ from ms_boost.validation import check_bool, check_float
 
 logger = logging.getLogger("ms_boost")
 
-__all__ = ["DimReduceUpdate", "DimReduce", "prepare_pca_matrix", "build_dim_reduce_update", "local_pca_rows"]
+__all__ = ["DimReduceUpdate", "DimReduce", "build_dim_reduce_update", "STEP_RULES"]
 
 
 #: The rules of the stage's hyper-parameters, the ones of the ``dim_reduce`` section (one rule, one message).

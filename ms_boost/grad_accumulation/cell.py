@@ -5,7 +5,7 @@ from mindspore import nn, ops
 
 from ms_boost.grad_accumulation.spec import GradAccumulationConfig
 from ms_boost.grad_accumulation.stage import AccumulateUpdate
-from ms_boost.update import OptimizerUpdate
+from ms_boost.stages import OptimizerUpdate
 
 __all__ = ["GradientAccumulation"]
 

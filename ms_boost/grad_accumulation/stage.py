@@ -22,7 +22,7 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from ms_boost.spec import int_rule
-from ms_boost.update import UpdateStage
+from ms_boost.stages import UpdateStage
 
 __all__ = ["AccumulateUpdate", "check_accumulation_step"]
 

@@ -23,7 +23,7 @@ from mindspore.common import dtype as mstype
 
 from ms_boost.grad_freeze.schedule import MAX_TOTAL_STEPS, FreezeSchedule, _ArraySchedule
 from ms_boost.grad_process import OptimizerProcess, optimizer_params
-from ms_boost.update import OptimizerHooks, StageHooks, runs_as_python
+from ms_boost.stages import OptimizerHooks, StageHooks, runs_as_python
 
 __all__ = ["FreezeOpt", "DEVICE_TABLE_MAX"]
 
@@ -295,7 +295,7 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         return self.schedule[int(self.global_step.asnumpy()[0]) % self.period]
 
     def own_loss_scale(self) -> float:
-        """:class:`~ms_boost.update.OptimizerHooks`: the inner optimizers divide the gradients by ``loss_scale``."""
+        """:class:`~ms_boost.stages.OptimizerHooks`: the inner optimizers divide the gradients by ``loss_scale``."""
         return self.loss_scale
 
     def plan_step(self):

@@ -23,10 +23,10 @@ from mindspore import Parameter, nn
 from mindspore import log as logger
 from mindspore.train import Model as _MsModel
 
-from ms_boost._ms_compat import cells_compile_cache
+from ms_boost.mindspore_api import cells_compile_cache
+from ms_boost.stages import OptimizerHooks, learning_rate_parameters
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_boost.thor.optimizer import THOR
-from ms_boost.update import OptimizerHooks, learning_rate_parameters
 
 _log = logging.getLogger("ms_boost")  # what a user must see (MindSpore's own log hides INFO by default)
 
@@ -279,7 +279,7 @@ def set_model_class(model_class: type) -> None:
 
 
 class ThorModelHooks(OptimizerHooks):
-    """What ``Model`` asks a :class:`THOR` optimizer (:class:`~ms_boost.update.OptimizerHooks`, registered for THOR
+    """What ``Model`` asks a :class:`THOR` optimizer (:class:`~ms_boost.stages.OptimizerHooks`, registered for THOR
     by :mod:`ms_boost.builtins`): the network whose THOR layers capture statistics, ``frequency=``, a plan note
     and the guard callback.
 

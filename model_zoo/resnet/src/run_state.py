@@ -28,7 +28,7 @@ from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
 from ms_boost import comm
-from ms_boost.update import optimizer_hooks
+from ms_boost.stages import optimizer_hooks
 
 __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheckpoint", "read_manifest",
            "find_resume_checkpoint", "checkpoint_step", "run_checkpoints", "restore_train_network",
@@ -381,7 +381,7 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
 def schedule_parameter_names(network: nn.Cell) -> set:
     """Names of the train network's Parameters that hold a schedule computed from the configuration.
 
-    Each optimizer in ``network`` says which (:meth:`ms_boost.update.OptimizerHooks.schedule_parameters`): its
+    Each optimizer in ``network`` says which (:meth:`ms_boost.stages.OptimizerHooks.schedule_parameters`): its
     learning rates (a per-step array whose length is the run's total steps) and, for THOR, its per-step damping
     values. ``--resume`` keeps this run's values instead of loading the checkpoint's, so a run resumed with a
     larger ``epoch_size`` follows the schedule of its own length; the position in the schedule is the restored
