@@ -41,19 +41,20 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
-from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 from mindspore.train import Callback
 
 from ms_boost import comm
+from ms_boost.stages import learning_rate_parameters as optimizer_learning_rates
+from ms_boost.stages import optimizer_hooks
 
 __all__ = ["DIVERGENCE_ACTIONS", "DivergencePolicy", "LossSpikeDetector", "DivergenceRollback", "first_non_finite",
-           "learning_rate_parameters", "damping_parameters", "callback_mark"]
+           "learning_rates_of", "dampings_of", "callback_mark"]
 
 DIVERGENCE_ACTIONS = ("stop", "rollback")
 
 #: verdict codes, ordered by severity (the collective takes the max over the ranks)
 _FINE, _SPIKE, _NONFINITE_LOSS, _NONFINITE_STATE = 0, 1, 2, 3
-_DAMPING_NAME = "thor_damping_values"
 
 
 def first_non_finite(arrays: Iterable[Tuple[str, np.ndarray]]) -> Optional[str]:
@@ -167,26 +168,28 @@ class LossSpikeDetector:
         self.history.append(float(loss))
 
 
-def learning_rate_parameters(network: nn.Cell) -> List[Parameter]:
+def _optimizers(network: nn.Cell) -> List[nn.Optimizer]:
+    return [cell for _, cell in network.cells_and_names() if isinstance(cell, nn.Optimizer)]
+
+
+def learning_rates_of(network: nn.Cell) -> List[Parameter]:
     """The learning-rate Parameters of every optimizer in ``network`` (a float or per-step array lr is one
     Parameter; group learning rates are several). A ``LearningRateSchedule`` holds none."""
     found: Dict[str, Parameter] = {}
-    for _, cell in network.cells_and_names():
-        if not isinstance(cell, nn.Optimizer):
-            continue
-        rates = getattr(cell, "learning_rate", None)
-        for rate in rates if isinstance(rates, (ParameterTuple, tuple, list)) else (rates,):
-            if isinstance(rate, Parameter):
-                found[rate.name] = rate
-            elif isinstance(rate, nn.Cell):  # a per-step array is wrapped in a cell holding it as a Parameter
-                found.update((p.name, p) for p in rate.get_parameters())
+    for optimizer in _optimizers(network):
+        found.update((p.name, p) for p in optimizer_learning_rates(optimizer))
     return list(found.values())
 
 
-def damping_parameters(network: nn.Cell) -> List[Parameter]:
-    """THOR's damping values (a float or per-step array) in ``network``; none without THOR or with a
+def dampings_of(network: nn.Cell) -> List[Parameter]:
+    """The optimizers' schedules other than the learning rates (:meth:`ms_boost.stages.OptimizerHooks.
+    schedule_parameters`): THOR's damping values (a float or per-step array); none for other optimizers or a
     ``LearningRateSchedule`` damping."""
-    return [p for p in network.get_parameters() if p.name.split(".")[-1] == _DAMPING_NAME]
+    rates = {p.name for p in learning_rates_of(network)}
+    found: Dict[str, Parameter] = {}
+    for optimizer in _optimizers(network):
+        found.update((p.name, p) for p in optimizer_hooks(optimizer).schedule_parameters() if p.name not in rates)
+    return list(found.values())
 
 
 def callback_mark(params, key: str) -> Any:
@@ -266,7 +269,7 @@ class DivergenceRollback(Callback):
         params = run_context.original_args()
         if self.network is None:
             self.network = params.train_network
-        lrs, dampings = learning_rate_parameters(self.network), damping_parameters(self.network)
+        lrs, dampings = learning_rates_of(self.network), dampings_of(self.network)
         names = self.policy.names or {}
         if self.policy.action == "rollback" and self.policy.lr_factor < 1 and not lrs:
             raise ValueError(f"{names.get('lr_factor', 'lr_factor')}={self.policy.lr_factor} cannot be applied: the "
@@ -350,8 +353,8 @@ class DivergenceRollback(Callback):
         for param in self.network.get_parameters():
             if param.name in state:
                 _write(param, state[param.name])
-        _scale(learning_rate_parameters(self.network), self.policy.lr_factor)
-        _scale(damping_parameters(self.network), self.policy.damping_factor)
+        _scale(learning_rates_of(self.network), self.policy.lr_factor)
+        _scale(dampings_of(self.network), self.policy.damping_factor)
         record = {"kind": "rollback", "step": step, "restored_step": restored, "reason": reason,
                   "rollback": len(self.rollbacks) + 1, "lr_factor": self.policy.lr_factor,
                   "damping_factor": self.policy.damping_factor, "skipped_steps": step - restored}
@@ -361,7 +364,7 @@ class DivergenceRollback(Callback):
             self.log(f"divergence: step {step}: {reason}; rolled back to the state of step {restored} "
                      f"(rollback {record['rollback']}/{self.policy.max_rollbacks}), learning rate x "
                      f"{self.policy.lr_factor:g}" + (f", THOR damping x {self.policy.damping_factor:g}"
-                                                     if damping_parameters(self.network) else "")
+                                                     if dampings_of(self.network) else "")
                      + f", skipping the batches of steps {restored + 1}-{step}")
         if self.on_rollback is not None:
             self.on_rollback(dict(record))

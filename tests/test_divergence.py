@@ -15,7 +15,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from ms_boost import Model
-from ms_boost.divergence import DivergencePolicy, DivergenceRollback, LossSpikeDetector, learning_rate_parameters
+from ms_boost.divergence import DivergencePolicy, DivergenceRollback, LossSpikeDetector, learning_rates_of
 from tests.helpers.loopback import run_ranks
 from tests.helpers.nets import dataset, learnable_data, make_net
 
@@ -146,7 +146,7 @@ def test_lr_spike_is_rolled_back_and_the_run_reaches_the_clean_accuracy(mode):
     assert "rolled back to the state of step 6 (rollback 1/2), learning rate x 0.5" in healer.lines[0]
     # restored: every Parameter but the step counter and the learning rate equals the state after step 6
     restored, saved = after.states[SPIKE_STEP + 1], before.states[6]
-    lr_names = {p.name for p in learning_rate_parameters(model.train_network)}
+    lr_names = {p.name for p in learning_rates_of(model.train_network)}
     for name, value in restored.items():
         if name in lr_names:
             np.testing.assert_allclose(value, lr_schedule([SPIKE_STEP]) * 0.5, rtol=1e-6)
@@ -210,7 +210,7 @@ def test_every_rank_rolls_back_together_when_one_rank_diverges():
 def test_thor_rollback_restores_its_inverses_and_raises_the_damping():
     """THOR (factors refreshed every 2 steps): the same spike; the rollback restores the weights and THOR's
     inverses of the snapshot, halves the learning rate and doubles every damping value; training goes on."""
-    from ms_boost.divergence import damping_parameters
+    from ms_boost.divergence import dampings_of
     from ms_boost.thor import ConvertModelUtils, thor
 
     x, y = learnable_data(STEPS_PER_EPOCH * 16)
@@ -223,9 +223,9 @@ def test_thor_rollback_restores_its_inverses_and_raises_the_damping():
     model.train(EPOCHS, dataset(x, y), callbacks=[before, healer, after], dataset_sink_mode=False)
     assert healer.failure is None and len(healer.rollbacks) == 1
     step, restored = healer.rollbacks[0]["step"], healer.rollbacks[0]["restored_step"]
-    (damping_param,) = damping_parameters(model.train_network)
+    (damping_param,) = dampings_of(model.train_network)
     np.testing.assert_allclose(damping_param.asnumpy(), damping * 2.0, rtol=1e-6)
-    lr_names = {p.name for p in learning_rate_parameters(model.train_network)}
+    lr_names = {p.name for p in learning_rates_of(model.train_network)}
     inverses = [name for name in after.states[step] if "inverse" in name]
     assert inverses
     for name, value in after.states[step].items():

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import Parameter, ParameterTuple, Tensor, nn
+from mindspore import Tensor, nn
 from mindspore.train import DynamicLossScaleManager, FixedLossScaleManager
 
 from model_zoo.resnet.src.callbacks import ProgressMonitor, format_duration
@@ -38,11 +38,13 @@ from model_zoo.resnet.src.lr_generator import get_lr, get_thor_damping, get_thor
 from model_zoo.resnet.src.metrics import MetricsLogger, append_record, truncate_metrics
 from model_zoo.resnet.src.resnet import create_model, init_group_params, init_weight
 from model_zoo.resnet.src.run_state import (
+    DIVERGENCE_KEYS,
     GuardedCheckpoint,
     TrainingDiverged,
-    find_resume_checkpoint,
     read_manifest,
+    restore_train_network,
     run_checkpoints,
+    schedule_parameter_names,
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import AutoBoost, Model, comm
@@ -440,18 +442,14 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
     return callbacks
 
 
-_DIVERGENCE_KEYS = ("action", "spike_factor", "window", "max_rollbacks", "lr_factor", "damping_factor",
-                    "snapshot_steps")
-
-
 def divergence_policy(cfg: Config) -> DivergencePolicy:
     """The recipe's ``divergence_*`` keys as a checked :class:`ms_boost.divergence.DivergencePolicy`.
 
     Raises:
         ValueError: naming the ``divergence_<key>``, its value and what is allowed.
     """
-    return DivergencePolicy.from_mapping({key: cfg[f"divergence_{key}"] for key in _DIVERGENCE_KEYS},
-                                         names={key: f"divergence_{key}" for key in _DIVERGENCE_KEYS})
+    return DivergencePolicy.from_mapping({key: cfg[f"divergence_{key}"] for key in DIVERGENCE_KEYS},
+                                         names={key: f"divergence_{key}" for key in DIVERGENCE_KEYS})
 
 
 def _divergence_healer(cfg: Config, run: RunInfo, callbacks: List[Any], total_steps: int,
@@ -477,57 +475,9 @@ def _divergence_healer(cfg: Config, run: RunInfo, callbacks: List[Any], total_st
 RESUME_DATA = ("exact", "fast")
 
 
-def _resume_path(cfg: Config) -> Path:
-    """This rank's checkpoint for ``--resume``: rank 0 the file named (or its run folder's newest); rank ``r`` its own
-    state of the same name in ``rank_<r>/`` beside it (optimizer moments differ between ranks under AdaSum), else
-    rank 0's file. A server that holds no rank-0 checkpoint (several servers without a shared file system: only
-    server 0 has ``checkpoint/``'s own files) takes the newest file of its own ``checkpoint/rank_<r>/``;
-    :func:`_same_step_on_every_rank` then checks that every rank resumes at the same step."""
-    rank = comm.get_rank()
-    own_folder = Path(os.path.expanduser(str(cfg.resume))) / cfg.checkpoint_dir / f"rank_{rank}"
-    try:
-        path = find_resume_checkpoint(cfg.resume, cfg.checkpoint_dir, cfg.checkpoint_prefix)
-    except ValueError:
-        if rank == 0 or not own_folder.is_dir():
-            raise
-        path = find_resume_checkpoint(str(own_folder), ".", cfg.checkpoint_prefix)
-        print(f"[rank {rank}] resume: no rank-0 checkpoint under {str(cfg.resume)!r} on this server; resuming from "
-              f"this rank's own newest {str(path)!r}", flush=True)
-        return path
-    if rank > 0:
-        own = path.parent / f"rank_{rank}" / path.name
-        if own.is_file():
-            return own
-        print(f"[rank {rank}] resume: no {str(own)!r}; this rank continues from rank 0's state (exact only "
-              f"when every rank's optimizer/boost state equals rank 0's; save_rank_checkpoints keeps them).",
-              flush=True)
-    return path
-
-
-def _same_step_on_every_rank(path: Path, step: int) -> None:
-    """Every rank resumes at the same global step (one AllGather of the steps; nothing on one rank).
-
-    Raises:
-        ValueError: the ranks' checkpoints are at different steps (named per rank).
-    """
-    if comm.get_size() < 2:
-        return
-    steps = comm.AllGather()(ms.Tensor(np.array([step], np.int32))).asnumpy().tolist()
-    if len(set(steps)) > 1:
-        raise ValueError(f"resume: the ranks' checkpoints are at different steps {dict(enumerate(steps))} (this "
-                         f"rank: {str(path)!r}); every rank must resume from the same step: give --resume a "
-                         f"checkpoint every rank has, or copy rank 0's checkpoint folder to every server.")
-
-
 def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, Optional[Path]]:
-    """Load ``cfg.resume`` (a checkpoint, or a run folder's newest one) into the whole train network.
-
-    Restores every Parameter of the train network: weights, BatchNorm statistics, optimizer moments and
-    step counter (the learning-rate position), loss scale and its counters, and the boost state
-    (freezing position, accumulation buffers, AdaSum, DimReduce and THOR state). Training continues at
-    the checkpoint's global step (the data set is positioned there by :func:`train`). The schedules
-    (:func:`schedule_parameter_names`: learning rates, THOR damping) are configuration: they keep this
-    run's values, so ``epoch_size`` may be raised to train further.
+    """Load ``cfg.resume`` (a checkpoint, or a run folder's newest one) into the whole train network
+    (:func:`~.run_state.restore_train_network`, which checks the recipe with this module's manifest).
 
     Returns:
         ``(global_step, checkpoint)``; ``(0, None)`` without ``resume``.
@@ -539,84 +489,8 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
     if not cfg.resume:
         return 0, None
     _choice("resume_data", cfg.resume_data, RESUME_DATA)
-    path = _resume_path(cfg)
-    entries = ms.load_checkpoint(str(path))
-    manifest = read_manifest(path, entries)
-    if manifest is None:
-        raise ValueError(f"resume: checkpoint {str(path)!r} has no '{'ms_boost_run'}' manifest (written by "
-                         f"another tool?); --resume needs a checkpoint train.py wrote. Use --pretrained to start "
-                         f"from its weights only.")
-    _check_recipe(cfg, path, manifest, "resume")
-    step, saved_spe = int(manifest.get("global_step", -1)), int(manifest.get("steps_per_epoch", -1))
-    _same_step_on_every_rank(path, step)
-    if saved_spe != steps_per_epoch:
-        raise ValueError(f"resume: checkpoint {str(path)!r} was written with {saved_spe} steps per epoch, this run "
-                         f"has {steps_per_epoch} (batch_size, rank count, data set or steps_per_epoch changed); "
-                         f"exact resume needs the same.")
-    if step < 1:
-        raise ValueError(f"resume: checkpoint {str(path)!r} records global step {step}; nothing to resume.")
-    if step >= int(cfg.epoch_size) * steps_per_epoch:
-        raise ValueError(f"resume: checkpoint {str(path)!r} is at step {step}, the end of epoch_size "
-                         f"{cfg.epoch_size} x {steps_per_epoch} steps or later; raise --epoch_size to train further.")
-    network = model.train_network
-    schedules = schedule_parameter_names(network)
-    wanted = {p.name: p for p in network.get_parameters() if p.name not in schedules}
-    missing = sorted(set(wanted) - set(entries))
-    if missing:
-        raise ValueError(f"resume: checkpoint {str(path)!r} lacks {len(missing)} Parameter(s) of this run's train "
-                         f"network (first: {missing[:5]}); was it written by another recipe or boost setting "
-                         f"(it says recipe {manifest.get('recipe')!r}, boost_level {manifest.get('boost_level')!r})?")
-    mismatched = [f"{name} {tuple(p.shape)} vs {tuple(entries[name].shape)}" for name, p in wanted.items()
-                  if tuple(p.shape) != tuple(entries[name].shape)]
-    if mismatched:
-        raise ValueError(f"resume: checkpoint {str(path)!r} does not fit this run's train network: "
-                         f"{mismatched[:3]} (network vs checkpoint).")
-    # the schedules keep this run's values (given as their own Parameters, so none is reported as not loaded)
-    ms.load_param_into_net(network, {**{name: entries[name] for name in wanted},
-                                     **{p.name: p for p in network.get_parameters() if p.name in schedules}},
-                           strict_load=True)
-    changed = sorted(key for key, value in (manifest.get("config") or {}).items()
-                     if key not in _RESUME_FREE_KEYS and cfg.get(key) != value)
-    if changed and comm.get_rank() == 0:
-        print(f"resume: note: these keys differ from the checkpoint's run: {changed}", flush=True)
-    saved_epochs = (manifest.get("config") or {}).get("epoch_size")
-    if saved_epochs is not None and saved_epochs != cfg.epoch_size and comm.get_rank() == 0:
-        print(f"resume: note: epoch_size {saved_epochs} -> {cfg.epoch_size}: the learning-rate schedule (and "
-              f"grad_freeze.total_steps: 0) follow this run's epoch_size from step {step + 1} on.", flush=True)
-    return step, path
-
-
-SCHEDULE_PARAMETERS = ("thor_damping_values",)
-
-
-def schedule_parameter_names(network: nn.Cell) -> set:
-    """Names of the train network's Parameters that hold a schedule computed from the configuration.
-
-    These are the learning rates of every optimizer in ``network`` (a per-step array whose length is the
-    run's total steps) and THOR's per-step damping values. ``--resume`` keeps this run's values instead of
-    loading the checkpoint's, so a run resumed with a larger ``epoch_size`` follows the schedule of its
-    own length; the position in the schedule is the restored step counter.
-    """
-    names = set()
-    for _, cell in network.cells_and_names():
-        if isinstance(cell, nn.Optimizer):
-            rates = getattr(cell, "learning_rate", None)
-            for rate in rates if isinstance(rates, (ParameterTuple, tuple, list)) else (rates,):
-                if isinstance(rate, Parameter):
-                    names.add(rate.name)
-                elif isinstance(rate, nn.Cell):  # a per-step array is wrapped in a cell holding it as a Parameter
-                    names.update(p.name for p in rate.get_parameters())
-    names.update(p.name for p in network.get_parameters() if p.name.split(".")[-1] in SCHEDULE_PARAMETERS)
-    return names
-
-
-_RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints", "overwrite_output",
-                     "epoch_size", "output_path", "log_interval", "run_eval",
-                     "eval_before_train", "check_data", "summary_dir", "metrics_file", "save_checkpoint",
-                     "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "divergence_check_steps",
-                     *(f"divergence_{key}" for key in _DIVERGENCE_KEYS),
-                     "num_parallel_workers", "checkpoint_file_path", "export_file_name", "export_file_format",
-                     "export_batch_size"}
+    return restore_train_network(cfg, model.train_network, steps_per_epoch,
+                                 lambda path, manifest: _check_recipe(cfg, path, manifest, "resume"))
 
 
 def check_training_data(cfg: Config, run: RunInfo) -> None:
