@@ -95,10 +95,8 @@ def nodes(request) -> Nodes:
                   ("-n", name, "link", "set", veth, "up"), ("-n", name, "link", "set", "lo", "up")]
     for step in steps:
         done = _ip(*step)
-        if done.returncode != 0:
-            if step[:2] == ("netns", "add"):
-                pytest.skip(f"network namespaces unavailable: ip {' '.join(step)}: {done.stderr.strip()}")
-            raise RuntimeError(f"ip {' '.join(step)} failed: {done.stderr.strip()}")
+        if done.returncode != 0:  # e.g. a container without CAP_SYS_ADMIN / CAP_NET_ADMIN
+            pytest.skip(f"network namespaces unavailable: ip {' '.join(step)}: {done.stderr.strip()}")
     return Nodes(names, addrs)
 
 
@@ -186,7 +184,8 @@ def state(path: Path) -> dict:
 @pytest.fixture(scope="module")
 def crashed(nodes, env, tmp_path_factory):
     """Both nodes train; once every rank has saved epoch 2, node 1 dies (SIGKILL to every process of its namespace:
-    launcher, msrun, workers). Returns the two launches, node 0's exit status and seconds from the kill to its end."""
+    launcher, msrun, workers). Returns the two launches, node 0's exit status, seconds from the kill to its end and
+    the processes still in node 0's namespace 10 s after that."""
     work = tmp_path_factory.mktemp("crash")
     runs = [launch(nodes, node, work / f"node{node}", env) for node in (0, 1)]
     try:
@@ -196,11 +195,17 @@ def crashed(nodes, env, tmp_path_factory):
         status = finish(runs[0], DEAD_NODE_BOUND)
         ended = time.monotonic() - killed
         runs[1].proc.wait(timeout=30)
+        left = _namespace_pids(nodes.names[0])
+        for _ in range(100):  # the scheduler and the workers end with node 0's msrun
+            if not left:
+                break
+            time.sleep(0.1)
+            left = _namespace_pids(nodes.names[0])
     finally:
-        for run_ in runs:
+        for node, run_ in enumerate(runs):
             if run_.proc.poll() is None:
-                _kill_namespace(nodes.names[runs.index(run_)])
-    return runs, status, ended
+                _kill_namespace(nodes.names[node])
+    return runs, status, ended, left
 
 
 @pytest.fixture(scope="module")
@@ -249,10 +254,10 @@ def test_two_nodes_train_o2_with_adasum_across_the_servers(crashed):
 @pytest.mark.msrun
 @pytest.mark.slow
 def test_a_dead_node_ends_the_other_with_a_message_naming_it(crashed):
-    runs, status, ended = crashed
+    runs, status, ended, left = crashed  # finish() failed the fixture had node 0 run past DEAD_NODE_BOUND
     err = runs[0].stderr()
     assert status != 0, runs[0].dump()
-    assert ended < DEAD_NODE_BOUND  # finish() fails the test on a hang
+    assert not left, f"still running on node 0 after its launcher ended ({ended:.0f} s after the kill): {left}"
     match = re.search(r"launcher: node 1 \(ranks 2-3\) did not respond: the scheduler heard nothing from rank ([23]) "
                       rf"for MS_NODE_TIMEOUT={NODE_TIMEOUT} s \(noticed at \d\d:\d\d:\d\d\)", err)
     assert match, err[-3000:]
