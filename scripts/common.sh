@@ -407,3 +407,23 @@ report_missing_node() {
              "The job ended on this node after ${ran} s." >&2
     fi
 }
+
+# stop_orphaned_workers RUN_DIR STATUS: after this node's msrun died of a signal (STATUS > 128), the processes it
+# started run on without it (workers in sessions of their own, the scheduler on node 0, its `tail -f` of the worker
+# logs): SIGKILL them (their process groups), as msrun's own stop does, so that the node leaves the job as a whole
+# and the other nodes name it. Found by their command line: train.py with --output_path RUN_DIR, or tail -f of a log
+# in RUN_DIR/msrun_log/. Prints what it stopped.
+stop_orphaned_workers() {
+    local run_dir="$1" status="$2" proc args found=() pid
+    for proc in /proc/[0-9]*; do
+        args="$(tr '\0' ' ' 2>/dev/null <"${proc}/cmdline")" || continue
+        [[ " ${args}" == *" ${TRAIN_PY} "* && " ${args}" == *" --output_path ${run_dir} "* ]] ||
+            [[ "${args}" == *"tail -f ${run_dir}/msrun_log/"* ]] || continue
+        found+=("${proc#/proc/}")
+    done
+    echo "launcher: msrun ended by signal $((status - 128)) without stopping what it started:" \
+         "killed ${#found[@]} process(es) it left running${found[*]:+ (pids ${found[*]})}" >&2
+    for pid in ${found[@]+"${found[@]}"}; do
+        kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+    done
+}

@@ -22,7 +22,8 @@ Ranks of node n are n*LOCAL_WORKER_NUM .. (n+1)*LOCAL_WORKER_NUM-1. Checkpoints:
 rank r in RUN_DIR/checkpoint/rank_<r>/ on its own node; use the same RUN_DIR path on every node (for --resume
 without a shared file system see docs/model_zoo.md). Ctrl-C / SIGTERM stop this node's workers (exit 130 / 143).
 A node that dies mid-run ends the job on the others within about MS_NODE_TIMEOUT + 15 s; each launcher then names
-the node that did not respond (node 0 from the scheduler's log, the others when node 0 stops answering).
+the node that did not respond (node 0 from the scheduler's log, the others when node 0 stops answering). When this
+node's msrun is killed, the launcher kills the workers it left running (exit 128 + the signal).
 MASTER_ADDR must be node 0's own address, not 127.0.0.1: msrun starts the scheduler on every node that has it.
 With AdaSum (boost O2) set --boost_config_dict.common.device_number LOCAL_WORKER_NUM; the recipes that take it:
 resnet50_imagenet_boost_o2_adasum.yaml, and resnet50_imagenet_boost_o1.yaml and resnet18_synthetic_quickstart.yaml
@@ -57,7 +58,9 @@ node_timeout
 STATUS=0
 msrun_launch "${DEVICE_TARGET}" "${WORKER_NUM}" "${LOCAL_WORKER_NUM}" "${NODE_RANK}" "${MASTER_ADDR}" \
     "${MASTER_PORT}" "${RUN_DIR}" "${CONFIG_PATH}" "${DATASET_PATH}" || STATUS=$?
-if [ "${STATUS}" -ne 0 ] && [ "${NODES}" -gt 1 ]; then
+if [ "${STATUS}" -gt 128 ]; then  # msrun killed (a stop of the launcher itself exits in finish_jobs)
+    stop_orphaned_workers "${RUN_DIR}" "${STATUS}"
+elif [ "${STATUS}" -ne 0 ] && [ "${NODES}" -gt 1 ]; then
     report_missing_node "${RUN_DIR}/msrun_log" "${LOCAL_WORKER_NUM}" "${NODE_RANK}" "${NODES}" "${MASTER_ADDR}" \
         "${MASTER_PORT}" "${SECONDS}"
 fi

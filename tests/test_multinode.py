@@ -1,9 +1,9 @@
 """scripts/run_multinode_train.sh for real: two "nodes" on one host, each a network namespace of its own joined to
 the other by a veth pair (one address each, as two machines have), one launcher call inside each
-(``ip netns exec``). The O2 recipe runs AdaSum across the two servers of 2 ranks each; the job trains, one node dies
-(every process of its namespace killed), the other ends with a message naming it, and a restart with --resume
-continues every rank exactly. Plus the launcher's dead-node message on hand-made logs and the O2 override on the
-recipes that can run O2 (fast, no namespaces)."""
+(``ip netns exec``). The O2 recipe runs AdaSum across the two servers of 2 ranks each; the job trains, one node's
+msrun is killed (its launcher then kills the workers msrun left), the other node ends with a message naming it, and
+a restart with --resume continues every rank exactly. Plus the launcher's dead-node message on hand-made logs and
+the O2 override on the recipes that can run O2 (fast, no namespaces)."""
 from __future__ import annotations
 
 import os
@@ -58,6 +58,18 @@ def _kill_namespace(name: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _msrun_pid(name: str) -> int:
+    """The msrun process of namespace ``name``."""
+    for pid in _namespace_pids(name):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"/msrun") for a in args[:2]) and any(a.startswith(b"--node_rank=") for a in args):
+            return pid
+    raise AssertionError(f"no msrun in namespace {name}")
 
 
 @dataclass
@@ -183,24 +195,24 @@ def state(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def crashed(nodes, env, tmp_path_factory):
-    """Both nodes train; once every rank has saved epoch 2, node 1 dies (SIGKILL to every process of its namespace:
-    launcher, msrun, workers). Returns the two launches, node 0's exit status, seconds from the kill to its end and
-    the processes still in node 0's namespace 10 s after that."""
+    """Both nodes train; once every rank has saved epoch 2, node 1's msrun is killed (SIGKILL): its launcher kills
+    the workers msrun left running, and node 1 is gone from the job. Returns the two launches, node 0's exit status,
+    seconds from the kill to its end and the processes still in either namespace 10 s after that."""
     work = tmp_path_factory.mktemp("crash")
     runs = [launch(nodes, node, work / f"node{node}", env) for node in (0, 1)]
     try:
         wait_for([rank_checkpoint(runs[node_of(r)].run_dir, r, 2) for r in range(WORKERS)], runs, timeout=600)
-        _kill_namespace(nodes.names[1])
+        os.kill(_msrun_pid(nodes.names[1]), signal.SIGKILL)
         killed = time.monotonic()
         status = finish(runs[0], DEAD_NODE_BOUND)
         ended = time.monotonic() - killed
-        runs[1].proc.wait(timeout=30)
-        left = _namespace_pids(nodes.names[0])
-        for _ in range(100):  # the scheduler and the workers end with node 0's msrun
+        finish(runs[1], 30)
+        left = {}
+        for _ in range(100):  # node 0: the scheduler and workers end with its msrun; node 1: killed by its launcher
+            left = {name: pids for name in nodes.names if (pids := _namespace_pids(name))}
             if not left:
                 break
             time.sleep(0.1)
-            left = _namespace_pids(nodes.names[0])
     finally:
         for node, run_ in enumerate(runs):
             if run_.proc.poll() is None:
@@ -257,7 +269,11 @@ def test_a_dead_node_ends_the_other_with_a_message_naming_it(crashed):
     runs, status, ended, left = crashed  # finish() failed the fixture had node 0 run past DEAD_NODE_BOUND
     err = runs[0].stderr()
     assert status != 0, runs[0].dump()
-    assert not left, f"still running on node 0 after its launcher ended ({ended:.0f} s after the kill): {left}"
+    assert not left, f"still running after the launchers ended ({ended:.0f} s after the kill): {left}"
+    assert runs[1].proc.returncode == 128 + signal.SIGKILL  # node 1's launcher: its msrun's status
+    stopped = re.search(r"launcher: msrun ended by signal 9 without stopping what it started: killed (\d+) "
+                        r"process\(es\) it left running \(pids [\d ]+\)", runs[1].stderr())
+    assert stopped and int(stopped.group(1)) >= LOCAL, runs[1].stderr()[-2000:]  # its workers at least
     match = re.search(r"launcher: node 1 \(ranks 2-3\) did not respond: the scheduler heard nothing from rank ([23]) "
                       rf"for MS_NODE_TIMEOUT={NODE_TIMEOUT} s \(noticed at \d\d:\d\d:\d\d\)", err)
     assert match, err[-3000:]
@@ -390,3 +406,34 @@ def test_recipes_that_cannot_run_o2_refuse_the_server_size(env, tmp_path):
                            str(CONFIGS / "resnet50_imagenet_thor.yaml"), "--boost_config_dict.common.device_number",
                            "2", "--dry-run"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unknown config key --boost_config_dict.common.device_number" in done.stderr
+
+
+def test_a_killed_msrun_leaves_nothing_of_its_job_running(tmp_path):
+    """stop_orphaned_workers: the processes of this run (train.py with --output_path RUN_DIR, tail -f of its logs)
+    are killed, another run's are not."""
+    train_py = ROOT / "model_zoo" / "resnet" / "train.py"
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    (run_dir / "msrun_log").mkdir(parents=True)
+    (run_dir / "msrun_log" / "worker_0.log").write_text("")
+
+    def start(*args):  # "sleep; :" keeps bash from exec-ing sleep: the command line stays
+        return subprocess.Popen(["bash", "-c", "sleep 60; :", *map(str, args)], start_new_session=True)
+
+    ours = [start(train_py, "--config", "x.yaml", "--output_path", run_dir, "--epoch_size", "2"),
+            subprocess.Popen(["tail", "-f", str(run_dir / "msrun_log" / "worker_0.log")], start_new_session=True)]
+    theirs = start(train_py, "--output_path", other)
+    try:
+        time.sleep(0.3)
+        script = f"usage() {{ :; }}; source {SCRIPTS / 'common.sh'}; stop_orphaned_workers {run_dir} 137"
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        said = re.fullmatch(r"launcher: msrun ended by signal 9 without stopping what it started: killed 2 "
+                            r"process\(es\) it left running \(pids (\d+) (\d+)\)", done.stderr.strip())
+        assert said and {int(p) for p in said.groups()} == {p.pid for p in ours}, done.stderr
+        assert [p.wait(timeout=10) for p in ours] == [-signal.SIGKILL] * 2
+        assert theirs.poll() is None
+    finally:
+        for proc in (*ours, theirs):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
