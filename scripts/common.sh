@@ -398,14 +398,17 @@ report_missing_node() {
         fi
         return 0
     fi
-    if [ "${node_rank}" -gt 0 ] && ! scheduler_answers "${addr}" "${port}"; then
-        line="$(grep -h -m1 '^\[ERROR\]' "${log_dir}"/worker_*.log 2>/dev/null | head -n 1 || true)"
-        echo "launcher: $(node_ranks 0 "${local_num}") did not respond: the scheduler at ${addr}:${port} no longer" \
-             "answers and this node's workers failed${line:+ at $(log_time "${line}")} (bound: MS_NODE_TIMEOUT=${MS_NODE_TIMEOUT} s" \
-             "without an answer); node 0 is down, its msrun was killed or the network to it is cut$( [ "${nodes}" -gt 2 ] &&
-             echo ", or node 0 ended the job because another node stopped responding (node 0's launcher names it)")." \
-             "The job ended on this node after ${ran} s." >&2
-    fi
+    [ "${node_rank}" -gt 0 ] || return 0
+    # this node's workers failed talking to the others (not, say, in train.py itself), and the scheduler is gone
+    line="$(grep -h -m1 '^\[ERROR\] DISTRIBUTED' "${log_dir}"/worker_*.log 2>/dev/null | head -n 1 || true)"
+    [ -n "${line}" ] && ! scheduler_answers "${addr}" "${port}" || return 0
+    local also=""
+    [ "${nodes}" -le 2 ] || also=", or node 0 ended the job because another node stopped responding"
+    echo "launcher: $(node_ranks 0 "${local_num}") did not respond: the scheduler at ${addr}:${port} no longer" \
+         "answers and this node's workers failed talking to the others at $(log_time "${line}") (bound:" \
+         "MS_NODE_TIMEOUT=${MS_NODE_TIMEOUT} s without an answer); node 0 is down, its msrun was killed or the" \
+         "network to it is cut${also} (node 0's launcher output says which, if it ran on). The job ended on this" \
+         "node after ${ran} s." >&2
 }
 
 # stop_orphaned_workers RUN_DIR STATUS: after this node's msrun died of a signal (STATUS > 128), the processes it

@@ -357,11 +357,15 @@ def test_dead_node_message_on_the_other_nodes(tmp_path):
     port = closed_port()
     err = report(tmp_path, 2, 1, 2, port, MS_NODE_TIMEOUT="10")
     assert err.strip() == (f"launcher: node 0 (ranks 0-1) did not respond: the scheduler at 127.0.0.1:{port} no "
-                           "longer answers and this node's workers failed at 17:06:56 (bound: MS_NODE_TIMEOUT=10 s "
-                           "without an answer); node 0 is down, its msrun was killed or the network to it is cut. The "
-                           "job ended on this node after 42 s.")
-    assert "or node 0 ended the job because another node stopped responding" in report(
+                           "longer answers and this node's workers failed talking to the others at 17:06:56 (bound: "
+                           "MS_NODE_TIMEOUT=10 s without an answer); node 0 is down, its msrun was killed or the "
+                           "network to it is cut (node 0's launcher output says which, if it ran on). The job ended on "
+                           "this node after 42 s.")
+    assert "cut, or node 0 ended the job because another node stopped responding (node 0's" in report(
         tmp_path, 2, 1, 3, port, MS_NODE_TIMEOUT="10")
+    (tmp_path / "worker_2.log").write_text("Traceback (most recent call last):\nValueError: a bad batch\n")
+    assert report(tmp_path, 2, 1, 2, port) == ""  # this node's own failure, not a silent node 0
+    (tmp_path / "worker_2.log").write_text(WORKER_ERROR)
     with socket.socket() as server:  # the scheduler still answers: the failure is not node 0's
         server.bind(("127.0.0.1", 0))
         server.listen(4)
