@@ -417,9 +417,10 @@ report_missing_node() {
 # and the other nodes name it. Found by their command line: train.py with --output_path RUN_DIR, or tail -f of a log
 # in RUN_DIR/msrun_log/. Prints what it stopped.
 stop_orphaned_workers() {
-    local run_dir="$1" status="$2" proc args found=() pid
-    for proc in /proc/[0-9]*; do
-        args="$(tr '\0' ' ' 2>/dev/null <"${proc}/cmdline")" || continue
+    local run_dir="$1" status="$2" proc args words found=() pid
+    for proc in /proc/[0-9]*; do  # builtins only: the workers are still training while this looks
+        mapfile -d '' -t words 2>/dev/null <"${proc}/cmdline" || continue
+        args="${words[*]-} "
         [[ " ${args}" == *" ${TRAIN_PY} "* && " ${args}" == *" --output_path ${run_dir} "* ]] ||
             [[ "${args}" == *"tail -f ${run_dir}/msrun_log/"* ]] || continue
         found+=("${proc#/proc/}")

@@ -29,7 +29,7 @@ O2_RECIPE = CONFIGS / "resnet50_imagenet_boost_o2_adasum.yaml"
 WORKERS, LOCAL = 4, 2  # 2 nodes x 2 ranks; AdaSum combines the 2 servers
 NODE_TIMEOUT = 10  # MS_NODE_TIMEOUT for the job: how long the scheduler waits for a silent node
 DEAD_NODE_BOUND = 180  # s: the surviving launcher must have ended by then (about NODE_TIMEOUT + 15 s measured)
-EPOCHS = 3  # one step each: epochs 1-2 complete on every rank before node 1 dies in epoch 3
+EPOCHS = 4  # one step each: epochs 1-2 complete on every rank, node 1 dies after; steps are left to run into it
 TINY = ["--net_name", "resnet10", "--base_width", "4", "--class_num", "10", "--batch_size", "8",
         "--train_image_size", "16", "--eval_image_size", "16", "--eval_batch_size", "10", "--mode", "pynative",
         "--amp_level", "O0", "--loss_scale_type", "none", "--warmup_epochs", "0", "--log_interval", "1",
@@ -278,7 +278,6 @@ def test_a_dead_node_ends_the_other_with_a_message_naming_it(crashed):
                       rf"for MS_NODE_TIMEOUT={NODE_TIMEOUT} s \(noticed at \d\d:\d\d:\d\d\)", err)
     assert match, err[-3000:]
     assert "restart every node with --resume" in err
-    assert not rank_checkpoint(runs[0].run_dir, 0, 3).exists()  # node 0 never got through epoch 3 alone
 
 
 @pytest.mark.msrun
@@ -293,7 +292,7 @@ def test_restart_resumes_every_rank_of_both_nodes_exactly(crashed, resumed):
             assert f"[rank {rank}] resume: no rank-0 checkpoint" in text and "rank_" in text, text[-3000:]
         straight = step_lines(runs[node_of(rank)].logs()[rank], rank)
         again = step_lines(text, rank)
-        assert [line.split("(global ")[1][0] for line in again] == ["2", "3"], text[-3000:]
+        assert [line.split("(global ")[1][0] for line in again] == [str(e) for e in range(2, EPOCHS + 1)], text[-3000:]
         assert again[0] == straight[1]  # epoch 2: the same loss as before the crash
         # the whole train state of epoch 2 (weights, moments, AdaSum state, BatchNorm statistics, counters)
         before, after = state(rank_checkpoint(runs[node_of(rank)].run_dir, rank, 2)), state(
