@@ -299,6 +299,9 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
     if cfg.optimizer == "THOR" and "thor" not in cfg:
         raise ValueError("optimizer='THOR' needs the 'thor' section of schedules and settings; start from "
                          "configs/resnet50_imagenet_thor.yaml.")
+    if cfg.optimizer == "THOR" and str(cfg.boost_level) != "O0":
+        raise ValueError(f"boost_level={cfg.boost_level!r} does not combine with optimizer='THOR' (THOR replaces the "
+                         f"optimizer and trains alone, so the level's algorithms would be dropped); allowed: 'O0'.")
     lr = learning_rate(cfg, steps_per_epoch)
     lr = Tensor(lr) if isinstance(lr, np.ndarray) else lr
     opt_scale = float(cfg.loss_scale) if _uses_optimizer_loss_scale(cfg) else 1.0
