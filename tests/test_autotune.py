@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -327,3 +328,30 @@ def test_loopback_ranks_run_the_same_trials_and_agree_on_one_pick():
 def test_options_defaults_are_the_documented_ones():
     opts = AutotuneOptions()
     assert (opts.budget, opts.candidates, opts.holdout_batches, opts.eval_points) == (0.05, (), 2, 4)
+
+
+# ------------------------------------------------------------------------------------- the model zoo
+@pytest.mark.slow
+def test_zoo_boost_level_auto_trains_the_pick_and_autotune_plan_reruns_it(tmp_path):
+    from tests.test_zoo_journey import run, small, state
+
+    def args(out, *extra):
+        shrink = small(tmp_path / "cache", out, mode="pynative", epochs=1)
+        shrink[shrink.index("--steps_per_epoch") + 1] = "5"
+        return [*shrink, "--boost_level", "auto", *extra]
+
+    first = run("resnet18_synthetic_quickstart.yaml", args(
+        tmp_path / "auto", "--autotune.candidates", "[O0, O1]", "--autotune.min_trial_steps", "2",
+        "--autotune.holdout_batches", "1", "--autotune.budget", "0.8"))
+    plan = tmp_path / "auto" / "autotune.yaml"
+    text = plan.read_text(encoding="utf-8")
+    assert "2 candidate(s), 2 trial steps each" in text  # the table, as comments
+    saved = yaml.safe_load(text)
+    picked = text.splitlines()[0].split()[4]  # "# ms_boost autotune pick: <name> (boost_level ..."
+    assert picked in ("O0", "O1") and saved["boost"]["less_bn"] == (picked == "O1")
+    assert first["model"].boost.boost_config == {k: v for k, v in saved["boost"].items() if k != "mode"}
+    again = run("resnet18_synthetic_quickstart.yaml", args(tmp_path / "rerun", "--autotune.plan", str(plan)))
+    assert "autotune: no trial" in again["stdout"] and not (tmp_path / "rerun" / "autotune.yaml").exists()
+    assert again["model"].boost.boost_config == first["model"].boost.boost_config
+    left, right = state(Path(first["last_checkpoint"])), state(Path(again["last_checkpoint"]))
+    assert sorted(left) == sorted(right) and all(np.array_equal(left[k], right[k]) for k in left)

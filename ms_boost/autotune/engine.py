@@ -173,12 +173,24 @@ def run_trials(build: Callable[[AutoBoost], TrialRun], ctx: TrialContext, option
     local = [summarize(r, options.divergence_ratio) for r in records]
     figures = agree(local, ctx.ranks)
     names = [c.name for c in candidates]
-    fallback = names.index("O0") if "O0" in names and boosts[names.index("O0")] is not None else runnable[0]
+    fallback = _fallback(names, figures, runnable)
     decision = pick(names, figures, ctx.planned_steps, options.tolerance, fallback=fallback)
     if not decision.measured:
         notes.append(decision.reasons[decision.index])
     return _finish(candidates, plans, boosts, figures, list(decision.reasons), seconds, decision.index,
                    decision.measured, steps, ctx, options, notes, started)
+
+
+def _fallback(names: Sequence[str], figures: Sequence[Figures], runnable: Sequence[int]) -> int:
+    """Who trains the run when no candidate made progress: O0 if it ran cleanly, else the first that did, else O0
+    if it could be built, else the first that could."""
+    kept = [i for i, f in enumerate(figures) if f.ok]
+    o0 = names.index("O0") if "O0" in names else None
+    if o0 is not None and o0 in kept:
+        return o0
+    if kept:
+        return kept[0]
+    return o0 if o0 is not None and o0 in runnable else runnable[0]
 
 
 def plan_dict(boost: AutoBoost) -> Dict[str, Any]:

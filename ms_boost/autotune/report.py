@@ -118,7 +118,7 @@ class AutotuneReport:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         header = [f"ms_boost autotune pick: {self.pick} (boost_level {self.level}), measured {stamp}",
                   f"Reuse without a trial: Model(..., boost_level=\"{self.level}\", boost_config_dict=<this file>)",
-                  "or the model zoo's train.py --boost_level auto --autotune_plan <this file>.", ""]
+                  "or the model zoo's train.py --boost_level auto --autotune.plan <this file>.", ""]
         header += self.table().splitlines()
         body = yaml.safe_dump(plain_data(self.boost_config_dict), sort_keys=False, default_flow_style=False)
         return "".join(f"# {line}".rstrip() + "\n" for line in header) + body

@@ -45,9 +45,11 @@ from model_zoo.resnet.src.run_state import (
     run_checkpoints,
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
-from ms_boost import Model, comm
+from ms_boost import Model, autotune_plan, comm
+from ms_boost.autotune.options import AUTO_LEVEL
 from ms_boost.config import AutoBoost
 from ms_boost.dim_reduce.pca import write_weight_manifest
+from ms_boost.validation import load_mapping_file
 
 __all__ = [
     "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
@@ -192,8 +194,83 @@ def load_weights(net: nn.Cell, checkpoint: Union[str, Path], entries: Optional[D
     return [p.name for p in net.get_parameters()]
 
 
+AUTOTUNE_FILE = "autotune.yaml"
+
+
+def _autotune_section(cfg: Config) -> Dict[str, Any]:
+    section = cfg.get("autotune")
+    return section.to_dict() if isinstance(section, Config) else dict(section or {})
+
+
+def saved_plan(cfg: Config) -> Optional[Path]:
+    """With ``boost_level: auto``, the saved pick to train without a trial: ``autotune.plan``, or on ``--resume`` the
+    resumed run's ``autotune.yaml``; None: run the trial.
+
+    Raises:
+        ValueError: ``autotune.plan`` without ``boost_level: auto``, a missing file, or a resumed autotuned run
+            without its ``autotune.yaml``.
+    """
+    given = str(_autotune_section(cfg).get("plan") or "")
+    if cfg.boost_level != AUTO_LEVEL:
+        if given:
+            raise ValueError(f"autotune.plan={given!r} is only read with boost_level auto (this run has "
+                             f"boost_level {cfg.boost_level}); give --boost_level auto, or pass the plan's sections "
+                             f"as boost_config_dict.")
+        return None
+    if given:
+        path = Path(os.path.expanduser(given))
+        if not path.is_file():
+            raise ValueError(f"autotune.plan={given!r} is not a file; give the {AUTOTUNE_FILE} an autotuned run "
+                             f"wrote to its output_path.")
+        return path
+    if cfg.resume:
+        path = Path(os.path.expanduser(str(cfg.resume)))
+        path = (path if path.is_dir() else path.parent.parent) / AUTOTUNE_FILE
+        if not path.is_file():
+            raise ValueError(f"resume: boost_level auto needs the plan the resumed run picked, {str(path)!r}, which "
+                             f"does not exist; give --autotune.plan <its {AUTOTUNE_FILE}> (or the run's boost_level).")
+        return path
+    return None
+
+
+def concrete_plan(cfg: Config, plan: Path) -> Config:
+    """``cfg`` with the saved pick ``plan`` as its boost plan (level O0, the file's manual switches decide)."""
+    data = load_mapping_file(plan, "autotune.plan file")
+    return cfg.replace(boost_level="O0", boost_config_dict=data)
+
+
+def autotune_recipe(cfg: Config, run: RunInfo, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer, dataset: ds.Dataset,
+                    steps_per_epoch: int) -> Config:
+    """``boost_level: auto``: the recipe with the plan a measured trial picks (or the saved one, see
+    :func:`saved_plan`), so checkpoints, the manifest and ``--resume`` see a concrete plan. The trial trains copies:
+    ``net`` and ``opt`` keep their starting state. The trial's options are the ``autotune`` section (its ``plan``
+    aside); the pick is written to ``<output_path>/autotune.yaml``."""
+    plan = saved_plan(cfg)
+    if plan is not None:
+        _say(run, f"autotune: no trial, training the saved plan {str(plan)!r}")
+        return concrete_plan(cfg, plan)
+    total_steps = steps_per_epoch * int(cfg.epoch_size)
+    sections = boost_config_dict(cfg, total_steps) or {}
+    options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
+    options["save_path"] = str(Path(os.path.expanduser(str(cfg.output_path))) / AUTOTUNE_FILE)
+    sections["autotune"] = options
+    amp: Dict[str, Any] = {"keep_batchnorm_fp32": bool(cfg.keep_batchnorm_fp32)}
+    lsm = loss_scale_manager(cfg)
+    if lsm is not None:
+        amp["loss_scale_manager"] = lsm
+    report = autotune_plan(net, loss, opt, dataset, int(cfg.epoch_size), sections, amp_level=cfg.amp_level,
+                           steps_per_epoch=steps_per_epoch, **amp)
+    return cfg.replace(boost_level=report.level, boost_config_dict=report.boost_config_dict)
+
+
 def _eval_boost(cfg: Config) -> AutoBoost:
     """The recipe's boost plan, resolved only to know how it changes the network's structure."""
+    if cfg.boost_level == AUTO_LEVEL:
+        plan = saved_plan(cfg)
+        if plan is None:
+            raise ValueError(f"boost_level auto: the structure of an autotuned run's network depends on its pick; "
+                             f"give --autotune.plan <output_path>/{AUTOTUNE_FILE} of that run.")
+        cfg = concrete_plan(cfg, plan)
     return AutoBoost(cfg.boost_level, boost_config_dict(cfg, total_steps=1, for_structure=True))
 
 
@@ -652,6 +729,8 @@ def train(cfg: Config) -> Dict[str, Any]:
     net = build_network(cfg)
     loss = build_loss(cfg)
     opt = build_optimizer(cfg, net, steps_per_epoch)
+    if cfg.boost_level == AUTO_LEVEL:
+        cfg = autotune_recipe(cfg, run, net, loss, opt, dataset, steps_per_epoch)
     model = build_model(cfg, net, loss, opt, total_steps)
     step_offset, resumed = resume_state(cfg, model, steps_per_epoch)
     initial_epoch = step_offset // steps_per_epoch
