@@ -51,7 +51,9 @@ MARGIN = 0.01  # the target is the baseline's median final accuracy minus this
 CONTENDERS = {
     "baseline": "mindspore.train.Model + Momentum (tuned lr)",
     "ms_boost O0": "ms_boost.Model(boost_level='O0')",
-    "ms_boost O1": "ms_boost.Model(boost_level='O1')",
+    "ms_boost O0 + cpu_gemm_conv": "ms_boost.Model(boost_level='O0', boost_config_dict={'boost': {'mode': "
+                                   "'manual', 'cpu_gemm_conv': True}}): O0 plus the CPU convolution rewrite only",
+    "ms_boost O1": "ms_boost.Model(boost_level='O1') (LessBN, gradient freezing, and cpu_gemm_conv on CPU)",
     "upstream O1 (gc off)": "mindspore.train.Model(boost_level='O1', gc_flag off)",
     "THOR": "thor(...) + ConvertModelUtils().convert_to_thor_model",
     "data parallel x2": "mindspore.train.Model, msrun 2 workers, mean all-reduce",
@@ -215,11 +217,13 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
                               boost_config_dict={"less_bn": {"gc_flag": False}})
     import ms_boost
 
-    levels = {"ms_boost O0": "O0", "ms_boost O1": "O1", "ms_boost O2 x2": "O2"}
+    levels = {"ms_boost O0": "O0", "ms_boost O0 + cpu_gemm_conv": "O0", "ms_boost O1": "O1", "ms_boost O2 x2": "O2"}
     if name not in levels:
         raise ValueError(f"contender={name!r} is not one of {sorted(CONTENDERS)}.")
-    return ms_boost.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics, boost_level=levels[name],
-                          **spec.extra)
+    extra = dict(spec.extra)
+    if name == "ms_boost O0 + cpu_gemm_conv":
+        extra["boost_config_dict"] = {"boost": {"mode": "manual", "cpu_gemm_conv": True}}
+    return ms_boost.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics, boost_level=levels[name], **extra)
 
 
 def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> dict:
@@ -334,17 +338,22 @@ class Plan:
     thor_dampings: Sequence[float]
     width: Dict[str, int]
     grid_seeds: Optional[Sequence[int]] = None  # the seeds the lr grids run on (None: all); the rest: picked lr
+    skip: Dict[str, Sequence[str]] = field(default_factory=dict)  # network -> contenders not run on it
     distributed_batch: int = 256
 
 
 QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epochs={"gemm": 4, "conv": 3},
-             image_size=16, baseline_lrs=(0.02, 0.05, 0.1), contenders=("ms_boost O0", "ms_boost O1", "THOR"),
+             image_size=16, baseline_lrs=(0.02, 0.05, 0.1),
+             contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR"),
              contender_lr_factors=(1.0,), thor_lrs=(0.05,), thor_dampings=(0.03,), width={"gemm": 8, "conv": 8},
-             grid_seeds=(0,))
+             grid_seeds=(0,),
+             # the zoo's ResNet is GemmConv2d already (the rewrite leaves it alone); upstream O1 on one network only
+             skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",), "conv": ("upstream O1 (gc off)",)})
 FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 2),
             epochs={"gemm": 10, "conv": 6}, image_size=32, baseline_lrs=(0.02, 0.05, 0.1, 0.2),
-            contenders=("ms_boost O0", "ms_boost O1", "upstream O1 (gc off)", "THOR", "data parallel x2",
-                        "ms_boost O2 x2"),
+            contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR",
+                        "data parallel x2", "ms_boost O2 x2"),
+            skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",)},
             contender_lr_factors=(0.5, 1.0, 2.0), thor_lrs=(0.02, 0.05, 0.1), thor_dampings=(0.03, 0.1),
             width={"gemm": 16, "conv": 16})
 
@@ -418,6 +427,8 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
                          "curves": {"baseline": base_runs}})
             cell["summary"]["baseline"] = _summary(base_runs, target, base_ttt)
             for contender in plan.contenders:
+                if contender in plan.skip.get(net, ()):
+                    continue
                 if contender == "THOR":
                     picks = []
                     for damping in plan.thor_dampings:
