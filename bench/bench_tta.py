@@ -247,14 +247,23 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
                          num_parallel_workers=2, drop_remainder=False, class_names=classes)
     net = build_network(spec, len(classes))
     model = _model(spec, net, train.get_dataset_size())
-    record = {"accuracy": [], "epoch_seconds": []}
+    record = {"accuracy": [], "epoch_seconds": [], "slowest_steps": []}
 
     class EpochTimer(Callback):
         def on_train_epoch_begin(self, run_context):
-            self.start = time.perf_counter()
+            self.start, self.steps = time.perf_counter(), []
+
+        def on_train_step_begin(self, run_context):
+            self.step_start = time.perf_counter()
+
+        def on_train_step_end(self, run_context):
+            self.steps.append(time.perf_counter() - self.step_start)
 
         def on_train_epoch_end(self, run_context):
             record["epoch_seconds"].append(time.perf_counter() - self.start)
+            # the epoch's median step and its three slowest (a compile inside an epoch shows here)
+            record["slowest_steps"].append([float(np.median(self.steps))] + sorted(self.steps)[-3:]
+                                           if self.steps else [])
             record["accuracy"].append(float(model.eval(val, dataset_sink_mode=False)["acc"]))
             print(f"[tta] {spec.contender} epoch {len(record['accuracy'])}: acc {record['accuracy'][-1]:.4f} "
                   f"in {record['epoch_seconds'][-1]:.2f} s", flush=True)
@@ -492,6 +501,61 @@ def render_figure(payload: dict, folder: Path) -> List[Path]:
     return pngs
 
 
+def _by_seed(summary: dict) -> Dict[int, Optional[float]]:
+    return {int(k): v for k, v in summary["time_to_target_by_seed"].items()}
+
+
+def _ratio_text(stat: Optional[dict]) -> str:
+    return "n/a" if not stat else f"{_fmt_spread(stat)}x"
+
+
+def _cause(s: dict, ref: dict, ref_name: str) -> str:
+    """Where the time goes against ``ref``: compile difference, steady-epoch ratio, epochs to target."""
+    parts = []
+    if s["compile_s"] and ref["compile_s"]:
+        parts.append(f"compile {s['compile_s']['median']:.1f} s vs {ref['compile_s']['median']:.1f} s")
+    if s["steady_epoch_s"] and ref["steady_epoch_s"]:
+        parts.append(f"steady epoch {s['steady_epoch_s']['median'] / ref['steady_epoch_s']['median']:.2f}x "
+                     f"{ref_name}'s")
+    if s["epochs_to_target"] and ref["epochs_to_target"]:
+        parts.append(f"epochs to target {s['epochs_to_target']['median']:.0f} vs "
+                     f"{ref['epochs_to_target']['median']:.0f}")
+    return "; ".join(parts)
+
+
+def goal_lines(payload: dict) -> List[str]:
+    """The issue's goals, each met / not met / not measured, with the measured cause (per cell)."""
+    lines = []
+    for key, cell in payload["cells"].items():
+        summ = cell["summary"]
+        base = summ.get("baseline")
+        thor = summ.get("THOR")
+        if thor and base:
+            r = thor["ratio"]
+            verdict = "not reached" if not r else ("**met**" if r["median"] <= 0.8 else "not met")
+            lines.append(f"- {key}: THOR time to target <= 0.8x the baseline's: {verdict} "
+                         f"({_ratio_text(r)}; {_cause(thor, base, 'baseline')}).")
+        o0, o1 = summ.get("ms_boost O0"), summ.get("ms_boost O1")
+        if o0 and o1:
+            ratio = median_spread(paired_ratios(_by_seed(o1), _by_seed(o0)))
+            drop = (o0["final_accuracy"]["median"] - o1["final_accuracy"]["median"]) \
+                if o0["final_accuracy"] and o1["final_accuracy"] else None
+            met = ratio is not None and ratio["median"] <= 1.0 and drop is not None and drop <= 0.005
+            acc = "n/a" if drop is None else f"{-100 * drop:+.1f} points"
+            lines.append(f"- {key}: O1 time to target <= 1.0x O0's with final accuracy within 0.5 points: "
+                         f"{'**met**' if met else 'not met'} ({_ratio_text(ratio)} O0's time; final accuracy {acc} "
+                         f"against O0; {_cause(o1, o0, 'O0')}).")
+        dp, o2 = summ.get("data parallel x2"), summ.get("ms_boost O2 x2")
+        if dp and o2:
+            e_dp, e_o2 = dp["epochs_to_target"], o2["epochs_to_target"]
+            met = o2["reached"] > dp["reached"] or (e_dp and e_o2 and e_o2["median"] < e_dp["median"])
+            lines.append(f"- {key}: O2 (AdaSum) at global batch {payload['plan']['distributed_batch']} reaches the "
+                         f"target where the mean all-reduce does not, or in fewer epochs: "
+                         f"{'**met**' if met else 'not met'} (reached {o2['reached']} vs {dp['reached']} seeds; "
+                         f"epochs {_fmt_spread(e_o2, 0)} vs {_fmt_spread(e_dp, 0)}).")
+    return lines
+
+
 def render_page(payload: dict, command: str, load_before: list, seconds: float) -> str:
     """Markdown of ``bench/results/tta.md``."""
     from bench.common import page_footer
@@ -513,7 +577,10 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float) 
              "seconds (evaluation excluded, compile included) until the end of the first epoch at or above the "
              "target. **Ratio**: per seed, the contender's time to target over the baseline's (same seed), median "
              "[min, max] over the seeds where both reached it; below 1 the contender is faster. *Compile* = first "
-             "epoch minus the median steady epoch.", ""]
+             "epoch minus the median steady epoch.", "",
+             f"Load average (1/5/15 min) before the run: {' / '.join(str(v) for v in payload.get('load_before', []))}; "
+             f"after: {' / '.join(str(v) for v in payload.get('load_after', []))} (the 2 cores were shared with other "
+             "jobs: absolute times are inflated and noisy; each ratio pairs runs of the same seed).", ""]
     for key, cell in payload["cells"].items():
         lines += [f"## {key}", "",
                   f"Baseline lr grid {list(plan['baseline_lrs'])}: final accuracy (median over seeds) "
@@ -539,6 +606,7 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float) 
                 f"{k}: " + ", ".join(f"{lr} -> {np.median(v):.4f}" for lr, v in g["finals"].items())
                 + f" (picked {g['picked']})" for k, g in grids.items()) + "."]
         lines += ["", f"![{key}](tta_{key.split('/')[0]}.png)", ""]
+    lines += ["## Goals", ""] + goal_lines(payload)
     lines += ["## Contenders", ""] + [f"- **{c}**: {w}" for c, w in CONTENDERS.items()]
     lines += page_footer(command, load_before)
     return "\n".join(lines)
@@ -550,6 +618,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mode", default="graph", choices=("graph", "pynative"))
     parser.add_argument("--timeout", type=int, default=1800, help="seconds one run may take")
     parser.add_argument("--name", default="tta", help="results file stem")
+    parser.add_argument("--render_only", action="store_true", help="rewrite the page and figure from the JSON")
     parser.add_argument("--spec", default="", help=argparse.SUPPRESS)  # a worker: one run's RunSpec as JSON
     parser.add_argument("--data_root", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -558,12 +627,20 @@ def main(argv=None) -> int:
         return 0
     from bench.common import RESULTS, environment, load_average, write_results
 
+    if args.render_only:
+        payload = json.loads((RESULTS / f"{args.name}.json").read_text(encoding="utf-8"))
+        command = payload.get("command") or f"python bench/bench_tta.py{' --quick' if payload.get('quick') else ''}"
+        (RESULTS / f"{args.name}.md").write_text(render_page(payload, command, payload["load_before"],
+                                                             payload["seconds"]) + "\n", encoding="utf-8")
+        render_figure(payload, RESULTS)
+        return 0
     load_before, start = load_average(), time.time()
     payload = run_plan(QUICK if args.quick else FULL, args.timeout, args.mode)
     payload.update({"quick": args.quick, "env": environment(), "load_before": load_before,
                     "load_after": load_average(), "seconds": time.time() - start})
     command = f"python bench/bench_tta.py{' --quick' if args.quick else ''}" + (
         f" --mode {args.mode}" if args.mode != "graph" else "")
+    payload["command"] = command
     page = render_page(payload, command, load_before, payload["seconds"])
     write_results(args.name, payload, page)
     render_figure(payload, RESULTS)
