@@ -16,6 +16,7 @@ import contextlib
 from typing import Dict, Iterator, Tuple
 
 from ms_boost import adasum, grad_accumulation, grad_freeze_spec, less_bn, loss_scale
+from ms_boost.cpu_gemm_conv import spec as cpu_gemm_conv_spec
 from ms_boost.dim_reduce import spec as dim_reduce_spec
 from ms_boost.spec import AlgorithmSpec
 from ms_boost.thor import spec as thor_spec
@@ -26,6 +27,7 @@ __all__ = ["BUILTIN_SPECS", "register_algorithm", "unregister_algorithm", "regis
 BUILTIN_SPECS: Tuple[AlgorithmSpec, ...] = (
     less_bn.SPEC, grad_freeze_spec.SPEC, adasum.SPEC, grad_accumulation.SPEC, dim_reduce_spec.SPEC,
     loss_scale.SPEC, thor_spec.SPEC,
+    cpu_gemm_conv_spec.SPEC,
 )
 
 #: Names an algorithm cannot take (sections of the boost config and AutoBoost's own attributes).

