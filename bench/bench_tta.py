@@ -44,6 +44,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.tta_autotune import AUTO, AUTO_TEXT, AUTOTUNE_OPTIONS, autotune_section  # noqa: E402
+
 RESULT_TAG = "TTA_RESULT "
 MARGIN = 0.01  # the target is the baseline's median final accuracy minus this
 
@@ -58,6 +60,7 @@ CONTENDERS = {
     "THOR": "thor(...) + ConvertModelUtils().convert_to_thor_model",
     "data parallel x2": "mindspore.train.Model, msrun 2 workers, mean all-reduce",
     "ms_boost O2 x2": "ms_boost.Model(boost_level='O2'), msrun 2 workers (AdaSum)",
+    AUTO: AUTO_TEXT,  # bench/tta_autotune.py
 }
 DISTRIBUTED = ("data parallel x2", "ms_boost O2 x2")
 
@@ -217,12 +220,15 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
                               boost_config_dict={"less_bn": {"gc_flag": False}})
     import ms_boost
 
-    levels = {"ms_boost O0": "O0", "ms_boost O0 + cpu_gemm_conv": "O0", "ms_boost O1": "O1", "ms_boost O2 x2": "O2"}
+    levels = {"ms_boost O0": "O0", "ms_boost O0 + cpu_gemm_conv": "O0", "ms_boost O1": "O1", "ms_boost O2 x2": "O2",
+              AUTO: "auto"}
     if name not in levels:
         raise ValueError(f"contender={name!r} is not one of {sorted(CONTENDERS)}.")
     extra = dict(spec.extra)
     if name == "ms_boost O0 + cpu_gemm_conv":
         extra["boost_config_dict"] = {"boost": {"mode": "manual", "cpu_gemm_conv": True}}
+    if name == AUTO:
+        extra["boost_config_dict"] = {"autotune": dict(AUTOTUNE_OPTIONS)}
     return ms_boost.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics, boost_level=levels[name], **extra)
 
 
@@ -269,6 +275,10 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
                   f"in {record['epoch_seconds'][-1]:.2f} s", flush=True)
 
     model.train(spec.epochs, train, callbacks=[EpochTimer()], dataset_sink_mode=False)
+    report = getattr(model, "autotune_report", None)
+    if report is not None:  # the trial ran inside train() before epoch 1: its time counts in epoch 1
+        record["epoch_seconds"][0] += report.trial_seconds
+        record.update(trial_seconds=report.trial_seconds, autotune_pick=report.pick)
     return record
 
 
@@ -353,7 +363,8 @@ class Plan:
 
 QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epochs={"gemm": 4, "conv": 3},
              image_size=16, baseline_lrs=(0.02, 0.05, 0.1),
-             contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR"),
+             contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR",
+                         AUTO),
              contender_lr_factors=(1.0,), thor_lrs=(0.05,), thor_dampings=(0.03,), width={"gemm": 8, "conv": 8},
              grid_seeds=(0,),
              # the zoo's ResNet is GemmConv2d already (the rewrite leaves it alone); upstream O1 on one network only
@@ -361,7 +372,7 @@ QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epoch
 FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 2),
             epochs={"gemm": 10, "conv": 6}, image_size=32, baseline_lrs=(0.02, 0.05, 0.1, 0.2),
             contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR",
-                        "data parallel x2", "ms_boost O2 x2"),
+                        AUTO, "data parallel x2", "ms_boost O2 x2"),
             skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",)},
             contender_lr_factors=(0.5, 1.0, 2.0), thor_lrs=(0.02, 0.05, 0.1), thor_dampings=(0.03, 0.1),
             width={"gemm": 16, "conv": 16})
@@ -606,7 +617,7 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float) 
                 f"{k}: " + ", ".join(f"{lr} -> {np.median(v):.4f}" for lr, v in g["finals"].items())
                 + f" (picked {g['picked']})" for k, g in grids.items()) + "."]
         lines += ["", f"![{key}](tta_{key.split('/')[0]}.png)", ""]
-    lines += ["## Goals", ""] + goal_lines(payload)
+    lines += ["## Goals", ""] + goal_lines(payload) + [""] + autotune_section(payload)
     lines += ["## Contenders", ""] + [f"- **{c}**: {w}" for c, w in CONTENDERS.items()]
     lines += page_footer(command, load_before)
     return "\n".join(lines)

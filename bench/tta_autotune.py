@@ -1,0 +1,157 @@
+"""The autotune contender of the time-to-accuracy benchmark (bench/bench_tta.py) and its section of the page.
+
+``ms_boost auto`` is ``ms_boost.Model(boost_level="auto")`` as a user writes it: before the run a trial picks
+among the candidate plans (docs/autotune.md). Its **trial time is counted in its first epoch** (the trial runs
+inside ``train`` before the first epoch starts; :func:`bench.bench_tta.run_one` adds it), so its time to target is
+trial included. The section judges the issue's goals per (data set, network):
+
+* the autotuned run reaches the target within 10% of the best fixed contender's time (medians over the seeds;
+  fixed contenders: every one-process contender of the cell, the baseline included);
+* it is never slower than ms_boost O0 by more than its trial cost (per seed: ``auto - O0 <= trial``).
+
+``python bench/tta_autotune.py [--from tta]`` runs only this contender on every cell of an existing
+``bench/results/<from>.json`` (same plan, data, epochs and seeds, the cell's picked baseline lr), and writes
+``bench/results/tta_autotune.{json,md}``: the section against the fixed contenders of that payload, measured at
+another time (the page says so). A full ``python -m bench tta`` run measures it beside the others.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+AUTO = "ms_boost auto"
+AUTO_TEXT = ("ms_boost.Model(boost_level='auto'): a measured trial (default budget: 5% of the run's steps; trial "
+             "time counted in epoch 1) picks among O0, O1, THOR at 3 settings, accumulation x2 (batch <= 32)")
+#: the trial options the benchmark gives (the defaults: what a user gets without choosing)
+AUTOTUNE_OPTIONS: Dict[str, object] = {}
+WITHIN = 0.10  # the goal: time to target within 10% of the best fixed contender's
+
+
+def _median(values) -> Optional[float]:
+    kept = [v for v in values if v is not None]
+    return float(np.median(kept)) if kept else None
+
+
+def autotune_goals(cell: dict) -> List[str]:
+    """The goal lines of one cell (pure: from its ``summary`` and ``curves``)."""
+    summary = cell["summary"]
+    auto = summary.get(AUTO)
+    if not auto:
+        return []
+    fixed = {name: s for name, s in summary.items() if name != AUTO and " x2" not in name and s["time_to_target"]}
+    lines = []
+    auto_t = auto["time_to_target"]
+    if not auto_t:
+        lines.append("did not reach the target on any seed")
+    elif fixed:
+        best_name = min(fixed, key=lambda n: fixed[n]["time_to_target"]["median"])
+        best = fixed[best_name]["time_to_target"]["median"]
+        ratio = auto_t["median"] / best
+        verdict = "**met**" if ratio <= 1 + WITHIN else "not met"
+        lines.append(f"time to target {auto_t['median']:.1f} s against the best fixed contender ({best_name}) "
+                     f"{best:.1f} s: {ratio:.2f}x, within {WITHIN:.0%}: {verdict}")
+    o0 = summary.get("ms_boost O0")
+    runs = cell["curves"].get(AUTO) or {}
+    trials = {int(s): r.get("trial_seconds") for s, r in runs.items() if not r.get("error")}
+    if o0 and auto_t:
+        auto_by = {int(k): v for k, v in auto["time_to_target_by_seed"].items()}
+        o0_by = {int(k): v for k, v in o0["time_to_target_by_seed"].items()}
+        over = {s: auto_by[s] - o0_by[s] for s in auto_by
+                if auto_by[s] is not None and o0_by.get(s) is not None and trials.get(s) is not None}
+        if over:
+            ok = all(over[s] <= trials[s] + 1e-9 for s in over)
+            lines.append("slower than O0 by at most the trial's cost on every seed: "
+                         f"{'**met**' if ok else 'not met'} (" + ", ".join(
+                             f"seed {s}: {over[s]:+.1f} s vs trial {trials[s]:.1f} s" for s in sorted(over)) + ")")
+    picks = {int(s): r.get("autotune_pick") for s, r in runs.items() if not r.get("error")}
+    if picks:
+        lines.append("picked: " + ", ".join(f"seed {s}: {picks[s]}" for s in sorted(picks))
+                     + f"; trial {_median(trials.values()):.1f} s (median)")
+    return lines
+
+
+def autotune_section(payload: dict, note: str = "") -> List[str]:
+    """The page's "Autotune" section (empty when no cell ran the contender)."""
+    cells = {key: cell for key, cell in payload["cells"].items() if AUTO in cell["summary"]}
+    if not cells:
+        return []
+    lines = ["## Autotune (`boost_level=\"auto\"`)", "",
+             f"**{AUTO}**: {AUTO_TEXT}. Its time to target includes the trial. Goals (issue \"Autotune\"): within "
+             f"{WITHIN:.0%} of the best fixed contender's time to target, and never slower than ms_boost O0 by more "
+             "than its trial cost (per seed)." + (f" {note}" if note else ""), ""]
+    for key, cell in cells.items():
+        lines += [f"- **{key}**: " + "; ".join(autotune_goals(cell)) + "."]
+    return lines + [""]
+
+
+def run_autotune_only(payload: dict, timeout: int) -> dict:
+    """Run the auto contender on every cell of ``payload`` (its plan, seeds and baseline lr); returns a payload
+    with the cells' summaries extended by it."""
+    from bench.bench_tta import RunSpec, _summary, launch, time_to_target
+    from model_zoo.resnet.src.real_data import ensure_real
+
+    plan = payload["plan"]
+    for key, cell in payload["cells"].items():
+        dataset, net = key.split("/")
+        root = ensure_real(dataset, image_size=plan["image_size"])
+        runs = {}
+        for seed in plan["seeds"]:
+            spec = RunSpec(dataset=dataset, net=net, contender=AUTO, lr=cell["baseline_lr"], seed=seed,
+                           epochs=plan["epochs"][net], image_size=plan["image_size"], mode=payload["mode"],
+                           width=plan["width"][net])
+            print(f"[tta autotune] {key} seed {seed}", flush=True)
+            runs[seed] = launch(spec, root, timeout)
+        base_runs = cell["curves"]["baseline"]
+        base_ttt = {int(s): time_to_target(r["accuracy"], r["epoch_seconds"], cell["target"])
+                    for s, r in base_runs.items() if not r["error"]}
+        cell["curves"][AUTO] = {str(s): r for s, r in runs.items()}
+        cell["summary"][AUTO] = _summary(runs, cell["target"], base_ttt)
+    return payload
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="the autotune contender beside an existing tta payload")
+    parser.add_argument("--from", dest="source", default="tta", help="results stem of the payload to extend")
+    parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--render_only", action="store_true", help="rewrite tta_autotune.md from its JSON")
+    args = parser.parse_args(argv)
+    from bench.common import RESULTS, load_average, page_footer, write_results
+
+    if args.render_only:
+        payload = json.loads((RESULTS / "tta_autotune.json").read_text(encoding="utf-8"))
+    else:
+        payload = json.loads((RESULTS / f"{args.source}.json").read_text(encoding="utf-8"))
+        load_before, start = load_average(), time.time()
+        payload = run_autotune_only(payload, args.timeout)
+        payload.update({"autotune_load_before": load_before, "autotune_load_after": load_average(),
+                        "autotune_seconds": time.time() - start, "autotune_source": args.source})
+    note = (f"Measured by `python bench/tta_autotune.py --from {payload.get('autotune_source', 'tta')}` after the "
+            f"other contenders (their figures: `bench/results/{payload.get('autotune_source', 'tta')}.md`), same "
+            f"plan, data, epochs and seeds, lr = the cell's picked baseline lr; load average before/after: "
+            f"{payload.get('autotune_load_before')} / {payload.get('autotune_load_after')}.")
+    lines = ["# Time to accuracy: the autotuned run", ""] + autotune_section(payload, note)
+    for key, cell in payload["cells"].items():
+        s = cell["summary"].get(AUTO)
+        if s:
+            lines.append(f"- {key}: reached {s['reached']}/{len(s['seeds'])}, time to target "
+                         f"{s['time_to_target'] and round(s['time_to_target']['median'], 1)} s, final accuracy "
+                         f"{s['final_accuracy'] and round(s['final_accuracy']['median'], 4)}")
+    page = "\n".join(lines + [""] + page_footer(f"python bench/tta_autotune.py --from "
+                                                 f"{payload.get('autotune_source', 'tta')}",
+                                                 payload.get("autotune_load_before", [])))
+    write_results("tta_autotune", payload, page)
+    print(page)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
