@@ -136,10 +136,12 @@ def _data_parallel_ranks() -> int:
 def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train_dataset, epochs: int,
                   boost_config_dict=None, amp_level: str = "O0", steps_per_epoch: Optional[int] = None,
                   **kwargs) -> AutotuneReport:
-    """Measure candidate boost plans on a short trial and pick one, touching none of the given objects.
+    """Measure candidate boost plans on a short trial and pick one; the given objects end at their starting state.
 
     Each candidate trains copies of ``network`` and ``optimizer`` (and of the loss-scale manager) from their
-    current state, on the same first batches of ``train_dataset`` in the same order; progress is the smoothed
+    current state -- except the plain step (O0), which trains the objects themselves and is written back to the
+    start after its trial (``report.train_network`` is that compiled step when O0 is picked) -- on the same first
+    batches of ``train_dataset`` in the same order; progress is the smoothed
     decrease of the loss on held-out batches (taken before the trial's batches) per wall second, compile time
     amortized over the planned run of ``epochs`` epochs. See :mod:`ms_boost.autotune` and ``docs/autotune.md``.
 
@@ -177,7 +179,9 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     ctx = TrialContext(ranks=_data_parallel_ranks(), batch_size=batch_size_of(batches[0]),
                        planned_steps=per_epoch * epochs, user_sections=sections)
 
-    def build(boost: AutoBoost) -> CellTrialRun:
+    def build(boost: AutoBoost, on_originals: bool) -> CellTrialRun:
+        if on_originals:  # a plan that rewrites nothing: the step the run would build, restored after its trial
+            return CellTrialRun(_build(network, optimizer, loss_fn, amp_level, boost, dict(kwargs)), keep_start=True)
         net, opt, lsm = clone_for_trial(network, optimizer, kwargs.get("loss_scale_manager"))
         amp = dict(kwargs, **({"loss_scale_manager": lsm} if "loss_scale_manager" in kwargs else {}))
         net, opt = boost.network_auto_process_train(net, opt)
@@ -320,7 +324,9 @@ class Model(_MsModel):
         self._eval_network = eval_network
         self._build_boost_network({})
         jit_config = self._network.jit_config_dict
-        self._train_network = self._build_train_network()
+        # the pick's step compiled by the trial on this Model's own objects (O0), at the starting state; else built
+        self._train_network = report.train_network if report.train_network is not None else \
+            self._build_train_network()
         self._train_network._jit_config_dict = jit_config
         self._build_eval_network(self._metrics, self._eval_network, eval_indexes)
         self._build_predict_network()

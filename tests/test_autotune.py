@@ -21,8 +21,10 @@ from ms_boost import AutoBoost, Model, autotune_plan
 from ms_boost.autotune import Candidate, register_candidate, unregister_candidate
 from ms_boost.autotune.candidates import TrialContext, candidate_names, candidate_plan, get_candidate
 from ms_boost.autotune.decide import (
+    NO_ESTIMATE,
     Figures,
     TrialRecord,
+    over_time_budget,
     pack,
     pick,
     seconds_per_step,
@@ -30,6 +32,7 @@ from ms_boost.autotune.decide import (
     split_budget,
     step_times,
     summarize,
+    time_figures,
     unpack,
 )
 from ms_boost.autotune.engine import eval_steps, plan_dict
@@ -100,7 +103,9 @@ def _setup(mode, n=256, seed=0):
 
 
 def _options(candidates, **extra):
-    return {"autotune": {"budget": 0.5, "candidates": candidates, "max_trial_steps": 4, "tolerance": 0.0, **extra}}
+    """Trial options of the constructed cases: every candidate tried (no time budget), no simplicity tolerance."""
+    return {"autotune": {"budget": 0.5, "candidates": candidates, "max_trial_steps": 4, "tolerance": 0.0,
+                         "time_budget": False, **extra}}
 
 
 # ------------------------------------------------------------------------------------- the decision, pure
@@ -158,6 +163,19 @@ def test_summarize_drops_non_finite_and_diverged_trials():
     up = summarize(TrialRecord((0, 2), (1.0, 1.6), (1.0, 1.0)), 1.5)
     assert not up.ok and up.reason.startswith("diverged: held-out loss rose")
     assert summarize(TrialRecord(error="failed to build: X"), 1.5).reason == "failed to build: X"
+
+
+def test_time_budget_counts_overhead_only_and_estimates_the_cheapest_run():
+    o0 = Figures(True, progress=0.1, step_s=0.01, compile_s=2.0)
+    o1 = Figures(True, progress=0.1, step_s=0.02, compile_s=5.0)
+    # O0 ran on the caller's objects (its compile is reused by the run: not overhead); O1 on copies
+    spent, next_cost, run = time_figures([(3.0, o0, True), (6.0, o1, False)], planned_steps=1000)
+    assert (spent, next_cost, run) == pytest.approx((1.0 + 6.0, 6.0, min(2.0 + 10.0, 5.0 + 20.0)))
+    assert over_time_budget(spent, next_cost, run, budget=0.5) is True     # 13 > 6
+    assert over_time_budget(spent, next_cost, run, budget=0.9) is True     # 13 > 10.8
+    assert over_time_budget(1.0, 2.0, 100.0, budget=0.05) is False          # 3 <= 5
+    failed = Figures(False, reason="x")
+    assert time_figures([(4.0, failed, True)], 1000) == (4.0, 4.0, NO_ESTIMATE)  # nothing measured: no estimate
 
 
 def test_ranks_agree_on_means_and_drop_what_any_rank_dropped():
@@ -267,6 +285,31 @@ def test_failing_and_diverging_candidates_are_dropped_with_the_reason():
     assert "O0_fails" in report.table() and "constructed failure" in report.table()
 
 
+def test_the_time_budget_stops_a_trial_that_would_cost_more_than_its_share_of_a_short_run():
+    net, opt, loss, x, y = _setup(ms.GRAPH_MODE)
+    # 16 planned steps of a few ms: O0's compile is most of the run; trying O1 too (its compile is longer) would
+    # pass half of it, although the step budget (8 steps) gives both their 2 steps
+    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1,
+                           _options(["O0", "O1"], min_trial_steps=2, max_trial_steps=2, time_budget=True))
+    assert report.pick == "O0" and report.measured and report.trial_steps == 2
+    assert report.candidate("O1").reason.startswith("dropped: not tried: the time budget (0.5 x the estimated")
+    assert report.train_network is not None  # O0 ran on net/opt themselves: its compiled step is handed over
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_picked_o0_trains_with_the_step_its_trial_compiled_exactly_as_plain_o0(mode):
+    net, opt, loss, x, y = _setup(mode, n=128)
+    model = Model(net, loss, opt, boost_level="auto",
+                  boost_config_dict=_options(["O0", "O0_slow"], budget=0.75, min_trial_steps=2, max_trial_steps=3))
+    model.train(1, dataset(x, y, BATCH))
+    assert model.autotune_report.pick == "O0" and model.train_network is model.autotune_report.train_network
+    plain_net, plain_opt, _, _, _ = _setup(mode, n=128)
+    Model(plain_net, loss, plain_opt).train(1, dataset(x, y, BATCH))
+    auto_state, plain_state = {**all_params(net), **all_params(opt)}, {**all_params(plain_net), **all_params(plain_opt)}
+    assert auto_state.keys() == plain_state.keys()
+    assert all(np.array_equal(auto_state[k], plain_state[k]) for k in auto_state)
+
+
 def test_a_budget_too_small_for_two_candidates_trains_the_first_unmeasured():
     net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE, n=64)
     report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O1", "O0"], budget=0.05))
@@ -327,7 +370,10 @@ def test_loopback_ranks_run_the_same_trials_and_agree_on_one_pick():
 
 def test_options_defaults_are_the_documented_ones():
     opts = AutotuneOptions()
-    assert (opts.budget, opts.candidates, opts.holdout_batches, opts.eval_points) == (0.05, (), 2, 4)
+    assert (opts.budget, opts.candidates, opts.holdout_batches, opts.eval_points, opts.time_budget) == \
+           (0.05, (), 2, 4, True)
+    with pytest.raises(TypeError, match=r"autotune\.time_budget must be a bool"):
+        parse_options({"time_budget": 1})
 
 
 # ------------------------------------------------------------------------------------- the model zoo

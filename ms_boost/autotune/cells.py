@@ -2,8 +2,9 @@
 
 Each candidate trains on a deep copy of the network and optimizer (and loss-scale manager), so the user's
 objects keep the starting weights, optimizer state and structure (LessBN converts a network in place; THOR
-replaces the optimizer) whatever the trial does: restoring the start is not needed because the start is
-never touched.
+replaces the optimizer) whatever the trial does. The plain step (a plan that rewrites nothing) trains the user's
+objects themselves and :meth:`CellTrialRun.restore` writes every Parameter of its train cell back afterwards, so
+its compiled step can serve the run.
 """
 from __future__ import annotations
 
@@ -47,11 +48,23 @@ class CellTrialRun:
     Args:
         train_cell: the train step (``BoostTrainOneStepCell`` or its loss-scale form); its ``network`` attribute
             is the loss network, used in evaluation mode for the held-out loss.
+        keep_start: remember every Parameter of the cell now (weights, BatchNorm statistics, optimizer state,
+            loss scale, boost state), so that :meth:`restore` puts it back: for a step built on the caller's own
+            objects.
     """
 
-    def __init__(self, train_cell: nn.Cell):
+    def __init__(self, train_cell: nn.Cell, keep_start: bool = False):
         self.train_cell = train_cell
         self.loss_network = train_cell.network
+        self._start = [(p, p.asnumpy().copy()) for p in train_cell.get_parameters()] if keep_start else None
+
+    def restore(self) -> None:
+        """Write the remembered starting values back in place (the compiled step keeps using them)."""
+        if self._start is None:
+            raise RuntimeError("CellTrialRun.restore: built without keep_start.")
+        for param, value in self._start:
+            ops.assign(param, Tensor(value))
+        self.train_cell.set_train(True)
 
     def step(self, *batch):
         self.train_cell.set_train(True)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 __all__ = ["TrialRecord", "Figures", "smoothed_progress", "step_times", "seconds_per_step", "summarize",
-           "split_budget", "Pick", "pick", "pack", "unpack", "PACKED_FIELDS"]
+           "split_budget", "time_figures", "over_time_budget", "NO_ESTIMATE", "Pick", "pick", "pack", "unpack",
+           "PACKED_FIELDS"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,37 @@ def split_budget(budget: float, planned_steps: int, candidates: int, min_steps: 
             return kept, steps
         kept -= 1
     return kept, 0
+
+
+#: the estimated run time when no candidate has been measured yet (never stops the trial)
+NO_ESTIMATE = 1e30
+
+
+def time_figures(done: Sequence[Tuple[float, Figures, bool]], planned_steps: int) -> Tuple[float, float, float]:
+    r"""What the time budget is judged on, from the candidates tried so far.
+
+    Args:
+        done: ``(trial_seconds, figures, reused)`` of each candidate tried: its wall seconds (build, compile,
+            steps, held-out losses), its figures on this rank, and whether it ran on the caller's own objects
+            so that its compiled step is reused by the run when it is picked (its compile is then no overhead).
+        planned_steps: the planned run's steps.
+
+    Returns:
+        ``(spent, next_cost, estimated_run)``: the trial's overhead so far (wall seconds, minus the compile of a
+        reused candidate), what one more candidate is expected to cost (the dearest trial so far), and the
+        planned run's estimated wall seconds with the cheapest measured plan, :math:`\min_c (k_c + N t_c)`
+        (:data:`NO_ESTIMATE` when nothing was measured).
+    """
+    spent = sum(max(0.0, t - (f.compile_s if reused and f.ok else 0.0)) for t, f, reused in done)
+    next_cost = max((t for t, _, _ in done), default=0.0)
+    runs = [f.compile_s + planned_steps * f.step_s for _, f, _ in done if f.ok]
+    return spent, next_cost, min(runs) if runs else NO_ESTIMATE
+
+
+def over_time_budget(spent: float, next_cost: float, estimated_run: float, budget: float) -> bool:
+    """Whether one more candidate would take the trial past ``budget`` times the estimated run:
+    ``spent + next_cost > budget * estimated_run``."""
+    return spent + next_cost > budget * estimated_run
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,16 @@
 """The trial: train each candidate for a few steps, measure it, agree over the ranks, pick (:func:`run_trials`).
 
-The engine knows neither networks nor optimizers: the caller gives ``build(boost) -> TrialRun`` that makes a
-fresh train step for a resolved plan, starting from the same weights each time (``ms_boost.Model`` and
-:func:`ms_boost.autotune_plan` build it on copies of the network and optimizer). Every candidate trains on the
+The engine knows neither networks nor optimizers: the caller gives ``build(boost, on_originals) -> TrialRun`` that
+makes a fresh train step for a resolved plan, starting from the same weights each time (``ms_boost.Model`` and
+:func:`ms_boost.autotune_plan` build it on copies of the network and optimizer; the plain step on the objects
+themselves, restored after its trial). Every candidate trains on the
 same batches in the same order and is measured on the same held-out batches. A candidate that cannot be built,
 raises during its trial or diverges is dropped with a line saying why; the trial itself never ends the run.
 
 Multi-rank: every rank runs the same trials (the plans, the budget and the step counts depend only on values
 every rank shares); the figures are then summed over the ranks by one all-reduce (:mod:`ms_boost.comm`) and
-every rank decides from the same numbers, so all ranks pick the same plan.
+every rank decides from the same numbers, so all ranks pick the same plan. The time budget's decision before each
+further candidate is taken from numbers maxed over the ranks (one small all-reduce each), for the same reason.
 """
 from __future__ import annotations
 
@@ -23,7 +25,18 @@ from mindspore import Tensor
 
 from ms_boost import comm
 from ms_boost.autotune.candidates import Candidate, TrialContext, candidate_plan, resolve_candidates
-from ms_boost.autotune.decide import Figures, TrialRecord, pack, pick, split_budget, summarize, unpack
+from ms_boost.autotune.decide import (
+    NO_ESTIMATE,
+    Figures,
+    TrialRecord,
+    over_time_budget,
+    pack,
+    pick,
+    split_budget,
+    summarize,
+    time_figures,
+    unpack,
+)
 from ms_boost.autotune.options import AutotuneOptions
 from ms_boost.autotune.report import AutotuneReport, CandidateResult
 from ms_boost.config import AutoBoost
@@ -34,7 +47,11 @@ logger = logging.getLogger("ms_boost")
 
 
 class TrialRun(Protocol):
-    """One candidate's train step, built fresh from the starting weights."""
+    """One candidate's train step, built fresh from the starting weights.
+
+    Built with ``on_originals`` (see :func:`run_trials`) it trains the caller's own objects and must provide
+    ``restore()`` (back to the starting state) and ``train_cell`` (handed to the run when picked).
+    """
 
     def step(self, *batch) -> Any:
         """Train one step on ``batch``; returns the training loss (a Tensor or a number)."""
@@ -93,17 +110,38 @@ def agree(figures: Sequence[Figures], ranks: int) -> List[Figures]:
     return unpack(summed.tolist(), figures, ranks)
 
 
+def _time_check(done, ctx: TrialContext, options: AutotuneOptions) -> Optional[str]:
+    """Why no further candidate is tried (the time budget), or None. On several ranks the three figures are
+    maxed over the ranks (one all-reduce) so that every rank decides the same."""
+    spent, next_cost, run = time_figures(done, ctx.planned_steps)
+    if ctx.ranks > 1:
+        agreed = comm.AllReduce("max")(Tensor(np.asarray([spent, next_cost, -min(run, NO_ESTIMATE)], np.float32)))
+        spent, next_cost, run = (float(v) for v in agreed.asnumpy())
+        run = -run
+    if not over_time_budget(spent, next_cost, run, options.budget):
+        return None
+    return (f"not tried: the time budget ({options.budget:g} x the estimated {run:.1f} s run = "
+            f"{options.budget * run:.1f} s) would be passed ({spent:.1f} s spent, about {next_cost:.1f} s more each)")
+
+
 def _say(text: str) -> None:
     if comm.get_rank() == 0:
         logger.info("%s", text)
 
 
-def run_trials(build: Callable[[AutoBoost], TrialRun], ctx: TrialContext, options: AutotuneOptions,
+def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, options: AutotuneOptions,
                batches: Sequence[tuple], holdout: Sequence[tuple]) -> AutotuneReport:
     """Try the candidates of ``options`` and pick one.
 
+    The first tried candidate whose plan enables no algorithm (O0) is built ``on_originals``: on the caller's
+    own network and optimizer, put back at the starting state right after its trial. If it is picked, its
+    compiled step is handed over (``report.train_network``), so the run does not compile it a second time.
+    The other candidates train copies. With ``options.time_budget``, no further candidate is tried once one more
+    would take the trial past ``budget`` times the estimated run (:func:`~ms_boost.autotune.decide.time_figures`).
+
     Args:
-        build: makes a fresh :class:`TrialRun` for a resolved plan, from the starting weights.
+        build: ``build(boost, on_originals)`` makes a fresh :class:`TrialRun` for a resolved plan, from the
+            starting weights (on the caller's objects when ``on_originals``).
         ctx: the run (ranks, batch size, planned steps, the user's algorithm sections).
         options: the validated autotune options.
         batches: the trial's training batches, in order (at least as many as a trial may take).
@@ -157,17 +195,33 @@ def run_trials(build: Callable[[AutoBoost], TrialRun], ctx: TrialContext, option
     _say(f"autotune: trying {[candidates[i].name for i in runnable[:kept]]} for {steps} steps each "
          f"(budget {options.budget:g} of {ctx.planned_steps} planned steps), held-out loss on "
          f"{len(holdout)} batch(es) at steps {at}")
-    for i in runnable[:kept]:
+    tried = runnable[:kept]
+    reuse = next((i for i in tried if not boosts[i].is_active), None)
+    done, ready = [], None
+    for n, i in enumerate(tried):
+        stop = _time_check(done, ctx, options) if done and options.time_budget else None
+        if stop:
+            for j in tried[n:]:
+                records[j] = TrialRecord(error=stop)
+            _say(f"autotune: {stop}: {[candidates[j].name for j in tried[n:]]}")
+            break
         cand, t0 = candidates[i], time.perf_counter()
         try:
-            run = build(boosts[i])
+            run = build(boosts[i], i == reuse)
         except Exception as exc:  # noqa: BLE001 - a failing candidate is dropped, never ends the run
             records[i] = TrialRecord(error=f"failed to build: {_first_line(exc)}")
         else:
-            records[i] = _measure(run, batches[:steps], holdout, at, cand.wrap_step)
+            try:
+                records[i] = _measure(run, batches[:steps], holdout, at, cand.wrap_step)
+            finally:
+                if i == reuse:
+                    run.restore()  # the caller's objects are back at the start, whatever happened
+            if i == reuse and not records[i].error:
+                ready = run.train_cell
             del run
             gc.collect()
         seconds[i] = time.perf_counter() - t0
+        done.append((seconds[i], summarize(records[i], options.divergence_ratio), i == reuse))
         if records[i].error:
             _say(f"autotune: candidate {cand.name} dropped: {records[i].error}")
     local = [summarize(r, options.divergence_ratio) for r in records]
@@ -178,7 +232,8 @@ def run_trials(build: Callable[[AutoBoost], TrialRun], ctx: TrialContext, option
     if not decision.measured:
         notes.append(decision.reasons[decision.index])
     return _finish(candidates, plans, boosts, figures, list(decision.reasons), seconds, decision.index,
-                   decision.measured, steps, ctx, options, notes, started)
+                   decision.measured, steps, ctx, options, notes, started,
+                   ready if decision.index == reuse else None)
 
 
 def _fallback(names: Sequence[str], figures: Sequence[Figures], runnable: Sequence[int]) -> int:
@@ -202,14 +257,14 @@ def plan_dict(boost: AutoBoost) -> Dict[str, Any]:
 
 
 def _finish(candidates, plans, boosts, figures, reasons, seconds, chosen, measured, steps, ctx, options, notes,
-            started) -> AutotuneReport:
+            started, ready=None) -> AutotuneReport:
     results = tuple(CandidateResult(c.name, c.description, plans[i][0], plans[i][1], figures[i],
                                     steps if figures[i].ok or (seconds[i] > 0) else 0, seconds[i], reasons[i])
                     for i, c in enumerate(candidates))
     boost = boosts[chosen]
     report = AutotuneReport(results, candidates[chosen].name, boost.level, plan_dict(boost), measured,
                             ctx.planned_steps, steps, options.budget, time.perf_counter() - started, ctx.ranks,
-                            tuple(notes))
+                            tuple(notes), train_network=ready)
     _say(report.table())
     if options.save_path and comm.get_rank() == 0:
         report = AutotuneReport(**{**report.__dict__, "saved_to": report.save(options.save_path)})

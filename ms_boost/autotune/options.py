@@ -14,6 +14,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from ms_boost.autotune.candidates import get_candidate
 from ms_boost.validation import (
     BoostConfigError,
+    check_bool,
     check_float,
     check_int,
     check_optional_path,
@@ -44,6 +45,9 @@ class AutotuneOptions:
         divergence_ratio: a candidate whose held-out loss ends above this multiple of its start is dropped as
             diverged (> 1).
         save_path: where the pick is written as a ``boost_config_dict`` YAML (None: not written).
+        time_budget: also stop trying candidates when one more would take the trial's wall time past ``budget``
+            times the planned run's estimated wall time (compile included; see
+            :func:`~ms_boost.autotune.decide.time_figures`); False: only the step budget bounds the trial.
     """
 
     budget: float = 0.05
@@ -55,6 +59,7 @@ class AutotuneOptions:
     tolerance: float = 0.02
     divergence_ratio: float = 1.5
     save_path: Optional[str] = None
+    time_budget: bool = True
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -70,6 +75,7 @@ class AutotuneOptions:
         set_(self, "divergence_ratio", check_float("autotune.divergence_ratio", self.divergence_ratio, low=1.0,
                                                    low_open=True))
         set_(self, "save_path", check_optional_path("autotune.save_path", self.save_path))
+        set_(self, "time_budget", check_bool("autotune.time_budget", self.time_budget))
 
 
 def _names(value: Any) -> Tuple[str, ...]:

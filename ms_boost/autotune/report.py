@@ -67,6 +67,9 @@ class AutotuneReport:
         ranks: ranks that agreed on the pick.
         notes: lines about the trial as a whole (budget, fallback).
         saved_to: path of the YAML written, if any.
+        train_network: when the pick was tried on the caller's own network and optimizer (a plan that rewrites
+            nothing, e.g. O0), its train step, compiled by the trial and put back at the starting state: the
+            run may train with it instead of compiling the same step again. None otherwise.
     """
 
     candidates: Tuple[CandidateResult, ...]
@@ -81,6 +84,7 @@ class AutotuneReport:
     ranks: int = 1
     notes: Tuple[str, ...] = ()
     saved_to: Optional[str] = field(default=None, compare=False)
+    train_network: Any = field(default=None, compare=False, repr=False)
 
     def candidate(self, name: str) -> CandidateResult:
         """The result of candidate ``name``."""

@@ -21,7 +21,8 @@ def autotune_scenario(rank: int, size: int) -> dict:
     model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                   nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_level="auto",
                   boost_config_dict={"autotune": {"candidates": CANDIDATES, "budget": 0.75, "holdout_batches": 1,
-                                                  "min_trial_steps": 2, "max_trial_steps": 3}})
+                                                  "min_trial_steps": 2, "max_trial_steps": 3,
+                                                  "time_budget": False}})
     model.train(1, dataset(x, y, batch_size=BATCH), dataset_sink_mode=False)
     report = model.autotune_report
     figures = np.array([[c.figures.ok, c.figures.progress, c.figures.step_s, c.figures.compile_s,
