@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 AUTO = "ms_boost auto"
-AUTO_TEXT = ("ms_boost.Model(boost_level='auto'): a measured trial (default budget: 5% of the run's steps; trial "
-             "time counted in epoch 1) picks among O0, O1, THOR at 3 settings, accumulation x2 (batch <= 32)")
+AUTO_TEXT = ("ms_boost.Model(boost_level='auto'): a measured trial (default budget: 5% of the run's steps and of its "
+             "estimated time; trial time counted in epoch 1) picks among O0, O0 + cpu_gemm_conv, O1, THOR at 3 "
+             "settings, accumulation x2 (batch <= 32)")
 #: the trial options the benchmark gives (the defaults: what a user gets without choosing)
 AUTOTUNE_OPTIONS: Dict[str, object] = {}
 WITHIN = 0.10  # the goal: time to target within 10% of the best fixed contender's

@@ -24,6 +24,7 @@ import logging
 import warnings
 from typing import Optional
 
+import mindspore as ms
 from mindspore import Tensor, nn
 from mindspore.train import Model as _MsModel
 from mindspore.train.loss_scale_manager import LossScaleManager
@@ -177,7 +178,8 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
         raise ValueError("autotune: the training data set yields no batch.")
     holdout, trial = batches[:options.holdout_batches], batches[options.holdout_batches:]
     ctx = TrialContext(ranks=_data_parallel_ranks(), batch_size=batch_size_of(batches[0]),
-                       planned_steps=per_epoch * epochs, user_sections=sections)
+                       planned_steps=per_epoch * epochs, user_sections=sections,
+                       device=str(ms.get_context("device_target")))
 
     def build(boost: AutoBoost, on_originals: bool) -> CellTrialRun:
         if on_originals:  # a plan that rewrites nothing: the step the run would build, restored after its trial

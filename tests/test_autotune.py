@@ -19,7 +19,13 @@ from mindspore import Tensor, nn
 
 from ms_boost import AutoBoost, Model, autotune_plan
 from ms_boost.autotune import Candidate, register_candidate, unregister_candidate
-from ms_boost.autotune.candidates import TrialContext, candidate_names, candidate_plan, get_candidate
+from ms_boost.autotune.candidates import (
+    TrialContext,
+    candidate_names,
+    candidate_plan,
+    default_candidates,
+    get_candidate,
+)
 from ms_boost.autotune.decide import (
     NO_ESTIMATE,
     Figures,
@@ -206,7 +212,7 @@ def test_budget_outside_zero_one_names_the_key(budget):
 def test_bad_options_name_the_key():
     with pytest.raises(TypeError, match=r"autotune\.budget must be a number"):
         parse_options({"budget": "5%"})
-    with pytest.raises(BoostConfigError, match=r"unknown candidate 'O3'; allowed: \['O0', 'O1', 'O2'"):
+    with pytest.raises(BoostConfigError, match=r"unknown candidate 'O3'; allowed: \['O0', 'O0_cpu_gemm_conv', 'O1'"):
         parse_options({"candidates": ["O0", "O3"]})
     with pytest.raises(BoostConfigError, match=r"\['autotune\.budgett'\]; allowed keys"):
         parse_options({"budgett": 0.1})
@@ -239,10 +245,17 @@ def test_candidate_registry_refuses_taken_names_and_builtins():
         register_candidate(Candidate("O1", "O1", lambda ctx: {}, "x"))
     with pytest.raises(ValueError, match="is a built-in"):
         unregister_candidate("O0")
-    assert candidate_names()[:3] == ["O0", "O1", "O2"]
+    assert candidate_names()[:4] == ["O0", "O0_cpu_gemm_conv", "O1", "O2"]
+    cpu = TrialContext(ranks=1, batch_size=64, planned_steps=100, device="CPU")
+    assert [c.name for c in default_candidates(cpu)] == ["O0", "O0_cpu_gemm_conv", "O1", "thor_d0.03_f5",
+                                                         "thor_d0.03_f20", "thor_d0.3_f5"]
+    small = TrialContext(ranks=2, batch_size=32, planned_steps=100, device="GPU")
+    assert [c.name for c in default_candidates(small)] == ["O0", "O1", "O2", "grad_accumulation_2", "thor_d0.03_f5",
+                                                           "thor_d0.03_f20", "thor_d0.3_f5"]
 
 
-@pytest.mark.parametrize("name", ["O0", "O1", "O2", "grad_accumulation_2", "thor_d0.03_f5", "thor_d0.3_f5"])
+@pytest.mark.parametrize("name", ["O0", "O0_cpu_gemm_conv", "O1", "O2", "grad_accumulation_2", "thor_d0.03_f5",
+                                  "thor_d0.3_f5"])
 def test_saved_yaml_of_every_builtin_plan_reproduces_it(tmp_path, name):
     ctx = TrialContext(ranks=2, batch_size=16, planned_steps=500, user_sections={"grad_freeze": {"param_groups": 3}})
     level, config = candidate_plan(get_candidate(name), ctx)

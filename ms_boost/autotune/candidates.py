@@ -8,6 +8,7 @@ YAML file that reproduces it. Built-in names:
 name                  plan
 ====================  ==============================================================================
 ``O0``                no boost algorithm (the plain step)
+``O0_cpu_gemm_conv``  the plain step with ``nn.Conv2d`` swapped for im2col + GEMM (in the default list on CPU)
 ``O1``                LessBN + gradient freezing (schedule over the planned run's steps)
 ``O2``                O1 + AdaSum across the ranks (several ranks only; each rank its own server unless
                       the user's ``common.device_number`` says otherwise)
@@ -43,12 +44,14 @@ class TrialContext:
         batch_size: samples per batch on one rank.
         planned_steps: training steps of the planned run (trial excluded).
         user_sections: the user's algorithm sections (``boost_config_dict`` without ``boost``/``autotune``).
+        device: MindSpore's device target (``"CPU"``, ``"GPU"``, ``"Ascend"``; ``""`` unknown).
     """
 
     ranks: int
     batch_size: int
     planned_steps: int
     user_sections: Mapping[str, Any] = field(default_factory=dict)
+    device: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ def _accumulation(steps: int) -> Candidate:
 
 _BUILTIN: Tuple[Candidate, ...] = (
     Candidate("O0", "O0", lambda ctx: {}, "no boost algorithm"),
+    Candidate("O0_cpu_gemm_conv", "O0", lambda ctx: {"boost": {"mode": "manual", "cpu_gemm_conv": True}},
+              "O0 with nn.Conv2d as im2col + GEMM (CPU)", in_default=lambda ctx: ctx.device == "CPU"),
     Candidate("O1", "O1", _freeze_schedule, "LessBN + gradient freezing"),
     Candidate("O2", "O2", _o2_sections, "O1 + AdaSum across ranks", unavailable=_needs_ranks,
               in_default=lambda ctx: ctx.ranks > 1),
