@@ -21,7 +21,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -104,24 +104,34 @@ def autotune_section(payload: dict, note: str = "") -> List[str]:
     return lines + [""]
 
 
-def run_autotune_only(payload: dict, timeout: int) -> dict:
-    """Run the auto contender on every cell of ``payload`` (its plan, seeds and baseline lr); returns a payload
-    with the cells' summaries extended by it."""
+def run_autotune_only(payload: dict, timeout: int, rerun: Sequence[str] = (),
+                      cells: Optional[Sequence[str]] = None) -> dict:
+    """Run the auto contender on every cell of ``payload`` (its plan, seeds and baseline lr), and again the
+    contenders named in ``rerun`` (replacing their curves), seed by seed in turn so that each seed's runs share the
+    machine's conditions; returns ``payload`` with the new curves. ``cells``: only these (default: all)."""
     from bench.bench_tta import RunSpec, launch
     from model_zoo.resnet.src.real_data import ensure_real
 
     plan = payload["plan"]
     for key, cell in payload["cells"].items():
+        if cells and key not in cells:
+            continue
         dataset, net = key.split("/")
         root = ensure_real(dataset, image_size=plan["image_size"])
-        runs = {}
+        names = [*rerun, AUTO]
+        runs: Dict[str, dict] = {name: {} for name in names}
         for seed in plan["seeds"]:
-            spec = RunSpec(dataset=dataset, net=net, contender=AUTO, lr=cell["baseline_lr"], seed=seed,
-                           epochs=plan["epochs"][net], image_size=plan["image_size"], mode=payload["mode"],
-                           width=plan["width"][net])
-            print(f"[tta autotune] {key} seed {seed}", flush=True)
-            runs[seed] = launch(spec, root, timeout)
-        cell["curves"][AUTO] = {str(s): r for s, r in runs.items()}
+            for name in names:
+                spec = RunSpec(dataset=dataset, net=net, contender=name, lr=cell["baseline_lr"], seed=seed,
+                               epochs=plan["epochs"][net], image_size=plan["image_size"], mode=payload["mode"],
+                               width=plan["width"][net])
+                print(f"[tta autotune] {key} {name} seed {seed}", flush=True)
+                runs[name][str(seed)] = launch(spec, root, timeout)
+        for name in names:
+            cell["curves"][name] = runs[name]
+        cell["rerun"] = list(rerun)
+    if cells:
+        payload["cells"] = {k: v for k, v in payload["cells"].items() if k in cells}
     return payload
 
 
@@ -130,6 +140,9 @@ def main(argv=None) -> int:
     parser.add_argument("--from", dest="source", default="tta",
                         help="the payload to extend: a results stem (bench/results/<stem>.json) or a JSON path")
     parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--rerun", default="", help="contenders measured again beside it, comma-separated (their lr: "
+                                                    "the cell's baseline lr)")
+    parser.add_argument("--cells", default="", help="only these cells, comma-separated (e.g. digits/gemm)")
     parser.add_argument("--render_only", action="store_true", help="rewrite tta_autotune.md from its JSON")
     args = parser.parse_args(argv)
     from bench.common import RESULTS, load_average, page_footer, write_results
@@ -140,13 +153,18 @@ def main(argv=None) -> int:
         source = Path(args.source) if args.source.endswith(".json") else RESULTS / f"{args.source}.json"
         payload = json.loads(source.read_text(encoding="utf-8"))
         load_before, start = load_average(), time.time()
-        payload = run_autotune_only(payload, args.timeout)
+        payload = run_autotune_only(payload, args.timeout, [c for c in args.rerun.split(",") if c],
+                                    [c for c in args.cells.split(",") if c] or None)
         payload.update({"autotune_load_before": load_before, "autotune_load_after": load_average(),
                         "autotune_seconds": time.time() - start, "autotune_source": source.stem})
-    note = (f"Measured by `python bench/tta_autotune.py --from {payload.get('autotune_source', 'tta')}` after the "
-            f"other contenders (their figures: `bench/results/{payload.get('autotune_source', 'tta')}.md`), same "
-            f"plan, data, epochs and seeds, lr = the cell's picked baseline lr; load average before/after: "
-            f"{payload.get('autotune_load_before')} / {payload.get('autotune_load_after')}.")
+    rerun = sorted({name for cell in payload["cells"].values() for name in cell.get("rerun", [])})
+    source = payload.get("autotune_source", "tta")
+    again = f" ({', '.join(rerun)} measured again beside it, seed by seed)" if rerun else ""
+    note = (f"Measured by `python bench/tta_autotune.py --from {source}"
+            f"{' --rerun ' + repr(','.join(rerun)) if rerun else ''}` after the other contenders{again} (the "
+            f"others' figures: `bench/results/{source}.md`), same plan, data, epochs and seeds, lr = the cell's "
+            f"picked baseline lr; load average before/after: {payload.get('autotune_load_before')} / "
+            f"{payload.get('autotune_load_after')}.")
     lines = ["# Time to accuracy: the autotuned run", ""] + autotune_section(payload, note)
     lines += ["| cell | contender | reached | time to target, compile (and trial) included: median [min, max] s | "
               "final accuracy (median) |", "|---|---|---|---|---|"]
