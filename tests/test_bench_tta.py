@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from bench.bench_tta import (
@@ -16,6 +15,7 @@ from bench.bench_tta import (
     parse_result,
     pick_lr,
     steady_and_compile,
+    steady_time_to_target,
     target_accuracy,
     time_to_target,
 )
@@ -61,13 +61,20 @@ def test_summary_of_a_contender_against_the_target_and_the_baseline():
     runs = {0: {"accuracy": [0.6, 0.92, 0.95], "epoch_seconds": [11.0, 1.0, 1.0], "error": None},
             1: {"accuracy": [0.5, 0.7, 0.85], "epoch_seconds": [12.0, 2.0, 2.0], "error": None},
             2: {"accuracy": [], "epoch_seconds": [], "error": "crashed"}}
-    s = _summary(runs, 0.91, {0: 24.0, 1: 20.0, 2: 30.0})
+    base = {0: {"accuracy": [0.5, 0.8, 0.93], "epoch_seconds": [6.0, 2.0, 2.0], "error": None},  # 3 epochs
+            1: {"accuracy": [0.5, 0.95, 0.96], "epoch_seconds": [5.0, 3.0, 3.0], "error": None},
+            2: {"accuracy": [0.5, 0.95, 0.96], "epoch_seconds": [5.0, 3.0, 3.0], "error": None}}
+    assert steady_time_to_target(runs[0]["accuracy"], runs[0]["epoch_seconds"], 0.91) == pytest.approx(2.0)
+    s = _summary(runs, 0.91, base)
     assert s["failed"] == [2] and s["runs_ok"] == 2 and s["reached"] == 1
-    assert s["time_to_target"] == {"median": 12.0, "min": 12.0, "max": 12.0, "n": 1}
+    # seed 0: steady 2 s (12 s with its 10 s compile) against the baseline's 6 s (10 s with its 4 s compile)
+    assert s["time_to_target"] == {"median": 2.0, "min": 2.0, "max": 2.0, "n": 1}
+    assert s["time_to_target_with_compile"]["median"] == pytest.approx(12.0)
+    assert s["ratio_values"] == pytest.approx([2.0 / 6.0])
+    assert s["ratio_with_compile"]["median"] == pytest.approx(12.0 / 10.0)
     assert s["epochs_to_target"]["median"] == 2
-    assert s["ratio_values"] == pytest.approx([0.5])
     assert s["final_accuracy"]["median"] == pytest.approx(0.9)
-    assert s["compile_s"]["median"] == pytest.approx(np.median([10.0, 10.0]))
+    assert s["compile_s"]["median"] == pytest.approx(10.0)
 
 
 def test_pick_lr_takes_the_best_median_final_accuracy_ties_to_the_smaller():
