@@ -577,6 +577,26 @@ def goal_lines(payload: dict) -> List[str]:
     return lines
 
 
+def readme_table(payload: dict) -> List[str]:
+    """The README's rows: per contender, its steady time-to-target ratio (median [min, max]) in each cell."""
+    keys = list(payload["cells"])
+    contenders = [c for c in CONTENDERS if c != "baseline" and any(c in payload["cells"][k]["summary"] for k in keys)]
+    lines = ["| contender | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for c in contenders:
+        cells = []
+        for k in keys:
+            s = payload["cells"][k]["summary"].get(c)
+            if s is None:
+                cells.append("not run")
+            elif not s["reached"]:
+                cells.append(f"not reached (final {_fmt_spread(s['final_accuracy'], 3)})")
+            else:
+                partial = f", {s['reached']}/{len(s['seeds'])} seeds" if s["reached"] < len(s["seeds"]) else ""
+                cells.append(f"{_fmt_spread(s['ratio'])}x{partial}")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_page(payload: dict, command: str, load_before: list, seconds: float) -> str:
     """Markdown of ``bench/results/tta.md``."""
     from bench.common import page_footer
@@ -602,6 +622,9 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float) 
              f"Load average (1/5/15 min) before the run: {' / '.join(str(v) for v in payload.get('load_before', []))}; "
              f"after: {' / '.join(str(v) for v in payload.get('load_after', []))} (the 2 cores were shared with other "
              "jobs: absolute times are inflated and noisy; each ratio pairs runs of the same seed).", ""]
+    lines += ["## Summary: steady time to target / the tuned baseline's (median [min, max] over seeds)", ""]
+    lines += readme_table(payload) + [""]
+    lines += [f"![{d}](tta_{d}.png)" for d in plan["datasets"]] + [""]
     for key, cell in payload["cells"].items():
         lines += [f"## {key}", "",
                   f"Baseline lr grid {list(plan['baseline_lrs'])}: final accuracy (median over seeds) "
@@ -629,7 +652,7 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float) 
             lines += ["", "Contender grids (median final accuracy by lr): " + "; ".join(
                 f"{k}: " + ", ".join(f"{lr} -> {np.median(v):.4f}" for lr, v in g["finals"].items())
                 + f" (picked {g['picked']})" for k, g in grids.items()) + "."]
-        lines += ["", f"![{key}](tta_{key.split('/')[0]}.png)", ""]
+        lines += [""]
     lines += ["## Goals", ""] + goal_lines(payload)
     lines += ["## Contenders", ""] + [f"- **{c}**: {w}" for c, w in CONTENDERS.items()]
     lines += page_footer(command, load_before)
@@ -661,6 +684,7 @@ def main(argv=None) -> int:
         (RESULTS / f"{args.name}.md").write_text(render_page(payload, command, payload["load_before"],
                                                              payload["seconds"]) + "\n", encoding="utf-8")
         render_figure(payload, RESULTS)
+        print("\n".join(readme_table(payload)))
         return 0
     load_before, start = load_average(), time.time()
     payload = run_plan(QUICK if args.quick else FULL, args.timeout, args.mode)

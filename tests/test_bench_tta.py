@@ -121,3 +121,27 @@ def test_goal_lines_judge_o1_against_o0_and_thor_against_the_baseline():
     assert "O1 time to target <= 1.0x O0's with final accuracy within 0.5 points: **met** (0.91 [0.90, 1.00]x" \
         in lines[1] and "-0.2 points" in lines[1]
     assert "digits/conv: O1" in lines[2] and ": not met (" in lines[2] and "-1.0 points" in lines[2]
+
+
+def test_page_and_readme_rows_from_runs_state_not_reached():
+    from bench.bench_tta import readme_table, render_page, summarize_cell
+
+    def run(acc, secs):
+        return {"accuracy": acc, "epoch_seconds": secs, "error": None}
+
+    cell = {"target": 0.9, "baseline_lr": 0.05, "grids": {"baseline": {"finals": {"0.05": [0.91]}, "picked": 0.05}},
+            "curves": {"baseline": {"0": run([0.5, 0.92], [5.0, 2.0])},
+                       "ms_boost O1": {"0": run([0.5, 0.95], [9.0, 1.0])},
+                       "THOR": {"0": run([0.6, 0.85], [20.0, 4.0])}}}
+    summarize_cell(cell)
+    payload = {"plan": {"datasets": ["digits"], "image_size": 16, "width": {"gemm": 8}, "epochs": {"gemm": 2},
+                        "seeds": [0], "grid_seeds": [0], "baseline_lrs": [0.05], "distributed_batch": 256},
+               "cells": {"digits/gemm": cell}, "mode": "graph", "quick": True, "load_before": [1.0],
+               "load_after": [2.0]}
+    rows = readme_table(payload)
+    assert rows[2] == "| ms_boost O1 | 0.50x |"  # steady: 1 s against the baseline's 2 s
+    assert rows[3] == "| THOR | not reached (final 0.850) |"
+    page = render_page(payload, "python bench/bench_tta.py --quick", [1.0], 60.0)
+    assert "**Not reached** on every seed: THOR (0/1 seeds)" in page
+    assert "O1 time to target <= 1.0x O0's" not in page  # no O0 run: that goal is not judged
+    assert "THOR time to target <= 0.8x the baseline's: not reached" in page
