@@ -574,6 +574,15 @@ def goal_lines(payload: dict) -> List[str]:
                          f"target where the mean all-reduce does not, or in fewer epochs: "
                          f"{'**met**' if met else 'not met'} (reached {o2['reached']} vs {dp['reached']} seeds; "
                          f"epochs {_fmt_spread(e_o2, 0)} vs {_fmt_spread(e_dp, 0)}).")
+    datasets = payload["plan"]["datasets"]
+    if "mnist5k" not in datasets:
+        lines.append("- MNIST-5k: **not measured** in this form (the full form runs it: `python bench/bench_tta.py`).")
+    if not any("ms_boost O2 x2" in c["summary"] for c in payload["cells"].values()):
+        lines.append("- O2 (AdaSum) against the mean all-reduce at a large global batch: **not measured** in this form "
+                     "(msrun with 2 workers; the full form runs it).")
+    lines.append("- DimReduce stage 2 >= 0.5 points above SGD continued from the same stage-1 checkpoint with its "
+                 "learning rate annealed to zero: **not measured** here (this benchmark has no DimReduce contender "
+                 "yet; [dim_reduce.md](dim_reduce.md) compares stage 2 with SGD continuation).")
     return lines
 
 
@@ -625,6 +634,8 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float) 
     lines += ["## Summary: steady time to target / the tuned baseline's (median [min, max] over seeds)", ""]
     lines += readme_table(payload) + [""]
     lines += [f"![{d}](tta_{d}.png)" for d in plan["datasets"]] + [""]
+    if payload.get("notes"):
+        lines += ["## Reading this run", "", payload["notes"], ""]
     for key, cell in payload["cells"].items():
         lines += [f"## {key}", "",
                   f"Baseline lr grid {list(plan['baseline_lrs'])}: final accuracy (median over seeds) "
@@ -653,7 +664,7 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float) 
                 f"{k}: " + ", ".join(f"{lr} -> {np.median(v):.4f}" for lr, v in g["finals"].items())
                 + f" (picked {g['picked']})" for k, g in grids.items()) + "."]
         lines += [""]
-    lines += ["## Goals", ""] + goal_lines(payload)
+    lines += ["## Goals", ""] + goal_lines(payload) + [""]
     lines += ["## Contenders", ""] + [f"- **{c}**: {w}" for c, w in CONTENDERS.items()]
     lines += page_footer(command, load_before)
     return "\n".join(lines)
@@ -666,6 +677,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds one run may take")
     parser.add_argument("--name", default="tta", help="results file stem")
     parser.add_argument("--render_only", action="store_true", help="rewrite the page and figure from the JSON")
+    parser.add_argument("--notes", default="", help="with --render_only: a markdown file of notes on the run "
+                                                    "(kept in the JSON, shown under the summary)")
     parser.add_argument("--spec", default="", help=argparse.SUPPRESS)  # a worker: one run's RunSpec as JSON
     parser.add_argument("--data_root", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -678,6 +691,8 @@ def main(argv=None) -> int:
         payload = json.loads((RESULTS / f"{args.name}.json").read_text(encoding="utf-8"))
         for cell in payload["cells"].values():
             summarize_cell(cell)
+        if args.notes:
+            payload["notes"] = Path(args.notes).read_text(encoding="utf-8").strip()
         write_results(args.name, payload, render_page(payload, payload.get("command") or "", payload["load_before"],
                                                       payload["seconds"]))
         command = payload.get("command") or f"python bench/bench_tta.py{' --quick' if payload.get('quick') else ''}"

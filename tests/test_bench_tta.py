@@ -110,12 +110,14 @@ def test_goal_lines_judge_o1_against_o0_and_thor_against_the_baseline():
     o1_fast = _stats([9.0, 12.0, 10.0], [2, 2, 2], 7.0, 1.0, 0.968)  # ratios 0.9, 1.0, 0.91; -0.2 points
     o1_worse = _stats([9.0, 12.0, 10.0], [2, 2, 2], 7.0, 1.0, 0.960)  # as fast, but -1.0 point
     thor = dict(_stats([5.0, 6.0, 7.0], [1, 1, 1], 20.0, 3.0, 0.98), ratio=median_spread([0.5, 0.6, 0.9]))
-    payload = {"plan": {"distributed_batch": 256},
+    payload = {"plan": {"distributed_batch": 256, "datasets": ["digits"]},
                "cells": {"digits/gemm": {"summary": {"baseline": o0, "ms_boost O0": o0, "ms_boost O1": o1_fast,
                                                      "THOR": thor}},
                          "digits/conv": {"summary": {"baseline": o0, "ms_boost O0": o0, "ms_boost O1": o1_worse}}}}
     lines = goal_lines(payload)
-    assert len(lines) == 3
+    assert len(lines) == 6
+    assert lines[3].startswith("- MNIST-5k: **not measured**") and "O2 (AdaSum)" in lines[4]
+    assert "DimReduce stage 2" in lines[5] and "**not measured**" in lines[5]
     assert lines[0].startswith("- digits/gemm: THOR time to target <= 0.8x the baseline's: **met** (0.60 [0.50, 0.90]x")
     assert "compile 20.0 s vs 8.0 s; steady epoch 3.00x baseline's; epochs to target 1 vs 2" in lines[0]
     assert "O1 time to target <= 1.0x O0's with final accuracy within 0.5 points: **met** (0.91 [0.90, 1.00]x" \
