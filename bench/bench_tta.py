@@ -378,22 +378,47 @@ FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 
             width={"gemm": 16, "conv": 16})
 
 
-def _summary(runs: Dict[int, dict], target: float, baseline_ttt: Dict[int, Optional[float]]) -> dict:
-    """Medians and ratios of one contender's runs (by seed) against the target and the baseline."""
-    ok = {s: r for s, r in runs.items() if not r["error"]}
-    ttt = {s: time_to_target(r["accuracy"], r["epoch_seconds"], target) for s, r in ok.items()}
+def steady_time_to_target(accuracy: Sequence[float], epoch_seconds: Sequence[float],
+                          target: float) -> Optional[float]:
+    """:func:`time_to_target` without the compile (:func:`steady_and_compile`): what the steady epochs cost."""
+    total = time_to_target(accuracy, epoch_seconds, target)
+    return None if total is None else total - steady_and_compile(epoch_seconds)[1]
+
+
+def _times(runs: Dict, target: float, with_compile: bool) -> Dict:
+    fn = time_to_target if with_compile else steady_time_to_target
+    return {s: fn(r["accuracy"], r["epoch_seconds"], target) for s, r in runs.items()
+            if not r["error"] and r["accuracy"]}
+
+
+def _summary(runs: Dict, target: float, baseline_runs: Dict) -> dict:
+    """Medians and per-seed ratios of one contender's runs (by seed) against the target and the baseline's runs.
+
+    ``time_to_target`` and ``ratio`` count steady time (compile taken out); ``*_with_compile`` keep it.
+    """
+    ok = {s: r for s, r in runs.items() if not r["error"] and r["accuracy"]}
+    ttt, ttt_c = _times(ok, target, False), _times(ok, target, True)
     ett = {s: epochs_to_target(r["accuracy"], target) for s, r in ok.items()}
     steady = {s: steady_and_compile(r["epoch_seconds"]) for s, r in ok.items()}
-    ratios = paired_ratios(ttt, baseline_ttt)
+    ratios = paired_ratios(ttt, _times(baseline_runs, target, False))
+    ratios_c = paired_ratios(ttt_c, _times(baseline_runs, target, True))
     return {"seeds": sorted(runs), "failed": sorted(set(runs) - set(ok)),
             "reached": sum(v is not None for v in ttt.values()), "runs_ok": len(ok),
             "time_to_target": median_spread(list(ttt.values())),
+            "time_to_target_with_compile": median_spread(list(ttt_c.values())),
             "epochs_to_target": median_spread(list(ett.values())),
             "steady_epoch_s": median_spread([v[0] for v in steady.values()]),
             "compile_s": median_spread([v[1] for v in steady.values()]),
-            "final_accuracy": median_spread([r["accuracy"][-1] for r in ok.values() if r["accuracy"]]),
+            "final_accuracy": median_spread([r["accuracy"][-1] for r in ok.values()]),
             "ratio": median_spread(ratios), "ratio_values": ratios,
+            "ratio_with_compile": median_spread(ratios_c),
             "time_to_target_by_seed": {str(s): v for s, v in ttt.items()}}
+
+
+def summarize_cell(cell: dict) -> None:
+    """(Re)compute ``cell["summary"]`` from its runs (``cell["curves"]``, by seed) and target."""
+    base = cell["curves"]["baseline"]
+    cell["summary"] = {c: _summary(runs, cell["target"], base) for c, runs in cell["curves"].items()}
 
 
 class _CellRunner:
@@ -441,11 +466,7 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
             runner = _CellRunner(plan, key, root, base, timeout, cell)
             best_lr, base_runs = runner.grid("baseline", plan.baseline_lrs)
             target = target_accuracy([r["accuracy"][-1] for r in base_runs.values() if r["accuracy"]])
-            base_ttt = {s: time_to_target(r["accuracy"], r["epoch_seconds"], target) for s, r in base_runs.items()
-                        if not r["error"]}
-            cell.update({"target": target, "baseline_lr": best_lr, "summary": {},
-                         "curves": {"baseline": base_runs}})
-            cell["summary"]["baseline"] = _summary(base_runs, target, base_ttt)
+            cell.update({"target": target, "baseline_lr": best_lr, "curves": {"baseline": base_runs}})
             for contender in plan.contenders:
                 if contender in plan.skip.get(net, ()):
                     continue
@@ -462,7 +483,7 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
                     kw = {"batch": plan.distributed_batch} if contender in DISTRIBUTED else {}
                     lr, runs = runner.grid(contender, lrs, **kw)
                 cell["curves"][contender] = runs
-                cell["summary"][contender] = _summary(runs, target, base_ttt)
+            summarize_cell(cell)
             print(f"[tta] {key}: target {target:.4f}; " + "; ".join(
                 f"{c} ratio {_fmt_spread(s['ratio'])}" for c, s in cell["summary"].items()), flush=True)
     return out
@@ -564,6 +585,35 @@ def goal_lines(payload: dict) -> List[str]:
                          f"target where the mean all-reduce does not, or in fewer epochs: "
                          f"{'**met**' if met else 'not met'} (reached {o2['reached']} vs {dp['reached']} seeds; "
                          f"epochs {_fmt_spread(e_o2, 0)} vs {_fmt_spread(e_dp, 0)}).")
+    datasets = payload["plan"]["datasets"]
+    if "mnist5k" not in datasets:
+        lines.append("- MNIST-5k: **not measured** in this form (the full form runs it: `python bench/bench_tta.py`).")
+    if not any("ms_boost O2 x2" in c["summary"] for c in payload["cells"].values()):
+        lines.append("- O2 (AdaSum) against the mean all-reduce at a large global batch: **not measured** in this form "
+                     "(msrun with 2 workers; the full form runs it).")
+    lines.append("- DimReduce stage 2 >= 0.5 points above SGD continued from the same stage-1 checkpoint with its "
+                 "learning rate annealed to zero: **not measured** here (this benchmark has no DimReduce contender "
+                 "yet; [dim_reduce.md](dim_reduce.md) compares stage 2 with SGD continuation).")
+    return lines
+
+
+def readme_table(payload: dict) -> List[str]:
+    """The README's rows: per contender, its steady time-to-target ratio (median [min, max]) in each cell."""
+    keys = list(payload["cells"])
+    contenders = [c for c in CONTENDERS if c != "baseline" and any(c in payload["cells"][k]["summary"] for k in keys)]
+    lines = ["| contender | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for c in contenders:
+        cells = []
+        for k in keys:
+            s = payload["cells"][k]["summary"].get(c)
+            if s is None:
+                cells.append("not run")
+            elif not s["reached"]:
+                cells.append(f"not reached (final {_fmt_spread(s['final_accuracy'], 3)})")
+            else:
+                partial = f", {s['reached']}/{len(s['seeds'])} seeds" if s["reached"] < len(s["seeds"]) else ""
+                cells.append(f"{_fmt_spread(s['ratio'])}x{partial}")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -584,26 +634,34 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float) 
                  "" if not plan.get("grid_seeds") else
                  f" (learning-rate grids run on seed(s) {list(plan['grid_seeds'])} only, the picked value on every "
                  "seed)") + ".", "",
-             "**Target** = the tuned baseline's median final accuracy minus 1 point. **Time to target**: training "
-             "seconds (evaluation excluded, compile included) until the end of the first epoch at or above the "
-             "target. **Ratio**: per seed, the contender's time to target over the baseline's (same seed), median "
-             "[min, max] over the seeds where both reached it; below 1 the contender is faster. *Compile* = first "
-             "epoch minus the median steady epoch.", "",
+             "**Target** = the tuned baseline's median final accuracy minus 1 point. **Time to target**: steady "
+             "training seconds (evaluation excluded; the compile, i.e. the first epoch minus the median later "
+             "epoch, taken out) until the end of the first epoch at or above the target; *with compile* keeps it. "
+             "**Ratio**: per seed, the contender's time over the baseline's (same seed), median [min, max] over the "
+             "seeds where both reached the target; below 1 the contender is faster.", "",
              f"Load average (1/5/15 min) before the run: {' / '.join(str(v) for v in payload.get('load_before', []))}; "
              f"after: {' / '.join(str(v) for v in payload.get('load_after', []))} (the 2 cores were shared with other "
              "jobs: absolute times are inflated and noisy; each ratio pairs runs of the same seed).", ""]
+    lines += ["## Summary: steady time to target / the tuned baseline's (median [min, max] over seeds)", ""]
+    lines += readme_table(payload) + [""]
+    lines += [f"![{d}](tta_{d}.png)" for d in plan["datasets"]] + [""]
+    if payload.get("notes"):
+        lines += ["## Reading this run", "", payload["notes"], ""]
     for key, cell in payload["cells"].items():
         lines += [f"## {key}", "",
                   f"Baseline lr grid {list(plan['baseline_lrs'])}: final accuracy (median over seeds) "
                   + ", ".join(f"{lr}: {np.median(v):.4f}" for lr, v in cell["grids"]["baseline"]["finals"].items())
                   + f"; picked **{cell['baseline_lr']}**. Target **{cell['target']:.4f}**.", "",
-                  "| contender | reached | epochs to target | time to target (s) | ratio to baseline | compile (s) "
-                  "| steady epoch (s) | final accuracy |", "|---|---|---|---|---|---|---|---|"]
+                  "| contender | reached | epochs to target | time to target (s) | ratio to baseline "
+                  "| with compile (s) | ratio with compile | compile (s) | steady epoch (s) | final accuracy |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for contender, s in cell["summary"].items():
             reached = f"{s['reached']}/{len(s['seeds'])}" + (f" ({len(s['failed'])} failed)" if s["failed"] else "")
             lines.append(f"| {contender} | {reached} | {_fmt_spread(s['epochs_to_target'], 0)} | "
                          f"{_fmt_spread(s['time_to_target'], 1)} | "
                          f"{'baseline' if contender == 'baseline' else _fmt_spread(s['ratio'])} | "
+                         f"{_fmt_spread(s.get('time_to_target_with_compile'), 1)} | "
+                         f"{'baseline' if contender == 'baseline' else _fmt_spread(s.get('ratio_with_compile'))} | "
                          f"{_fmt_spread(s['compile_s'], 1)} | {_fmt_spread(s['steady_epoch_s'], 2)} | "
                          f"{_fmt_spread(s['final_accuracy'], 4)} |")
         not_reached = [c for c, s in cell["summary"].items() if s["reached"] < len(s["seeds"])]
@@ -630,6 +688,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds one run may take")
     parser.add_argument("--name", default="tta", help="results file stem")
     parser.add_argument("--render_only", action="store_true", help="rewrite the page and figure from the JSON")
+    parser.add_argument("--notes", default="", help="with --render_only: a markdown file of notes on the run "
+                                                    "(kept in the JSON, shown under the summary)")
     parser.add_argument("--spec", default="", help=argparse.SUPPRESS)  # a worker: one run's RunSpec as JSON
     parser.add_argument("--data_root", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -640,10 +700,17 @@ def main(argv=None) -> int:
 
     if args.render_only:
         payload = json.loads((RESULTS / f"{args.name}.json").read_text(encoding="utf-8"))
+        for cell in payload["cells"].values():
+            summarize_cell(cell)
+        if args.notes:
+            payload["notes"] = Path(args.notes).read_text(encoding="utf-8").strip()
+        write_results(args.name, payload, render_page(payload, payload.get("command") or "", payload["load_before"],
+                                                      payload["seconds"]))
         command = payload.get("command") or f"python bench/bench_tta.py{' --quick' if payload.get('quick') else ''}"
         (RESULTS / f"{args.name}.md").write_text(render_page(payload, command, payload["load_before"],
                                                              payload["seconds"]) + "\n", encoding="utf-8")
         render_figure(payload, RESULTS)
+        print("\n".join(readme_table(payload)))
         return 0
     load_before, start = load_average(), time.time()
     payload = run_plan(QUICK if args.quick else FULL, args.timeout, args.mode)
