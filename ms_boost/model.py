@@ -192,7 +192,7 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
             return CellTrialRun(_build(network, optimizer, loss_fn, amp_level, boost, dict(kwargs)), keep_start=True)
         net, opt, lsm = clone_for_trial(network, optimizer, kwargs.get("loss_scale_manager"))
         amp = dict(kwargs, **({"loss_scale_manager": lsm} if "loss_scale_manager" in kwargs else {}))
-        net, opt = boost.network_auto_process_train(net, opt)
+        net, opt = rewrite_train(boost, net, opt)
         return CellTrialRun(_build(net, opt, loss_fn, amp_level, boost, amp))
 
     return run_trials(build, ctx, options, trial, holdout)

@@ -12,9 +12,13 @@ import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ms_boost"
+#: packages that are not algorithms: autotune sits beside the face (it resolves plans with AutoBoost and trains
+#: trials through comm; it imports no algorithm, checked below)
+NOT_ALGORITHMS = ("autotune",)
 #: one package per algorithm, ms_boost/<name>/ (test_every_algorithm_package_registers_its_spec), plus the shared
 #: algorithm pieces
-ALGORITHMS = tuple(f"ms_boost.{p.name}" for p in sorted(PACKAGE.iterdir()) if (p / "__init__.py").is_file()) + (
+ALGORITHMS = tuple(f"ms_boost.{p.name}" for p in sorted(PACKAGE.iterdir())
+                   if (p / "__init__.py").is_file() and p.name not in NOT_ALGORITHMS) + (
     "ms_boost.grad_process", "ms_boost.fn_head")
 
 
@@ -148,7 +152,7 @@ def test_every_algorithm_package_registers_its_spec():
 
     from ms_boost import registry
 
-    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file() and p.name not in NOT_ALGORITHMS)
     assert len(packages) >= 7, packages
     builtins = {spec.name: spec for spec in registry.builtin_specs()}
     for name in packages:
@@ -161,6 +165,14 @@ def test_every_algorithm_package_registers_its_spec():
     assert sorted(builtins) == packages, "a built-in algorithm lives outside ms_boost/<name>/"
     edges, _ = graph()
     assert {f"ms_boost.{name}.spec" for name in packages} <= edges["ms_boost.builtins"]
+
+
+def test_autotune_imports_no_algorithm():
+    """The autotuner names candidates as boost plans (switches and sections): it imports no algorithm."""
+    edges, _ = graph()
+    for name in edges:
+        if name.startswith("ms_boost.autotune"):
+            assert not [m for m in ancestors_of(edges, name) if m.startswith(ALGORITHMS)], name
 
 
 def test_the_face_imports_no_algorithm():

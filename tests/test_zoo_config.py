@@ -181,9 +181,10 @@ def test_recipe_values_are_valid(name):
     boost = AutoBoost(cfg.boost_level, boost_config_dict(cfg, total_steps=1000))  # ms_boost accepts the plan
     expected = {
         "resnet50_imagenet_momentum.yaml": set(),
-        "resnet50_imagenet_boost_o1.yaml": {"less_bn", "grad_freeze"},
-        "resnet18_synthetic_quickstart.yaml": {"less_bn", "grad_freeze"},
-        "resnet50_imagenet_boost_o2_adasum.yaml": {"adasum"},
+        # cpu_gemm_conv: on at O1/O2 on CPU (the zoo's own GemmConv2d layers are left as they are)
+        "resnet50_imagenet_boost_o1.yaml": {"less_bn", "grad_freeze", "cpu_gemm_conv"},
+        "resnet18_synthetic_quickstart.yaml": {"less_bn", "grad_freeze", "cpu_gemm_conv"},
+        "resnet50_imagenet_boost_o2_adasum.yaml": {"adasum", "cpu_gemm_conv"},
         "resnet50_imagenet_dim_reduce_stage1.yaml": set(),
         "resnet50_imagenet_dim_reduce_stage2.yaml": {"dim_reduce"},
         "resnet50_imagenet_thor.yaml": set(),
