@@ -251,6 +251,9 @@ class ThorConfig(Section):
         split_indices: layer indices splitting the fused all-reduce of factors (0 is valid).
         enable_clip_grad: clip each preconditioned update tensor to norm 1.
         kl_clip: trust-region bound c of the preconditioned step (None or 0: off); see docs/thor.md.
+        refresh_threshold: adaptive per-layer refresh: a layer's inverses are recomputed at a refresh only when
+            the trace of one of its factors moved by more than this fraction since its last inversion (None or
+            0: every layer at every refresh); see docs/thor.md.
     """
 
     damping: Union[float, Tuple[float, ...]] = 0.03
@@ -263,6 +266,7 @@ class ThorConfig(Section):
     split_indices: Optional[Tuple[int, ...]] = None
     enable_clip_grad: bool = False
     kl_clip: Optional[float] = 1e-3
+    refresh_threshold: Optional[float] = None
 
     SECTION: ClassVar[str] = "thor"
     RULES: ClassVar[Dict[str, Rule]] = {
@@ -276,4 +280,5 @@ class ThorConfig(Section):
         "split_indices": _optional(lambda p, v: check_int_list(p, v, low=0)),
         "enable_clip_grad": check_bool,
         "kl_clip": _optional(lambda p, v: check_float(p, v, low=0.0)),
+        "refresh_threshold": _optional(lambda p, v: check_float(p, v, low=0.0)),
     }
