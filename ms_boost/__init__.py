@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 
+from ms_boost import builtins  # noqa: F401 -- registers the built-in algorithms first
 from ms_boost.compat import (
     AdaSum,
+    AutoBoost,
     Conv2dThor,
     ConvertModelUtils,
     ConvertNetUtils,
@@ -34,7 +36,6 @@ from ms_boost.compat import (
     freeze_cell,
     thor,
 )
-from ms_boost.config import AutoBoost
 from ms_boost.model import Model, build_train_network
 from ms_boost.registry import register_algorithm, registered, unregister_algorithm
 from ms_boost.spec import AlgorithmSpec, BuildContext

@@ -3,8 +3,9 @@
 Everything here is a name users of upstream already know, re-exported from the layer that implements
 it; nothing below imports this module. ``ms_boost/__init__.py`` exports these names.
 
-* ``network_auto_process_train`` / ``network_auto_process_eval`` -- the pipeline's network and optimizer
-  rewrites (``AutoBoost`` methods of the same names delegate to them);
+* ``AutoBoost`` -- the resolved plan (:class:`ms_boost.config.AutoBoost`) with upstream's methods
+  ``network_auto_process_train`` / ``network_auto_process_eval``, which run the pipeline's rewrites
+  (the plan itself applies nothing);
 * ``LessBN``, ``GradientFreeze``, ``FreezeOpt``, ``freeze_cell``, ``GradientAccumulation``, ``AdaSum``,
   ``DimReduce``, ``GroupLossScaleManager``, ``OptimizerProcess``, ``ParameterProcess``;
 * THOR: the ``thor`` factory, ``DenseThor``, ``Conv2dThor``, ``EmbeddingThor``, ``ConvertNetUtils``,
@@ -12,8 +13,12 @@ it; nothing below imports this module. ``ms_boost/__init__.py`` exports these na
 """
 from __future__ import annotations
 
+from typing import Any, Tuple
+
+from mindspore import nn
+
+from ms_boost import config
 from ms_boost.adasum import AdaSum
-from ms_boost.config import AutoBoost
 from ms_boost.dim_reduce import DimReduce
 from ms_boost.grad_accumulation import GradientAccumulation
 from ms_boost.grad_freeze import FreezeOpt, GradientFreeze, freeze_cell
@@ -24,20 +29,27 @@ from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.thor import Conv2dThor, ConvertModelUtils, ConvertNetUtils, DenseThor, EmbeddingThor, thor
 
 __all__ = [
-    "network_auto_process_train", "network_auto_process_eval", "LessBN", "GradientFreeze", "FreezeOpt",
+    "AutoBoost", "LessBN", "GradientFreeze", "FreezeOpt",
     "freeze_cell", "GradientAccumulation", "AdaSum", "DimReduce", "GroupLossScaleManager", "OptimizerProcess",
     "ParameterProcess", "thor", "DenseThor", "Conv2dThor", "EmbeddingThor", "ConvertNetUtils",
     "ConvertModelUtils",
 ]
 
 
-def network_auto_process_train(boost: AutoBoost, network, optimizer):
-    """Upstream ``AutoBoost.network_auto_process_train``: ``(network, optimizer)`` after every enabled
-    algorithm's training rewrite."""
-    return rewrite_train(boost, network, optimizer)
+class AutoBoost(config.AutoBoost):
+    """Upstream's ``mindspore.boost.AutoBoost``: the resolved plan plus its two rewrite methods.
 
+    Same arguments and attributes as :class:`ms_boost.config.AutoBoost`.
+    """
 
-def network_auto_process_eval(boost: AutoBoost, network):
-    """Upstream ``AutoBoost.network_auto_process_eval``: the evaluation network after every enabled
-    algorithm's evaluation rewrite."""
-    return rewrite_eval(boost, network)
+    def network_auto_process_train(self, network: nn.Cell, optimizer: Any) -> Tuple[nn.Cell, Any]:
+        """Apply the network and optimizer rewrites of the enabled algorithms for training, in pipeline order.
+
+        Returns:
+            ``(network, optimizer)``: the (possibly wrapped) network and optimizer.
+        """
+        return rewrite_train(self, network, optimizer)
+
+    def network_auto_process_eval(self, network: nn.Cell) -> nn.Cell:
+        """Apply the rewrites the evaluation network needs (each enabled algorithm's ``rewrite_eval``)."""
+        return rewrite_eval(self, network)

@@ -6,7 +6,10 @@ section or key, a wrong type or an out-of-range value raises ``ValueError`` (``T
 wrong type) naming the path (``dim_reduce.n_components``), the value, and what is allowed.
 
 Unlike upstream ``mindspore.boost.AutoBoost`` this is not a singleton: two instances with different
-levels coexist, and nothing here is mutated after construction.
+levels coexist, and nothing here is mutated after construction. The plan applies nothing: the pipeline
+(:mod:`ms_boost.pipeline`) builds the rewrites and the train step from it, and ``ms_boost.AutoBoost``
+(:mod:`ms_boost.compat`) adds upstream's ``network_auto_process_train`` / ``network_auto_process_eval``.
+This module imports the registry, the spec types, the topology and validation only.
 """
 from __future__ import annotations
 
@@ -16,37 +19,29 @@ import warnings
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from ms_boost import pipeline, registry
-from ms_boost.sections import (
-    AdaSumConfig,
-    CommonConfig,
-    DimReduceConfig,
-    GradAccumulationConfig,
-    GradFreezeConfig,
-    LessBNConfig,
-    LossScaleGroupConfig,
-    ThorConfig,
-    build_section,
-    section_dict,
-)
-from ms_boost.spec import AlgorithmSpec
+from ms_boost import registry
+from ms_boost.spec import AlgorithmSpec, BuildContext, CommonConfig, build_section, call_hook, section_dict, single_hook
 from ms_boost.topology import Topology
 from ms_boost.validation import BoostConfigError, check_bool, load_mapping_file, short_repr
 
-__all__ = [
-    "AutoBoost", "BoostConfigError", "LEVELS", "MODES", "SWITCHES",
-    "CommonConfig", "LessBNConfig", "GradFreezeConfig", "GradAccumulationConfig", "AdaSumConfig",
-    "DimReduceConfig", "LossScaleGroupConfig", "ThorConfig",
-]
+# LEVELS and SWITCHES are read from the registry on access (module __getattr__ below)
+__all__ = ["AutoBoost", "BoostConfigError", "MODES", "CommonConfig", "describe_steps", "resolve"]
 
 MODES = ("auto", "manual", "enable_all", "disable_all")
 _LEVEL_NAMES = ("O0", "O1", "O2")
-#: The built-in switches, in upstream's order (registered algorithms add their own names).
-SWITCHES = tuple(spec.name for spec in registry.BUILTIN_SPECS)
-#: The built-in switches each level turns on (read-only view; a registered spec lists its own levels).
-LEVELS: Mapping[str, Mapping[str, bool]] = MappingProxyType({
-    level: MappingProxyType({spec.name: level in spec.levels for spec in registry.BUILTIN_SPECS})
-    for level in _LEVEL_NAMES})
+
+
+def __getattr__(name: str) -> Any:
+    """``SWITCHES`` (the built-in switches, in upstream's order; registered algorithms add their own names) and
+    ``LEVELS`` (the built-in switches each level turns on, a read-only view; a registered spec lists its own
+    levels), read from the registry when asked, so they never depend on import order."""
+    builtins = registry.builtin_specs()
+    if name == "SWITCHES":
+        return tuple(spec.name for spec in builtins)
+    if name == "LEVELS":
+        return MappingProxyType({level: MappingProxyType({spec.name: level in spec.levels for spec in builtins})
+                                 for level in _LEVEL_NAMES})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _load_dict(boost_config_dict: Any) -> Dict[str, Any]:
@@ -79,7 +74,7 @@ class AutoBoost:
     Attributes:
         level: the boost level.
         mode: the boost mode.
-        boost_config: dict switch name -> bool (upstream's attribute name).
+        boost_config: switch name -> bool (upstream's attribute name), a read-only mapping.
         common, less_bn, grad_freeze, grad_accumulation, adasum, dim_reduce, loss_scale_group, thor:
             frozen section dataclasses.
 
@@ -138,7 +133,9 @@ class AutoBoost:
         elif mode == "disable_all":
             switches = dict.fromkeys(names, False)
         self._apply_exclusivity(switches, explicit=user_switches if mode == "manual" else {})
-        self.boost_config: Dict[str, bool] = switches
+        self._switches: Dict[str, bool] = dict(switches)
+        #: switch name -> bool (upstream's attribute name); a read-only view: the plan never changes after __init__
+        self.boost_config: Mapping[str, bool] = MappingProxyType(self._switches)
 
         self.common = build_section("common", CommonConfig, raw.get("common"))
         self.sections: Dict[str, Any] = {}
@@ -198,7 +195,7 @@ class AutoBoost:
 
     def enabled_specs(self) -> Tuple[AlgorithmSpec, ...]:
         """The specs of the enabled algorithms, in pipeline order."""
-        return tuple(sorted((s for s in self.specs if self.boost_config[s.name]), key=lambda s: s.order))
+        return tuple(sorted((s for s in self.specs if self._switches[s.name]), key=lambda s: s.order))
 
     def section(self, name: str):
         """The validated section of algorithm ``name``."""
@@ -236,14 +233,14 @@ class AutoBoost:
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
             raise ValueError(f"summary(ranks={short_repr(ranks)}): ranks must be an int >= 1.")
         topology = Topology.current(self.common.device_number, size=ranks)
-        on = [spec.name for spec in self.specs if self.boost_config[spec.name]]
+        on = [spec.name for spec in self.specs if self._switches[spec.name]]
         lines = [f"ms_boost plan: level={self.level} mode={self.mode} -> "
                  f"{', '.join(on) if on else 'no boost algorithm (plain training step)'}"]
         lines.append(f"  common: {section_dict(self.common)}")
         for name in on:
             values = section_dict(self.sections[name])
             lines.append(f"  {name}: {values if values else '(no options)'}")
-        lines.append("  pipeline: " + pipeline.describe_steps(self, topology))
+        lines.append("  pipeline: " + describe_steps(self, topology))
         notes = list(self.notes)
         if topology.note and any(spec.reducer is not None for spec in self.enabled_specs()):  # servers matter
             notes.append(topology.note)
@@ -255,20 +252,6 @@ class AutoBoost:
         on = [name for name, value in self.boost_config.items() if value]
         return f"AutoBoost(level={self.level!r}, mode={self.mode!r}, enabled={on})"
 
-    # -- upstream API: network / optimizer transformations ---------------------------------------------
-    def network_auto_process_train(self, network, optimizer):
-        """Apply the network and optimizer transformations of the enabled algorithms for training
-        (each enabled spec's ``rewrite_train``, in pipeline order).
-
-        Returns:
-            ``(network, optimizer)``: the (possibly wrapped) network and optimizer.
-        """
-        return pipeline.rewrite_train(self, network, optimizer)
-
-    def network_auto_process_eval(self, network):
-        """Apply the transformations the evaluation network needs (each enabled spec's ``rewrite_eval``)."""
-        return pipeline.rewrite_eval(self, network)
-
 
 def resolve(boost: Union[AutoBoost, str, None], boost_config_dict: Any = None) -> AutoBoost:
     """An :class:`AutoBoost` from an instance, a level string, or None (O0)."""
@@ -278,3 +261,37 @@ def resolve(boost: Union[AutoBoost, str, None], boost_config_dict: Any = None) -
         return boost
     return AutoBoost("O0" if boost is None else boost, boost_config_dict)
 
+
+
+def _default_reduction(topology: Topology) -> str:
+    if topology.size == 1:
+        return "no gradient reduction (1 rank)"
+    return f"mean all-reduce across {topology.size} ranks (data parallel)"
+
+
+def describe_steps(boost: AutoBoost, topology: Topology) -> str:
+    """The summary's pipeline line in the order the train step runs.
+
+    The gradient reduction (the reducer spec's text, else the data-parallel mean; it runs in the train cell
+    before every stage), the stages of the enabled specs in ``order``, the apply step, then what stages do with
+    the update (``describe``'s ``after`` texts, outermost last): read from the same ordered specs
+    :mod:`ms_boost.pipeline` builds the train step from.
+    """
+    ctx = BuildContext(common=boost.common, topology=topology, level=boost.level)
+    specs = boost.enabled_specs()
+    reducer = single_hook(specs, "reducer")
+    reduction, steps, after_apply = None, [], []
+    for spec in specs:
+        if spec.describe is None:
+            continue
+        text = call_hook(spec, "describe", boost.section(spec.name), ctx)
+        before, after = text if isinstance(text, tuple) else (text, None)  # (before, after): see spec.py
+        if spec is reducer:
+            reduction = before
+        elif before:
+            steps.append(before)
+        if after:
+            after_apply.append(after)
+    apply_texts = [s.apply_text for s in specs if s.apply_text]
+    apply = apply_texts[-1] if apply_texts else "optimizer"
+    return " -> ".join([reduction or _default_reduction(topology), *steps, apply, *after_apply[::-1]])

@@ -226,11 +226,14 @@ class GroupLossScaleManager(nn.Cell):
         return self.marker(x, self.scales[layer1] / self.scales[layer2])
 
     # -- train-step side -------------------------------------------------------------------------
-    def unscale_and_update(self, grads):
+    def unscale_and_update(self, grads, forward_bad=None):
         """Unscale each gradient by its group's scale, detect overflow per group, update the scales.
 
         Args:
             grads: gradients computed with ``sens = 1`` (the markers scaled them), in :meth:`bind` order.
+            forward_bad: optional float32 scalar, > 0 when the forward pass wrote a non-finite value outside
+                the gradients (the loss, BatchNorm statistics): the step overflows, counted with the ungrouped
+                weights (no group's scale backs off for it).
 
         Returns:
             ``(unscaled_grads, overflow)``: the gradients divided by the scale that produced them, and a
@@ -256,6 +259,8 @@ class GroupLossScaleManager(nn.Cell):
         for k in range(len(grads)):
             if self._weight_group[k] == 0:
                 ungrouped = ops.maximum(ungrouped, nonfinite[k])
+        if forward_bad is not None:
+            ungrouped = ops.maximum(ungrouped, ops.minimum(forward_bad, 1.0))
         # [o_1 .. o_n, o_ungrouped], reduced over ranks; prefixed with S_0's (never) flag it lines up with
         # the scales vector, whose ends are reset to 1 by the edge mask
         flags = self._all_reduce_max(ops.stack(flags + (ungrouped,))) > 0.5

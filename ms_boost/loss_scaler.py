@@ -1,11 +1,14 @@
 """One loss-scaler interface for the train cell: fixed, dynamic (an update cell) and per-group scales.
 
-A :class:`LossScaler` is a Cell called as ``scaler(scale, grads) -> (grads, overflow)``: it divides the
-gradients by the scale that produced them, decides whether the step overflowed on any rank, and updates
-its scale(s). ``scale`` is the train cell's ``scale_sense`` Parameter (the sensitivity of the backward
-pass). The train cell skips the update when ``overflow`` is True.
+A :class:`LossScaler` is a Cell called as ``scaler(scale, grads, forward_bad) -> (grads, overflow)``: it
+divides the gradients by the scale that produced them, decides whether the step overflowed on any rank, and
+updates its scale(s). ``forward_bad`` counts the non-finite values the forward pass produced outside the
+gradients (the loss, BatchNorm statistics it updated: see :func:`forward_non_finite`): a step is an overflow
+when any gradient computed *or* anything the forward pass wrote is not finite, so weights frozen on that step
+(whose gradients were never computed) cannot hide it. ``scale`` is the train cell's ``scale_sense`` Parameter
+(the sensitivity of the backward pass). The train cell skips the update when ``overflow`` is True.
 
-* :class:`FixedLossScaler` -- ``g / S``; overflow = some gradient on some rank is not finite.
+* :class:`FixedLossScaler` -- ``g / S``; overflow = some gradient or forward value on some rank is not finite.
 * :class:`DynamicLossScaler` -- as fixed, then MindSpore's update cell (``DynamicLossScaleUpdateCell``,
   ``FixedLossScaleUpdateCell``) updates ``S`` and returns the overflow flag.
 * :class:`GroupLossScaler` -- a :class:`~ms_boost.loss_scale.GroupLossScaleManager`: per-group scales
@@ -25,7 +28,8 @@ from ms_boost import comm
 from ms_boost.loss_scale import GroupLossScaleManager
 from ms_boost.update import scale_gradients
 
-__all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler"]
+__all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler",
+           "forward_non_finite", "non_finite_count"]
 
 # Per-tensor steps mapped over tuples with HyperMap: a Python loop in ``construct`` unrolls into one call
 # per tensor, which exceeds Graph mode's call-depth limit on deep networks (ResNet-101 has ~300 tensors).
@@ -45,8 +49,23 @@ def non_finite_count(grads) -> Tensor:
     return ops.addn(_hyper_map(_non_finite, grads))
 
 
+def forward_non_finite(loss, buffers=None) -> Tensor:
+    """What a forward pass wrote that is not finite: 1 for a non-finite loss, plus one per buffer (BatchNorm
+    moving statistics updated by that pass) holding an inf or NaN; a float32 scalar.
+
+    Read after the forward pass: the buffers' new values are checked, the ones the update would keep.
+    """
+    bad = _non_finite_tensor(loss)
+    if buffers is not None:
+        bad = bad + non_finite_count(buffers)
+    return bad
+
+
 class LossScaler(nn.Cell):
-    """Base: ``construct(scale, grads) -> (grads, overflow)``.
+    """Base: ``construct(scale, grads, forward_bad) -> (grads, overflow)``.
+
+    ``forward_bad`` (float32 scalar, see :func:`forward_non_finite`) > 0 makes the step an overflow on every
+    rank, like a non-finite gradient.
 
     Attributes:
         initial_scale: the value the train cell's ``scale_sense`` starts at.
@@ -74,14 +93,15 @@ class FixedLossScaler(LossScaler):
         self.optimizer_loss_scale = float(optimizer_loss_scale)
         self.overflow_reduce = comm.AllReduce("sum")  # non-finite gradients, summed over the ranks
 
-    def unscale(self, scale, grads) -> Tuple[Any, Tensor]:
+    def unscale(self, scale, grads, forward_bad=0.0) -> Tuple[Any, Tensor]:
         inv = ops.reciprocal(scale) * self.optimizer_loss_scale
         grads = scale_gradients(inv, grads)
-        overflow = self.overflow_reduce(ops.reshape(non_finite_count(grads), (1,)))[0] > 0.5
+        bad = non_finite_count(grads) + forward_bad
+        overflow = self.overflow_reduce(ops.reshape(bad, (1,)))[0] > 0.5
         return grads, overflow
 
-    def construct(self, scale, grads):
-        return self.unscale(scale, grads)
+    def construct(self, scale, grads, forward_bad=0.0):
+        return self.unscale(scale, grads, forward_bad)
 
 
 class DynamicLossScaler(FixedLossScaler):
@@ -91,8 +111,8 @@ class DynamicLossScaler(FixedLossScaler):
         super().__init__(float(update_cell.get_loss_scale()), optimizer_loss_scale)
         self.update_cell = update_cell
 
-    def construct(self, scale, grads):
-        grads, overflow = self.unscale(scale, grads)
+    def construct(self, scale, grads, forward_bad=0.0):
+        grads, overflow = self.unscale(scale, grads, forward_bad)
         overflow = self.update_cell(scale, overflow)
         return grads, overflow
 
@@ -107,8 +127,8 @@ class GroupLossScaler(LossScaler):
     def state_parameters(self) -> Sequence[Parameter]:
         return tuple(self.manager.get_parameters())
 
-    def construct(self, scale, grads):
-        return self.manager.unscale_and_update(grads)
+    def construct(self, scale, grads, forward_bad=None):
+        return self.manager.unscale_and_update(grads, forward_bad)
 
 
 def make_loss_scaler(scale_sense: Any, weights, optimizer_loss_scale: float = 1.0) -> LossScaler:

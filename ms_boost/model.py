@@ -31,6 +31,7 @@ from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
 from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scale import is_group_manager
+from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.thor.convert import ConvertModelUtils, set_thor_frequency, thor_train_network
 from ms_boost.thor.optimizer import THOR
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
@@ -112,7 +113,7 @@ def build_train_network(network: nn.Cell, optimizer, loss_fn: Optional[nn.Cell] 
     """
     boost = resolve(boost_level, kwargs.pop("boost_config_dict", None))
     _scope_cache(boost, level, optimizer, kwargs)
-    network, optimizer = boost.network_auto_process_train(network, optimizer)
+    network, optimizer = rewrite_train(boost, network, optimizer)
     return _build(network, optimizer, loss_fn, level, boost, kwargs)
 
 
@@ -150,15 +151,15 @@ class Model(_MsModel):
         if not self.boost.is_active:
             return
         if self._optimizer is None:  # an evaluation/prediction Model: the structure the weights were trained in
-            self._network = self.boost.network_auto_process_eval(self._network)
+            self._network = rewrite_eval(self.boost, self._network)
             if self._eval_network is not None:
-                self._eval_network = self.boost.network_auto_process_eval(self._eval_network)
+                self._eval_network = rewrite_eval(self.boost, self._eval_network)
             logger.info("Model: no optimizer, so boost_level=%r applies its evaluation rewrites only (%s); "
                         "training needs an optimizer.", self.boost.level, ", ".join(self._enabled()))
             return
-        self._network, self._optimizer = self.boost.network_auto_process_train(self._network, self._optimizer)
+        self._network, self._optimizer = rewrite_train(self.boost, self._network, self._optimizer)
         if self._eval_network is not None:
-            self._eval_network = self.boost.network_auto_process_eval(self._eval_network)
+            self._eval_network = rewrite_eval(self.boost, self._eval_network)
 
     def _build_train_network(self):
         network = self._network

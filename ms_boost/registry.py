@@ -1,6 +1,7 @@
-"""The algorithm registry: built-in specs plus those registered with :func:`register_algorithm`.
+"""The algorithm registry: which algorithms exist (a leaf: it imports no algorithm).
 
-Semantics (no singleton surprises):
+The built-ins are registered by :mod:`ms_boost.builtins` (one line each), which the package face imports
+first; a user's algorithm with :func:`register_algorithm`. Semantics (no singleton surprises):
 
 * The registry holds *which algorithms exist*, never a configuration. It changes only through
   :func:`register_algorithm` / :func:`unregister_algorithm` (or the :func:`registered` context manager).
@@ -13,28 +14,33 @@ Semantics (no singleton surprises):
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, List, Tuple
 
-from ms_boost import adasum, grad_accumulation, grad_freeze_spec, less_bn, loss_scale
-from ms_boost.dim_reduce import spec as dim_reduce_spec
 from ms_boost.spec import AlgorithmSpec
-from ms_boost.thor import spec as thor_spec
 
-__all__ = ["BUILTIN_SPECS", "register_algorithm", "unregister_algorithm", "registered", "specs", "get_spec"]
+__all__ = ["register_builtin", "builtin_specs", "register_algorithm", "unregister_algorithm", "registered", "specs",
+           "get_spec"]
 
-#: Built-in algorithms in the order of upstream's switch list (the display order of switches).
-BUILTIN_SPECS: Tuple[AlgorithmSpec, ...] = (
-    less_bn.SPEC, grad_freeze_spec.SPEC, adasum.SPEC, grad_accumulation.SPEC, dim_reduce_spec.SPEC,
-    loss_scale.SPEC, thor_spec.SPEC,
-)
+_REGISTRY: Dict[str, AlgorithmSpec] = {}
+_BUILTIN_NAMES: List[str] = []
 
-#: Names an algorithm cannot take (sections of the boost config and AutoBoost's own attributes).
-RESERVED_NAMES = frozenset({
-    "boost", "common", "mode", "level", "notes", "specs", "sections", "summary", "enabled", "enabled_specs",
-    "section", "to_dict", "boost_config", "is_active", "network_auto_process_train", "network_auto_process_eval",
-})
 
-_REGISTRY: Dict[str, AlgorithmSpec] = {spec.name: spec for spec in BUILTIN_SPECS}
+def register_builtin(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Register a built-in algorithm (:mod:`ms_boost.builtins` calls this once per built-in, in upstream's switch
+    order, which is the display order of the switches); it can never be removed or shadowed.
+
+    Raises:
+        ValueError: as :func:`register_algorithm`.
+    """
+    _check_new(spec, "register_builtin")
+    _REGISTRY[spec.name] = spec
+    _BUILTIN_NAMES.append(spec.name)
+    return spec
+
+
+def builtin_specs() -> Tuple[AlgorithmSpec, ...]:
+    """The built-in specs, in upstream's switch order."""
+    return tuple(_REGISTRY[name] for name in _BUILTIN_NAMES)
 
 
 def specs() -> Tuple[AlgorithmSpec, ...]:
@@ -66,25 +72,28 @@ def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
         TypeError: ``spec`` is not an AlgorithmSpec.
         ValueError: the name is reserved or already registered, or ``excludes`` names an unknown algorithm.
     """
+    _check_new(spec, "register_algorithm")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def _check_new(spec: AlgorithmSpec, caller: str) -> None:
+    """Raise unless ``spec`` can join the registry (reserved names are refused by AlgorithmSpec itself)."""
     if not isinstance(spec, AlgorithmSpec):
-        raise TypeError(f"register_algorithm: expected an ms_boost.AlgorithmSpec, got {type(spec).__name__}.")
-    if spec.name in RESERVED_NAMES:
-        raise ValueError(f"register_algorithm: the name {spec.name!r} is reserved; choose another.")
-    if any(builtin.name == spec.name for builtin in BUILTIN_SPECS):
-        raise ValueError(f"register_algorithm: {spec.name!r} is a built-in algorithm; give yours another name.")
+        raise TypeError(f"{caller}: expected an ms_boost.AlgorithmSpec, got {type(spec).__name__}.")
+    if spec.name in _BUILTIN_NAMES:
+        raise ValueError(f"{caller}: {spec.name!r} is a built-in algorithm; give yours another name.")
     if spec.name in _REGISTRY:
-        raise ValueError(f"register_algorithm: an algorithm named {spec.name!r} is already registered "
+        raise ValueError(f"{caller}: an algorithm named {spec.name!r} is already registered "
                          f"(unregister_algorithm({spec.name!r}) first if it is yours).")
     clash = [other.name for other in _REGISTRY.values() if other.order == spec.order]
     if clash:
-        raise ValueError(f"register_algorithm: {spec.name!r} has order={spec.order}, the place of {clash[0]!r} in "
+        raise ValueError(f"{caller}: {spec.name!r} has order={spec.order}, the place of {clash[0]!r} in "
                          f"the pipeline; choose a free order (taken: {sorted(o.order for o in _REGISTRY.values())}).")
     unknown = [name for name in spec.excludes if name not in _REGISTRY]
     if unknown:
-        raise ValueError(f"register_algorithm: {spec.name!r} excludes unknown algorithm(s) {unknown}; "
+        raise ValueError(f"{caller}: {spec.name!r} excludes unknown algorithm(s) {unknown}; "
                          f"known: {list(_REGISTRY)}.")
-    _REGISTRY[spec.name] = spec
-    return spec
 
 
 def unregister_algorithm(name: str) -> AlgorithmSpec:
@@ -94,7 +103,7 @@ def unregister_algorithm(name: str) -> AlgorithmSpec:
         ValueError: ``name`` is a built-in algorithm.
         KeyError: nothing is registered as ``name``.
     """
-    if any(spec.name == name for spec in BUILTIN_SPECS):
+    if name in _BUILTIN_NAMES:
         raise ValueError(f"unregister_algorithm: {name!r} is a built-in algorithm and cannot be removed.")
     spec = get_spec(name)
     del _REGISTRY[name]

@@ -11,113 +11,25 @@ A user's algorithm defines its own section beside its code (see ``docs/adding_an
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import ClassVar, Dict, Optional, Tuple, Union
 
+from ms_boost.spec import CommonConfig, Rule, Section, build_section, section_dict
+from ms_boost.spec import int_rule as _int
+from ms_boost.spec import optional_rule as _optional
 from ms_boost.validation import (
-    INT32_MAX,
-    BoostConfigError,
     check_bool,
     check_float,
     check_float_or_list,
     check_int,
     check_int_list,
     check_optional_path,
-    short_repr,
 )
 
 __all__ = [
-    "Section", "build_section", "CommonConfig", "LessBNConfig", "GradFreezeConfig", "GradAccumulationConfig",
-    "AdaSumConfig", "DimReduceConfig", "LossScaleGroupConfig", "ThorConfig",
+    "Section", "build_section", "section_dict", "CommonConfig", "LessBNConfig", "GradFreezeConfig",
+    "GradAccumulationConfig", "AdaSumConfig", "DimReduceConfig", "LossScaleGroupConfig", "ThorConfig",
 ]
-
-Rule = Callable[[str, Any], Any]
-
-
-@dataclass(frozen=True)
-class Section:
-    """Base of a self-validating section: ``RULES`` maps a field to ``rule(path, value) -> normalised``.
-
-    Class attributes:
-        SECTION: the section's name in the boost config (used in messages: ``SECTION.field``).
-        ALIASES: other spellings accepted by :func:`build_section` (``{"n_component": "n_components"}``).
-        RULES: per-field checker; a field without a rule is taken as is.
-    """
-
-    SECTION: ClassVar[str] = ""
-    ALIASES: ClassVar[Dict[str, str]] = {}
-    RULES: ClassVar[Dict[str, Rule]] = {}
-
-    def __post_init__(self):
-        for f in fields(self):
-            rule = self.RULES.get(f.name)
-            if rule is not None:
-                object.__setattr__(self, f.name, rule(f"{self.SECTION}.{f.name}", getattr(self, f.name)))
-
-
-def build_section(name: str, cls: type, raw: Any):
-    """The section ``cls`` from the user's mapping ``raw`` (None: defaults), with aliases resolved.
-
-    Raises:
-        TypeError: ``raw`` is not a mapping (or a value has the wrong type).
-        BoostConfigError: an unknown key, a key given under two spellings, a value out of range.
-    """
-    if raw is None:
-        return cls()
-    if not isinstance(raw, Mapping):
-        raise TypeError(f"boost config section '{name}' must be a dict, got {short_repr(raw)} "
-                        f"({type(raw).__name__}).")
-    allowed = tuple(f.name for f in fields(cls))
-    aliases = dict(getattr(cls, "ALIASES", {}) or {})
-    values: Dict[str, Any] = {}
-    for key, value in raw.items():
-        canonical = aliases.get(key, key)
-        if canonical not in allowed:
-            spelled = sorted(allowed) + sorted(aliases)
-            shown = key if isinstance(key, str) and len(key) <= 80 else short_repr(key)
-            raise BoostConfigError(f"unknown boost config key '{name}.{shown}'; allowed keys: {spelled or 'none'}.")
-        if canonical in values:
-            raise BoostConfigError(f"boost config '{name}.{canonical}' is given twice (as '{canonical}' and "
-                                   f"its alias); give it once.")
-        values[canonical] = value
-    return cls(**values)
-
-
-def section_dict(section) -> Dict[str, Any]:
-    """A section's values as plain data (tuples as lists)."""
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(section).items()}
-
-
-def _int(low=None, high=INT32_MAX, holder=""):
-    return lambda p, v: check_int(p, v, low=low, high=high, holder=holder)
-
-
-def _optional(rule: Rule) -> Rule:
-    return lambda p, v: None if v is None else rule(p, v)
-
-
-@dataclass(frozen=True)
-class CommonConfig(Section):
-    """``common`` section.
-
-    Attributes:
-        gradient_split_groups: parameter indices where gradient groups are split (fused all-reduce
-            boundaries and LessBN parameter groups). Upstream default ``[50, 100]``.
-        device_number: devices per server; AdaSum combines across servers, a mean is taken inside one.
-            Capped at the number of ranks (:class:`~ms_boost.topology.Topology`). Upstream also spells it
-            ``device_num``.
-    """
-
-    gradient_split_groups: Tuple[int, ...] = (50, 100)
-    device_number: int = 8
-
-    SECTION: ClassVar[str] = "common"
-    ALIASES: ClassVar[Dict[str, str]] = {"device_num": "device_number"}
-    RULES: ClassVar[Dict[str, Rule]] = {
-        "gradient_split_groups": lambda p, v: check_int_list(p, v, low=1),
-        "device_number": _int(low=1),
-    }
 
 
 @dataclass(frozen=True)

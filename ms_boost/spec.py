@@ -22,20 +22,124 @@ user's with :func:`ms_boost.register_algorithm`). The pipeline reads the enabled
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Tuple
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ms_boost.sections import CommonConfig
-from ms_boost.topology import Topology
+from mindspore import nn
 
-__all__ = ["AlgorithmSpec", "BuildContext", "REDUCTION_ORDER"]
+from ms_boost.topology import Topology, check_device_number
+from ms_boost.validation import INT32_MAX, BoostConfigError, check_int, check_int_list, short_repr
 
-#: Kept for plugins that import it: the summary now shows the gradient reduction first, where the train cell
-#: runs it (before every stage), whatever the stages' ``order``.
-REDUCTION_ORDER = 35
+__all__ = [
+    "AlgorithmSpec", "BuildContext", "Section", "CommonConfig", "build_section", "section_dict", "int_rule",
+    "optional_rule", "Rule", "RESERVED_NAMES", "call_hook", "single_hook",
+]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+#: Names an algorithm cannot take: the boost config's own sections and AutoBoost's attributes.
+RESERVED_NAMES = frozenset({
+    "boost", "common", "mode", "level", "notes", "specs", "sections", "summary", "enabled", "enabled_specs",
+    "section", "to_dict", "boost_config", "is_active", "network_auto_process_train", "network_auto_process_eval",
+})
+
+Rule = Callable[[str, Any], Any]
+
+
+# -- sections: an algorithm's options ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Section:
+    """Base of a self-validating section: ``RULES`` maps a field to ``rule(path, value) -> normalised``.
+
+    Each built-in algorithm defines its section in its package's ``spec.py``; the boost config
+    (:class:`~ms_boost.config.AutoBoost`), the pipeline and the upstream-style constructors
+    (``GradientFreeze(...)``, ``GradientAccumulation(...)``, ``AdaSum(...)``, ``DimReduce(...)``) all build
+    these same objects, so each value has one rule and one message.
+
+    Attributes:
+        SECTION: the section's name in the boost config (used in messages: ``SECTION.field``).
+        ALIASES: other spellings accepted by :func:`build_section` (``{"n_component": "n_components"}``).
+        RULES: per-field checker; a field without a rule is taken as is.
+    """
+
+    SECTION: ClassVar[str] = ""
+    ALIASES: ClassVar[Dict[str, str]] = {}
+    RULES: ClassVar[Dict[str, Rule]] = {}
+
+    def __post_init__(self) -> None:
+        """Check and normalise every field that has a rule."""
+        for f in fields(self):
+            rule = self.RULES.get(f.name)
+            if rule is not None:
+                object.__setattr__(self, f.name, rule(f"{self.SECTION}.{f.name}", getattr(self, f.name)))
+
+
+def build_section(name: str, cls: type, raw: Any) -> Any:
+    """The section ``cls`` from the user's mapping ``raw`` (None: defaults), with aliases resolved.
+
+    Raises:
+        TypeError: ``raw`` is not a mapping (or a value has the wrong type).
+        BoostConfigError: an unknown key, a key given under two spellings, a value out of range.
+    """
+    if raw is None:
+        return cls()
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"boost config section '{name}' must be a dict, got {short_repr(raw)} "
+                        f"({type(raw).__name__}).")
+    allowed = tuple(f.name for f in fields(cls))
+    aliases = dict(getattr(cls, "ALIASES", {}) or {})
+    values: Dict[str, Any] = {}
+    for key, value in raw.items():
+        canonical = aliases.get(key, key)
+        if canonical not in allowed:
+            spelled = sorted(allowed) + sorted(aliases)
+            shown = key if isinstance(key, str) and len(key) <= 80 else short_repr(key)
+            raise BoostConfigError(f"unknown boost config key '{name}.{shown}'; allowed keys: {spelled or 'none'}.")
+        if canonical in values:
+            raise BoostConfigError(f"boost config '{name}.{canonical}' is given twice (as '{canonical}' and "
+                                   f"its alias); give it once.")
+        values[canonical] = value
+    return cls(**values)
+
+
+def section_dict(section: Any) -> Dict[str, Any]:
+    """A section's values as plain data (tuples as lists)."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(section).items()}
+
+
+def int_rule(low: Optional[int] = None, high: int = INT32_MAX, holder: str = "") -> Rule:
+    """A rule for an int in ``[low, high]``; ``holder`` names the counter that bounds it."""
+    return lambda p, v: check_int(p, v, low=low, high=high, holder=holder)
+
+
+def optional_rule(rule: Rule) -> Rule:
+    """``rule``, with None allowed."""
+    return lambda p, v: None if v is None else rule(p, v)
+
+
+@dataclass(frozen=True)
+class CommonConfig(Section):
+    """``common`` section.
+
+    Attributes:
+        gradient_split_groups: parameter indices where gradient groups are split (fused all-reduce
+            boundaries and LessBN parameter groups). Upstream default ``[50, 100]``.
+        device_number: devices per server; AdaSum combines across servers, a mean is taken inside one.
+            Capped at the number of ranks (:class:`~ms_boost.topology.Topology`). Upstream also spells it
+            ``device_num``.
+    """
+
+    gradient_split_groups: Tuple[int, ...] = (50, 100)
+    device_number: int = 8
+
+    SECTION: ClassVar[str] = "common"
+    ALIASES: ClassVar[Dict[str, str]] = {"device_num": "device_number"}
+    RULES: ClassVar[Dict[str, Rule]] = {
+        "gradient_split_groups": lambda p, v: check_int_list(p, v, low=1),
+        "device_number": check_device_number,
+    }
 
 
 @dataclass(frozen=True)
@@ -98,8 +202,9 @@ class AlgorithmSpec:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ValueError(f"AlgorithmSpec: name={self.name!r} must be a lower-case identifier "
                              f"([a-z][a-z0-9_]*, at most 64 characters).")
-        if self.name in ("boost", "common", "mode"):
-            raise ValueError(f"AlgorithmSpec: name={self.name!r} is reserved.")
+        if self.name in RESERVED_NAMES:
+            raise ValueError(f"AlgorithmSpec: the name {self.name!r} is reserved (a section of the boost config or "
+                             f"an AutoBoost attribute); choose another.")
         if not (isinstance(self.section, type) and dataclasses.is_dataclass(self.section)):
             raise TypeError(f"AlgorithmSpec {self.name!r}: section must be a dataclass type, got "
                             f"{self.section!r}.")
@@ -121,3 +226,49 @@ class AlgorithmSpec:
                 raise TypeError(f"AlgorithmSpec {self.name!r}: {hook} must be callable or None.")
         object.__setattr__(self, "levels", tuple(self.levels))
         object.__setattr__(self, "excludes", tuple(self.excludes))
+
+
+#: each hook's arguments, for the message when a user's hook cannot take them
+_HOOK_ARGS = {"rewrite_train": "(network, optimizer, cfg, ctx)", "rewrite_eval": "(network, cfg, ctx)",
+              "reducer": "(weights, cfg, ctx)", "apply": "(network, optimizer, weights, cfg, ctx)",
+              "stage": "(inner, weights, cfg, ctx)", "describe": "(cfg, ctx)"}
+
+
+def call_hook(spec: AlgorithmSpec, hook: str, *args: Any) -> Any:
+    """``spec.<hook>(*args)``, with a clear error for a hook that does not fit.
+
+    Raises:
+        TypeError: the hook's signature cannot take these arguments (the message names the algorithm, the hook
+            and what it is called with, rather than Python's bare message from inside the pipeline), or a
+            ``stage``/``apply`` hook returned something other than an ``nn.Cell`` (a plain function trains in
+            PyNative and fails in Graph mode).
+    """
+    fn = getattr(spec, hook)
+    try:
+        signature: Optional[inspect.Signature] = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to check
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(*args)
+        except TypeError as exc:
+            raise TypeError(f"algorithm {spec.name!r}: its {hook} hook {getattr(fn, '__name__', fn)}{signature} "
+                            f"cannot be called as {hook}{_HOOK_ARGS.get(hook, '')} ({exc}).") from None
+    result = fn(*args)
+    if hook in ("stage", "apply") and result is not None and not isinstance(result, nn.Cell):
+        raise TypeError(f"algorithm {spec.name!r}: its {hook} hook returned {type(result).__name__}; it must return "
+                        f"an nn.Cell (an UpdateStage with construct(loss, grads, *inputs)).")
+    return result
+
+
+def single_hook(specs: Sequence[AlgorithmSpec], hook: str) -> Optional[AlgorithmSpec]:
+    """The one spec of ``specs`` that has ``hook`` (None when none has).
+
+    Raises:
+        ValueError: more than one has it (``reducer`` and ``apply`` are taken by at most one algorithm).
+    """
+    found: List[AlgorithmSpec] = [s for s in specs if getattr(s, hook) is not None]
+    if len(found) > 1:
+        raise ValueError(f"boost: {[s.name for s in found]} each provide a '{hook}' hook; at most one enabled "
+                         f"algorithm may (switch one off).")
+    return found[0] if found else None

@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from ms_boost import comm
-from ms_boost.sections import CommonConfig
-from ms_boost.validation import BoostConfigError, check_int
+from ms_boost.validation import INT32_MAX, BoostConfigError, check_int
 
-__all__ = ["Topology"]
+__all__ = ["Topology", "check_device_number"]
+
+
+def check_device_number(path: str, value: object) -> int:
+    """The one rule for ``common.device_number``: an int in ``[1, 2**31 - 1]``."""
+    return check_int(path, value, low=1, high=INT32_MAX)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class Topology:
     def __post_init__(self):
         check_int("topology size", self.size, low=1)
         check_int("topology rank", self.rank, low=0, high=self.size - 1)
-        CommonConfig(device_number=self.device_number)  # the one rule for the value
+        check_device_number("common.device_number", self.device_number)
 
     def check_servers(self) -> None:
         """Raise unless the ranks split into whole servers (checked by every server-layout query).

@@ -5,7 +5,8 @@
     loss  = network(*inputs)
     grads = d loss / d weights            (with the loss scale as sensitivity in the loss-scale cell)
     grads = reducer(grads)                 (data-parallel mean; within a server when AdaSum is on)
-    [loss-scale cell] unscale, overflow = any non-finite gradient on any rank, update the scale
+    [loss-scale cell] unscale, overflow = any non-finite gradient, loss or BatchNorm statistic on any rank,
+                      update the scale; on overflow the statistics the forward pass wrote are restored
     if not overflow: update(loss, grads, *inputs)
 
 All choices (which reducer, which update stages) are made in ``__init__`` from the resolved
@@ -22,7 +23,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_boost import comm, pipeline
 from ms_boost.config import AutoBoost, resolve
-from ms_boost.loss_scaler import make_loss_scaler
+from ms_boost.loss_scaler import forward_non_finite, make_loss_scaler
 from ms_boost.topology import Topology
 from ms_boost.update import OptimizerUpdate, StageHooks, runs_as_python, scale_gradients, stage_chain
 
@@ -240,8 +241,11 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
             inputs = ops.depend(inputs, _hyper_map(_copy_into, self.buffer_shadows, self.buffers))
         scaling_sens = self.scale_sense
         loss, grads = self.loss_and_grads(inputs, scaling_sens)
+        # The overflow covers what the forward pass wrote too: on a freezing step the frozen layers' gradients
+        # are not computed (PyNative) or are not read, but their BatchNorm statistics were updated.
+        forward_bad = forward_non_finite(loss, self.buffers if self.has_buffers else None)
         grads = self.reducer(grads)
-        grads, overflow = self.loss_scaler(scaling_sens, grads)
+        grads, overflow = self.loss_scaler(scaling_sens, grads, forward_bad)
         if not overflow:
             loss = ops.depend(loss, self.update(loss, grads, *inputs))
         elif self.has_buffers:

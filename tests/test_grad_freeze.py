@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
-from ms_boost.config import AutoBoost
+from ms_boost import AutoBoost
 from ms_boost.grad_freeze import (
     FreezeOpt,
     FreezeSchedule,

@@ -45,8 +45,7 @@ from model_zoo.resnet.src.run_state import (
     run_checkpoints,
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
-from ms_boost import Model, comm
-from ms_boost.config import AutoBoost
+from ms_boost import AutoBoost, Model, comm
 from ms_boost.dim_reduce.pca import write_weight_manifest
 
 __all__ = [
