@@ -16,7 +16,8 @@ __all__ = [
     "dot", "REDUCE_SUM", "decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
     "pick_direction", "preconditioned_dot", "scale_preconditioned", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
-    "cholesky_inverse", "eigen_inverse", "blocks_bad", "job_inverse", "precondition", "trace", "MAP", "CONCAT",
+    "cholesky_inverse", "eigen_inverse", "blocks_bad", "job_inverse", "precondition", "trace", "zero_unless",
+    "layer_bad", "MAP", "CONCAT",
 ]
 
 def dot(x, y):
@@ -55,6 +56,8 @@ blocks_bad = ops.MultitypeFuncGraph("thor_blocks_bad")
 job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
 trace = ops.MultitypeFuncGraph("thor_trace")
+zero_unless = ops.MultitypeFuncGraph("thor_zero_unless")
+layer_bad = ops.MultitypeFuncGraph("thor_layer_bad")
 MAP = ops.Map()
 CONCAT = ops.Concat(0)
 
@@ -289,3 +292,18 @@ def _trace_tensor(factor):
     if factor.ndim == 1:
         return REDUCE_SUM(factor, ())
     return REDUCE_SUM(factor * ops.Eye()(factor.shape[-1], factor.shape[-1], ms.float32), ())
+
+
+@zero_unless.register("Tensor", "Tensor")
+def _zero_unless_tensor(keep, grad):
+    """``grad`` where ``keep`` (a bool scalar), else zeros (a skipped step's update moves nothing)."""
+    return ops.where(keep, grad, ops.zeros_like(grad))
+
+
+@layer_bad.register("Tuple", "Number", "Number")
+def _layer_bad_tuple(directions, weight_index, bias_index):
+    """Whether the update of one THOR layer (its weight, and its bias when preconditioned with it) holds inf/NaN."""
+    ok = thor_math.all_finite(directions[weight_index])
+    if bias_index >= 0:
+        ok = ops.logical_and(ok, thor_math.all_finite(directions[bias_index]))
+    return ops.logical_not(ok)

@@ -51,6 +51,7 @@ from ms_boost.validation import check_bool, check_int
 
 _log = logging.getLogger("ms_boost")
 _REDUCE_ANY = ops.ReduceAny(keep_dims=False)
+_REDUCE_MIN = ops.ReduceMin(keep_dims=False)
 
 __all__ = ["THOR", "ThorGuard", "ThorNonFiniteError", "DEFAULT_KL_CLIP"]
 
@@ -223,6 +224,7 @@ class THOR(nn.Optimizer, StageHooks):
                                              name="thor_inverted_traces", requires_grad=False)
             self.stable_refreshes = Parameter(Tensor(np.zeros(self.n_layers, np.float32)),
                                               name="thor_stable_refreshes", requires_grad=False)
+        self._layer_numbers = Tensor(np.arange(self.n_layers, dtype=np.float32))
         self._keep_on_success = Tensor(np.array([1.0, 0.0, 1.0, 0.0], np.float32))
         self._keep_on_skip = Tensor(np.array([1.0, 0.0, 0.0, 1.0], np.float32))
         self._setup_distribution(split_indices, distribute_inverses)
@@ -568,41 +570,43 @@ class THOR(nn.Optimizer, StageHooks):
         # a non-finite update (gradient, preconditioned direction or nu) skips the whole step; one check
         # over all parameters at once (a per-parameter check costs four kernel launches per parameter)
         finite = thor_math.all_finite(flatten_tensors(new_grads))
-        if finite:
-            if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
-                success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, self.momentum), params, moments,
-                                         new_grads)
-            else:
-                success = self.hyper_map(ops.partial(kernels.momentum_step, self.apply_momentum, lr, self.momentum),
-                                         params, moments, new_grads)
-            next_step = step + 1
-            capture = ((next_step % self.frequency) == 0).all()
-            success = ops.depend(success, self.hyper_map(ops.partial(kernels.set_flag, capture), self.capture_flags))
-            success = ops.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
-            done = ops.depend(ops.ones((), ms.bool_), success)
-            # where, not a product with the mask: a NaN nu of a skipped step times 0 stays NaN
-            health = ops.where(self._keep_on_success > 0.5, self.step_health, 0.0) + ops.concat(
-                (ops.zeros((1,), ms.float32), nu.reshape(1).astype(ms.float32), ops.zeros((2,), ms.float32)))
+        # No branch on ``finite`` (a device switch cost about 0.2x a Momentum step): a skipped step runs the same
+        # update with learning rate 0, momentum 1 and zero gradients, which leaves every weight and moment bit
+        # for bit as it was (v = 1 v + 0, w = w - 0 v); the step counter, flags and health follow ``finite``.
+        lr = ops.where(finite, lr, ops.zeros_like(lr))
+        momentum = ops.where(finite, self.momentum, ops.ones_like(self.momentum))
+        new_grads = self.hyper_map(ops.partial(kernels.zero_unless, finite), new_grads)
+        if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
+            success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum), params, moments, new_grads)
         else:
-            # nothing moves; the next step captures statistics again (they show where inf/NaN appear) and
-            # refreshes the inverses (a corrupted inverse would otherwise be reused until the next refresh)
-            done = ops.depend(ops.zeros((), ms.bool_),
-                              self.hyper_map(ops.partial(kernels.set_flag, Tensor(True, ms.bool_)), self.capture_flags))
-            done = ops.depend(done, ops.assign(self.refresh_next, Tensor(True, ms.bool_)))
-            bad = self._first_bad_layer(directions).reshape(1)
-            health = ops.where(self._keep_on_skip > 0.5, self.step_health, 0.0) + ops.concat(
-                (ops.ones((1,), ms.float32), nu.reshape(1).astype(ms.float32), bad, ops.ones((1,), ms.float32)))
-        return ops.depend(done, ops.assign(self.step_health, health.astype(ms.float32)))
+            success = self.hyper_map(ops.partial(kernels.momentum_step, self.apply_momentum, lr, momentum),
+                                     params, moments, new_grads)
+        skipped = ops.logical_not(finite)
+        # the next step captures on schedule; after a skipped one it captures statistics again (they show where
+        # inf/NaN appear) and refreshes the inverses (a corrupted inverse would otherwise be reused)
+        capture = ops.logical_or(skipped, (((step + 1) % self.frequency) == 0).all())
+        success = ops.depend(success, self.hyper_map(ops.partial(kernels.set_flag, capture), self.capture_flags))
+        success = ops.depend(success, self.assignadd(self.global_step,
+                                                     self.global_step_increase_tensor * ops.cast(finite, ms.int32)))
+        success = ops.depend(success, ops.assign(self.refresh_next, ops.logical_or(self.refresh_next, skipped)))
+        bad = self._first_bad_layer(directions).reshape(1)
+        # where, not a product with the mask: a NaN nu of a skipped step times 0 stays NaN
+        keep = ops.where(finite, self._keep_on_success, self._keep_on_skip)
+        kept = ops.where(keep > 0.5, self.step_health, 0.0)
+        new = ops.concat((ops.cast(skipped, ms.float32).reshape(1), nu.reshape(1).astype(ms.float32),
+                          ops.where(finite, ops.zeros((1,), ms.float32), bad),
+                          ops.cast(skipped, ms.float32).reshape(1)))
+        done = ops.depend(finite, success)
+        return ops.depend(done, ops.assign(self.step_health, (kept + new).astype(ms.float32)))
 
-    def _first_bad_layer(self, new_grads):
+    def _first_bad_layer(self, directions):
         """Index (float) of the first THOR layer whose update holds inf/NaN; -1 if none does."""
-        first = ops.zeros((), ms.float32) - 1.0
-        for i in range(self.n_layers - 1, -1, -1):
-            bad = ops.logical_not(thor_math.all_finite(new_grads[self.weight_index[i]]))
-            if self.bias_index[i] >= 0:
-                bad = ops.logical_or(bad, ops.logical_not(thor_math.all_finite(new_grads[self.bias_index[i]])))
-            first = ops.where(bad, ops.zeros((), ms.float32) + float(i), first)
-        return first
+        if self.n_layers == 0:
+            return ops.zeros((), ms.float32) - 1.0
+        bad = ops.stack(kernels.MAP(ops.partial(kernels.layer_bad, directions), self.weight_index, self.bias_index))
+        index = ops.where(bad, self._layer_numbers, float(self.n_layers))
+        first = _REDUCE_MIN(index, ())
+        return ops.where(first >= float(self.n_layers), ops.zeros((), ms.float32) - 1.0, first)
 
     # ------------------------------------------------------------------ health
     def health(self) -> dict:

@@ -41,14 +41,15 @@ class StepVariants:
         self.optimizer = optimizer
         self._restore_phase: Optional[str] = None
 
-    def decide(self) -> Optional[Variant]:
-        """``(capture, refresh)`` of the next step from the optimizer's state; None when the layers' capture flags
-        disagree (set by hand): the device-side switches then decide."""
+    def decide(self) -> Variant:
+        """``(capture, refresh)`` of the next step from the optimizer's state (four scalar reads).
+
+        The first layer's capture flag stands for all of them: the optimizer and ``request_capture`` write them
+        together, and a checkpoint saves them together. Flags set by hand to different values are not seen:
+        then call the train cell directly (device-side switches).
+        """
         opt = self.optimizer
-        flags = {bool(flag.asnumpy()) for flag in opt.capture_flags}
-        if len(flags) > 1:
-            return None
-        capture = flags.pop() if flags else False
+        capture = bool(opt.capture_flags[0].asnumpy()) if len(opt.capture_flags) else False
         refresh = (not bool(opt.thor_initialised.asnumpy()) or bool(opt.refresh_next.asnumpy())
                    or int(opt.global_step.asnumpy().reshape(-1)[0]) % opt.frequency == 0)
         return capture, refresh
@@ -60,10 +61,7 @@ class StepVariants:
         """
         if ms.get_context("mode") != ms.GRAPH_MODE or not isinstance(cell, nn.Cell):
             return None
-        variant = self.decide()
-        if variant is None:
-            return None
-        capture, refresh = variant
+        capture, refresh = variant = self.decide()
         self._set(capture, refresh)
         self._restore_phase = cell.phase
         cell.phase = f"{cell.phase}_thor_{'capture' if capture else 'plain'}{'_refresh' if refresh else ''}"
