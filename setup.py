@@ -27,7 +27,8 @@ setup(
         # plots: model_zoo.resnet.plot_run (training curves), `python -m bench` figures;
         # the THOR sweep fits with scikit-learn
         "bench": ["matplotlib", "scikit-learn"],
-        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib", "scikit-learn"],
+        # onnxruntime runs the exported ONNX files (tests/test_zoo_export.py); 1.32 measured with numpy 1.26
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib", "scikit-learn", "onnxruntime>=1.17"],
     },
     license="Apache-2.0",
 )

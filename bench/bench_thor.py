@@ -265,6 +265,16 @@ def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) ->
         if "compile_s" in st:
             switch += " Compile (first calls less their steps): " + ", ".join(
                 f"{k} {v:.1f} s" for k, v in st["compile_s"].items()) + "."
+        prev = st.get("previous_code")
+        if prev:  # the code before the change, timed by this script in its own process at the same time
+            switch += (f" Previous code ({prev['label']}, run concurrently in its own process): Momentum "
+                       f"{prev['momentum_s'] * 1e3:.1f} ms, THOR step without refresh "
+                       f"{prev['thor_other_s'] * 1e3:.1f} ms ({prev['thor_other_s'] / prev['momentum_s']:.2f}x), "
+                       f"refresh step {prev['thor_refresh_s'] * 1e3:.1f} ms "
+                       f"({prev['thor_refresh_s'] / prev['momentum_s']:.2f}x), amortized "
+                       + ", ".join(f"{r:.2f}x ({f})" for f, r in prev["ratio"].items())
+                       + f"; compile: Momentum {prev['compile_s']['momentum']:.1f} s, THOR "
+                       f"{prev['compile_s']['thor']:.1f} s.")
         lines += ["", f"## Step time, {mode} mode (fixed batch, Momentum and THOR steps alternating, medians)", "",
                   network + f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
                   f"{st['thor_other_s'] * 1e3:.1f} ms ({st['thor_other_s'] / st['momentum_s']:.2f}x), refresh "

@@ -39,10 +39,15 @@ from ms_boost.compat import (
 from ms_boost.model import Model, build_train_network
 from ms_boost.registry import register_algorithm, registered, unregister_algorithm
 from ms_boost.spec import AlgorithmSpec, BuildContext
+from ms_boost.thor.convert import set_model_class
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 from ms_boost.validation import BoostConfigError
 
 __version__ = "0.1.0"
+
+# THOR's ConvertModelUtils builds ms_boost.Model: the face hands it down (ms_boost.thor never imports upward, and
+# model.py knows no algorithm)
+set_model_class(Model)
 
 _logger = logging.getLogger("ms_boost")
 if not _logger.handlers:

@@ -1,19 +1,31 @@
-"""The built-in algorithms, registered one line each (in upstream's switch order, the display order).
+"""The built-in algorithms, registered one line each (in upstream's switch order, the display order), and the
+optimizer hooks of the built-in optimizers that do not implement them themselves (THOR).
 
-Adding a built-in is one package ``ms_boost/<name>/`` whose ``spec.py`` defines ``SPEC`` (and its section),
-plus one line here. :mod:`ms_boost.registry` imports no algorithm; the package face imports this module.
+Adding a built-in is one package ``ms_boost/<name>/`` whose ``spec.py`` defines its section and ``SPEC`` (named
+``<name>``), plus one line here (``tests/test_import_graph.py`` checks both). :mod:`ms_boost.registry` imports no
+algorithm; the package face imports this module first.
 """
 from __future__ import annotations
 
-from ms_boost import adasum, grad_accumulation, grad_freeze_spec, less_bn, loss_scale
-from ms_boost.dim_reduce import spec as dim_reduce_spec
+from ms_boost.adasum import spec as adasum
+from ms_boost.dim_reduce import spec as dim_reduce
+from ms_boost.grad_accumulation import spec as grad_accumulation
+from ms_boost.grad_freeze import spec as grad_freeze
+from ms_boost.less_bn import spec as less_bn
+from ms_boost.loss_scale_group import spec as loss_scale_group
 from ms_boost.registry import register_builtin
-from ms_boost.thor import spec as thor_spec
+from ms_boost.stages import register_optimizer_hooks
+from ms_boost.thor import spec as thor
+from ms_boost.thor.convert import ThorModelHooks
+from ms_boost.thor.optimizer import THOR
 
 register_builtin(less_bn.SPEC)
-register_builtin(grad_freeze_spec.SPEC)
+register_builtin(grad_freeze.SPEC)
 register_builtin(adasum.SPEC)
 register_builtin(grad_accumulation.SPEC)
-register_builtin(dim_reduce_spec.SPEC)
-register_builtin(loss_scale.SPEC)
-register_builtin(thor_spec.SPEC)
+register_builtin(dim_reduce.SPEC)
+register_builtin(loss_scale_group.SPEC)
+register_builtin(thor.SPEC)
+
+# what Model asks a THOR optimizer (ms_boost.stages.OptimizerHooks): its network, frequency=, plan note, guard
+register_optimizer_hooks(THOR, ThorModelHooks)

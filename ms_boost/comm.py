@@ -21,14 +21,14 @@ an in-process loopback world of N simulated ranks (``tests/helpers/loopback.py``
 from __future__ import annotations
 
 import hashlib
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.communication import management as _mgmt
 
 __all__ = [
-    "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_groups",
+    "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_ranks", "server_groups",
     "barrier", "data_parallel_reduce_config", "use_backend", "uses_stand_in_backend", "AllReduce", "AllGather",
     "Broadcast", "GradReducer", "collectives_compile",
 ]
@@ -134,6 +134,13 @@ def server_size(device_number: int, ranks: Optional[int] = None) -> int:
     return min(device_number, get_size() if ranks is None else ranks)
 
 
+def server_ranks(server_size: int, size: int) -> Tuple[Tuple[int, ...], ...]:
+    """The rank lists of the servers: server ``s`` holds ranks ``[s*server_size, (s+1)*server_size)`` (the layout
+    of HCCL rank tables and of ``msrun`` node ranks; ``server_size`` divides ``size``). The one place the layout
+    is computed (:func:`server_groups` and :class:`~ms_boost.topology.Topology` read it)."""
+    return tuple(tuple(range(s, s + server_size)) for s in range(0, size, server_size))
+
+
 def server_groups(device_number: int) -> tuple:
     """Split the world into servers of ``device_number`` consecutive ranks.
 
@@ -153,7 +160,7 @@ def server_groups(device_number: int) -> tuple:
     if not isinstance(device_number, int) or device_number < 1 or size % device_number:
         raise ValueError(
             f"common.device_number={device_number!r} must be a positive divisor of the number of ranks ({size}).")
-    servers = [list(range(s, s + device_number)) for s in range(0, size, device_number)]
+    servers = [list(ranks) for ranks in server_ranks(device_number, size)]
     mine = servers[get_rank() // device_number]
     if device_number == 1:
         return None, servers

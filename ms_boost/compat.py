@@ -24,7 +24,7 @@ from ms_boost.grad_accumulation import GradientAccumulation
 from ms_boost.grad_freeze import FreezeOpt, GradientFreeze, freeze_cell
 from ms_boost.grad_process import OptimizerProcess, ParameterProcess
 from ms_boost.less_bn import LessBN
-from ms_boost.loss_scale import GroupLossScaleManager
+from ms_boost.loss_scale_group import GroupLossScaleManager
 from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.thor import Conv2dThor, ConvertModelUtils, ConvertNetUtils, DenseThor, EmbeddingThor, thor
 

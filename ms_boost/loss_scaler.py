@@ -11,7 +11,7 @@ when any gradient computed *or* anything the forward pass wrote is not finite, s
 * :class:`FixedLossScaler` -- ``g / S``; overflow = some gradient or forward value on some rank is not finite.
 * :class:`DynamicLossScaler` -- as fixed, then MindSpore's update cell (``DynamicLossScaleUpdateCell``,
   ``FixedLossScaleUpdateCell``) updates ``S`` and returns the overflow flag.
-* :class:`GroupLossScaler` -- a :class:`~ms_boost.loss_scale.GroupLossScaleManager`: per-group scales
+* :class:`GroupLossScaler` -- a :class:`~ms_boost.loss_scale_group.GroupLossScaleManager`: per-group scales
   applied inside the network (``S = 1`` here), unscaled and updated per group.
 
 :func:`make_loss_scaler` picks one from what the user passed as ``scale_sense``.
@@ -25,11 +25,11 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ms_boost import comm
-from ms_boost.loss_scale import GroupLossScaleManager
-from ms_boost.update import scale_gradients
+from ms_boost.loss_scale_group import GroupLossScaleManager, is_group_manager
+from ms_boost.stages import scale_gradients
 
 __all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler",
-           "forward_non_finite", "non_finite_count"]
+           "forward_non_finite", "non_finite_count", "is_group_manager"]
 
 # Per-tensor steps mapped over tuples with HyperMap: a Python loop in ``construct`` unrolls into one call
 # per tensor, which exceeds Graph mode's call-depth limit on deep networks (ResNet-101 has ~300 tensors).
@@ -79,23 +79,23 @@ class LossScaler(nn.Cell):
 
 
 class FixedLossScaler(LossScaler):
-    """Divide by ``scale / optimizer_loss_scale``; overflow when any gradient on any rank is not finite.
+    """Divide by the whole ``scale``; overflow when any gradient on any rank is not finite.
+
+    An optimizer built with ``loss_scale=S`` (MindSpore's convention with ``FixedLossScaleManager(S,
+    drop_overflow_update=False)``) gets its share back from its apply stage
+    (:attr:`~ms_boost.stages.OptimizerUpdate.gradient_scale`), so every stage in between sees true gradients.
 
     Args:
         value: the loss scale ``S`` (> 0, finite).
-        optimizer_loss_scale: the share of ``S`` an optimizer built with ``loss_scale=S`` divides by
-            itself (MindSpore's convention with ``FixedLossScaleManager(S, drop_overflow_update=False)``).
     """
 
-    def __init__(self, value: float, optimizer_loss_scale: float = 1.0):
+    def __init__(self, value: float):
         super().__init__(auto_prefix=False)
         self.initial_scale = float(value)
-        self.optimizer_loss_scale = float(optimizer_loss_scale)
         self.overflow_reduce = comm.AllReduce("sum")  # non-finite gradients, summed over the ranks
 
     def unscale(self, scale, grads, forward_bad=0.0) -> Tuple[Any, Tensor]:
-        inv = ops.reciprocal(scale) * self.optimizer_loss_scale
-        grads = scale_gradients(inv, grads)
+        grads = scale_gradients(ops.reciprocal(scale), grads)
         bad = non_finite_count(grads) + forward_bad
         overflow = self.overflow_reduce(ops.reshape(bad, (1,)))[0] > 0.5
         return grads, overflow
@@ -107,8 +107,8 @@ class FixedLossScaler(LossScaler):
 class DynamicLossScaler(FixedLossScaler):
     """:class:`FixedLossScaler`, then ``update_cell(scale, overflow)`` updates the scale in place."""
 
-    def __init__(self, update_cell: nn.Cell, optimizer_loss_scale: float = 1.0):
-        super().__init__(float(update_cell.get_loss_scale()), optimizer_loss_scale)
+    def __init__(self, update_cell: nn.Cell):
+        super().__init__(float(update_cell.get_loss_scale()))
         self.update_cell = update_cell
 
     def construct(self, scale, grads, forward_bad=0.0):
@@ -118,7 +118,7 @@ class DynamicLossScaler(FixedLossScaler):
 
 
 class GroupLossScaler(LossScaler):
-    """Per-group scales of a :class:`~ms_boost.loss_scale.GroupLossScaleManager` (the train cell's scale is 1)."""
+    """Per-group scales of a :class:`~ms_boost.loss_scale_group.GroupLossScaleManager` (the train cell's scale is 1)."""
 
     def __init__(self, manager: GroupLossScaleManager, weights):
         super().__init__(auto_prefix=False)
@@ -131,14 +131,13 @@ class GroupLossScaler(LossScaler):
         return self.manager.unscale_and_update(grads, forward_bad)
 
 
-def make_loss_scaler(scale_sense: Any, weights, optimizer_loss_scale: float = 1.0) -> LossScaler:
+def make_loss_scaler(scale_sense: Any, weights: Sequence[Parameter]) -> LossScaler:
     """The scaler for what the user passed as ``scale_sense``.
 
     Args:
         scale_sense: a :class:`GroupLossScaleManager`, a loss-scale update Cell (``manager.get_update_cell()``),
             a Tensor holding one value, or a positive number.
         weights: the parameters in gradient order (a group manager needs them).
-        optimizer_loss_scale: see :class:`FixedLossScaler`.
 
     Raises:
         TypeError: ``scale_sense`` is none of these.
@@ -147,14 +146,14 @@ def make_loss_scaler(scale_sense: Any, weights, optimizer_loss_scale: float = 1.
     if isinstance(scale_sense, GroupLossScaleManager):
         return GroupLossScaler(scale_sense, weights)
     if isinstance(scale_sense, nn.Cell):
-        scaler = DynamicLossScaler(scale_sense, optimizer_loss_scale)
+        scaler = DynamicLossScaler(scale_sense)
     elif isinstance(scale_sense, Tensor):
         arr = scale_sense.asnumpy()
         if arr.size != 1:
             raise ValueError(f"scale_sense must hold one value (shape () or (1,)), got shape {arr.shape}.")
-        scaler = FixedLossScaler(float(arr.reshape(())), optimizer_loss_scale)
+        scaler = FixedLossScaler(float(arr.reshape(())))
     elif isinstance(scale_sense, (int, float)) and not isinstance(scale_sense, bool):
-        scaler = FixedLossScaler(float(scale_sense), optimizer_loss_scale)
+        scaler = FixedLossScaler(float(scale_sense))
     else:
         raise TypeError("scale_sense must be a loss-scale update Cell, a Tensor, a number or a "
                         f"GroupLossScaleManager, got {type(scale_sense).__name__}.")

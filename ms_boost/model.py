@@ -8,7 +8,8 @@
 * the train network is an ms_boost train cell, so every loss-scale manager (fixed, dynamic, group)
   works on CPU too, and overflow steps are always skipped whole;
 * the plan's summary is logged when training starts;
-* with a THOR optimizer it trains the network whose THOR layers capture statistics
+* it asks the optimizer's hooks (:func:`ms_boost.stages.optimizer_hooks`) instead of knowing any algorithm:
+  with a THOR optimizer it trains the network whose THOR layers capture statistics
   (``optimizer.thor_network`` when given the net ``thor()`` was built from, as ``convert_to_thor_model``
   does), accepts the THOR tutorial's ``frequency=N`` (the optimizer's refresh interval), and ``train`` adds
   its guard callback (``optimizer.training_guard()``), which stops a
@@ -27,13 +28,12 @@ from mindspore.train import Model as _MsModel
 from mindspore.train.loss_scale_manager import LossScaleManager
 
 from ms_boost import comm
-from ms_boost._ms_compat import amp_level_config, apply_amp_level, with_loss
 from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, resolve
-from ms_boost.loss_scale import is_group_manager
+from ms_boost.loss_scaler import is_group_manager
+from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
 from ms_boost.pipeline import rewrite_eval, rewrite_train
-from ms_boost.thor.convert import ConvertModelUtils, set_thor_frequency, thor_train_network
-from ms_boost.thor.optimizer import THOR
+from ms_boost.stages import optimizer_hooks
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 
 logger = logging.getLogger("ms_boost")
@@ -137,10 +137,12 @@ class Model(_MsModel):
                           stacklevel=2)
             boost_level = kwargs.pop("acc_level")
         boost_config_dict = kwargs.pop("boost_config_dict", None)
+        hooks = optimizer_hooks(optimizer)  # what this optimizer needs of Model (THOR: its network, frequency)
         if "frequency" in kwargs:  # the THOR tutorial's Model(..., frequency=config.frequency)
-            set_thor_frequency(optimizer, kwargs.pop("frequency"))
+            hooks.set_frequency(kwargs.pop("frequency"))
         if isinstance(network, nn.Cell):
-            network = thor_train_network(network, optimizer, loss_fn is not None)
+            network = hooks.train_network(network, loss_fn is not None)
+        self._user_optimizer = optimizer
         self.boost = AutoBoost(boost_level, boost_config_dict)
         self._plan_logged = False
         super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,
@@ -178,16 +180,16 @@ class Model(_MsModel):
         return _build(network, self._optimizer, self._loss_fn, self._amp_level, self.boost, amp_kwargs)
 
     def _plan_text(self) -> str:
-        """The boost plan's summary, plus the optimizer when it is a THOR given directly (the plan alone would
-        read as a plain training step)."""
+        """The boost plan's summary, plus the optimizer's own note when the user gave it (a THOR from ``thor()``:
+        the plan alone would read as a plain training step)."""
         text = self.boost.summary()
         if self._optimizer is None and self.boost.is_active:
             text += ("\n  note: Model has no optimizer: only the evaluation rewrites were applied, and no boost "
                      "algorithm takes part in training")
-        if isinstance(self._optimizer, THOR) and not self.boost.boost_config.get("thor"):
-            opt = self._optimizer
-            text += (f"\n  optimizer: THOR from thor() over {opt.n_layers} THOR layers, factors and inverses "
-                     f"refreshed every {opt.frequency} steps")
+        if self._optimizer is not None and self._optimizer is self._user_optimizer:  # not built by the plan
+            note = optimizer_hooks(self._optimizer).plan_note()
+            if note:
+                text += f"\n  {note}"
         return text
 
     def _enabled(self):
@@ -200,15 +202,11 @@ class Model(_MsModel):
             self._plan_logged = True
             if comm.get_rank() == 0:
                 logger.info("%s", self._plan_text())
-        guard = getattr(self._optimizer, "training_guard", None)  # THOR: stop a run that stays non-finite
-        if callable(guard):
+        extra = optimizer_hooks(self._optimizer).callbacks() if self._optimizer is not None else []
+        if extra:  # THOR: its guard, which stops a run that stays non-finite
             if callbacks is None:
                 callbacks = []
-            callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + [guard()]
+            callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
         return super().train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
                              sink_size=sink_size, initial_epoch=initial_epoch)
 
-
-# THOR's ConvertModelUtils builds this Model (registered here, by the upper layer, so that ms_boost.thor never
-# imports ms_boost.model).
-ConvertModelUtils.model_class = Model

@@ -20,8 +20,8 @@ from mindspore import nn
 from ms_boost import comm
 from ms_boost.config import AutoBoost, describe_steps
 from ms_boost.spec import BuildContext, call_hook, single_hook
+from ms_boost.stages import OptimizerUpdate
 from ms_boost.topology import Topology
-from ms_boost.update import OptimizerUpdate
 
 __all__ = ["build_context", "rewrite_train", "rewrite_eval", "build_reducer", "build_update", "describe_steps"]
 

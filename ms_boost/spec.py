@@ -33,8 +33,8 @@ from ms_boost.topology import Topology, check_device_number
 from ms_boost.validation import INT32_MAX, BoostConfigError, check_int, check_int_list, short_repr
 
 __all__ = [
-    "AlgorithmSpec", "BuildContext", "Section", "CommonConfig", "build_section", "section_dict", "int_rule",
-    "optional_rule", "Rule", "RESERVED_NAMES", "call_hook", "single_hook",
+    "AlgorithmSpec", "BuildContext", "Section", "check_fields", "CommonConfig", "build_section", "section_dict",
+    "int_rule", "optional_rule", "Rule", "RESERVED_NAMES", "call_hook", "single_hook",
 ]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -70,10 +70,23 @@ class Section:
 
     def __post_init__(self) -> None:
         """Check and normalise every field that has a rule."""
-        for f in fields(self):
-            rule = self.RULES.get(f.name)
-            if rule is not None:
-                object.__setattr__(self, f.name, rule(f"{self.SECTION}.{f.name}", getattr(self, f.name)))
+        checked = check_fields(self.SECTION, self.RULES, **{f.name: getattr(self, f.name) for f in fields(self)})
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+
+def check_fields(section: str, rules: Mapping[str, Rule], **values: Any) -> Dict[str, Any]:
+    """``values`` checked and normalised by ``rules`` (a value without a rule is kept as is).
+
+    The section's name prefixes each path in messages (``dim_reduce.rho``): a stage or an upstream constructor
+    taking some of a section's values as arguments checks them with the section's own rules.
+    """
+    out = dict(values)
+    for name, value in values.items():
+        rule = rules.get(name)
+        if rule is not None:
+            out[name] = rule(f"{section}.{name}", value)
+    return out
 
 
 def build_section(name: str, cls: type, raw: Any) -> Any:

@@ -109,8 +109,7 @@ class Topology:
     def servers(self) -> Tuple[Tuple[int, ...], ...]:
         """Rank lists of every server."""
         self.check_servers()
-        n = self.server_size
-        return tuple(tuple(range(s, s + n)) for s in range(0, self.size, n))
+        return comm.server_ranks(self.server_size, self.size)
 
     @property
     def server_roots(self) -> Tuple[int, ...]:
@@ -128,6 +127,5 @@ class Topology:
 
     def server_group(self) -> Optional[str]:
         """This rank's server group (created once); None when a server is one rank."""
-        if self.server_size == 1:
-            return None
-        return comm.create_group(self.servers[self.server], prefix="ms_boost_server")
+        self.check_servers()
+        return comm.server_groups(self.server_size)[0]

@@ -24,8 +24,15 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ms_boost import comm, pipeline
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import forward_non_finite, make_loss_scaler
+from ms_boost.stages import (
+    OptimizerUpdate,
+    StageHooks,
+    optimizer_hooks,
+    runs_as_python,
+    scale_gradients,
+    stage_chain,
+)
 from ms_boost.topology import Topology
-from ms_boost.update import OptimizerUpdate, StageHooks, runs_as_python, scale_gradients, stage_chain
 
 logger = logging.getLogger("ms_boost")
 
@@ -106,7 +113,7 @@ class BoostTrainOneStepCell(nn.Cell):
             self.update.end_step()
 
     def stage_hooks(self):
-        """The stages of the update chain that offer hooks (:class:`~ms_boost.update.StageHooks`)."""
+        """The stages of the update chain that offer hooks (:class:`~ms_boost.stages.StageHooks`)."""
         return [stage for stage in stage_chain(self.update) if isinstance(stage, StageHooks)]
 
     def loss_and_grads(self, inputs, sens):
@@ -189,7 +196,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         optimizer: the optimizer.
         scale_sense: a loss-scale update cell (``DynamicLossScaleUpdateCell``,
             ``FixedLossScaleUpdateCell``, from ``manager.get_update_cell()``), a Tensor holding a fixed
-            scale of shape ``()`` or ``(1,)``, or a :class:`~ms_boost.loss_scale.GroupLossScaleManager`.
+            scale of shape ``()`` or ``(1,)``, or a :class:`~ms_boost.loss_scale_group.GroupLossScaleManager`.
         boost_config: as :class:`BoostTrainOneStepCell`.
 
     The update stages (accumulation, AdaSum, DimReduce, a user's stage) get the gradients of the loss itself,
@@ -209,7 +216,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         # An optimizer built with loss_scale=S divides the gradients by S itself (MindSpore's convention for
         # FixedLossScaleManager(drop_overflow_update=False)): the scaler removes the whole scale, so every
         # stage sees true gradients, and the optimizer's apply stage puts S back just before the optimizer.
-        optimizer_loss_scale = float(optimizer.loss_scale) if hasattr(optimizer, "loss_scale") else 1.0
+        optimizer_loss_scale = optimizer_hooks(optimizer).own_loss_scale()
         self.loss_scaler = make_loss_scaler(scale_sense, self.weights)
         for stage in stage_chain(self.update):
             if isinstance(stage, OptimizerUpdate):

@@ -1,135 +1,19 @@
-"""Update stages: how one step's gradients turn into new weights, and the hooks a stage offers the train cell.
-
-An update stage is an ``nn.Cell`` whose ``construct(self, loss, grads, *inputs)`` applies one step and
-returns a Tensor the train cell chains with ``ops.depend``. Stages compose by wrapping: the pipeline
-(:mod:`ms_boost.pipeline`) builds the chain in ``__init__`` from the ordered algorithm specs, so the
-train cell's ``construct`` has a single path, e.g.::
-
-    accumulate (k micro-steps) -> AdaSum across servers -> apply (optimizer | frozen groups | DimReduce | THOR)
-
-The gradient reduction across ranks and the overflow skip happen in the train cell before any stage
-runs, so stages never see an overflow step and never need to undo one.
-
-Hooks (:class:`StageHooks`): what the loss-scale train cell asks every stage, instead of testing types.
-
-* :meth:`StageHooks.transient_parameters` -- Parameters the forward pass writes that an overflow
-  snapshot must *not* restore (scratch statistics folded in only by the skipped update);
-* :meth:`StageHooks.bind_loss_scale` -- told the Parameter that holds the live loss scale;
-* :meth:`StageHooks.plan_step` / :meth:`StageHooks.end_step` -- (PyNative only) before the forward pass, which
-  gradients this step's update reads, so the train cell differentiates only those weights (gradient freezing:
-  the frozen layers' weight gradients, and the backward pass below the lowest trained layer, are never run).
-"""
+"""Old name of :mod:`ms_boost.stages` (the update stages and the hook protocols), kept for code that imports
+``ms_boost.update`` (``from ms_boost.update import UpdateStage`` as the earlier docs showed)."""
 from __future__ import annotations
 
-import os
-from typing import Iterator, Optional, Sequence, Tuple
+from ms_boost.stages import (
+    OptimizerHooks,
+    OptimizerUpdate,
+    StageHooks,
+    UpdateStage,
+    learning_rate_parameters,
+    optimizer_hooks,
+    register_optimizer_hooks,
+    runs_as_python,
+    scale_gradients,
+    stage_chain,
+)
 
-import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
-
-__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients"]
-
-
-def runs_as_python() -> bool:
-    """True when a Cell's ``construct`` runs as Python, step by step (PyNative mode, or Graph mode with
-    ``MS_JIT=0``), so host-side decisions can be made per step."""
-    return ms.get_context("mode") != ms.GRAPH_MODE or os.getenv("MS_JIT") == "0"
-
-
-class StageHooks:
-    """Optional hooks of an update stage or an optimizer (defaults: nothing to do)."""
-
-    def transient_parameters(self) -> Sequence[Parameter]:
-        """Parameters that an overflow step's snapshot/restore of network buffers skips."""
-        return ()
-
-    def bind_loss_scale(self, loss_scale: Parameter) -> None:
-        """Receive the Parameter holding the live loss scale (the loss-scale train cell calls this once)."""
-        del loss_scale
-
-    def plan_step(self) -> Optional[Tuple[bool, ...]]:
-        """Called by the train cell before each step's forward pass when :func:`runs_as_python`.
-
-        Returns:
-            None when the update reads every gradient; else one bool per weight of the train cell (the
-            optimizer's ``parameters`` order): the gradients this step's update reads. The others are passed
-            as zeros and must not be used. A stage that answers keeps its decision for this step's update.
-        """
-        return None
-
-    def end_step(self) -> None:
-        """Called by the train cell after the step (also when an overflow skipped the update): forget the plan."""
-
-
-class UpdateStage(nn.Cell, StageHooks):
-    """Base of the update stages: ``inner`` is the wrapped stage (None for an apply stage).
-
-    Subclasses implement ``construct(self, loss, grads, *inputs)``.
-    """
-
-    def __init__(self, inner=None, auto_prefix: bool = False):
-        super().__init__(auto_prefix=auto_prefix)
-        if inner is not None and not isinstance(inner, nn.Cell):
-            raise TypeError(f"{type(self).__name__}: inner must be an update stage (nn.Cell), got "
-                            f"{type(inner).__name__}.")
-        self.inner = inner
-
-
-class OptimizerUpdate(UpdateStage):
-    """Apply the optimizer to the gradients (plain SGD/Momentum/Adam/LARS, a FreezeOpt, THOR, ...).
-
-    Its hooks forward to the optimizer when the optimizer offers them (:class:`StageHooks`, e.g. THOR).
-    """
-
-    def __init__(self, optimizer):
-        super().__init__()
-        self.optimizer = optimizer
-        # the share of the loss scale this optimizer divides by itself (built with loss_scale=S): the loss-scale
-        # train cell hands every stage the gradients of the loss itself and sets this to S, so the gradients
-        # are multiplied back just before the optimizer (stages in between see true gradients)
-        self.gradient_scale = 1.0
-
-    def transient_parameters(self) -> Sequence[Parameter]:
-        if isinstance(self.optimizer, StageHooks):
-            return tuple(self.optimizer.transient_parameters())
-        return ()
-
-    def bind_loss_scale(self, loss_scale: Parameter) -> None:
-        if isinstance(self.optimizer, StageHooks):
-            self.optimizer.bind_loss_scale(loss_scale)
-
-    def plan_step(self) -> Optional[Tuple[bool, ...]]:
-        return self.optimizer.plan_step() if isinstance(self.optimizer, StageHooks) else None
-
-    def end_step(self) -> None:
-        if isinstance(self.optimizer, StageHooks):
-            self.optimizer.end_step()
-
-    def construct(self, loss, grads, *inputs):
-        if self.gradient_scale != 1.0:
-            grads = scale_gradients(Tensor(self.gradient_scale, ms.float32), grads)
-        return self.optimizer(grads)
-
-
-# mapped with HyperMap: a Python loop in a construct unrolls into one call per tensor, which exceeds Graph mode's
-# call-depth limit on deep networks (ResNet-101 has ~300 tensors)
-_MAP = ops.HyperMap()
-_scale_by = ops.MultitypeFuncGraph("scale_by")
-
-
-@_scale_by.register("Tensor", "Tensor")
-def _scale_tensor(factor, grad):
-    return grad * ops.cast(factor, grad.dtype)
-
-
-def scale_gradients(factor, grads):
-    """Every gradient of the tuple ``grads`` times the scalar Tensor ``factor`` (cast to each gradient's dtype);
-    usable in PyNative and inside Graph-mode constructs."""
-    return _MAP(ops.partial(_scale_by, factor), grads)
-
-
-def stage_chain(stage: nn.Cell) -> Iterator[nn.Cell]:
-    """The stages of a chain from the outermost to the apply stage (following ``inner``)."""
-    while stage is not None:
-        yield stage
-        stage = getattr(stage, "inner", None) if isinstance(stage, UpdateStage) else None
+__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients",
+           "OptimizerHooks", "register_optimizer_hooks", "optimizer_hooks", "learning_rate_parameters"]

@@ -27,7 +27,7 @@ from ms_boost.adasum import (
     plan_buckets,
     server_layout,
 )
-from ms_boost.update import OptimizerUpdate
+from ms_boost.stages import OptimizerUpdate
 from tests.helpers.loopback import run_ranks
 from tests.helpers.msrun import run_msrun
 from tests.workers import adasum_steps as steps

@@ -11,7 +11,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_boost.dim_reduce import DimReduce, DimReduceUpdate, build_dim_reduce_update, prepare_pca_matrix
 from ms_boost.dim_reduce.pca import parameter_specs
-from ms_boost.sections import DimReduceConfig
+from ms_boost.dim_reduce.spec import DimReduceConfig
 from tests.helpers.nets import learnable_data, make_net
 
 HP = {"rho": 0.55, "gamma": 0.9, "alpha": 0.01, "sigma": 0.4}

@@ -7,7 +7,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from ms_boost.grad_accumulation import AccumulateUpdate, GradientAccumulation
-from ms_boost.update import OptimizerUpdate
+from ms_boost.stages import OptimizerUpdate
 
 
 class ConvHead(nn.Cell):

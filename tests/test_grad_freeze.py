@@ -17,8 +17,8 @@ from ms_boost.grad_freeze import (
     partition_parameters,
 )
 from ms_boost.grad_process import CentralizedGradients, OptimizerProcess
+from ms_boost.stages import OptimizerUpdate
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
-from ms_boost.update import OptimizerUpdate
 from tests.helpers.nets import SmallConvNet
 
 
@@ -381,7 +381,7 @@ def test_huge_total_steps_is_lazy():
 
 def test_freeze_opt_with_lazy_schedule_longer_than_the_device_table(monkeypatch):
     """PyNative selects on the host from the lazy schedule at any position; Graph mode refuses clearly."""
-    import ms_boost.grad_freeze as gf
+    import ms_boost.grad_freeze.optimizer as gf  # FreezeOpt reads the table size there
 
     monkeypatch.setattr(gf, "DEVICE_TABLE_MAX", 4)
     net = dense_stack(3)

@@ -12,8 +12,10 @@ import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ms_boost"
-ALGORITHMS = ("ms_boost.adasum", "ms_boost.dim_reduce", "ms_boost.thor", "ms_boost.grad_freeze",
-              "ms_boost.grad_accumulation", "ms_boost.less_bn", "ms_boost.loss_scale", "ms_boost.grad_process")
+#: one package per algorithm, ms_boost/<name>/ (test_every_algorithm_package_registers_its_spec), plus the shared
+#: algorithm pieces
+ALGORITHMS = tuple(f"ms_boost.{p.name}" for p in sorted(PACKAGE.iterdir()) if (p / "__init__.py").is_file()) + (
+    "ms_boost.grad_process", "ms_boost.fn_head")
 
 
 def module_name(path: Path) -> str:
@@ -120,8 +122,8 @@ def test_no_ms_boost_import_inside_functions():
 
 def test_bottom_layers_import_no_algorithm():
     edges, _ = graph()
-    for bottom in ("ms_boost.comm", "ms_boost.validation", "ms_boost.topology", "ms_boost.spec", "ms_boost.update",
-                   "ms_boost.registry", "ms_boost.config", "ms_boost.pipeline"):
+    for bottom in ("ms_boost.comm", "ms_boost.validation", "ms_boost.topology", "ms_boost.spec", "ms_boost.stages",
+                   "ms_boost.update", "ms_boost.registry", "ms_boost.config", "ms_boost.pipeline"):
         reached = ancestors_of(edges, bottom)
         assert not [m for m in reached if m.startswith(ALGORITHMS)], (bottom, sorted(reached))
     # algorithms never reach up to the face or the train cells
@@ -137,3 +139,31 @@ def test_config_imports_only_the_registry_spec_types_topology_and_validation():
     assert edges["ms_boost.config"] <= {"ms_boost.registry", "ms_boost.spec", "ms_boost.topology",
                                         "ms_boost.validation"}, sorted(edges["ms_boost.config"])
     assert edges["ms_boost.registry"] <= {"ms_boost.spec"}, sorted(edges["ms_boost.registry"])
+
+
+def test_every_algorithm_package_registers_its_spec():
+    """One home per algorithm: each package ms_boost/<name>/ has a spec.py whose SPEC is named <name>, holds its
+    section, and is registered by ms_boost/builtins.py (one line); every built-in lives in such a package."""
+    import importlib
+
+    from ms_boost import registry
+
+    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert len(packages) >= 7, packages
+    builtins = {spec.name: spec for spec in registry.builtin_specs()}
+    for name in packages:
+        assert (PACKAGE / name / "spec.py").is_file(), f"ms_boost/{name}/ has no spec.py"
+        module = importlib.import_module(f"ms_boost.{name}.spec")
+        spec = module.SPEC
+        assert spec.name == name, (name, spec.name)
+        assert builtins.get(name) is spec, f"ms_boost/{name}/spec.py's SPEC is not registered in ms_boost/builtins.py"
+        assert spec.section.__module__ == module.__name__, (name, spec.section.__module__)
+    assert sorted(builtins) == packages, "a built-in algorithm lives outside ms_boost/<name>/"
+    edges, _ = graph()
+    assert {f"ms_boost.{name}.spec" for name in packages} <= edges["ms_boost.builtins"]
+
+
+def test_the_face_imports_no_algorithm():
+    """Model asks optimizers and stages through hook protocols (ms_boost.stages): model.py imports no algorithm."""
+    edges, _ = graph()
+    assert not [m for m in edges["ms_boost.model"] if m.startswith(ALGORITHMS)], sorted(edges["ms_boost.model"])

@@ -1,4 +1,4 @@
-"""Tests of ms_boost.loss_scale: GroupLossScaleManager in upstream's documented usage."""
+"""Tests of ms_boost.loss_scale_group: GroupLossScaleManager in upstream's documented usage."""
 from __future__ import annotations
 
 import mindspore as ms
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
-from ms_boost.loss_scale import GroupLossScaleManager, group_scale_update, is_group_manager, require_group_manager
+from ms_boost.loss_scale_group import GroupLossScaleManager, group_scale_update, is_group_manager, require_group_manager
 
 ALPHA = 2.0 ** (1.0 / 1000.0)
 BETA = 2.0 ** -0.5

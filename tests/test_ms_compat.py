@@ -1,4 +1,4 @@
-"""ms_boost._ms_compat: public-API amp steps agree with MindSpore's private helpers (where present)."""
+"""ms_boost.mindspore_api: public-API amp steps agree with MindSpore's private helpers (where present)."""
 from __future__ import annotations
 
 import mindspore as ms
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from ms_boost import _ms_compat as compat
+from ms_boost import mindspore_api as compat
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from ms_boost import Model
 from ms_boost.grad_freeze import FreezeOpt
 from ms_boost.grad_process import CentralizedGradients
 from ms_boost.less_bn import CommonHeadLastFN
-from ms_boost.loss_scale import GroupLossScaleManager
+from ms_boost.loss_scale_group import GroupLossScaleManager
 from tests.helpers.nets import dataset, learnable_data, weights
 from tests.test_less_bn import TinyResNet
 from tests.test_loss_scale import AmpNet

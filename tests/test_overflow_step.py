@@ -24,7 +24,7 @@ from mindspore.train import DynamicLossScaleManager
 
 from ms_boost import Model
 from ms_boost.grad_freeze import FreezeOpt
-from ms_boost.update import stage_chain
+from ms_boost.stages import stage_chain
 from tests.helpers.nets import all_params, learnable_data, make_net
 
 KINDS = ("inf_batch", "huge_batch", "grad_overflow")

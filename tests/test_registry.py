@@ -21,7 +21,7 @@ from ms_boost import (
     registered,
     unregister_algorithm,
 )
-from ms_boost.update import UpdateStage, stage_chain
+from ms_boost.stages import UpdateStage, scale_gradients, stage_chain
 from ms_boost.validation import check_float
 
 
@@ -36,6 +36,15 @@ class ClipConfig:
                                                          low_open=True))
 
 
+_MAP = ops.HyperMap()
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+
+
+@_square_sum.register("Tensor")
+def _square_sum_tensor(grad):
+    return ops.reduce_sum(grad * grad)
+
+
 class ClipStage(UpdateStage):
     """Scale every gradient by ``min(1, c / ||g||)`` (global norm over the tuple), then run ``inner``."""
 
@@ -43,16 +52,10 @@ class ClipStage(UpdateStage):
         super().__init__(inner)
         self.max_norm = Tensor(max_norm, ms.float32)
 
-    def construct(self, loss, grads, *inputs):
-        squares = ()
-        for g in grads:
-            squares = squares + (ops.reduce_sum(g * g),)
-        norm = ops.sqrt(ops.addn(squares))
+    def construct(self, loss, grads, *inputs):  # the HyperMap form of docs/adding_an_algorithm.md
+        norm = ops.sqrt(ops.addn(_MAP(_square_sum, grads)))
         factor = ops.minimum(ops.ones_like(norm), self.max_norm / ops.maximum(norm, 1e-12))
-        clipped = ()
-        for g in grads:
-            clipped = clipped + (g * factor,)
-        return self.inner(loss, clipped, *inputs)
+        return self.inner(loss, scale_gradients(factor, grads), *inputs)
 
 
 CLIP_SPEC = AlgorithmSpec(

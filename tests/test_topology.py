@@ -7,7 +7,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn
 
 from ms_boost import AutoBoost
-from ms_boost.loss_scale import GroupLossScaleManager
+from ms_boost.loss_scale_group import GroupLossScaleManager
 from ms_boost.loss_scaler import DynamicLossScaler, FixedLossScaler, GroupLossScaler, make_loss_scaler
 from ms_boost.topology import Topology
 
@@ -48,11 +48,11 @@ def test_one_rule_one_message():
 def test_fixed_and_dynamic_scalers_unscale_and_flag_overflow(mode):
     g = (Tensor(np.array([2.0, -4.0], np.float32)), Tensor(np.array([[8.0]], np.float32)))
     scale = Parameter(Tensor(4.0, ms.float32), name="scale")
-    fixed = make_loss_scaler(4.0, [], optimizer_loss_scale=2.0)
+    fixed = make_loss_scaler(4.0, [])
     assert isinstance(fixed, FixedLossScaler)
     out, overflow = fixed(scale, g)
-    np.testing.assert_allclose(out[0].asnumpy(), [1.0, -2.0])  # g / (4 / 2)
-    np.testing.assert_allclose(out[1].asnumpy(), [[4.0]])
+    np.testing.assert_allclose(out[0].asnumpy(), [0.5, -1.0])  # g / 4 (an optimizer's share is put back by its
+    np.testing.assert_allclose(out[1].asnumpy(), [[2.0]])      # apply stage: test_model's loss-scale convention)
     assert not bool(overflow.asnumpy())
     bad = (g[0], Tensor(np.array([[np.inf]], np.float32)))
     assert bool(fixed(scale, bad)[1].asnumpy())

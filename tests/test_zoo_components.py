@@ -363,7 +363,7 @@ def test_resume_on_a_server_without_rank_0s_checkpoints_takes_its_own_and_all_ra
     compare their steps (loopback world of 2 ranks): equal steps pass, different steps are an error on every rank."""
     from pathlib import Path
 
-    from model_zoo.resnet.src import trainer
+    from model_zoo.resnet.src import run_state
     from model_zoo.resnet.src.config import parse_config
     from tests.helpers.loopback import run_ranks
 
@@ -376,8 +376,8 @@ def test_resume_on_a_server_without_rank_0s_checkpoints_takes_its_own_and_all_ra
 
     def resume(steps):
         def rank_fn(rank):
-            path = trainer._resume_path(base.replace(resume=str(tmp_path / f"server{rank}")))
-            trainer._same_step_on_every_rank(path, steps[rank])
+            path = run_state._resume_path(base.replace(resume=str(tmp_path / f"server{rank}")))
+            run_state._same_step_on_every_rank(path, steps[rank])
             return path.relative_to(tmp_path).as_posix()
         return run_ranks(2, rank_fn)
 

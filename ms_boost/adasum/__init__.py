@@ -26,8 +26,8 @@ so every optimizer works (SGD, Momentum, LARS, Adam, ...). Each server keeps its
 the same weights :math:`w_{\text{before}} + \operatorname{AdaSum}(\Delta_0, \dots, \Delta_{n-1})`.
 
 **Hierarchy and transport.** The ranks are split into servers of ``device_number`` consecutive ranks
-(:func:`ms_boost.comm.server_groups`); the train cell averages gradients inside a server, so every rank
-of a server holds the same delta. The deltas are fused (in fp32) into buckets; for each bucket, rank
+(:meth:`ms_boost.topology.Topology.server_group`); the train cell averages gradients inside a server, so
+every rank of a server holds the same delta. The deltas are fused (in fp32) into buckets; for each bucket, rank
 ``d`` of every server contributes the ``d``-th of ``device_number`` equal shards to one world
 ``AllGather``, which hands every rank the full delta of every server (no byte is sent twice, and only
 world collectives are needed -- MindSpore's CPU backend has AllGather on the world group only). Every
@@ -36,13 +36,15 @@ Each tensor starts on a chunk boundary of the fused buffer, so the per-tensor in
 of all pairs of a level are chunk sums times a 0/1 chunk-to-tensor matrix: a fixed number of
 operations per level, however many tensors, and no atomics (deterministic on every backend).
 
+Modules: :mod:`~ms_boost.adasum.math` (the formulas, numpy), :mod:`~ms_boost.adasum.layout` (buckets, shards,
+the tree), :mod:`~ms_boost.adasum.stage` (the update stage), :mod:`~ms_boost.adasum.cell` (upstream's ``AdaSum``),
+:mod:`~ms_boost.adasum.spec` (the ``adasum`` section and ``SPEC``).
+
 Numerical safety: a zero-norm delta (frozen layer, zero gradient) is neutral
 (:math:`\operatorname{AdaSum}(0, g) = g`, :math:`\operatorname{AdaSum}(0, 0) = 0`), never NaN; fp16
 deltas are formed and combined in fp32.
 """
 from __future__ import annotations
-
-from typing import Tuple, Union
 
 from ms_boost.adasum.cell import AdaSum
 from ms_boost.adasum.layout import (
@@ -61,40 +63,11 @@ from ms_boost.adasum.math import (
     adasum_rows_segmented,
     adasum_tree_reduce,
 )
+from ms_boost.adasum.spec import SPEC, AdaSumConfig
 from ms_boost.adasum.stage import AdaSumReduce, AdaSumUpdate
-from ms_boost.comm import GradReducer
-from ms_boost.sections import AdaSumConfig
-from ms_boost.spec import AlgorithmSpec, BuildContext
 
 __all__ = [
     "AdaSumLevel", "adasum_schedule", "adasum_coefficients", "adasum_rows", "adasum_pair",
     "adasum_rows_segmented", "adasum_tree_reduce", "FusedBucket", "plan_buckets", "server_layout",
-    "AdaSumReduce", "AdaSumUpdate", "AdaSum", "DEFAULT_BUCKET_SIZE", "DEFAULT_CHUNK", "SPEC",
+    "AdaSumReduce", "AdaSumUpdate", "AdaSum", "DEFAULT_BUCKET_SIZE", "DEFAULT_CHUNK", "AdaSumConfig", "SPEC",
 ]
-
-
-def _reducer(weights, cfg: AdaSumConfig, ctx: BuildContext) -> GradReducer:
-    """Gradients are averaged only among the ranks of a server; AdaSum combines the servers."""
-    topology = ctx.topology
-    group = topology.server_group()
-    return GradReducer(weights, topology.mean, topology.server_size, group, enabled=group is not None)
-
-
-def _stage(inner, weights, cfg: AdaSumConfig, ctx: BuildContext) -> AdaSumUpdate:
-    return AdaSumUpdate(inner, weights, ctx.common.device_number, topology=ctx.topology)
-
-
-def _describe(cfg: AdaSumConfig, ctx: BuildContext) -> Union[str, Tuple[str, str]]:
-    topology = ctx.topology
-    if topology.size == 1:
-        return "no gradient reduction (1 rank); AdaSum inactive"
-    if topology.num_servers > 1:
-        return (f"mean within each server ({topology.server_size} rank(s) per server)",
-                f"AdaSum of the servers' weight deltas across {topology.num_servers} servers")
-    return (f"mean all-reduce across {topology.size} ranks (one server of common.device_number="
-            f"{topology.device_number}: AdaSum inactive)")
-
-
-#: AdaSum for the pipeline: the server-local gradient mean and the update stage combining server deltas.
-SPEC = AlgorithmSpec(name="adasum", section=AdaSumConfig, order=40, levels=("O2",), in_enable_all=True,
-                     reducer=_reducer, stage=_stage, describe=_describe)

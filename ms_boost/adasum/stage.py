@@ -15,8 +15,8 @@ from ms_boost import comm
 from ms_boost.adasum.layout import DEFAULT_BUCKET_SIZE, DEFAULT_CHUNK, adasum_schedule, plan_buckets
 from ms_boost.adasum.math import adasum_tree_reduce
 from ms_boost.flat_buffers import assign_all, flat_layout, pad_and_flatten, split_flat
+from ms_boost.stages import UpdateStage
 from ms_boost.topology import Topology
-from ms_boost.update import UpdateStage
 
 __all__ = ["AdaSumReduce", "AdaSumUpdate", "check_weights"]
 

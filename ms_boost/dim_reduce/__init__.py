@@ -9,6 +9,7 @@ See ``docs/dim_reduce.md``.
 """
 from __future__ import annotations
 
+from ms_boost.dim_reduce.handshake import local_pca_rows, prepare_pca_matrix
 from ms_boost.dim_reduce.math import (
     armijo_accepts,
     back_project,
@@ -27,17 +28,12 @@ from ms_boost.dim_reduce.pca import (
     parameter_specs,
     read_flat_weights,
 )
-from ms_boost.dim_reduce.stage import (
-    DimReduce,
-    DimReduceUpdate,
-    build_dim_reduce_update,
-    local_pca_rows,
-    prepare_pca_matrix,
-)
+from ms_boost.dim_reduce.spec import SPEC, DimReduceConfig
+from ms_boost.dim_reduce.stage import DimReduce, DimReduceUpdate, build_dim_reduce_update
 
 __all__ = [
     "DimReduce", "DimReduceUpdate", "build_dim_reduce_update", "prepare_pca_matrix", "local_pca_rows",
     "compute_pca_matrix", "open_pca_matrix", "parameter_specs", "list_checkpoints", "infer_parameter_specs",
     "read_flat_weights", "bfgs_inverse_update", "curvature_ok", "armijo_accepts", "quasi_newton_direction",
-    "project", "back_project", "residual_momentum", "local_row_block",
+    "project", "back_project", "residual_momentum", "local_row_block", "DimReduceConfig", "SPEC",
 ]

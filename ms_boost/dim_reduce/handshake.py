@@ -3,7 +3,6 @@
 Before stage 2 starts, the first rank of every server (its *root*) loads or computes the PCA matrix
 (:func:`ms_boost.dim_reduce.pca.compute_pca_matrix`) while all ranks exchange a status flag through tiny
 collectives, so every rank leaves together -- with the rows, or with an error naming the rank that failed.
-(Moved out of :mod:`ms_boost.dim_reduce.stage`, which re-exports these names.)
 
 Under ``msrun`` (``MS_SCHED_HOST``/``MS_SCHED_PORT`` set) the flags go through MindSpore's TCP key-value
 store (``mindspore.mint.distributed.TCPStore``, served by rank 0 on ``MS_SCHED_PORT + 1``, or on

@@ -29,22 +29,14 @@ line-search decision (losses are averaged in floating point) and the same new we
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_boost import comm
-from ms_boost.dim_reduce.handshake import (  # noqa: F401 -- re-exported: the handshake lived here
-    DEFAULT_PCA_FILE_NAME,
-    _devices_per_server,
-    _PeerFailed,
-    _root_prepare,
-    _StatusExchange,
-    local_pca_rows,
-    prepare_pca_matrix,
-)
+from ms_boost.dim_reduce.handshake import local_pca_rows, prepare_pca_matrix
 from ms_boost.dim_reduce.math import (
     armijo_accepts,
     back_project,
@@ -56,11 +48,24 @@ from ms_boost.dim_reduce.math import (
 )
 from ms_boost.dim_reduce.pca import parameter_specs
 from ms_boost.flat_buffers import assign_all, flat_layout, flatten_tensors, split_flat
-from ms_boost.sections import DimReduceConfig
+from ms_boost.spec import Rule, check_fields, int_rule
+from ms_boost.validation import check_bool, check_float
 
 logger = logging.getLogger("ms_boost")
 
-__all__ = ["DimReduceUpdate", "DimReduce", "prepare_pca_matrix", "build_dim_reduce_update", "local_pca_rows"]
+__all__ = ["DimReduceUpdate", "DimReduce", "build_dim_reduce_update", "STEP_RULES"]
+
+
+#: The rules of the stage's hyper-parameters, the ones of the ``dim_reduce`` section (one rule, one message).
+STEP_RULES: Dict[str, Rule] = {
+    "rho": lambda p, v: check_float(p, v, low=0.0, high=1.0, low_open=True, high_open=True),
+    "gamma": lambda p, v: check_float(p, v, low=0.0, high=1.0, high_open=True),
+    "alpha": lambda p, v: check_float(p, v, low=0.0),
+    "sigma": lambda p, v: check_float(p, v, low=0.0, high=1.0, low_open=True, high_open=True),
+    "n_components": int_rule(low=1),
+    "max_search_time": int_rule(low=1, high=64),
+    "carry_search": check_bool,
+}
 
 
 class _CompiledForward(nn.Cell):
@@ -119,10 +124,10 @@ class DimReduceUpdate(nn.Cell):
                  max_search_time: int = 2, rank: Optional[int] = None, rank_size: Optional[int] = None,
                  curvature_eps: float = 1e-20, carry_search: bool = False):
         super().__init__(auto_prefix=False)
-        cfg = DimReduceConfig(rho=rho, gamma=gamma, alpha=alpha, sigma=sigma, n_components=n_components,
-                              max_search_time=max_search_time, carry_search=carry_search)  # one rule per value
-        self.carry_search = cfg.carry_search
-        self.rho, self.gamma, self.sigma, self.alpha = cfg.rho, cfg.gamma, cfg.sigma, cfg.alpha
+        cfg = check_fields("dim_reduce", STEP_RULES, rho=rho, gamma=gamma, alpha=alpha, sigma=sigma,
+                           n_components=n_components, max_search_time=max_search_time, carry_search=carry_search)
+        self.carry_search = cfg["carry_search"]
+        self.rho, self.gamma, self.sigma, self.alpha = cfg["rho"], cfg["gamma"], cfg["sigma"], cfg["alpha"]
         self.curvature_eps = float(curvature_eps)
         self.network = network
         self.trial_forward = _CompiledForward(network)
@@ -332,7 +337,7 @@ def build_dim_reduce_update(network: nn.Cell, weights, dim_cfg, common_cfg=None)
     Args:
         network: the loss network.
         weights: trainable parameters in gradient order.
-        dim_cfg: the ``dim_reduce`` section (:class:`~ms_boost.sections.DimReduceConfig`).
+        dim_cfg: the ``dim_reduce`` section (:class:`~ms_boost.dim_reduce.spec.DimReduceConfig`).
         common_cfg: object with ``device_number`` (ranks per server), or None for one server.
     """
     weights = tuple(weights)

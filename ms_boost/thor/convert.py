@@ -17,20 +17,21 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, List, Optional, Sequence
 
 from mindspore import Parameter, nn
 from mindspore import log as logger
 from mindspore.train import Model as _MsModel
 
-from ms_boost._ms_compat import cells_compile_cache
+from ms_boost.mindspore_api import cells_compile_cache
+from ms_boost.stages import OptimizerHooks, learning_rate_parameters
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_boost.thor.optimizer import THOR
 
 _log = logging.getLogger("ms_boost")  # what a user must see (MindSpore's own log hides INFO by default)
 
 __all__ = ["ConvertNetUtils", "ConvertModelUtils", "ConvertedLayer", "register_convertible", "thor_train_network",
-           "set_thor_frequency"]
+           "set_thor_frequency", "set_model_class", "ThorModelHooks"]
 
 
 @dataclass(frozen=True)
@@ -221,9 +222,9 @@ class ConvertModelUtils:
     """Build the Model that trains a THOR network (upstream API).
 
     Attributes:
-        model_class: the Model class built; ``ms_boost.model`` sets it to :class:`ms_boost.Model` when it is
-            imported (the face registers itself with the layer below, so this module never imports upward;
-            ``import ms_boost`` always loads it first). MindSpore's Model otherwise.
+        model_class: the Model class built: :class:`ms_boost.Model`, which the package face hands down with
+            :func:`set_model_class` (this module never imports upward; ``import ms_boost`` always runs the face
+            first). MindSpore's Model otherwise.
     """
 
     model_class: type = _MsModel
@@ -263,6 +264,54 @@ class ConvertModelUtils:
         if isinstance(scale, Parameter):
             optimizer.bind_loss_scale(scale)
         return thor_model
+
+
+def set_model_class(model_class: type) -> None:
+    """The Model class :meth:`ConvertModelUtils.convert_to_thor_model` builds (the package face passes
+    :class:`ms_boost.Model`).
+
+    Raises:
+        TypeError: ``model_class`` is not a subclass of ``mindspore.train.Model``.
+    """
+    if not (isinstance(model_class, type) and issubclass(model_class, _MsModel)):
+        raise TypeError(f"set_model_class: expected a subclass of mindspore.train.Model, got {model_class!r}.")
+    ConvertModelUtils.model_class = model_class
+
+
+class ThorModelHooks(OptimizerHooks):
+    """What ``Model`` asks a :class:`THOR` optimizer (:class:`~ms_boost.stages.OptimizerHooks`, registered for THOR
+    by :mod:`ms_boost.builtins`): the network whose THOR layers capture statistics, ``frequency=``, a plan note
+    and the guard callback.
+
+    Args:
+        optimizer: the THOR optimizer.
+    """
+
+    def __init__(self, optimizer: THOR):
+        self.optimizer = optimizer
+
+    def train_network(self, network: nn.Cell, has_loss_fn: bool) -> nn.Cell:
+        return thor_train_network(network, self.optimizer, has_loss_fn)
+
+    def set_frequency(self, frequency: object) -> None:
+        set_thor_frequency(self.optimizer, frequency)
+
+    def plan_note(self) -> str:
+        opt = self.optimizer
+        return (f"optimizer: THOR from thor() over {opt.n_layers} THOR layers, factors and inverses refreshed every "
+                f"{opt.frequency} steps")
+
+    def callbacks(self) -> List[Any]:
+        return [self.optimizer.training_guard()]
+
+    def own_loss_scale(self) -> float:
+        return float(self.optimizer.loss_scale)
+
+    def schedule_parameters(self) -> Sequence[Parameter]:
+        return (*learning_rate_parameters(self.optimizer), *self.optimizer.damping.get_parameters())
+
+    def optimizer_name(self) -> str:
+        return type(self.optimizer).__name__
 
 
 def thor_train_network(network: nn.Cell, optimizer, has_loss_fn: bool) -> nn.Cell:

@@ -39,12 +39,12 @@ from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_boost import comm
 from ms_boost.flat_buffers import flatten_tensors
-from ms_boost.sections import ThorConfig
 from ms_boost.thor import kernels
 from ms_boost.thor import math as thor_math
 from ms_boost.thor.assignment import LayerFactors, inverse_layout, plan_inversions
 from ms_boost.thor.guard import ThorGuard, ThorNonFiniteError
 from ms_boost.thor.layers import CaptureGate, ThorLayer, thor_state_parameters
+from ms_boost.thor.rules import check as _rule
 from ms_boost.topology import Topology
 from ms_boost.update import StageHooks
 from ms_boost.validation import check_bool, check_int
@@ -68,11 +68,6 @@ def _identity_blocks(shape) -> np.ndarray:
     if len(shape) == 1:
         return np.ones(shape, np.float32)
     return np.broadcast_to(np.eye(shape[-1], dtype=np.float32), shape).copy()
-
-
-def _rule(name: str, value):
-    """``value`` checked and normalised by the rule of ``thor.<name>`` in the ``thor`` section."""
-    return ThorConfig.RULES[name](f"{ThorConfig.SECTION}.{name}", value)
 
 
 def _default_decay_filter(param) -> bool:
@@ -103,7 +98,7 @@ class _DampingSchedule(nn.Cell):
             if values.size == 0:
                 _rule("damping", [])
             if bad.size:  # the first bad value, said by the thor.damping rule
-                ThorConfig.RULES["damping"](f"{ThorConfig.SECTION}.damping[{bad[0]}]", float(values[bad[0]]))
+                _rule("damping", float(values[bad[0]]), f"thor.damping[{bad[0]}]")
         else:
             values = np.array(_rule("damping", damping), np.float32).reshape(-1)
         self.values = Parameter(Tensor(values), name="thor_damping_values", requires_grad=False)

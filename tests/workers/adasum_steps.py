@@ -14,7 +14,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_boost import comm
 from ms_boost.adasum import AdaSumUpdate
-from ms_boost.update import OptimizerUpdate
+from ms_boost.stages import OptimizerUpdate
 
 IN, HID, OUT, BATCH = 6, 4, 3, 4
 

@@ -19,7 +19,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -27,9 +27,13 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
+from ms_boost import comm
+from ms_boost.divergence import callback_mark, first_non_finite
+from ms_boost.stages import optimizer_hooks
 
 __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheckpoint", "read_manifest",
-           "find_resume_checkpoint", "checkpoint_step", "run_checkpoints"]
+           "find_resume_checkpoint", "checkpoint_step", "run_checkpoints", "restore_train_network",
+           "schedule_parameter_names", "RESUME_FREE_KEYS", "DIVERGENCE_KEYS"]
 
 MANIFEST_KEY = "ms_boost_run"
 _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
@@ -37,22 +41,6 @@ _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 
 class TrainingDiverged(RuntimeError):
     """Training stopped because a loss or a Parameter of the train network became NaN or infinite."""
-
-
-def first_non_finite(arrays: Iterable[Tuple[str, np.ndarray]]) -> Optional[str]:
-    """``"<name> (<k> of <n> values non-finite, e.g. nan)"`` for the first array holding NaN/Inf, else ``None``.
-
-    Integer and boolean arrays are always finite.
-    """
-    for name, value in arrays:
-        value = np.asarray(value)
-        if value.dtype.kind not in "fc":
-            continue
-        bad = ~np.isfinite(value)
-        if bad.any():
-            example = value[bad].flat[0]
-            return f"{name} ({int(bad.sum())} of {value.size} values non-finite, e.g. {example})"
-    return None
 
 
 def checkpoint_step(path: Path, steps_per_epoch: int) -> int:
@@ -134,14 +122,17 @@ class GuardedCheckpoint(Callback):
             return
         params = run_context.original_args()
         step = self.step_offset + int(params.cur_step_num)
+        if callback_mark(params, "divergence_rolled_back"):  # ms_boost.divergence restored an earlier state
+            return
+        if callback_mark(params, "divergence_failure"):  # ... or gave up: today's message, for its reason
+            self._fail(step, params.divergence_failure, loss_failure=True, run_context=run_context)
+            return
         loss = loss_value(params.net_outputs) if getattr(params, "net_outputs", None) is not None else 0.0
         if not math.isfinite(loss):
             self._fail(step, f"loss is {loss}", loss_failure=True, run_context=run_context)
             return
-        save = self.save_steps and step % self.save_steps == 0
-        check = self.check_steps and step % self.check_steps == 0
-        if save or check:
-            self._visit(params, step, save, run_context)
+        if self.visits(step):
+            self._visit(params, step, bool(self.save_steps and step % self.save_steps == 0), run_context)
 
     def on_train_end(self, run_context) -> None:
         # Nothing is checked or saved once a step failed (here, or the loss check of another callback that asked
@@ -152,6 +143,17 @@ class GuardedCheckpoint(Callback):
         step = self.step_offset + int(params.cur_step_num)
         if step != self._last_checked and step > self.step_offset:
             self._visit(params, step, self.save_steps > 0, run_context)
+
+    def visits(self, step: int) -> bool:
+        """Whether the Parameters are checked (and, at save steps, saved) after global ``step``."""
+        return any(every and step % every == 0 for every in (self.save_steps, self.check_steps))
+
+    def abandon_after(self, step: int) -> None:
+        """Training went back to the state of global ``step`` (``divergence_action: rollback``): this run's
+        checkpoints of later steps hold a state it left, and are deleted."""
+        for path in [p for p in self.saved if checkpoint_step(p, self.steps_per_epoch) > step]:
+            self.saved.remove(path)
+            path.unlink(missing_ok=True)
 
     # -- work ----------------------------------------------------------------------------------------------
     def _visit(self, params, step: int, save: bool, run_context) -> None:
@@ -261,3 +263,139 @@ def run_checkpoints(directory: Path, prefix: str, subfolders: Iterable[str] = ()
     directory = Path(directory)
     folders = [directory, *sorted(directory.glob("rank_*")), *(directory / name for name in subfolders if name)]
     return sorted(p for folder in folders for p in _checkpoints_in(folder, prefix))
+
+
+def _resume_path(cfg: Any) -> Path:
+    """This rank's checkpoint for ``--resume``: rank 0 the file named (or its run folder's newest); rank ``r`` its own
+    state of the same name in ``rank_<r>/`` beside it (optimizer moments differ between ranks under AdaSum), else
+    rank 0's file. A server that holds no rank-0 checkpoint (several servers without a shared file system: only
+    server 0 has ``checkpoint/``'s own files) takes the newest file of its own ``checkpoint/rank_<r>/``;
+    :func:`_same_step_on_every_rank` then checks that every rank resumes at the same step."""
+    rank = comm.get_rank()
+    own_folder = Path(os.path.expanduser(str(cfg.resume))) / cfg.checkpoint_dir / f"rank_{rank}"
+    try:
+        path = find_resume_checkpoint(cfg.resume, cfg.checkpoint_dir, cfg.checkpoint_prefix)
+    except ValueError:
+        if rank == 0 or not own_folder.is_dir():
+            raise
+        path = find_resume_checkpoint(str(own_folder), ".", cfg.checkpoint_prefix)
+        print(f"[rank {rank}] resume: no rank-0 checkpoint under {str(cfg.resume)!r} on this server; resuming from "
+              f"this rank's own newest {str(path)!r}", flush=True)
+        return path
+    if rank > 0:
+        own = path.parent / f"rank_{rank}" / path.name
+        if own.is_file():
+            return own
+        print(f"[rank {rank}] resume: no {str(own)!r}; this rank continues from rank 0's state (exact only "
+              f"when every rank's optimizer/boost state equals rank 0's; save_rank_checkpoints keeps them).",
+              flush=True)
+    return path
+
+
+def _same_step_on_every_rank(path: Path, step: int) -> None:
+    """Every rank resumes at the same global step (one AllGather of the steps; nothing on one rank).
+
+    Raises:
+        ValueError: the ranks' checkpoints are at different steps (named per rank).
+    """
+    if comm.get_size() < 2:
+        return
+    steps = comm.AllGather()(ms.Tensor(np.array([step], np.int32))).asnumpy().tolist()
+    if len(set(steps)) > 1:
+        raise ValueError(f"resume: the ranks' checkpoints are at different steps {dict(enumerate(steps))} (this "
+                         f"rank: {str(path)!r}); every rank must resume from the same step: give --resume a "
+                         f"checkpoint every rank has, or copy rank 0's checkpoint folder to every server.")
+
+
+def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
+                          check_recipe: Callable[[Path, Dict[str, Any]], None]) -> Tuple[int, Path]:
+    """Load ``cfg.resume`` (a checkpoint, or a run folder's newest one) into the whole train ``network``.
+
+    Restores every Parameter of the train network: weights, BatchNorm statistics, optimizer moments and
+    step counter (the learning-rate position), loss scale and its counters, and the boost state
+    (freezing position, accumulation buffers, AdaSum, DimReduce and THOR state). Training continues at
+    the checkpoint's global step (the data set is positioned there by :func:`~.trainer.train`). The schedules
+    (:func:`schedule_parameter_names`: learning rates, THOR damping) are configuration: they keep this
+    run's values, so ``epoch_size`` may be raised to train further.
+
+    Args:
+        cfg: the run's configuration (``resume``, ``checkpoint_dir``, ``checkpoint_prefix``, ``epoch_size``).
+        network: the train network (``model.train_network``).
+        steps_per_epoch: this run's steps per epoch (the checkpoint's must equal it).
+        check_recipe: ``check_recipe(path, manifest)`` raises when the checkpoint needs another recipe.
+
+    Returns:
+        ``(global_step, checkpoint)``.
+
+    Raises:
+        ValueError: no checkpoint, another recipe's checkpoint, another ``steps_per_epoch``, or nothing
+            left to train.
+    """
+    path = _resume_path(cfg)
+    entries = ms.load_checkpoint(str(path))
+    manifest = read_manifest(path, entries)
+    if manifest is None:
+        raise ValueError(f"resume: checkpoint {str(path)!r} has no '{'ms_boost_run'}' manifest (written by "
+                         f"another tool?); --resume needs a checkpoint train.py wrote. Use --pretrained to start "
+                         f"from its weights only.")
+    check_recipe(path, manifest)
+    step, saved_spe = int(manifest.get("global_step", -1)), int(manifest.get("steps_per_epoch", -1))
+    _same_step_on_every_rank(path, step)
+    if saved_spe != steps_per_epoch:
+        raise ValueError(f"resume: checkpoint {str(path)!r} was written with {saved_spe} steps per epoch, this run "
+                         f"has {steps_per_epoch} (batch_size, rank count, data set or steps_per_epoch changed); "
+                         f"exact resume needs the same.")
+    if step < 1:
+        raise ValueError(f"resume: checkpoint {str(path)!r} records global step {step}; nothing to resume.")
+    if step >= int(cfg.epoch_size) * steps_per_epoch:
+        raise ValueError(f"resume: checkpoint {str(path)!r} is at step {step}, the end of epoch_size "
+                         f"{cfg.epoch_size} x {steps_per_epoch} steps or later; raise --epoch_size to train further.")
+    schedules = schedule_parameter_names(network)
+    wanted = {p.name: p for p in network.get_parameters() if p.name not in schedules}
+    missing = sorted(set(wanted) - set(entries))
+    if missing:
+        raise ValueError(f"resume: checkpoint {str(path)!r} lacks {len(missing)} Parameter(s) of this run's train "
+                         f"network (first: {missing[:5]}); was it written by another recipe or boost setting "
+                         f"(it says recipe {manifest.get('recipe')!r}, boost_level {manifest.get('boost_level')!r})?")
+    mismatched = [f"{name} {tuple(p.shape)} vs {tuple(entries[name].shape)}" for name, p in wanted.items()
+                  if tuple(p.shape) != tuple(entries[name].shape)]
+    if mismatched:
+        raise ValueError(f"resume: checkpoint {str(path)!r} does not fit this run's train network: "
+                         f"{mismatched[:3]} (network vs checkpoint).")
+    # the schedules keep this run's values (given as their own Parameters, so none is reported as not loaded)
+    ms.load_param_into_net(network, {**{name: entries[name] for name in wanted},
+                                     **{p.name: p for p in network.get_parameters() if p.name in schedules}},
+                           strict_load=True)
+    changed = sorted(key for key, value in (manifest.get("config") or {}).items()
+                     if key not in RESUME_FREE_KEYS and cfg.get(key) != value)
+    if changed and comm.get_rank() == 0:
+        print(f"resume: note: these keys differ from the checkpoint's run: {changed}", flush=True)
+    saved_epochs = (manifest.get("config") or {}).get("epoch_size")
+    if saved_epochs is not None and saved_epochs != cfg.epoch_size and comm.get_rank() == 0:
+        print(f"resume: note: epoch_size {saved_epochs} -> {cfg.epoch_size}: the learning-rate schedule (and "
+              f"grad_freeze.total_steps: 0) follow this run's epoch_size from step {step + 1} on.", flush=True)
+    return step, path
+
+
+def schedule_parameter_names(network: nn.Cell) -> set:
+    """Names of the train network's Parameters that hold a schedule computed from the configuration.
+
+    Each optimizer in ``network`` says which (:meth:`ms_boost.stages.OptimizerHooks.schedule_parameters`): its
+    learning rates (a per-step array whose length is the run's total steps) and, for THOR, its per-step damping
+    values. ``--resume`` keeps this run's values instead of loading the checkpoint's, so a run resumed with a
+    larger ``epoch_size`` follows the schedule of its own length; the position in the schedule is the restored
+    step counter.
+    """
+    return {p.name for _, cell in network.cells_and_names() for p in optimizer_hooks(cell).schedule_parameters()}
+
+
+DIVERGENCE_KEYS = ("action", "spike_factor", "window", "max_rollbacks", "lr_factor", "damping_factor",
+                   "snapshot_steps")
+"""The recipe's ``divergence_<key>`` keys: :class:`ms_boost.divergence.DivergencePolicy`'s fields."""
+
+RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints", "overwrite_output",
+                     "epoch_size", "output_path", "log_interval", "run_eval",
+                     "eval_before_train", "check_data", "summary_dir", "metrics_file", "save_checkpoint",
+                     "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "divergence_check_steps",
+                     *(f"divergence_{key}" for key in DIVERGENCE_KEYS), "num_parallel_workers",
+                     "checkpoint_file_path", "export_file_name", "export_file_format", "export_batch_size"}

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import Parameter, ParameterTuple, Tensor, nn
+from mindspore import Tensor, nn
 from mindspore.train import DynamicLossScaleManager, FixedLossScaleManager
 
 from model_zoo.resnet.src.callbacks import ProgressMonitor, format_duration
@@ -38,22 +38,25 @@ from model_zoo.resnet.src.lr_generator import get_lr, get_thor_damping, get_thor
 from model_zoo.resnet.src.metrics import MetricsLogger, append_record, truncate_metrics
 from model_zoo.resnet.src.resnet import create_model, init_group_params, init_weight
 from model_zoo.resnet.src.run_state import (
+    DIVERGENCE_KEYS,
     GuardedCheckpoint,
     TrainingDiverged,
-    find_resume_checkpoint,
     read_manifest,
+    restore_train_network,
     run_checkpoints,
+    schedule_parameter_names,
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import AutoBoost, Model, comm
 from ms_boost.dim_reduce.pca import write_weight_manifest
+from ms_boost.divergence import DivergencePolicy, DivergenceRollback
 
 __all__ = [
     "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
     "load_weights", "build_loss", "learning_rate", "build_optimizer", "loss_scale_manager", "boost_config_dict",
     "build_model", "train_dataset", "eval_dataset", "evaluate", "inference_network", "train",
     "recipe_structure", "recipe_manifest", "resume_state", "schedule_parameter_names", "claim_output",
-    "TrainingDiverged",
+    "TrainingDiverged", "divergence_policy",
 ]
 
 OPTIMIZERS = ("Momentum", "SGD", "THOR")
@@ -296,6 +299,9 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
     if cfg.optimizer == "THOR" and "thor" not in cfg:
         raise ValueError("optimizer='THOR' needs the 'thor' section of schedules and settings; start from "
                          "configs/resnet50_imagenet_thor.yaml.")
+    if cfg.optimizer == "THOR" and str(cfg.boost_level) != "O0":
+        raise ValueError(f"boost_level={cfg.boost_level!r} does not combine with optimizer='THOR' (THOR replaces the "
+                         f"optimizer and trains alone, so the level's algorithms would be dropped); allowed: 'O0'.")
     lr = learning_rate(cfg, steps_per_epoch)
     lr = Tensor(lr) if isinstance(lr, np.ndarray) else lr
     opt_scale = float(cfg.loss_scale) if _uses_optimizer_loss_scale(cfg) else 1.0
@@ -408,7 +414,8 @@ def evaluate(model: Model, cfg: Config) -> Dict[str, float]:
 def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch: int, total_steps: int,
                         step_offset: int) -> List[Any]:
     monitor = ProgressMonitor(total_steps, steps_per_epoch, cfg.batch_size * run.rank_size, cfg.log_interval,
-                              run.rank, run.rank_size, step_offset=step_offset)
+                              run.rank, run.rank_size, step_offset=step_offset,
+                              stop_on_nan=cfg.divergence_action != "rollback")
     directory = os.path.join(cfg.output_path, cfg.checkpoint_dir)
     steps = (cfg.save_checkpoint_steps or cfg.save_checkpoint_epochs * steps_per_epoch) if cfg.save_checkpoint else 0
     own = directory if run.rank == 0 else os.path.join(directory, f"rank_{run.rank}")
@@ -426,6 +433,8 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
     if cfg.metrics_file and run.rank == 0:
         callbacks.append(MetricsLogger(os.path.join(cfg.output_path, cfg.metrics_file),
                                        learning_rate(cfg, steps_per_epoch), steps_per_epoch, step_offset))
+    if cfg.divergence_action == "rollback":  # before the guards: they skip a rolled-back step
+        callbacks.insert(1, _divergence_healer(cfg, run, callbacks, total_steps, step_offset))
     if cfg.summary_dir:
         from mindspore.train import SummaryCollector
 
@@ -436,60 +445,42 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
     return callbacks
 
 
+def divergence_policy(cfg: Config) -> DivergencePolicy:
+    """The recipe's ``divergence_*`` keys as a checked :class:`ms_boost.divergence.DivergencePolicy`.
+
+    Raises:
+        ValueError: naming the ``divergence_<key>``, its value and what is allowed.
+    """
+    return DivergencePolicy.from_mapping({key: cfg[f"divergence_{key}"] for key in DIVERGENCE_KEYS},
+                                         names={key: f"divergence_{key}" for key in DIVERGENCE_KEYS})
+
+
+def _divergence_healer(cfg: Config, run: RunInfo, callbacks: List[Any], total_steps: int,
+                       step_offset: int) -> DivergenceRollback:
+    """``divergence_action: rollback``: the healer, snapshotting (and so checking) at every guard's save and check
+    steps and at the last step, logging on rank 0 and recording each rollback in the metrics file."""
+    guards = [c for c in callbacks if isinstance(c, GuardedCheckpoint)]
+    metrics = next((c for c in callbacks if isinstance(c, MetricsLogger)), None)
+
+    def rolled_back(record: Dict[str, Any]) -> None:
+        for guard in guards:  # their checkpoints of the abandoned steps hold a state training left
+            guard.abandon_after(record["restored_step"])
+        if metrics is not None:
+            metrics.lr = np.asarray(metrics.lr, np.float64) * record["lr_factor"]  # the lr its records report
+            append_record(metrics.path, record)
+
+    return DivergenceRollback(divergence_policy(cfg), step_offset=step_offset,
+                              log=(lambda line: print(line, flush=True)) if run.rank == 0 else None,
+                              on_rollback=rolled_back,
+                              snapshot_at=lambda step: step == total_steps or any(g.visits(step) for g in guards))
+
+
 RESUME_DATA = ("exact", "fast")
 
 
-def _resume_path(cfg: Config) -> Path:
-    """This rank's checkpoint for ``--resume``: rank 0 the file named (or its run folder's newest); rank ``r`` its own
-    state of the same name in ``rank_<r>/`` beside it (optimizer moments differ between ranks under AdaSum), else
-    rank 0's file. A server that holds no rank-0 checkpoint (several servers without a shared file system: only
-    server 0 has ``checkpoint/``'s own files) takes the newest file of its own ``checkpoint/rank_<r>/``;
-    :func:`_same_step_on_every_rank` then checks that every rank resumes at the same step."""
-    rank = comm.get_rank()
-    own_folder = Path(os.path.expanduser(str(cfg.resume))) / cfg.checkpoint_dir / f"rank_{rank}"
-    try:
-        path = find_resume_checkpoint(cfg.resume, cfg.checkpoint_dir, cfg.checkpoint_prefix)
-    except ValueError:
-        if rank == 0 or not own_folder.is_dir():
-            raise
-        path = find_resume_checkpoint(str(own_folder), ".", cfg.checkpoint_prefix)
-        print(f"[rank {rank}] resume: no rank-0 checkpoint under {str(cfg.resume)!r} on this server; resuming from "
-              f"this rank's own newest {str(path)!r}", flush=True)
-        return path
-    if rank > 0:
-        own = path.parent / f"rank_{rank}" / path.name
-        if own.is_file():
-            return own
-        print(f"[rank {rank}] resume: no {str(own)!r}; this rank continues from rank 0's state (exact only "
-              f"when every rank's optimizer/boost state equals rank 0's; save_rank_checkpoints keeps them).",
-              flush=True)
-    return path
-
-
-def _same_step_on_every_rank(path: Path, step: int) -> None:
-    """Every rank resumes at the same global step (one AllGather of the steps; nothing on one rank).
-
-    Raises:
-        ValueError: the ranks' checkpoints are at different steps (named per rank).
-    """
-    if comm.get_size() < 2:
-        return
-    steps = comm.AllGather()(ms.Tensor(np.array([step], np.int32))).asnumpy().tolist()
-    if len(set(steps)) > 1:
-        raise ValueError(f"resume: the ranks' checkpoints are at different steps {dict(enumerate(steps))} (this "
-                         f"rank: {str(path)!r}); every rank must resume from the same step: give --resume a "
-                         f"checkpoint every rank has, or copy rank 0's checkpoint folder to every server.")
-
-
 def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, Optional[Path]]:
-    """Load ``cfg.resume`` (a checkpoint, or a run folder's newest one) into the whole train network.
-
-    Restores every Parameter of the train network: weights, BatchNorm statistics, optimizer moments and
-    step counter (the learning-rate position), loss scale and its counters, and the boost state
-    (freezing position, accumulation buffers, AdaSum, DimReduce and THOR state). Training continues at
-    the checkpoint's global step (the data set is positioned there by :func:`train`). The schedules
-    (:func:`schedule_parameter_names`: learning rates, THOR damping) are configuration: they keep this
-    run's values, so ``epoch_size`` may be raised to train further.
+    """Load ``cfg.resume`` (a checkpoint, or a run folder's newest one) into the whole train network
+    (:func:`~.run_state.restore_train_network`, which checks the recipe with this module's manifest).
 
     Returns:
         ``(global_step, checkpoint)``; ``(0, None)`` without ``resume``.
@@ -501,83 +492,8 @@ def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, 
     if not cfg.resume:
         return 0, None
     _choice("resume_data", cfg.resume_data, RESUME_DATA)
-    path = _resume_path(cfg)
-    entries = ms.load_checkpoint(str(path))
-    manifest = read_manifest(path, entries)
-    if manifest is None:
-        raise ValueError(f"resume: checkpoint {str(path)!r} has no '{'ms_boost_run'}' manifest (written by "
-                         f"another tool?); --resume needs a checkpoint train.py wrote. Use --pretrained to start "
-                         f"from its weights only.")
-    _check_recipe(cfg, path, manifest, "resume")
-    step, saved_spe = int(manifest.get("global_step", -1)), int(manifest.get("steps_per_epoch", -1))
-    _same_step_on_every_rank(path, step)
-    if saved_spe != steps_per_epoch:
-        raise ValueError(f"resume: checkpoint {str(path)!r} was written with {saved_spe} steps per epoch, this run "
-                         f"has {steps_per_epoch} (batch_size, rank count, data set or steps_per_epoch changed); "
-                         f"exact resume needs the same.")
-    if step < 1:
-        raise ValueError(f"resume: checkpoint {str(path)!r} records global step {step}; nothing to resume.")
-    if step >= int(cfg.epoch_size) * steps_per_epoch:
-        raise ValueError(f"resume: checkpoint {str(path)!r} is at step {step}, the end of epoch_size "
-                         f"{cfg.epoch_size} x {steps_per_epoch} steps or later; raise --epoch_size to train further.")
-    network = model.train_network
-    schedules = schedule_parameter_names(network)
-    wanted = {p.name: p for p in network.get_parameters() if p.name not in schedules}
-    missing = sorted(set(wanted) - set(entries))
-    if missing:
-        raise ValueError(f"resume: checkpoint {str(path)!r} lacks {len(missing)} Parameter(s) of this run's train "
-                         f"network (first: {missing[:5]}); was it written by another recipe or boost setting "
-                         f"(it says recipe {manifest.get('recipe')!r}, boost_level {manifest.get('boost_level')!r})?")
-    mismatched = [f"{name} {tuple(p.shape)} vs {tuple(entries[name].shape)}" for name, p in wanted.items()
-                  if tuple(p.shape) != tuple(entries[name].shape)]
-    if mismatched:
-        raise ValueError(f"resume: checkpoint {str(path)!r} does not fit this run's train network: "
-                         f"{mismatched[:3]} (network vs checkpoint).")
-    # the schedules keep this run's values (given as their own Parameters, so none is reported as not loaded)
-    ms.load_param_into_net(network, {**{name: entries[name] for name in wanted},
-                                     **{p.name: p for p in network.get_parameters() if p.name in schedules}},
-                           strict_load=True)
-    changed = sorted(key for key, value in (manifest.get("config") or {}).items()
-                     if key not in _RESUME_FREE_KEYS and cfg.get(key) != value)
-    if changed and comm.get_rank() == 0:
-        print(f"resume: note: these keys differ from the checkpoint's run: {changed}", flush=True)
-    saved_epochs = (manifest.get("config") or {}).get("epoch_size")
-    if saved_epochs is not None and saved_epochs != cfg.epoch_size and comm.get_rank() == 0:
-        print(f"resume: note: epoch_size {saved_epochs} -> {cfg.epoch_size}: the learning-rate schedule (and "
-              f"grad_freeze.total_steps: 0) follow this run's epoch_size from step {step + 1} on.", flush=True)
-    return step, path
-
-
-SCHEDULE_PARAMETERS = ("thor_damping_values",)
-
-
-def schedule_parameter_names(network: nn.Cell) -> set:
-    """Names of the train network's Parameters that hold a schedule computed from the configuration.
-
-    These are the learning rates of every optimizer in ``network`` (a per-step array whose length is the
-    run's total steps) and THOR's per-step damping values. ``--resume`` keeps this run's values instead of
-    loading the checkpoint's, so a run resumed with a larger ``epoch_size`` follows the schedule of its
-    own length; the position in the schedule is the restored step counter.
-    """
-    names = set()
-    for _, cell in network.cells_and_names():
-        if isinstance(cell, nn.Optimizer):
-            rates = getattr(cell, "learning_rate", None)
-            for rate in rates if isinstance(rates, (ParameterTuple, tuple, list)) else (rates,):
-                if isinstance(rate, Parameter):
-                    names.add(rate.name)
-                elif isinstance(rate, nn.Cell):  # a per-step array is wrapped in a cell holding it as a Parameter
-                    names.update(p.name for p in rate.get_parameters())
-    names.update(p.name for p in network.get_parameters() if p.name.split(".")[-1] in SCHEDULE_PARAMETERS)
-    return names
-
-
-_RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints", "overwrite_output",
-                     "epoch_size", "output_path", "log_interval", "run_eval",
-                     "eval_before_train", "check_data", "summary_dir", "metrics_file", "save_checkpoint",
-                     "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "divergence_check_steps",
-                     "num_parallel_workers", "checkpoint_file_path", "export_file_name", "export_file_format",
-                     "export_batch_size"}
+    return restore_train_network(cfg, model.train_network, steps_per_epoch,
+                                 lambda path, manifest: _check_recipe(cfg, path, manifest, "resume"))
 
 
 def check_training_data(cfg: Config, run: RunInfo) -> None:
@@ -641,6 +557,7 @@ def train(cfg: Config) -> Dict[str, Any]:
         ValueError: bad configuration, undecodable images, or a checkpoint ``--resume`` cannot continue from.
     """
     check_run_sizes(cfg)
+    divergence_policy(cfg)
     run = setup_runtime(cfg)
     started = time.time()
     claim_output(cfg, run)
@@ -690,7 +607,7 @@ def train(cfg: Config) -> Dict[str, Any]:
     model.train(int(cfg.epoch_size), dataset, callbacks=callbacks, dataset_sink_mode=bool(cfg.dataset_sink_mode),
                 initial_epoch=initial_epoch)
     results["train_seconds"] = time.time() - train_start
-    monitor, guard = callbacks[0], callbacks[1]
+    monitor, guard = callbacks[0], next(c for c in callbacks if isinstance(c, GuardedCheckpoint))
     results["losses"] = list(monitor.losses)
     results["last_checkpoint"] = guard.last_good
     failure = guard.failure or monitor.failure  # the guard checks the loss too, and names the checkpoint to resume

@@ -1,4 +1,4 @@
-"""Group loss scaling: one dynamic loss scale per group of layers.
+"""Group loss scaling: one dynamic loss scale per group of layers (:class:`GroupLossScaleManager`).
 
 Upstream's documented usage, which works unchanged here::
 
@@ -51,12 +51,10 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from ms_boost import comm
-from ms_boost.sections import LossScaleGroupConfig
-from ms_boost.spec import AlgorithmSpec
 from ms_boost.validation import BoostConfigError
 
 __all__ = [
-    "GroupLossScaleManager", "is_group_manager", "require_group_manager", "group_scale_update", "SPEC",
+    "GroupLossScaleManager", "is_group_manager", "require_group_manager", "group_scale_update",
 ]
 
 
@@ -319,24 +317,13 @@ def require_group_manager(manager: Optional[object]) -> GroupLossScaleManager:
     """The manager, if it is a :class:`GroupLossScaleManager`; else the error ``loss_scale_group`` needs.
 
     Raises:
-        ValueError: ``boost.loss_scale_group`` is on but ``manager`` is not a GroupLossScaleManager.
+        BoostConfigError: ``boost.loss_scale_group`` is on but ``manager`` is not a GroupLossScaleManager (the one
+            rule and message, also what ``Model`` raises through the spec's ``check_model``).
     """
     if is_group_manager(manager):
         return manager
-    got = "no loss_scale_manager" if manager is None else f"a {type(manager).__name__}"
-    raise ValueError(f"boost config 'boost.loss_scale_group' is True but Model got {got}; loss_scale_group needs "
-                     f"loss_scale_manager=GroupLossScaleManager(init_loss_scale, loss_scale_groups) (also called "
-                     f"between the layer groups in the network). Pass one, or turn loss_scale_group off.")
-
-
-def _check_model(cfg: LossScaleGroupConfig, loss_scale_manager) -> None:
-    if not is_group_manager(loss_scale_manager):
-        raise BoostConfigError(
-            "boost.loss_scale_group is enabled but loss_scale_manager is "
-            f"{type(loss_scale_manager).__name__ if loss_scale_manager is not None else 'None'}; pass "
-            "loss_scale_manager=ms_boost.GroupLossScaleManager(init_loss_scale, loss_scale_groups).")
-
-
-#: Per-group loss scaling for the pipeline: the train cell's loss scaler does the work; Model checks the
-#: manager.
-SPEC = AlgorithmSpec(name="loss_scale_group", section=LossScaleGroupConfig, order=50, check_model=_check_model)
+    got = "None" if manager is None else f"a {type(manager).__name__}"
+    raise BoostConfigError(f"boost.loss_scale_group is enabled but loss_scale_manager is {got}; loss_scale_group "
+                           f"needs loss_scale_manager=ms_boost.GroupLossScaleManager(init_loss_scale, "
+                           f"loss_scale_groups) (also called between the layer groups in the network). Pass one, or "
+                           f"turn loss_scale_group off.")

@@ -21,11 +21,13 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from ms_boost.sections import GradAccumulationConfig
-from ms_boost.spec import AlgorithmSpec, BuildContext
-from ms_boost.update import OptimizerUpdate, UpdateStage
+from ms_boost.spec import int_rule
+from ms_boost.stages import UpdateStage
 
-__all__ = ["AccumulateUpdate", "GradientAccumulation", "SPEC"]
+__all__ = ["AccumulateUpdate", "check_accumulation_step"]
+
+#: The one rule for ``grad_accumulation.grad_accumulation_step`` (the section and the stage both use it).
+check_accumulation_step = int_rule(low=1, holder="the micro-step counter is an int32")
 
 _add_into = C.MultitypeFuncGraph("ms_boost_add_into")
 _clear = C.MultitypeFuncGraph("ms_boost_clear")
@@ -71,7 +73,7 @@ class AccumulateUpdate(UpdateStage):
     """
 
     def __init__(self, inner: nn.Cell, weights, k: int):
-        self.k = GradAccumulationConfig(grad_accumulation_step=k).grad_accumulation_step
+        self.k = check_accumulation_step("grad_accumulation.grad_accumulation_step", k)
         super().__init__(inner)
         weights = weights if isinstance(weights, ParameterTuple) else ParameterTuple(list(weights))
         self.accumulators = weights.clone(prefix="grad_accumulation", init="zeros")
@@ -89,60 +91,3 @@ class AccumulateUpdate(UpdateStage):
             done = ops.depend(done, self.hyper_map(_clear, self.accumulators))
             done = ops.depend(done, ops.assign(self.counter, ops.zeros_like(count)))
         return done
-
-
-class GradientAccumulation(nn.Cell):
-    """Upstream API: accumulate the gradients of ``max_accumulation_step`` steps, then call the optimizer.
-
-    Args:
-        max_accumulation_step: micro-steps per update, ``>= 1``.
-        optimizer: the optimizer (anything with ``parameters`` and ``__call__(grads)``).
-
-    Inputs:
-        - **loss** (Tensor) - the step's loss.
-        - **grads** (tuple[Tensor]) - the step's gradients, in ``optimizer.parameters`` order.
-
-    Outputs:
-        Tensor, ``loss`` (after the accumulation and, every ``max_accumulation_step`` calls, the update).
-
-    Example:
-        >>> accumulate = GradientAccumulation(4, optimizer)
-        >>> loss = accumulate(loss, grads)   # inside a train step; updates every 4th call
-    """
-
-    def __init__(self, max_accumulation_step: int, optimizer):
-        super().__init__(auto_prefix=False)
-        GradAccumulationConfig(grad_accumulation_step=max_accumulation_step)  # the one rule for the value
-        if not hasattr(optimizer, "parameters"):
-            raise TypeError(f"GradientAccumulation: optimizer must expose 'parameters', got "
-                            f"{type(optimizer).__name__}.")
-        self._max_accumulation_step = max_accumulation_step
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
-        self.stage = AccumulateUpdate(OptimizerUpdate(optimizer), self.weights, max_accumulation_step)
-
-    def construct(self, loss, grads):
-        return ops.depend(loss, self.stage(loss, grads))
-
-
-
-def _stage(inner, weights, cfg: GradAccumulationConfig, ctx: BuildContext):
-    if cfg.grad_accumulation_step == 1:
-        return None  # every step updates: no stage
-    return AccumulateUpdate(inner, weights, cfg.grad_accumulation_step)
-
-
-def _describe(cfg: GradAccumulationConfig, ctx: BuildContext) -> str:
-    return f"accumulate x{cfg.grad_accumulation_step}"
-
-
-def _warn_config(cfg: GradAccumulationConfig):
-    if cfg.grad_accumulation_step == 1:
-        return ("grad_accumulation is on with grad_accumulation.grad_accumulation_step=1: every step updates the "
-                "weights (no accumulation)")
-    return None
-
-
-#: Gradient accumulation for the pipeline: the outermost update stage.
-SPEC = AlgorithmSpec(name="grad_accumulation", section=GradAccumulationConfig, order=30, in_enable_all=True,
-                     stage=_stage, describe=_describe, warn_config=_warn_config)

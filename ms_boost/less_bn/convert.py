@@ -1,4 +1,4 @@
-"""LessBN: fewer BatchNorm layers, a feature-normalised head, gradient centralization.
+"""LessBN's conversion: fewer BatchNorm layers, a feature-normalised head, gradient centralization.
 
 Upstream's LessBN marks the network for a graph pass that, at every residual addition whose main
 branch is a chain ``conv -> BN -> ReLU -> conv -> BN -> ReLU -> conv -> BN``, removes the BatchNorm
@@ -44,14 +44,12 @@ from mindspore.ops.primitive import Primitive
 
 from ms_boost.fn_head import CommonHeadLastFN, l2_normalize
 from ms_boost.grad_process import OptimizerProcess, ParameterProcess
-from ms_boost.sections import LessBNConfig
-from ms_boost.spec import AlgorithmSpec, BuildContext
 
 logger = logging.getLogger("ms_boost")
 
 __all__ = [
     "l2_normalize", "CommonHeadLastFN", "LessBN", "LessBNReport", "convert_less_bn",
-    "apply_less_bn", "apply_less_bn_eval", "SPEC",
+    "apply_less_bn", "apply_less_bn_eval",
 ]
 
 
@@ -455,16 +453,3 @@ def apply_less_bn_eval(network: nn.Cell, less_bn_cfg) -> nn.Cell:
     if isinstance(network, LessBN):
         return network
     return LessBN(network, fn_flag=less_bn_cfg.fn_flag)
-
-
-def _rewrite_train(network, optimizer, cfg: LessBNConfig, ctx: BuildContext):
-    return apply_less_bn(network, optimizer, cfg, ctx.common)
-
-
-def _rewrite_eval(network, cfg: LessBNConfig, ctx: BuildContext):
-    return apply_less_bn_eval(network, cfg)
-
-
-#: The LessBN algorithm for the pipeline (network rewrite for training and evaluation).
-SPEC = AlgorithmSpec(name="less_bn", section=LessBNConfig, order=10, levels=("O1", "O2"), in_enable_all=True,
-                     rewrite_train=_rewrite_train, rewrite_eval=_rewrite_eval)

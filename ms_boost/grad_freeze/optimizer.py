@@ -1,0 +1,381 @@
+"""The freezing optimizer :class:`FreezeOpt`: each step updates only the parameter groups its schedule trains.
+
+:class:`FreezeOpt` is used exactly like an optimizer: ``freeze_opt(grads)`` applies this step's groups
+and advances its step counter (a Parameter, so a checkpoint resumes the schedule). It keeps one inner
+optimizer per set of parameters that are always trained together, so each parameter has exactly one
+optimizer state, and the inner optimizers' learning rate and step follow the FreezeOpt's (a dynamic
+learning rate stays in step even for groups that were frozen).
+
+In PyNative mode the boost train cells ask :meth:`FreezeOpt.plan_step` before the forward pass and differentiate
+only the weights of the step's train group: the frozen layers' weight gradients, and the backward pass below the
+lowest trained layer, are never computed (as upstream's per-group train cells do). In Graph mode one compiled
+step serves every schedule entry, so all gradients are computed and the frozen groups' are left unused: the
+saving there is in the update only.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from ms_boost.grad_freeze.schedule import MAX_TOTAL_STEPS, FreezeSchedule, _ArraySchedule
+from ms_boost.grad_process import OptimizerProcess, optimizer_params
+from ms_boost.stages import OptimizerHooks, StageHooks, runs_as_python
+
+__all__ = ["FreezeOpt", "DEVICE_TABLE_MAX"]
+
+#: Entries of the schedule table FreezeOpt keeps on the device for Graph mode (4 MB of int32).
+DEVICE_TABLE_MAX = 2 ** 20
+
+
+def _take(values, indices):
+    """``tuple(values[i] for i in indices)``, written so that Graph mode unrolls it."""
+    out = ()
+    for i in indices:
+        out = out + (values[i],)
+    return out
+
+
+def _flatten_group(group, what: str) -> List[Parameter]:
+    if not isinstance(group, (list, tuple)):
+        raise TypeError(f"FreezeOpt: each element of train_parameter_groups must be a list of Parameters or of "
+                        f"parameter-group dicts, got {type(group).__name__} in {what}.")
+    out = []
+    for item in group:
+        if isinstance(item, Parameter):
+            out.append(item)
+        elif isinstance(item, dict) and "params" in item:
+            out.extend(item["params"])
+        elif isinstance(item, dict) and "order_params" in item:
+            continue
+        else:
+            raise TypeError(f"FreezeOpt: {what} holds {type(item).__name__}; expected Parameter or a dict with "
+                            f"'params'.")
+    return out
+
+
+def _prefix_local_parameters(cell: nn.Cell, prefix: str, user_ids: set) -> None:
+    """Prefix the names of the optimizer's own parameters (state, learning rate, step) only."""
+    for param in cell.get_parameters():
+        if id(param) not in user_ids and not param.name.startswith(prefix):
+            param.name = prefix + param.name
+
+
+class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
+    """An optimizer that updates, at each step, only the parameter group the schedule names.
+
+    Args:
+        opt: the optimizer to split (any :class:`mindspore.nn.Optimizer`, or LARS around one). It is not
+            modified; new inner optimizers of its class with its hyper-parameters and parameter-group
+            settings are built.
+        train_parameter_groups: list of parameter sets (lists of Parameters, or of parameter-group dicts as
+            upstream passes them); ``train_strategy[t]`` names the set trained at step ``t``. Sets may
+            overlap. None: one set holding every parameter.
+        train_strategy: per-step index into ``train_parameter_groups`` (list, tuple, numpy array, 1-D int32
+            Tensor or a lazy :class:`FreezeSchedule`, as :class:`GradientFreeze` passes;
+            Graph mode at most ``DEVICE_TABLE_MAX`` steps), used cyclically. None: ``0, 1, ...,
+            len(train_parameter_groups)-1`` cyclically.
+
+    PyNative mode selects the groups on the host (one read of :attr:`global_step` per step, see
+    :meth:`host_step`); Graph mode selects them on the device from the table :attr:`train_strategy`.
+    In PyNative mode the boost train cells ask :meth:`plan_step` before the forward pass and differentiate
+    only the weights of the step's train group: the frozen layers' weight gradients, and the backward pass
+    below the lowest trained layer, are never computed (as upstream's per-group train cells do).
+
+    Attributes:
+        parameters: every parameter of ``opt``, in ``opt``'s order (the gradients' order).
+        learning_rate: the learning rate Parameter (fixed learning rate; assigning it changes every inner
+            optimizer's rate), or the first inner optimizer's learning rate (dynamic or per-group rates).
+        global_step: the step counter (int32 Parameter of shape (1,)), also the position in the schedule.
+        schedule: the schedule (``schedule[t]``, ``len(schedule)``), lazy when a :class:`FreezeSchedule`.
+        train_strategy: int32 Tensor, the schedule's first ``min(len(schedule), DEVICE_TABLE_MAX)`` entries.
+        loss_scale: ``opt``'s static ``loss_scale`` (every inner optimizer divides the gradients by it).
+        opts: the inner optimizers, one per set of parameters always trained together.
+
+    Inputs:
+        - **gradients** (tuple[Tensor]) - one per element of :attr:`parameters`.
+
+    Raises:
+        TypeError: ``opt`` is not an optimizer, or the groups/strategy have the wrong type.
+        ValueError: a strategy without groups, a strategy index out of range, a parameter of ``opt`` in no
+            group, or a group parameter ``opt`` does not hold.
+    """
+
+    def __init__(self, opt, train_parameter_groups=None, train_strategy=None):
+        super().__init__(auto_prefix=False)
+        if not isinstance(opt, nn.Optimizer):
+            raise TypeError(f"FreezeOpt: 'opt' must be a mindspore.nn.Optimizer, got {type(opt).__name__}.")
+        if train_strategy is not None and train_parameter_groups is None:
+            raise ValueError("FreezeOpt: train_strategy was given without train_parameter_groups; give both.")
+        process = OptimizerProcess(opt)
+        inner = process.single_opt
+        all_params = list(opt.parameters)
+        position = {id(p): i for i, p in enumerate(all_params)}
+
+        if train_parameter_groups is None:
+            sets = [all_params]
+        elif isinstance(train_parameter_groups, (list, tuple)) and train_parameter_groups:
+            sets = [_flatten_group(g, f"train_parameter_groups[{j}]") for j, g in enumerate(train_parameter_groups)]
+        else:
+            raise TypeError(f"FreezeOpt: train_parameter_groups must be a non-empty list or tuple, got "
+                            f"{train_parameter_groups!r}.")
+        for j, group in enumerate(sets):
+            foreign = [p.name for p in group if id(p) not in position]
+            if foreign:
+                raise ValueError(f"FreezeOpt: train_parameter_groups[{j}] holds parameters the optimizer does not "
+                                 f"update: {foreign[:5]}.")
+        strategy = self._strategy(train_strategy, len(sets))
+
+        # atoms: parameters trained by exactly the same sets, in optimizer order
+        member = np.zeros((len(all_params), len(sets)), bool)
+        for j, group in enumerate(sets):
+            member[[position[id(p)] for p in group], j] = True
+        orphans = [all_params[i].name for i in np.flatnonzero(~member.any(axis=1))]
+        if orphans:
+            raise ValueError(f"FreezeOpt: parameters {orphans[:5]} (of {len(orphans)}) are in no train parameter "
+                             f"group and would never be updated; put them in a group or leave them out of the "
+                             f"optimizer.")
+        signatures = {}
+        for i in range(len(all_params)):
+            signatures.setdefault(member[i].tobytes(), []).append(i)
+        atoms = list(signatures.values())
+        self._mask = np.array([[member[a[0], j] for a in atoms] for j in range(len(sets))], bool)
+        # per train set: which gradients (optimizer order) its update reads; None when it reads all of them
+        self._needed = tuple(None if member[:, j].all() else tuple(bool(v) for v in member[:, j])
+                             for j in range(len(sets)))
+        self._planned = None  # train set chosen by plan_step for the current step (PyNative)
+        self.train_mask = Tensor(self._mask)
+        self.group_atoms = tuple(tuple(int(a) for a in np.flatnonzero(row)) for row in self._mask)
+        self.schedule = strategy
+        self.period = len(strategy)
+        # Graph mode selects on the device from this table: the whole schedule, or its first
+        # DEVICE_TABLE_MAX steps (then only PyNative mode, which selects on the host, can run it).
+        self.table_complete = self.period <= DEVICE_TABLE_MAX
+        self.train_strategy = Tensor(strategy.values(0, min(self.period, DEVICE_TABLE_MAX)), mstype.int32)
+        self.groups_num = len(sets)
+        self.n_atoms = len(atoms)
+
+        settings = self._settings_by_parameter(inner)
+        user_ids = set(position)
+        opts, order = [], []
+        for a, indices in enumerate(atoms):
+            params = [all_params[i] for i in indices]
+            sub = OptimizerProcess(opt)
+            sub.origin_params = self._regroup(params, settings)
+            new = sub.generate_new_optimizer()
+            _prefix_local_parameters(new, f"freeze_group_{a}.", user_ids)
+            opts.append(new)
+            # the gradients go to the inner optimizer in its own parameter order
+            order.append(tuple(position[id(p)] for p in new.parameters))
+        self.atom_indices = tuple(order)
+        self.opts = nn.CellList(opts, auto_prefix=False)
+        inners = [o.opt if isinstance(o, nn.LARS) else o for o in opts]
+
+        self.parameters = ParameterTuple(all_params)
+        self.opt_class = process.opt_class
+        self.is_group = inner.is_group
+        self.is_group_lr = inner.is_group_lr
+        self.dynamic_lr = inner.dynamic_lr
+        self.loss_scale = float(inner.loss_scale)  # the inner optimizers divide the gradients by it, as opt did
+        self.sync_lr = not (inner.is_group_lr or inner.dynamic_lr)
+        self.global_step = Parameter(Tensor([0], mstype.int32), name="global_step")
+        self.atom_steps = ParameterTuple([o.global_step for o in inners])
+        if self.sync_lr:
+            self.learning_rate = Parameter(Tensor(inner.learning_rate.asnumpy(), mstype.float32), name="learning_rate")
+            self.atom_lrs = ParameterTuple([o.learning_rate for o in inners])
+        else:
+            self.learning_rate = inners[0].learning_rate
+            self.atom_lrs = ()
+        self._inners = tuple(inners)
+        self._atom_step_cells = {}  # inner optimizer -> its compiled PyNative step (_AtomStep), built on first use
+
+    # -- construction helpers --------------------------------------------------------------------
+    @staticmethod
+    def _strategy(train_strategy, n_sets: int):
+        """The schedule as an object with ``total_steps``, ``[t]`` and ``values(start, count)``."""
+        if train_strategy is None:
+            return _ArraySchedule(np.arange(n_sets, dtype=np.int32))
+        if isinstance(train_strategy, FreezeSchedule):
+            if train_strategy.groups > n_sets:
+                raise ValueError(f"FreezeOpt: the freeze schedule names up to {train_strategy.groups - 1} frozen "
+                                 f"groups; allowed: indices 0 <= i < {n_sets} of train_parameter_groups.")
+            return train_strategy
+        if isinstance(train_strategy, Tensor):
+            if train_strategy.ndim != 1 or train_strategy.dtype not in (mstype.int32, mstype.int64):
+                raise TypeError("FreezeOpt: a Tensor train_strategy must be 1-D with an integer dtype.")
+            values = train_strategy.asnumpy()
+        elif isinstance(train_strategy, (list, tuple, np.ndarray)):
+            values = np.asarray(train_strategy)
+            if values.ndim != 1 or (values.size and not np.issubdtype(values.dtype, np.integer)):
+                raise TypeError("FreezeOpt: train_strategy must be a flat sequence of ints.")
+        else:
+            raise TypeError(f"FreezeOpt: train_strategy must be None, a list/tuple/array of ints, a FreezeSchedule or "
+                            f"a Tensor, got {type(train_strategy).__name__}.")
+        if values.size == 0:
+            raise ValueError("FreezeOpt: train_strategy is empty.")
+        if values.size > MAX_TOTAL_STEPS:
+            raise ValueError(f"FreezeOpt: train_strategy has {values.size} entries; allowed: at most "
+                             f"{MAX_TOTAL_STEPS}.")
+        bad = values[(values < 0) | (values >= n_sets)]
+        if bad.size:
+            raise ValueError(f"FreezeOpt: train_strategy holds {sorted(set(bad.tolist()))[:5]}; allowed: indices "
+                             f"0 <= i < {n_sets} of train_parameter_groups.")
+        return _ArraySchedule(values.astype(np.int32))
+
+    @staticmethod
+    def _settings_by_parameter(inner) -> dict:
+        """``id(parameter) -> (group index, group settings)`` from the optimizer's parameter groups."""
+        raw = optimizer_params(inner)
+        out = {}
+        if isinstance(raw[0], dict):
+            for index, group in enumerate(raw):
+                if "params" not in group:
+                    continue
+                settings = {k: v for k, v in group.items() if k not in ("params", "order_params")}
+                for param in group["params"]:
+                    out[id(param)] = (index, settings)
+        return out
+
+    @staticmethod
+    def _regroup(params: List[Parameter], settings: dict):
+        """``params`` as the optimizer's parameter argument, each keeping its original group's settings."""
+        if not settings:
+            return params
+        groups = {}
+        for param in params:
+            index, values = settings.get(id(param), (-1, {}))
+            groups.setdefault(index, (values, []))[1].append(param)
+        return [{**values, "params": members} for values, members in groups.values()]
+
+    # -- public helpers ----------------------------------------------------------------------------
+    def get_lr(self):
+        """The learning rate of the current step (the first inner optimizer's, at this step)."""
+        if self.sync_lr:
+            return self.learning_rate
+        inner = self._inners[0]
+        if self.is_group_lr:
+            if self.dynamic_lr:
+                return tuple(lr(self.global_step).reshape(()) for lr in inner.learning_rate)
+            return inner.learning_rate
+        return inner.learning_rate(self.global_step).reshape(())
+
+    def trained_atoms(self, step: int) -> np.ndarray:
+        """Which inner optimizers run at ``step`` (bool per element of :attr:`opts`); Python side."""
+        return self._mask[self.schedule[step % self.period]]
+
+    def group_parameters(self, group: int) -> ParameterTuple:
+        """The parameters of train group ``group`` in the order :meth:`apply_group` takes their gradients."""
+        return ParameterTuple([self.parameters[i] for a in self.group_atoms[group] for i in self.atom_indices[a]])
+
+    def _apply_atom(self, a, grads, step):
+        """Run inner optimizer ``a`` on ``grads`` at ``step``, with the FreezeOpt's learning rate."""
+        done = step
+        if self.sync_lr:
+            done = ops.depend(done, ops.assign(self.atom_lrs[a], self.learning_rate))
+        done = ops.depend(done, ops.assign(self.atom_steps[a], step))
+        return ops.depend(done, self.opts[a](grads))
+
+    def apply_group(self, group: int, gradients):
+        """Update train group ``group`` (a Python int) with ``gradients`` of :meth:`group_parameters`, then
+        advance the step counter. Used by the per-group train cells of :func:`freeze_cell`."""
+        step = self.global_step
+        done = step
+        start = 0
+        for a in self.group_atoms[group]:
+            count = len(self.atom_indices[a])
+            done = ops.depend(done, self._apply_atom(a, gradients[start:start + count], step))
+            start = start + count
+        return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
+
+    def _schedule_position(self) -> int:
+        """The train set of the coming step: ``schedule[global_step % period]`` (one device read)."""
+        return self.schedule[int(self.global_step.asnumpy()[0]) % self.period]
+
+    def own_loss_scale(self) -> float:
+        """:class:`~ms_boost.stages.OptimizerHooks`: the inner optimizers divide the gradients by ``loss_scale``."""
+        return self.loss_scale
+
+    def plan_step(self):
+        """PyNative: choose this step's train set now (one read of :attr:`global_step`) and return which
+        gradients its update reads (None: all). :meth:`host_step` of this step applies the same set."""
+        if not runs_as_python():
+            return None
+        self._planned = self._schedule_position()
+        return self._needed[self._planned]
+
+    def end_step(self) -> None:
+        self._planned = None
+
+    def __call__(self, *args, **kwargs):
+        if not runs_as_python():
+            if not self.table_complete:
+                raise ValueError(f"FreezeOpt: a schedule of {self.period} steps (grad_freeze.total_steps) runs only in "
+                                 f"PYNATIVE_MODE; GRAPH_MODE keeps the schedule on the device and allows at most "
+                                 f"{DEVICE_TABLE_MAX} steps.")
+            return super().__call__(*args, **kwargs)
+        return self.host_step(*args, **kwargs)
+
+    def host_step(self, gradients):
+        """PyNative step: the schedule position is read once (one host round trip per step, not one per
+        group), the trained groups are looked up on the host and only their optimizers are launched.
+
+        The position comes from :attr:`global_step` (a Parameter), so a loaded checkpoint resumes exactly; when
+        the train cell called :meth:`plan_step` for this step, its decision is used (no second read).
+        Each inner optimizer runs as its own compiled function (:class:`_AtomStep`). Step 0 trains every
+        group, so every function is compiled by the first step and no later step compiles anything. (One
+        compiled function per train *set* instead compiled a new graph the first time each of the up to
+        ``param_groups`` sets came up, 0.2-0.5 s each, scattered over the first hundreds of steps: that
+        made O1 10-20% slower than O0 in short PyNative runs.)
+
+        Selecting on the device instead (the groups' optimizers under tensor-conditioned ``if`` in one
+        ``ms.jit`` graph, as :meth:`construct`) was measured and not kept (MindSpore 2.10, CPU): the
+        optimizer step took 16 ms instead of 3 ms, and after ``load_param_into_net`` the branches kept
+        writing the weights' old memory (the checkpoint-load test fails).
+        """
+        step = self.global_step
+        index = self._planned
+        if index is None:
+            index = self._schedule_position()
+        self._planned = None
+        done = step
+        for a in self.group_atoms[index]:
+            if a not in self._atom_step_cells:
+                self._atom_step_cells[a] = _AtomStep(self, a)
+            done = ops.depend(done, self._atom_step_cells[a](step, *_take(gradients, self.atom_indices[a])))
+        return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
+
+    def construct(self, gradients):
+        """Graph-mode step: the groups of this step selected on the device from :attr:`train_strategy`."""
+        step = self.global_step
+        row = self.train_mask[self.train_strategy[step % self.period]][0]
+        done = step
+        for a in range(self.n_atoms):
+            if row[a]:
+                done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
+        done = ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
+        return done
+
+
+class _AtomStep(nn.Cell):
+    """One inner optimizer of a :class:`FreezeOpt` as one compiled function (``ms.jit``): in PyNative mode
+    its learning-rate and step assignments and its update launch one graph, not one operation each."""
+
+    def __init__(self, freeze_opt: FreezeOpt, atom: int):
+        super().__init__(auto_prefix=False)
+        self.opt = freeze_opt.opts[atom]
+        self.atom_step = freeze_opt.atom_steps[atom]
+        self.sync_lr = freeze_opt.sync_lr
+        if self.sync_lr:
+            self.learning_rate = freeze_opt.learning_rate
+            self.atom_lr = freeze_opt.atom_lrs[atom]
+
+    @ms.jit
+    def construct(self, step, *gradients):
+        done = step
+        if self.sync_lr:
+            done = ops.depend(done, ops.assign(self.atom_lr, self.learning_rate))
+        done = ops.depend(done, ops.assign(self.atom_step, step))
+        return ops.depend(done, self.opt(gradients))

@@ -1,0 +1,36 @@
+"""LessBN as the pipeline sees it: its ``less_bn`` section and its ``SPEC``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Dict
+
+from ms_boost.less_bn.convert import apply_less_bn, apply_less_bn_eval
+from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section
+from ms_boost.validation import check_bool
+
+__all__ = ["LessBNConfig", "SPEC"]
+
+
+@dataclass(frozen=True)
+class LessBNConfig(Section):
+    """``less_bn`` section: ``fn_flag`` replaces the last Dense by a feature-normalised head,
+    ``gc_flag`` applies gradient centralization."""
+
+    fn_flag: bool = True
+    gc_flag: bool = True
+
+    SECTION: ClassVar[str] = "less_bn"
+    RULES: ClassVar[Dict[str, Rule]] = {"fn_flag": check_bool, "gc_flag": check_bool}
+
+
+def _rewrite_train(network, optimizer, cfg: LessBNConfig, ctx: BuildContext):
+    return apply_less_bn(network, optimizer, cfg, ctx.common)
+
+
+def _rewrite_eval(network, cfg: LessBNConfig, ctx: BuildContext):
+    return apply_less_bn_eval(network, cfg)
+
+
+#: The LessBN algorithm for the pipeline (network rewrite for training and evaluation).
+SPEC = AlgorithmSpec(name="less_bn", section=LessBNConfig, order=10, levels=("O1", "O2"), in_enable_all=True,
+                     rewrite_train=_rewrite_train, rewrite_eval=_rewrite_eval)

@@ -1,0 +1,248 @@
+"""Update stages: how one step's gradients turn into new weights, and the hooks a stage offers the train cell.
+
+An update stage is an ``nn.Cell`` whose ``construct(self, loss, grads, *inputs)`` applies one step and
+returns a Tensor the train cell chains with ``ops.depend``. Stages compose by wrapping: the pipeline
+(:mod:`ms_boost.pipeline`) builds the chain in ``__init__`` from the ordered algorithm specs, so the
+train cell's ``construct`` has a single path, e.g.::
+
+    accumulate (k micro-steps) -> AdaSum across servers -> apply (optimizer | frozen groups | DimReduce | THOR)
+
+The gradient reduction across ranks and the overflow skip happen in the train cell before any stage
+runs, so stages never see an overflow step and never need to undo one.
+
+Hooks (:class:`StageHooks`): what the loss-scale train cell asks every stage, instead of testing types.
+
+* :meth:`StageHooks.transient_parameters` -- Parameters the forward pass writes that an overflow
+  snapshot must *not* restore (scratch statistics folded in only by the skipped update);
+* :meth:`StageHooks.bind_loss_scale` -- told the Parameter that holds the live loss scale;
+* :meth:`StageHooks.plan_step` / :meth:`StageHooks.end_step` -- (PyNative only) before the forward pass, which
+  gradients this step's update reads, so the train cell differentiates only those weights (gradient freezing:
+  the frozen layers' weight gradients, and the backward pass below the lowest trained layer, are never run).
+
+Optimizer hooks (:class:`OptimizerHooks`, :func:`optimizer_hooks`): what ``Model`` and the train cells ask the
+optimizer -- the network to train, ``frequency=``, a plan note, callbacks, its own loss scale -- so ``Model``
+imports no algorithm and tests no type.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+__all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients",
+           "OptimizerHooks", "register_optimizer_hooks", "optimizer_hooks", "learning_rate_parameters"]
+
+
+def runs_as_python() -> bool:
+    """True when a Cell's ``construct`` runs as Python, step by step (PyNative mode, or Graph mode with
+    ``MS_JIT=0``), so host-side decisions can be made per step."""
+    return ms.get_context("mode") != ms.GRAPH_MODE or os.getenv("MS_JIT") == "0"
+
+
+class StageHooks:
+    """Optional hooks of an update stage or an optimizer (defaults: nothing to do)."""
+
+    def transient_parameters(self) -> Sequence[Parameter]:
+        """Parameters that an overflow step's snapshot/restore of network buffers skips."""
+        return ()
+
+    def bind_loss_scale(self, loss_scale: Parameter) -> None:
+        """Receive the Parameter holding the live loss scale (the loss-scale train cell calls this once)."""
+        del loss_scale
+
+    def plan_step(self) -> Optional[Tuple[bool, ...]]:
+        """Called by the train cell before each step's forward pass when :func:`runs_as_python`.
+
+        Returns:
+            None when the update reads every gradient; else one bool per weight of the train cell (the
+            optimizer's ``parameters`` order): the gradients this step's update reads. The others are passed
+            as zeros and must not be used. A stage that answers keeps its decision for this step's update.
+        """
+        return None
+
+    def end_step(self) -> None:
+        """Called by the train cell after the step (also when an overflow skipped the update): forget the plan."""
+
+
+class UpdateStage(nn.Cell, StageHooks):
+    """Base of the update stages: ``inner`` is the wrapped stage (None for an apply stage).
+
+    Subclasses implement ``construct(self, loss, grads, *inputs)``.
+    """
+
+    def __init__(self, inner=None, auto_prefix: bool = False):
+        super().__init__(auto_prefix=auto_prefix)
+        if inner is not None and not isinstance(inner, nn.Cell):
+            raise TypeError(f"{type(self).__name__}: inner must be an update stage (nn.Cell), got "
+                            f"{type(inner).__name__}.")
+        self.inner = inner
+
+
+class OptimizerUpdate(UpdateStage):
+    """Apply the optimizer to the gradients (plain SGD/Momentum/Adam/LARS, a FreezeOpt, THOR, ...).
+
+    Its hooks forward to the optimizer when the optimizer offers them (:class:`StageHooks`, e.g. THOR).
+    """
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self.optimizer = optimizer
+        # the share of the loss scale this optimizer divides by itself (built with loss_scale=S): the loss-scale
+        # train cell hands every stage the gradients of the loss itself and sets this to S, so the gradients
+        # are multiplied back just before the optimizer (stages in between see true gradients)
+        self.gradient_scale = 1.0
+
+    def transient_parameters(self) -> Sequence[Parameter]:
+        if isinstance(self.optimizer, StageHooks):
+            return tuple(self.optimizer.transient_parameters())
+        return ()
+
+    def bind_loss_scale(self, loss_scale: Parameter) -> None:
+        if isinstance(self.optimizer, StageHooks):
+            self.optimizer.bind_loss_scale(loss_scale)
+
+    def plan_step(self) -> Optional[Tuple[bool, ...]]:
+        return self.optimizer.plan_step() if isinstance(self.optimizer, StageHooks) else None
+
+    def end_step(self) -> None:
+        if isinstance(self.optimizer, StageHooks):
+            self.optimizer.end_step()
+
+    def construct(self, loss, grads, *inputs):
+        if self.gradient_scale != 1.0:
+            grads = scale_gradients(Tensor(self.gradient_scale, ms.float32), grads)
+        return self.optimizer(grads)
+
+
+# mapped with HyperMap: a Python loop in a construct unrolls into one call per tensor, which exceeds Graph mode's
+# call-depth limit on deep networks (ResNet-101 has ~300 tensors)
+_MAP = ops.HyperMap()
+_scale_by = ops.MultitypeFuncGraph("scale_by")
+
+
+@_scale_by.register("Tensor", "Tensor")
+def _scale_tensor(factor, grad):
+    return grad * ops.cast(factor, grad.dtype)
+
+
+def scale_gradients(factor, grads):
+    """Every gradient of the tuple ``grads`` times the scalar Tensor ``factor`` (cast to each gradient's dtype);
+    usable in PyNative and inside Graph-mode constructs."""
+    return _MAP(ops.partial(_scale_by, factor), grads)
+
+
+def stage_chain(stage: Optional[nn.Cell]) -> Iterator[nn.Cell]:
+    """The stages of a chain from the outermost to the apply stage (following ``inner``)."""
+    while stage is not None:
+        yield stage
+        stage = stage.inner if isinstance(stage, UpdateStage) else None
+
+
+class OptimizerHooks:
+    """What ``Model`` and the train cells ask an optimizer, instead of testing its type (defaults: a plain one).
+
+    An optimizer class answers by subclassing it (:class:`~ms_boost.grad_freeze.FreezeOpt`), or through an
+    adapter registered for its class with :func:`register_optimizer_hooks` (THOR:
+    :class:`ms_boost.thor.convert.ThorModelHooks`, registered by :mod:`ms_boost.builtins`).
+    :func:`optimizer_hooks` gives the hooks of any optimizer.
+    """
+
+    def train_network(self, network: nn.Cell, has_loss_fn: bool) -> nn.Cell:
+        """The network ``Model`` must train when given this optimizer and ``network`` (default: ``network``).
+
+        Args:
+            network: the ``network`` argument of Model.
+            has_loss_fn: whether Model was given a ``loss_fn`` (``network`` is then the bare network).
+        """
+        del has_loss_fn
+        return network
+
+    def set_frequency(self, frequency: object) -> None:
+        """``Model(..., frequency=N)`` (the THOR tutorial's argument): the optimizer's refresh interval.
+
+        Raises:
+            ValueError: the optimizer has no refresh interval (the default).
+        """
+        raise ValueError(f"Model: frequency={frequency!r} is THOR's refresh interval; the optimizer is "
+                         f"{self.optimizer_name()}, not THOR (allowed: a THOR optimizer from ms_boost.thor).")
+
+    def plan_note(self) -> str:
+        """A line for the plan summary when the optimizer itself does more than a plain step ("" when not)."""
+        return ""
+
+    def callbacks(self) -> List[Any]:
+        """Callbacks ``Model.train`` adds for this optimizer (THOR: its guard against a run that stays non-finite)."""
+        return []
+
+    def own_loss_scale(self) -> float:
+        """The static loss scale the optimizer divides the gradients by itself (``loss_scale=S``; default 1)."""
+        return 1.0
+
+    def schedule_parameters(self) -> Sequence[Parameter]:
+        """Parameters holding a per-step schedule computed from the configuration (learning rates, THOR's damping):
+        a resumed run keeps its own values for them (its schedule may be longer); the step counter is the position.
+        """
+        return ()
+
+    def optimizer_name(self) -> str:
+        """The optimizer's class name, for messages."""
+        return type(self).__name__
+
+
+class _PlainOptimizerHooks(OptimizerHooks):
+    """The hooks of an optimizer that offers none: a plain step (an ``nn.Optimizer`` keeps its ``loss_scale``)."""
+
+    def __init__(self, optimizer: Any):
+        self.optimizer = optimizer
+
+    def own_loss_scale(self) -> float:
+        return float(self.optimizer.loss_scale) if isinstance(self.optimizer, nn.Optimizer) else 1.0
+
+    def schedule_parameters(self) -> Sequence[Parameter]:
+        return learning_rate_parameters(self.optimizer)
+
+    def optimizer_name(self) -> str:
+        return type(self.optimizer).__name__
+
+
+def learning_rate_parameters(optimizer: Any) -> Tuple[Parameter, ...]:
+    """The Parameters holding an ``nn.Optimizer``'s learning rate(s) (a per-step array is a cell holding one);
+    ``()`` for anything else."""
+    if not isinstance(optimizer, nn.Optimizer):
+        return ()
+    rates = optimizer.learning_rate
+    out = []
+    for rate in rates if isinstance(rates, (tuple, list)) else (rates,):  # a ParameterTuple is a tuple
+        if isinstance(rate, Parameter):
+            out.append(rate)
+        elif isinstance(rate, nn.Cell):
+            out.extend(rate.get_parameters())
+    return tuple(out)
+
+
+#: optimizer class -> adapter class (``adapter(optimizer)`` is that optimizer's :class:`OptimizerHooks`)
+_ADAPTERS: Dict[type, Callable[[Any], OptimizerHooks]] = {}
+
+
+def register_optimizer_hooks(optimizer_class: type, adapter: Callable[[Any], OptimizerHooks]) -> None:
+    """Answer :func:`optimizer_hooks` for instances of ``optimizer_class`` (and subclasses) with ``adapter(opt)``.
+
+    Raises:
+        ValueError: ``optimizer_class`` already has an adapter.
+    """
+    if optimizer_class in _ADAPTERS:
+        raise ValueError(f"register_optimizer_hooks: {optimizer_class.__name__} already has optimizer hooks.")
+    _ADAPTERS[optimizer_class] = adapter
+
+
+def optimizer_hooks(optimizer: Any) -> OptimizerHooks:
+    """The :class:`OptimizerHooks` of ``optimizer``: itself when it subclasses them, its class's registered
+    adapter, else the plain defaults."""
+    if isinstance(optimizer, OptimizerHooks):
+        return optimizer
+    for cls in type(optimizer).__mro__:
+        if cls in _ADAPTERS:
+            return _ADAPTERS[cls](optimizer)
+    return _PlainOptimizerHooks(optimizer)
