@@ -371,8 +371,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.render:
         saved = json.loads((RESULTS / "thor.json").read_text(encoding="utf-8"))
-        write_results("thor", saved, markdown(argparse.Namespace(**saved["args"]), saved["convergence"],
-                                              saved["step_time"], saved["environment"], saved.get("adaptive")))
+        text = markdown(argparse.Namespace(**saved["args"]), saved["convergence"], saved["step_time"],
+                        saved["environment"], saved.get("adaptive"))
+        if saved.get("note"):  # conditions recorded with the run (e.g. the machine's load)
+            text = text.replace("\n\n", f"\n\n*{saved['note']}*\n\n", 1)
+        write_results("thor", saved, text)
         return
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
