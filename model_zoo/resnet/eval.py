@@ -32,6 +32,7 @@ from model_zoo.resnet.src.dataset import class_folders  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
 from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
+    BUILTIN_DATA,
     EVAL_METRICS,
     build_loss,
     data_root,
@@ -52,7 +53,7 @@ def train_classes(cfg: Config) -> Optional[List[str]]:
     path = Path(os.path.expanduser(str(cfg.checkpoint_file_path)))
     manifest = read_manifest(path) if path.is_file() else None
     recorded = (manifest or {}).get("config") or {}
-    if isinstance(recorded.get("data_path"), str) and recorded["data_path"] != "synthetic":
+    if isinstance(recorded.get("data_path"), str) and recorded["data_path"] not in BUILTIN_DATA:
         there = Path(os.path.expanduser(recorded["data_path"])) / str(recorded.get("train_dir", cfg.train_dir))
         if there.is_dir():
             return class_folders(there)

@@ -1,0 +1,104 @@
+"""Where an O1 step's time goes against O0: the zoo's GEMM ResNet in Graph mode, each O1 part switched off.
+
+Contenders (``ms_boost.Model``, same weights and batches, built in one process and timed interleaved so that
+the shared CPU's drift hits each alike): O0, an identical O0 twin (the noise floor), O1, O1 with gradient
+centralization off, with the FN head off too, LessBN alone, gradient freezing alone, and cpu_gemm_conv alone
+(a no-op on this network: its convolutions are the zoo's ``GemmConv2d`` already). Reported per contender: the
+warm-up epoch (compile included), the median step over the timed epochs, and the median of the paired
+per-repeat ratios to O0.
+
+Usage::
+
+    python bench/bench_o1_parts.py [--repeats 5] [--steps 20] [--width 8] [--image_size 16]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mindspore as ms  # noqa: E402
+import mindspore.dataset as ds  # noqa: E402
+from mindspore import nn  # noqa: E402
+
+from bench.common import load_average, page_footer, paired_ratio, random_batches, write_results  # noqa: E402
+from ms_boost import Model  # noqa: E402
+
+MANUAL = {"mode": "manual", "less_bn": False, "grad_freeze": False, "cpu_gemm_conv": False}
+CONTENDERS = {
+    "O0": ("O0", None),
+    "O0 (twin)": ("O0", None),
+    "O1": ("O1", None),
+    "O1, gc off": ("O1", {"less_bn": {"gc_flag": False}}),
+    "O1, gc and FN head off": ("O1", {"less_bn": {"gc_flag": False, "fn_flag": False}}),
+    "LessBN alone (gc, FN head)": ("O1", {"boost": {**MANUAL, "less_bn": True}}),
+    "gradient freezing alone": ("O1", {"boost": {**MANUAL, "grad_freeze": True}}),
+    "cpu_gemm_conv alone": ("O1", {"boost": {**MANUAL, "cpu_gemm_conv": True}}),
+}
+
+
+def build(level, cfg, x, y, args):
+    from model_zoo.resnet.src.resnet import create_model
+
+    ms.set_seed(0)
+    net = create_model("resnet10", class_num=10, base_width=args.width, conv_impl="gemm")
+    opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    kwargs = {"boost_level": level}
+    if cfg:
+        kwargs["boost_config_dict"] = cfg
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), opt, **kwargs)
+    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(args.batch, drop_remainder=True)
+    return model, data
+
+
+def epoch_seconds(model, data) -> float:
+    start = time.perf_counter()
+    model.train(1, data, dataset_sink_mode=False)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--width", type=int, default=8)
+    parser.add_argument("--image_size", type=int, default=16)
+    args = parser.parse_args(argv)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    load_before = load_average()
+    x, y = random_batches(args.steps, args.batch, size=args.image_size)
+    built, warm = {}, {}
+    for name, (level, cfg) in CONTENDERS.items():
+        model, data = build(level, cfg, x, y, args)
+        warm[name] = epoch_seconds(model, data)
+        built[name] = (model, data)
+        print(f"[o1_parts] {name}: warm-up epoch {warm[name]:.1f} s", flush=True)
+    times = {name: [] for name in built}
+    for r in range(args.repeats):
+        for name, (model, data) in built.items():
+            times[name].append(epoch_seconds(model, data) / args.steps)
+        print(f"[o1_parts] repeat {r + 1}/{args.repeats}", flush=True)
+    rows = {name: {"warmup_s": warm[name], "step_ms": 1e3 * sorted(t)[len(t) // 2],
+                   "ratio_to_o0": paired_ratio(times, name, "O0")} for name, t in times.items()}
+    lines = ["# Where an O1 step's time goes (zoo GEMM ResNet-10, Graph mode, CPU)", "",
+             f"Written by `bench/bench_o1_parts.py`: ResNet-10 width {args.width} on the GEMM convolutions, "
+             f"{args.image_size} px, batch {args.batch}, Momentum; {args.steps} steps an epoch, {args.repeats} "
+             "interleaved repeats after a warm-up epoch (compile included) per contender; all in one process.", "",
+             "| contender | warm-up epoch (s, compile included) | median step (ms) | step / O0 step (median [IQR]) |",
+             "|---|---|---|---|"]
+    for name, r in rows.items():
+        q = r["ratio_to_o0"]["quartiles"]
+        lines.append(f"| {name} | {r['warmup_s']:.1f} | {r['step_ms']:.1f} | {r['ratio_to_o0']['median']:.2f} "
+                     f"[{q[0]:.2f}, {q[1]:.2f}] |")
+    lines += page_footer("python bench/bench_o1_parts.py", load_before)
+    write_results("o1_parts", {"args": vars(args), "rows": rows, "times": times}, "\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
