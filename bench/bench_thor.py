@@ -6,9 +6,12 @@ Two measurements, written to ``bench/results/thor.md`` and ``thor.json``:
   batches (model zoo ResNet with one basic block per stage, the model zoo's generated classes rendered
   in memory); validation accuracy after every epoch; epochs and training time until the target accuracy.
   Graph compilation is timed apart and not counted as training time.
-* **Amortized step time**: the two compiled train steps alternate step by step on a fixed batch; THOR's
-  refresh steps and other steps are timed apart, and the amortized step for frequency F is
-  ``t_other + (t_refresh - t_other) / F``; ratio to the Momentum step.
+* **Amortized step time**: the compiled train steps alternate step by step on a fixed batch (Momentum, THOR
+  with its step variants chosen on the host, and in Graph mode THOR with device-side switches, the previous
+  step); THOR's refresh steps and other steps are timed apart, and the amortized step for frequency F is
+  ``t_other + (t_refresh - t_other) / F``; ratio to the Momentum step. The step-time network is set apart
+  (``--time_blocks``, ``--time_width``; default the zoo's ResNet-18 at width 16). Compile times: the first
+  call (THOR's variants: the first two calls, which compile the refresh and the plain variant).
 
 Usage::
 
@@ -35,6 +38,7 @@ from model_zoo.resnet.src.resnet import BasicBlock, ResNet  # noqa: E402
 from model_zoo.resnet.src.synthetic_data import render_image  # noqa: E402
 from ms_boost import Model  # noqa: E402
 from ms_boost.thor import ConvertModelUtils, thor  # noqa: E402
+from ms_boost.thor.variants import ThorTrainStep  # noqa: E402
 
 
 def make_images(num_classes: int, per_class: int, size: int, split: int, seed: int):
@@ -54,20 +58,22 @@ def loader(x, y, batch: int, shuffle_seed=None):
     return data.batch(batch, drop_remainder=shuffle_seed is not None)
 
 
-def build(kind: str, args, seed: int, steps_per_epoch: int):
+def build(kind: str, args, seed: int, steps_per_epoch: int, blocks=(1, 1, 1, 1), width=None):
     ms.set_seed(seed)
-    net = ResNet(BasicBlock, (1, 1, 1, 1), class_num=args.classes, base_width=args.width)
+    net = ResNet(BasicBlock, tuple(blocks), class_num=args.classes, base_width=width or args.width)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     total = steps_per_epoch * args.epochs
     if kind == "momentum":
         lr = Tensor(cosine(args.momentum_lr, total))
         opt = nn.Momentum(net.trainable_params(), lr, 0.9, weight_decay=args.weight_decay)
         return net, opt, Model(net, loss, opt, metrics={"acc"})
-    frequency = int(kind.split("_")[1])
+    parts = kind.split("_")
+    frequency = int(parts[1])
+    threshold = float(parts[2][1:]) if len(parts) > 2 else None  # thor_10_a0.1: adaptive refresh, threshold 0.1
     lr = Tensor(cosine(args.thor_lr, total))
     damping = Tensor(np.geomspace(args.damping, args.damping * 0.1, total).astype(np.float32))
     opt = thor(net, lr, damping, 0.9, args.weight_decay, frequency=frequency,
-               decay_filter=lambda p: p.ndim > 1)
+               decay_filter=lambda p: p.ndim > 1, refresh_threshold=threshold)
     model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt, metrics={"acc"}), net, loss, opt,
                                                       metrics={"acc"})
     return net, opt, model
@@ -99,45 +105,99 @@ def convergence(kind: str, args, seed: int, data) -> dict:
             "steps_per_epoch": steps}
 
 
+def adaptive_compare(args, data, seed: int) -> dict:
+    """THOR with the fixed frequency and with the adaptive per-layer refresh, trained epoch by epoch alternately
+    (same machine load) from the same weights on the same batches: epoch times, validation accuracy, and how many
+    layer refreshes kept their inverses."""
+    (xt, yt), (xv, yv) = data
+    steps = len(xt) // args.batch
+    kinds = [f"thor_{args.conv_frequency}"] + [f"thor_{args.conv_frequency}_a{t:g}" for t in args.adaptive]
+    built = {kind: build(kind, args, seed, steps) for kind in kinds}
+    out = {kind: {"accuracy": [], "epoch_times": []} for kind in kinds}
+    for epoch in range(args.epochs):
+        for kind in kinds:
+            _, _, model = built[kind]
+            start = time.perf_counter()
+            model.train(1, loader(xt, yt, args.batch, shuffle_seed=seed * 1000 + epoch), dataset_sink_mode=False)
+            out[kind]["epoch_times"].append(time.perf_counter() - start)
+            out[kind]["accuracy"].append(float(model.eval(loader(xv, yv, 100), dataset_sink_mode=False)["acc"]))
+            print(f"  {kind} seed {seed} epoch {epoch + 1}: val acc {out[kind]['accuracy'][-1]:.3f} "
+                  f"({out[kind]['epoch_times'][-1]:.1f} s)", flush=True)
+    for kind in kinds:
+        opt = built[kind][1]
+        refreshes = 1 + (args.epochs * steps - 1) // args.conv_frequency
+        stable = sum(opt.health().get("stable_refreshes", {}).values())
+        times = out[kind]["epoch_times"]
+        out[kind].update({"steady_epoch_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
+                          "layer_refreshes": refreshes * opt.n_layers, "stable_refreshes": stable,
+                          "epochs_to_target": next((e + 1 for e, a in enumerate(out[kind]["accuracy"])
+                                                    if a >= args.target), None)})
+    return out
+
+
 def step_time(args, data) -> dict:
     """Per-step times of the compiled train steps on one fixed batch, Momentum and THOR alternating step by step.
 
     THOR's steps are split into refresh steps (every ``--time_frequency``-th) and the others; the amortized
     THOR step for a frequency F is ``t_other + (t_refresh - t_other) / F`` (medians), compared with the median
-    Momentum step measured in the same alternation (so both see the same machine load).
+    Momentum step measured in the same alternation (so both see the same machine load). In Graph mode THOR runs
+    twice, from the same weights: with its step variants chosen on the host (``ThorTrainStep``, what
+    ``Model.train`` does) and with the device-side switches (the train cell called directly: the previous step).
     """
     (xt, yt), _ = data
     x, y = Tensor(xt[:args.batch]), Tensor(yt[:args.batch])
-    cells = {}
-    for kind in ("momentum", f"thor_{args.time_frequency}"):
-        _, _, model = build(kind, args, 0, 1000)
+    graph = ms.get_context("mode") == ms.GRAPH_MODE
+    kinds = ["momentum", "thor"] + (["thor_switch"] if graph else [])
+    calls, compile_s = {}, {}
+    for kind in kinds:
+        _, opt, model = build("momentum" if kind == "momentum" else f"thor_{args.time_frequency}", args, 0, 1000,
+                              args.time_blocks, args.time_width)
         cell = model.train_network
         cell.set_train()
+        call = ThorTrainStep(cell, opt) if kind == "thor" else cell
         start = time.perf_counter()
-        _sync(cell(x, y))  # compile (and THOR's first refresh)
-        print(f"  {kind}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
-        cells[kind] = cell
-    momentum_cell, thor_cell = cells.values()
-    momentum, refresh, other = [], [], []
-    for step in range(1, args.timed_steps + 1):
+        _sync(call(x, y))  # compile (and THOR's first refresh)
+        first = time.perf_counter() - start
         start = time.perf_counter()
-        _sync(momentum_cell(x, y))
-        momentum.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        _sync(thor_cell(x, y))
-        (refresh if step % args.time_frequency == 0 else other).append(time.perf_counter() - start)
-    t_m, t_r, t_o = (statistics.median(v) for v in (momentum, refresh, other))
+        _sync(call(x, y))  # THOR's variants: compiles the plain one
+        second = time.perf_counter() - start
+        compile_s[kind] = (first, second)
+        print(f"  {kind}: first call {first:.1f} s, second {second:.1f} s", flush=True)
+        calls[kind] = call
+    times = {kind: ([], []) for kind in kinds}  # (refresh steps, other steps); Momentum: all in "other"
     f = args.time_frequency
-    thor_all = [None] * len(momentum)
-    r_iter, o_iter = iter(refresh), iter(other)
-    for step in range(1, len(momentum) + 1):
-        thor_all[step - 1] = next(r_iter) if step % f == 0 else next(o_iter)
-    cycles = [sum(thor_all[k:k + f]) / sum(momentum[k:k + f]) for k in range(0, len(momentum) - f + 1, f)]
-    amortized = {f: t_o + (t_r - t_o) / f for f in args.frequency}
-    return {"momentum_s": t_m, "thor_refresh_s": t_r, "thor_other_s": t_o, "amortized_s": amortized,
-            "paired_ratio": statistics.median(cycles) if cycles else float("nan"), "cycles": cycles,
-            "ratio": {f: a / t_m for f, a in amortized.items()},
-            "samples": {"momentum": momentum, "refresh": refresh, "other": other}}
+    for step in range(2, args.timed_steps + 2):
+        for kind in kinds:
+            start = time.perf_counter()
+            _sync(calls[kind](x, y))
+            refresh = kind != "momentum" and step % f == 0
+            times[kind][0 if refresh else 1].append(time.perf_counter() - start)
+    momentum = times["momentum"][1]
+    t_m = statistics.median(momentum)
+    out = {"momentum_s": t_m, "compile_s": {}, "samples": {"momentum": momentum}}
+    for kind in kinds[1:]:
+        refresh, other = times[kind]
+        t_r, t_o = statistics.median(refresh), statistics.median(other)
+        ordered, r_iter, o_iter = [], iter(refresh), iter(other)
+        for step in range(2, args.timed_steps + 2):
+            ordered.append(next(r_iter) if step % f == 0 else next(o_iter))
+        cycles = [sum(ordered[k:k + f]) / sum(momentum[k:k + f]) for k in range(0, len(momentum) - f + 1, f)]
+        amortized = {fr: t_o + (t_r - t_o) / fr for fr in args.frequency}
+        prefix = "thor" if kind == "thor" else "switch"
+        out.update({f"{prefix}_refresh_s": t_r, f"{prefix}_other_s": t_o})
+        if kind == "thor":
+            out.update({"amortized_s": amortized, "ratio": {fr: a / t_m for fr, a in amortized.items()},
+                        "paired_ratio": statistics.median(cycles) if cycles else float("nan"), "cycles": cycles})
+            out["samples"].update({"refresh": refresh, "other": other})
+        else:
+            out.update({"switch_amortized_s": amortized, "switch_ratio": {fr: a / t_m for fr, a in amortized.items()},
+                        "switch_paired_ratio": statistics.median(cycles) if cycles else float("nan")})
+    # compile: Momentum's and the switch step's first call minus a step; the variants' first two calls minus two
+    out["compile_s"]["momentum"] = compile_s["momentum"][0] - t_m
+    out["compile_s"]["thor"] = sum(compile_s["thor"]) - out["thor_refresh_s"] - out["thor_other_s"]
+    if graph:
+        out["compile_s"]["thor_switch"] = compile_s["thor_switch"][0] - out["switch_refresh_s"]
+    return out
 
 
 def combine_runs(runs: list) -> dict:
@@ -158,7 +218,7 @@ def _sync(out) -> None:
     (out[0] if isinstance(out, tuple) else out).asnumpy()
 
 
-def markdown(args, conv: dict, steps: dict, env: dict) -> str:
+def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) -> str:
     lines = ["# THOR vs Momentum", "",
              f"Written by `bench/bench_thor.py`. CPU, 2 cores shared with other jobs, graph mode; times are "
              f"indicative, ratios carry over. Network: model zoo ResNet, one basic block per stage, base width "
@@ -184,31 +244,78 @@ def markdown(args, conv: dict, steps: dict, env: dict) -> str:
             model = f"{reached * r['steps_per_epoch'] * step:.1f} s" if reached and step else "-"
             accs = " ".join(f"{a:.2f}" for a in r["accuracy"])
             lines.append(f"| {kind} | {seed} | {epochs} | {t} | {model} | {r['compile_s']:.1f} s | {accs} |")
+    lines += _adaptive_lines(args, adaptive)
     if not steps:
         return "\n".join(lines + ["", f"Environment: `{env}`"])
     if "momentum_s" in steps:  # a results file written before the per-mode timing
         steps = {"graph": steps}
     for mode, st in steps.items():
         runs = st.get("runs", [st])
+        network = ""
+        if "time_blocks" in vars(args):
+            network = (f"Network: zoo ResNet with {' '.join(map(str, args.time_blocks))} basic blocks per stage, "
+                       f"base width {args.time_width}, batch {args.batch}, {args.size} px. ")
+        switch = ""
+        if "switch_other_s" in st:
+            switch = (f" Before (the same THOR with device-side switches, alternating in the same loop): step "
+                      f"without refresh {st['switch_other_s'] * 1e3:.1f} ms "
+                      f"({st['switch_other_s'] / st['momentum_s']:.2f}x), refresh step "
+                      f"{st['switch_refresh_s'] * 1e3:.1f} ms ({st['switch_refresh_s'] / st['momentum_s']:.2f}x), "
+                      f"amortized: see the last column.")
+        if "compile_s" in st:
+            switch += " Compile (first calls less their steps): " + ", ".join(
+                f"{k} {v:.1f} s" for k, v in st["compile_s"].items()) + "."
+        prev = st.get("previous_code")
+        if prev:  # the code before the change, timed by this script in its own process at the same time
+            switch += (f" Previous code ({prev['label']}, run concurrently in its own process): Momentum "
+                       f"{prev['momentum_s'] * 1e3:.1f} ms, THOR step without refresh "
+                       f"{prev['thor_other_s'] * 1e3:.1f} ms ({prev['thor_other_s'] / prev['momentum_s']:.2f}x), "
+                       f"refresh step {prev['thor_refresh_s'] * 1e3:.1f} ms "
+                       f"({prev['thor_refresh_s'] / prev['momentum_s']:.2f}x), amortized "
+                       + ", ".join(f"{r:.2f}x ({f})" for f, r in prev["ratio"].items())
+                       + f"; compile: Momentum {prev['compile_s']['momentum']:.1f} s, THOR "
+                       f"{prev['compile_s']['thor']:.1f} s.")
         lines += ["", f"## Step time, {mode} mode (fixed batch, Momentum and THOR steps alternating, medians)", "",
-                  f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
+                  network + f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
                   f"{st['thor_other_s'] * 1e3:.1f} ms ({st['thor_other_s'] / st['momentum_s']:.2f}x), refresh "
                   f"step {st['thor_refresh_s'] * 1e3:.1f} ms ({st['thor_refresh_s'] / st['momentum_s']:.2f}x) "
                   f"({len(st['samples']['other'])} and {len(st['samples']['refresh'])} samples; paired median ratio "
                   f"per refresh cycle {st.get('paired_ratio', float('nan')):.2f}x at frequency {args.time_frequency})"
                   + (f"; medians over {len(runs)} repeats, each a fresh process-local build, modes interleaved"
-                     if len(runs) > 1 else "") + ".",
+                     if len(runs) > 1 else "") + "." + switch,
                   "", "| THOR frequency | amortized THOR step | vs Momentum |"
-                  + (" spread over repeats (min-max) |" if len(runs) > 1 else ""),
-                  "|---|---|---|" + ("---|" if len(runs) > 1 else "")]
+                  + (" spread over repeats (min-max) |" if len(runs) > 1 else "")
+                  + (" before: device-side switches, vs Momentum |" if "switch_ratio" in st else ""),
+                  "|---|---|---|" + ("---|" if len(runs) > 1 else "") + ("---|" if "switch_ratio" in st else "")]
         for f, ratio in st["ratio"].items():
             row = f"| {f} | {st['amortized_s'][f] * 1e3:.1f} ms | {ratio:.2f}x |"
             if len(runs) > 1:
                 values = [r["ratio"][f] for r in runs]
                 row += f" {min(values):.2f}-{max(values):.2f}x |"
+            if "switch_ratio" in st:
+                row += f" {st['switch_ratio'][f]:.2f}x |"
             lines.append(row)
     lines += ["", f"Environment: `{env}`"]
     return "\n".join(lines)
+
+
+def _adaptive_lines(args, adaptive) -> list:
+    if not adaptive:
+        return []
+    lines = ["", "## Adaptive per-layer refresh vs fixed frequency (convergence network, epochs alternating)", "",
+             "Same weights, batches and schedules; the runs alternate epoch by epoch (same machine load). *Kept*: "
+             "layer refreshes at which the trace rule kept a layer's inverses, of all layer refreshes. Steady epoch: "
+             "median epoch time after the first (which compiles).", "",
+             "| THOR | seed | kept inverses | steady epoch | vs fixed | epochs to target | val acc per epoch |",
+             "|---|---|---|---|---|---|---|"]
+    for seed, runs in adaptive.items():
+        base = next(iter(runs.values()))["steady_epoch_s"]
+        for kind, r in runs.items():
+            accs = " ".join(f"{a:.2f}" for a in r["accuracy"])
+            lines.append(f"| {kind} | {seed} | {r['stable_refreshes']} / {r['layer_refreshes']} | "
+                         f"{r['steady_epoch_s']:.2f} s | {r['steady_epoch_s'] / base:.2f}x | "
+                         f"{r['epochs_to_target'] or '-'} | {accs} |")
+    return lines
 
 
 def _step_seconds(kind: str, steps) -> float:
@@ -243,10 +350,17 @@ def main(argv=None) -> None:
     parser.add_argument("--frequency", type=int, nargs="+", default=[10, 50, 100],
                         help="frequencies whose amortized step time is reported")
     parser.add_argument("--time_frequency", type=int, default=10, help="THOR frequency while timing steps")
+    parser.add_argument("--time_blocks", type=int, nargs=4, default=[2, 2, 2, 2],
+                        help="basic blocks per stage of the step-time network (2 2 2 2: ResNet-18)")
+    parser.add_argument("--time_width", type=int, default=16, help="base width of the step-time network")
     parser.add_argument("--timed_steps", type=int, default=60)
     parser.add_argument("--modes", nargs="+", default=["graph", "pynative"], help="execution modes timed")
     parser.add_argument("--repeats", type=int, default=1,
                         help="step-time measurements per mode (modes interleaved); reported: medians and spread")
+    parser.add_argument("--adaptive", type=float, nargs="*", default=[],
+                        help="adaptive-refresh thresholds compared with the fixed frequency (epoch by epoch)")
+    parser.add_argument("--keep_step_time", action="store_true",
+                        help="with --skip_step_time: keep the step-time section of the saved thor.json")
     parser.add_argument("--keep_convergence", action="store_true",
                         help="with --skip_convergence: keep the convergence section of the saved thor.json")
     parser.add_argument("--skip_convergence", action="store_true")
@@ -257,8 +371,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.render:
         saved = json.loads((RESULTS / "thor.json").read_text(encoding="utf-8"))
-        write_results("thor", saved, markdown(argparse.Namespace(**saved["args"]), saved["convergence"],
-                                              saved["step_time"], saved["environment"]))
+        text = markdown(argparse.Namespace(**saved["args"]), saved["convergence"], saved["step_time"],
+                        saved["environment"], saved.get("adaptive"))
+        if saved.get("note"):  # conditions recorded with the run (e.g. the machine's load)
+            text = text.replace("\n\n", f"\n\n*{saved['note']}*\n\n", 1)
+        write_results("thor", saved, text)
         return
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
@@ -278,13 +395,19 @@ def main(argv=None) -> None:
                 print(mode, {f"thor_{k}": f"{v:.2f}x" for k, v in runs[mode][-1]["ratio"].items()}, flush=True)
         ms.set_context(mode=ms.GRAPH_MODE)
         steps = {mode: combine_runs(r) for mode, r in runs.items()}
+    adaptive = {seed: adaptive_compare(args, data, seed) for seed in args.seeds} if args.adaptive else None
+    saved = json.loads((RESULTS / "thor.json").read_text(encoding="utf-8")) if (RESULTS / "thor.json").exists() else {}
     if args.skip_convergence and args.keep_convergence:
-        conv = json.loads((RESULTS / "thor.json").read_text(encoding="utf-8"))["convergence"]
+        conv = saved["convergence"]
+    if args.skip_step_time and args.keep_step_time:
+        steps = saved.get("step_time")
+    if adaptive is None:
+        adaptive = saved.get("adaptive")
     if args.no_write:
         return
     env = environment()
-    write_results("thor", {"args": vars(args), "convergence": conv, "step_time": steps, "environment": env},
-                  markdown(args, conv, steps, env))
+    write_results("thor", {"args": vars(args), "convergence": conv, "step_time": steps, "adaptive": adaptive,
+                           "environment": env}, markdown(args, conv, steps, env, adaptive))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from mindspore.communication import management as _mgmt
 __all__ = [
     "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_ranks", "server_groups",
     "barrier", "data_parallel_reduce_config", "use_backend", "uses_stand_in_backend", "AllReduce", "AllGather",
-    "Broadcast", "GradReducer",
+    "Broadcast", "GradReducer", "collectives_compile",
 ]
 
 _CREATED_GROUPS: dict = {}
@@ -58,6 +58,15 @@ def use_backend(backend) -> object:
 def uses_stand_in_backend() -> bool:
     """True while :func:`use_backend` serves a stand-in (e.g. a test's loopback world) instead of MindSpore."""
     return _BACKEND is not None
+
+
+def collectives_compile() -> bool:
+    """Whether this process's collectives can run inside a compiled graph.
+
+    MindSpore's own collectives compile (one device or several ranks); a stand-in backend installed with
+    :func:`use_backend` serves Python collectives (the tests' loopback world), which run only op by op.
+    """
+    return _BACKEND is None or bool(getattr(_BACKEND, "COLLECTIVES_COMPILE", False))
 
 
 def _api(module):

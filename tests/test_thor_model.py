@@ -23,7 +23,8 @@ def ce():
     return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
-def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl_clip, frequency):
+def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl_clip, frequency, threshold=None,
+                        stable=None):
     r"""THOR steps (float64, moments from 0) of x -> Dense -> tanh -> ... -> Dense -> mean softmax CE.
 
     ``params``: ``[W1, b1, W2, b2, ...]``; ``batches``: ``[(x, y), ...]``, one step each. Factors
@@ -31,10 +32,14 @@ def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl
     refreshed on steps ``t % frequency == 0``; the direction :math:`G^{-1}[\nabla W|\nabla b]A^{-1}` is scaled by
     the trust region :math:`\nu = \min(1, \sqrt{c / (\eta^2 |\sum \langle d, g\rangle|)})`, weight decay is
     added (every parameter), then heavy-ball momentum. Returns the final parameters.
+
+    ``threshold`` (adaptive refresh, the THOR paper's trace rule): at a refresh a layer is inverted again only when
+    :math:`|\operatorname{tr}F/\operatorname{tr}F_{last} - 1|` exceeds it for its A or its G (``F_last``: the
+    factor at its last inversion); the other layers keep their inverses, counted in the list ``stable``.
     """
     params = [np.asarray(p, np.float64) for p in params]
     moments = [np.zeros_like(p) for p in params]
-    inverses = None
+    inverses, last_traces = None, None
     for step, (x, y) in enumerate(batches):
         ws, bs = params[0::2], params[1::2]
         n = x.shape[0]
@@ -52,13 +57,20 @@ def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl
             grads[i] = np.concatenate([d.T @ hs[i], d.sum(0)[:, None]], 1)
             d = (d @ ws[i]) * (1 - hs[i] ** 2)
         if step % frequency == 0:
-            inverses = []
+            inverses = inverses or [None] * len(ws)
+            last_traces = last_traces or [None] * len(ws)
             for i in range(len(ws)):
                 a_aug = np.concatenate([hs[i], np.ones((n, 1))], 1)
                 fa, fg = a_aug.T @ a_aug / n, n * deltas[i].T @ deltas[i]
+                traces = np.array([np.trace(fa), np.trace(fg)])
+                if threshold and last_traces[i] is not None and np.all(
+                        np.abs(traces / last_traces[i] - 1) <= threshold):
+                    stable.append((step, i))
+                    continue
+                last_traces[i] = traces
                 shift = np.sqrt(damping)
-                inverses.append((np.linalg.inv(fa + shift * np.eye(len(fa))),
-                                 np.linalg.inv(fg + shift * np.eye(len(fg)))))
+                inverses[i] = (np.linalg.inv(fa + shift * np.eye(len(fa))),
+                               np.linalg.inv(fg + shift * np.eye(len(fg))))
         directions = [g_inv @ g @ a_inv for g, (a_inv, g_inv) in zip(grads, inverses)]
         vg = sum((v * g).sum() for v, g in zip(directions, grads))
         nu = min(1.0, np.sqrt(kl_clip / (lr ** 2 * abs(vg)))) if kl_clip else 1.0
@@ -232,3 +244,88 @@ def test_model_refuses_a_thor_optimizer_on_a_network_without_its_layers_and_freq
     with pytest.raises(ValueError, match="does not contain its THOR layers"):
         Model(nn.WithLossCell(net, ce()), optimizer=opt)
     Model(nn.WithLossCell(opt.thor_network, ce()), optimizer=opt)
+
+
+def test_step_variants_chosen_on_the_host_match_numpy():
+    """Graph mode, a train cell called through ``ThorTrainStep`` (what ``Model.train`` does through ThorGuard): the
+    host picks the capturing/refresh variant at steps 0 and 2 and the plain one at step 1 (frequency 2), each its
+    own compiled graph (phase), and the three steps equal numpy's THOR; a plain step writes no statistics; the
+    train cell and the layers are left in the default (device-switch) mode afterwards."""
+    from ms_boost.thor.variants import ThorTrainStep
+
+    def run():
+        weights, x, y = _mlp_data(seed=4, n=24)
+        net = MLP(*weights)
+        opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
+        cell = nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, ce()), opt).set_train()
+        step = ThorTrainStep(cell, opt)
+        chosen, phases, scratch = [], [], []
+        original = cell.compile
+
+        def compile_spy(*args, **kwargs):
+            phases.append(cell.phase)
+            return original(*args, **kwargs)
+
+        cell.compile = compile_spy
+        for i in range(3):
+            chosen.append(step.variants.decide())
+            step(Tensor(x[8 * i:8 * i + 8]), Tensor(y[8 * i:8 * i + 8]))
+            scratch.append(opt.thor_layers[0].matrix_a_batch.asnumpy().copy())
+        assert chosen == [(True, True), (False, False), (True, True)]
+        assert set(phases) == {"train_thor_capture_refresh", "train_thor_plain"}
+        np.testing.assert_array_equal(scratch[0], scratch[1])  # the plain step captured nothing
+        assert not np.array_equal(scratch[1], scratch[2])
+        assert cell.phase == "train" and opt.static_refresh is None
+        assert all(layer.a_capture.static is None and layer.g_capture.static is None for layer in opt.thor_layers)
+        batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]
+        expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 2)
+        for got, want in zip([p.asnumpy() for p in net.trainable_params()], expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+    _graph(run)
+
+
+def _adaptive_run():
+    """Six THOR steps (frequency 1) with the adaptive refresh (threshold 0.25) through Model, checked against numpy:
+    the parameters and which layers kept their inverses (four of the ten refreshes after the first; every trace
+    ratio of the reference run is at least 0.02 away from the threshold, so float32 decides as float64 does)."""
+    weights, x, y = _mlp_data(seed=5, n=48)
+    net = MLP(*weights)
+    opt = thor(net, 0.05, 0.05, 0.9, frequency=1, refresh_threshold=0.25)
+    Model(net, ce(), opt).train(1, dataset(x, y, batch_size=8), dataset_sink_mode=False)
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 48, 8)]
+    stable = []
+    expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 1, threshold=0.25,
+                                   stable=stable)
+    assert stable == [(1, 0), (1, 1), (2, 1), (3, 0)]
+    counts = opt.health()["stable_refreshes"]
+    assert list(counts.values()) == [sum(1 for _, i in stable if i == layer) for layer in range(2)]
+    for got, want in zip([p.asnumpy() for p in net.trainable_params()], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_adaptive_refresh_matches_numpy_pynative():
+    _adaptive_run()
+
+
+def test_adaptive_refresh_matches_numpy_graph():
+    _graph(_adaptive_run)
+
+
+def test_adaptive_refresh_threshold_config():
+    import pytest
+
+    from ms_boost.config import AutoBoost
+
+    boost = AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}, "thor": {"refresh_threshold": 0.1}})
+    assert boost.thor.refresh_threshold == 0.1
+    assert AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}}).thor.refresh_threshold is None
+    with pytest.raises(ValueError, match="thor.refresh_threshold"):
+        AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}, "thor": {"refresh_threshold": -0.5}})
+    weights, _, _ = _mlp_data()
+    with pytest.raises(TypeError, match="thor.refresh_threshold"):
+        thor(MLP(*weights), 0.1, 0.05, 0.9, refresh_threshold="0.1")
+    net = make_net()
+    model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.01, 0.9),
+                  boost_config_dict={"boost": {"mode": "manual", "thor": True}, "thor": {"refresh_threshold": 0.3}})
+    assert model.train_network.optimizer.refresh_threshold == 0.3

@@ -30,11 +30,19 @@ from mindspore.nn.layer.activation import get_activation
 from mindspore.ops.primitive import constexpr
 
 from ms_boost.gemm_conv import conv2d_gemm
-from ms_boost.thor import math as thor_math
+from ms_boost.thor.math import (
+    append_ones,
+    conv_pads,
+    im2col,
+    input_factor,
+    output_factor,
+    split_groups,
+    token_frequencies,
+)
 
 __all__ = ["CaptureGate", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer"]
 
-_conv_pads = constexpr(thor_math.conv_pads)
+_conv_pads = constexpr(conv_pads)
 
 
 def _pair(value, name: str, cls: str) -> tuple:
@@ -103,26 +111,26 @@ def _input_statistic(spec: tuple, x):
     if kind == "dense":
         rows = ops.cast(x.reshape(-1, x.shape[-1]), ms.float32)  # ops.cast: compiles faster than astype
         if spec[1]:
-            rows = thor_math.append_ones(rows)
-        return thor_math.input_factor(rows.reshape((1,) + rows.shape))
+            rows = append_ones(rows)
+        return input_factor(rows.reshape((1,) + rows.shape))
     if kind == "conv":
         _, pad_mode, padding, kernel_size, stride, dilation, group, bias = spec
         pads = _conv_pads(pad_mode, padding, x.shape[2:], kernel_size, stride, dilation)
-        rows = thor_math.im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
-        rows = thor_math.split_groups(rows, group)
+        rows = im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
+        rows = split_groups(rows, group)
         if bias:
-            rows = thor_math.append_ones(rows)
-        return thor_math.input_factor(rows)
-    return thor_math.token_frequencies(x, spec[1])  # embedding
+            rows = append_ones(rows)
+        return input_factor(rows)
+    return token_frequencies(x, spec[1])  # embedding
 
 
 def _output_statistic(spec: tuple, dout, loss_scale):
     """The output-gradient factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`)."""
     if spec[0] == "conv":
         rows = dout.transpose(0, 2, 3, 1).reshape(-1, dout.shape[1])
-        return thor_math.output_factor(thor_math.split_groups(rows, spec[6]), dout.shape[0], loss_scale)
+        return output_factor(split_groups(rows, spec[6]), dout.shape[0], loss_scale)
     rows = dout.reshape(1, -1, dout.shape[-1])  # dense, embedding
-    return thor_math.output_factor(rows, dout.shape[0], loss_scale)
+    return output_factor(rows, dout.shape[0], loss_scale)
 
 
 # PyNative capture statistics, compiled once per (spec, dtype, input shapes) and shared by every layer and
@@ -153,12 +161,19 @@ def _write_output_statistic(spec, scratch, dout, loss_scale):
 class _CaptureCell(nn.Cell):
     """Base of the two capture cells: in PyNative mode with a :class:`CaptureGate` they run as plain Python
     (the flag from the gate, no device-side branch); otherwise as an ordinary Cell (Graph mode: the flag is
-    tested on the device inside the compiled step)."""
+    tested on the device inside the compiled step, unless :attr:`static` fixes it while a step variant is
+    compiled).
+
+    Attributes:
+        static: None: test the flag on the device; True / False: always / never capture (a compile-time
+            constant, set by :class:`~ms_boost.thor.variants.StepVariants` while it compiles a step variant).
+    """
 
     def __init__(self, layer: ThorLayer):
         super().__init__(auto_prefix=False)
         self.flag = layer.thor_capture
         self.gate = None
+        self.static = None
 
     def __call__(self, *args, **kwargs):
         if self.gate is not None and _pynative():
@@ -188,8 +203,11 @@ class _InputCapture(_CaptureCell):
         _write_input_statistic(self.spec, self.scratch, x)
 
     def construct(self, x):
-        if self.flag:
-            ops.assign(self.scratch, self.statistic(x))
+        if self.static is None:
+            if self.flag:
+                ops.assign(self.scratch, self.statistic(x))
+        elif self.static:  # no branch to keep the write: tie it to the output
+            x = ops.depend(x, ops.assign(self.scratch, self.statistic(x)))
         return x
 
 
@@ -212,8 +230,11 @@ class _OutputGradientCapture(_CaptureCell):
         _write_output_statistic(self.spec, self.scratch, dout, self.loss_scale)
 
     def construct(self, dout):
-        if self.flag:
-            ops.assign(self.scratch, self.statistic(dout, self.loss_scale))
+        if self.static is None:
+            if self.flag:
+                ops.assign(self.scratch, self.statistic(dout, self.loss_scale))
+        elif self.static:  # no branch to keep the write: tie it to the output
+            dout = ops.depend(dout, ops.assign(self.scratch, self.statistic(dout, self.loss_scale)))
         return dout
 
 
@@ -271,6 +292,11 @@ class ThorLayer(nn.Cell):
             raise ValueError(f"{self.cls_name}.set_capture_gate: the gate does not hold this layer's thor_capture.")
         self.a_capture.gate = gate
         self.g_capture.gate = gate
+
+    def set_static_capture(self, value) -> None:
+        """Compile this layer's capture as always (True), never (False) or flag-tested on the device (None)."""
+        self.a_capture.static = value
+        self.g_capture.static = value
 
     def input_statistic(self, x):
         """The input factor statistic :math:`A` of one batch (see the layer's formula)."""
@@ -408,7 +434,7 @@ class Conv2dThor(ThorLayer):
         # slow plain-layout kernel. A Python constant, so Graph mode compiles only the chosen branch. Only with
         # symmetric explicit padding: with pad_mode "same" (and asymmetric pads, an explicit Pad before Im2Col) a
         # Graph-mode dataset-sink run hung in a CPU kernel (tests/test_thor_model.py), so those keep Conv2D.
-        self._pads = None if self.pad_mode == "same" else thor_math.conv_pads(
+        self._pads = None if self.pad_mode == "same" else conv_pads(
             self.pad_mode, self.padding, (0, 0), self.kernel_size, self.stride, self.dilation)
         symmetric = self._pads is not None and self._pads[0] == self._pads[1] and self._pads[2] == self._pads[3]
         self.gemm = ms.get_context("device_target") == "CPU" and group == 1 and symmetric

@@ -38,7 +38,6 @@ at 0 before the damping is added (:func:`clamped_eigen_block_inverse`), which ca
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence, Tuple
 
 import mindspore as ms
@@ -46,6 +45,7 @@ from mindspore import Tensor, ops
 from mindspore.scipy.linalg import solve_triangular
 
 from ms_boost.gemm_conv import unfold_columns
+from ms_boost.thor.assignment import block_layout
 
 __all__ = [
     "conv_pads", "im2col", "split_groups", "append_ones", "input_factor", "output_factor",
@@ -216,13 +216,6 @@ def running_average(old: Tensor, new: Tensor, decay: float, has_old: Tensor) -> 
         return new
     weight = ops.cast(has_old, ms.float32) * decay
     return new + (old - new) * weight
-
-
-def block_layout(dim: int, block_size: int) -> Tuple[int, int]:
-    """``(blocks, block)``: one block if ``dim <= block_size``, else ``ceil(dim / block_size)`` blocks of that size."""
-    if dim <= block_size:
-        return 1, dim
-    return int(math.ceil(dim / block_size)), block_size
 
 
 def diagonal_blocks(factor: Tensor, block_size: int) -> Tensor:

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Tuple, Union
 
-from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section, int_rule, optional_rule
+from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section
 from ms_boost.thor.boost import apply_boost_thor
-from ms_boost.validation import check_bool, check_float, check_float_or_list, check_int_list
+from ms_boost.thor.rules import RULES
 
 __all__ = ["ThorConfig", "SPEC"]
 
@@ -26,6 +26,9 @@ class ThorConfig(Section):
         split_indices: layer indices splitting the fused all-reduce of factors (0 is valid).
         enable_clip_grad: clip each preconditioned update tensor to norm 1.
         kl_clip: trust-region bound c of the preconditioned step (None or 0: off); see docs/thor.md.
+        refresh_threshold: adaptive per-layer refresh: a layer's inverses are recomputed at a refresh only when
+            the trace of one of its factors moved by more than this fraction since its last inversion (None or
+            0: every layer at every refresh); see docs/thor.md.
     """
 
     damping: Union[float, Tuple[float, ...]] = 0.03
@@ -38,20 +41,10 @@ class ThorConfig(Section):
     split_indices: Optional[Tuple[int, ...]] = None
     enable_clip_grad: bool = False
     kl_clip: Optional[float] = 1e-3
+    refresh_threshold: Optional[float] = None
 
     SECTION: ClassVar[str] = "thor"
-    RULES: ClassVar[Dict[str, Rule]] = {
-        "damping": check_float_or_list,
-        "frequency": int_rule(low=1, holder="the step counter is an int32"),
-        "momentum": optional_rule(lambda p, v: check_float(p, v, low=0.0, high=1.0, high_open=True)),
-        "weight_decay": optional_rule(lambda p, v: check_float(p, v, low=0.0)),
-        "loss_scale": lambda p, v: check_float(p, v, low=0.0, low_open=True),
-        "batch_size": int_rule(low=1),
-        "use_nesterov": check_bool,
-        "split_indices": optional_rule(lambda p, v: check_int_list(p, v, low=0)),
-        "enable_clip_grad": check_bool,
-        "kl_clip": optional_rule(lambda p, v: check_float(p, v, low=0.0)),
-    }
+    RULES: ClassVar[Dict[str, Rule]] = RULES  # shared with the THOR constructor (ms_boost/thor/rules.py)
 
 
 def _rewrite_train(network, optimizer, cfg: ThorConfig, ctx: BuildContext):

@@ -1,0 +1,309 @@
+"""THOR's step kernels: the per-parameter, per-layer, per-job and per-batch functions the optimizer maps.
+
+Graph mode pays for every Python-level call it traces and unrolls Python loops growing tuples, so the
+optimizer's step maps these ``MultitypeFuncGraph`` functions (``ops.Map`` / ``HyperMap``) over static tuples
+(records of :class:`~ms_boost.thor.assignment.InversionPlan` and per-layer tuples). The math itself lives in
+:mod:`ms_boost.thor.math`; here it is only arranged per record.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import ops
+
+from ms_boost.thor import math as thor_math
+
+__all__ = [
+    "dot", "REDUCE_SUM", "decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
+    "pick_direction", "preconditioned_dot", "scale_preconditioned", "pick", "field_0", "field_1", "field_2",
+    "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
+    "cholesky_inverse", "eigen_inverse", "blocks_bad", "job_inverse", "precondition", "trace", "zero_unless",
+    "layer_bad", "MAP", "CONCAT",
+]
+
+def dot(x, y):
+    """``sum(x * y)`` as one ``(1, n) @ (n, 1)`` product (float32), shaped ``(1, 1)``."""
+    # unconditional casts (a no-op cast is removed when compiling): an ``if dtype`` per parameter cost a branch each
+    x = ops.cast(x, ms.float32)
+    y = ops.cast(y, ms.float32)
+    return ops.matmul(x.reshape(1, -1), y.reshape(-1, 1))
+
+
+REDUCE_SUM = ops.ReduceSum(keep_dims=False)
+decay = ops.MultitypeFuncGraph("thor_decay")
+clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
+momentum_step = ops.MultitypeFuncGraph("thor_momentum")
+nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
+set_flag = ops.MultitypeFuncGraph("thor_set_flag")
+pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
+preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
+scale_preconditioned = ops.MultitypeFuncGraph("thor_scale_preconditioned")
+
+
+pick = ops.MultitypeFuncGraph("thor_pick")
+field_0 = ops.MultitypeFuncGraph("thor_field_0")
+field_1 = ops.MultitypeFuncGraph("thor_field_1")
+field_2 = ops.MultitypeFuncGraph("thor_field_2")
+field_3 = ops.MultitypeFuncGraph("thor_field_3")
+job_field = ops.MultitypeFuncGraph("thor_job_field")
+fold_layer = ops.MultitypeFuncGraph("thor_fold_layer")
+pi_shifts = ops.MultitypeFuncGraph("thor_pi_shifts")
+job_tiles = ops.MultitypeFuncGraph("thor_job_tiles")
+job_shift = ops.MultitypeFuncGraph("thor_job_shift")
+prepare_batch = ops.MultitypeFuncGraph("thor_prepare_batch")
+cholesky_inverse = ops.MultitypeFuncGraph("thor_cholesky_inverse")
+eigen_inverse = ops.MultitypeFuncGraph("thor_eigen_inverse")
+blocks_bad = ops.MultitypeFuncGraph("thor_blocks_bad")
+job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
+precondition = ops.MultitypeFuncGraph("thor_precondition")
+trace = ops.MultitypeFuncGraph("thor_trace")
+zero_unless = ops.MultitypeFuncGraph("thor_zero_unless")
+layer_bad = ops.MultitypeFuncGraph("thor_layer_bad")
+MAP = ops.Map()
+CONCAT = ops.Concat(0)
+
+
+@pick.register("Tuple", "Number")
+def _pick_tuple(values, index):
+    """``values[index]`` (mapped over indices)."""
+    return values[index]
+
+
+# One extractor per field, not ``ops.partial(field, index)``: mapping such a partial over a tuple of records gave
+# wrong values in MindSpore 2.10 Graph mode.
+@field_0.register("Tuple")
+def _field_0_tuple(record):
+    return record[0]
+
+
+@field_1.register("Tuple")
+def _field_1_tuple(record):
+    return record[1]
+
+
+@field_2.register("Tuple")
+def _field_2_tuple(record):
+    return record[2]
+
+
+@field_3.register("Tuple")
+def _field_3_tuple(record):
+    return record[3]
+
+
+@job_field.register("Tuple", "Number", "Number")
+def _job_field_tuple(per_layer, layer, slot):
+    """Field ``slot`` (0: input factor A, 1: output factor G) of layer ``layer``'s record."""
+    return per_layer[layer][slot]
+
+
+@fold_layer.register("Tensor", "Tuple", "Tuple", "Number", "Number", "Bool", "Tensor", "Tensor")
+def _fold_layer_tensor(initialised, a_factors, g_factors, slot, decay, trim, a, g):
+    """One layer's captured factors made ready to invert -> ``(A, G, finite, token)``.
+
+    Folds them into the running averages (``slot >= 0``; a non-finite capture leaves the averages as they
+    were), replaces a non-finite diagonal A by ones (a finite stand-in whose inverse is discarded) and drops
+    the row/column of a bias captured in A but not trained (``trim``).
+    """
+    token = ops.zeros((), ms.float32)
+    if slot >= 0:
+        a = thor_math.running_average(a_factors[slot], a, decay, initialised)
+        g = thor_math.running_average(g_factors[slot], g, decay, initialised)
+    ok = ops.logical_and(thor_math.all_finite(a), thor_math.all_finite(g))
+    if slot >= 0:  # a non-finite capture must not poison the running average
+        token = ops.depend(token, ops.assign(a_factors[slot], ops.where(ok, a, a_factors[slot])))
+        token = ops.depend(token, ops.assign(g_factors[slot], ops.where(ok, g, g_factors[slot])))
+    if a.ndim == 1:
+        a = ops.where(ok, a, ops.ones_like(a))
+    elif trim:
+        size = a.shape[-1] - 1
+        a = thor_math.narrow(thor_math.narrow(a, 1, 0, size), 2, 0, size)
+    return a, g, ok, token
+
+
+@pi_shifts.register("Tensor", "Number", "Tuple")
+def _pi_shifts_tuple(root, groups, fold):
+    r"""``(groups,)`` shifts :math:`(\pi\sqrt\lambda, \sqrt\lambda/\pi)` of one layer's A and G (pi = 1 if rejected)."""
+    pi = ops.where(fold[2], thor_math.pi_damping(fold[0], fold[1]), 1.0)
+    pi = ops.BroadcastTo((groups,))(pi.reshape(-1))
+    return root * pi, root / pi
+
+
+@job_tiles.register("Tuple", "Number", "Number")
+def _job_tiles_tuple(folded, block_size, job):
+    """The diagonal blocks of job ``job``'s factor as ``(groups * n_b, b, b)`` (not yet symmetrised)."""
+    tiles = thor_math.diagonal_tiles(ops.cast(folded[job], ms.float32), block_size)
+    return tiles.reshape(-1, tiles.shape[-1], tiles.shape[-1])
+
+
+@job_shift.register("Tuple", "Number", "Number", "Number")
+def _job_shift_tuple(shifts, job, groups, blocks):
+    """Job ``job``'s ``(groups,)`` shift repeated for each of its ``blocks`` blocks per group."""
+    return ops.BroadcastTo((groups, blocks))(shifts[job].reshape(-1, 1)).reshape(-1)
+
+
+@prepare_batch.register("Tuple", "Tuple", "Tensor", "Tensor", "Number", "Bool", "Tuple", "Tuple", "Tuple",
+                         "Tensor")
+def _prepare_batch_tuple(folded, shifts, ok_vector, root, block_size, use_pi, jobs, groups, blocks, block_layer):
+    """One batch of same-size blocks -> ``(blocks, shifts, block finite, unsafe count)``.
+
+    The blocks of the batch's jobs, symmetrised; identity stand-ins for the blocks of rejected layers keep
+    the inversion finite (their inverses are discarded).
+    """
+    parts = MAP(ops.partial(job_tiles, folded, block_size), jobs)
+    batch = thor_math.symmetrise(parts[0] if len(parts) == 1 else CONCAT(parts))
+    block_ok = ops.gather(ok_vector, block_layer, 0)
+    size = batch.shape[-1]
+    eye = ops.BroadcastTo(batch.shape)(ops.Eye()(size, size, ms.float32))
+    batch = ops.where(block_ok.reshape(-1, 1, 1), batch, eye)
+    if use_pi:
+        shift_parts = MAP(ops.partial(job_shift, shifts), jobs, groups, blocks)
+        shift = shift_parts[0] if len(shift_parts) == 1 else CONCAT(shift_parts)
+    else:
+        shift = ops.BroadcastTo((batch.shape[0],))(root.reshape(1))
+    unsafe = REDUCE_SUM(ops.cast(ops.logical_not(thor_math.cholesky_safe(batch, shift)), ms.float32), ())
+    return batch, shift, block_ok, unsafe
+
+
+@cholesky_inverse.register("Tensor", "Tensor")
+def _cholesky_inverse_tensor(blocks, shift):
+    return thor_math.cholesky_block_inverse(blocks, shift)
+
+
+@eigen_inverse.register("Tensor", "Tensor")
+def _eigen_inverse_tensor(blocks, shift):
+    return thor_math.clamped_eigen_block_inverse(blocks, shift)
+
+
+@blocks_bad.register("Tensor", "Tensor")
+def _blocks_bad_tensor(block_ok, inverse):
+    """Per block: its layer's factors or its inverse are non-finite."""
+    return ops.logical_not(ops.logical_and(block_ok, thor_math.blocks_finite(inverse)))
+
+
+@job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Bool",
+                       "Tuple")
+def _job_inverse_tuple(folded, shifts, layer_ok, raw, block_bad, a_inverses, g_inverses, root, use_pi, assign, spec):
+    """One job's new inverse -> ``(inverse, 1.0 if rejected as non-finite else 0.0, token)``.
+
+    A factor keeps its previous inverse when its layer was rejected or any of its blocks is bad (sliced per
+    factor from its batch: constant index Tensors used after the Cholesky/eigen branch crash MindSpore 2.10's
+    parameter_eliminate). With ``assign`` the inverse Parameter is written here.
+    """
+    mode, layer, slot, batch, first, count, whole, shape = spec
+    old = a_inverses[layer] if slot == 0 else g_inverses[layer]
+    none = ops.zeros((), ms.float32)
+    if mode == 0:  # another rank inverts this factor; the broadcast brings it
+        return old, none, none
+    job = 2 * layer + slot
+    ok = layer_ok[layer]
+    if mode == 1:  # diagonal input factor (embedding)
+        shift = shifts[job][0] if use_pi else root
+        inv = thor_math.damped_diagonal_inverse(folded[job], shift * shift)
+        good = ops.logical_and(ok, thor_math.all_finite(inv))
+        rejected = ops.cast(ops.logical_and(ok, ops.logical_not(good)), ms.float32)
+        value = ops.where(good, inv, old)
+    else:
+        if whole:
+            inv, bad = raw[batch], thor_math.any_true(block_bad[batch])
+        else:
+            inv = thor_math.narrow(raw[batch], 0, first, count)
+            bad = thor_math.any_true(thor_math.narrow(block_bad[batch], 0, first, count))
+        rejected = ops.cast(ops.logical_and(ok, bad), ms.float32)
+        value = ops.where(bad, old, inv.reshape(shape))
+    if assign:
+        return value, rejected, ops.depend(none, ops.assign(old, value))
+    return value, rejected, none
+
+
+@precondition.register("Tuple", "Bool", "Number", "Number", "Number", "Number", "Tensor", "Tensor")
+def _precondition_tensor(gradients, embedding, weight_index, bias_index, groups, g_dim, a_inverse, g_inverse):
+    """``(weight direction, bias direction or None)`` of one THOR layer after THOR preconditioning."""
+    grad = gradients[weight_index]
+    if embedding:
+        return thor_math.embedding_precondition(grad, a_inverse, g_inverse), None
+    shape = grad.shape
+    matrix = grad.reshape(groups, g_dim, -1)
+    if bias_index < 0:
+        return thor_math.kronecker_precondition(matrix, g_inverse, a_inverse).reshape(shape), None
+    bias_grad = gradients[bias_index]
+    matrix = ops.concat((matrix, bias_grad.reshape(groups, g_dim, 1)), axis=-1)
+    out = thor_math.kronecker_precondition(matrix, g_inverse, a_inverse)
+    width = out.shape[-1] - 1
+    return (thor_math.narrow(out, 2, 0, width).reshape(shape),
+            thor_math.narrow(out, 2, width, 1).reshape(bias_grad.shape))
+
+
+@pick_direction.register("Tuple", "Tuple", "Number", "Number", "Number")
+def _pick_direction_tensor(preconditioned, gradients, layer, slot, position):
+    """The preconditioned weight (slot 0) or bias (slot 1) of THOR layer ``layer``; else the gradient."""
+    if layer < 0:
+        return gradients[position]
+    return preconditioned[layer][slot]
+
+
+@preconditioned_dot.register("Number", "Tensor", "Tensor")
+def _preconditioned_dot_tensor(layer, direction, grad):
+    r""":math:`\langle F^{-1} g, g\rangle` of a parameter preconditioned by THOR layer ``layer`` (0 when -1)."""
+    if layer >= 0:
+        return dot(direction, grad).reshape(())
+    return ops.zeros((), ms.float32)
+
+
+@scale_preconditioned.register("Tensor", "Number", "Tensor")
+def _scale_preconditioned_tensor(nu, layer, direction):
+    if layer >= 0:
+        return direction * nu
+    return direction
+
+
+@decay.register("Number", "Bool", "Tensor", "Tensor")
+def _decay_tensor(weight_decay, flag, weight, grad):
+    """``grad + weight_decay * weight`` where ``decay_filter`` selected the parameter."""
+    if flag:
+        return grad + weight * weight_decay
+    return grad
+
+
+@clip_to_unit_norm.register("Tensor")
+def _clip_tensor(grad):
+    return thor_math.clip_by_norm(grad, 1.0)
+
+
+@momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _momentum_tensor(apply_momentum, lr, momentum, weight, moment, grad):
+    return apply_momentum(weight, moment, lr, grad, momentum)
+
+
+@nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_tensor(lr, momentum, weight, moment, grad):
+    new_weight, new_moment = thor_math.momentum_step(weight, moment, grad, lr, momentum, True)
+    return ops.depend(ops.assign(moment, new_moment), ops.assign(weight, new_weight))
+
+
+@set_flag.register("Tensor", "Tensor")
+def _set_flag_tensor(value, flag):
+    return ops.assign(flag, value)
+
+
+@trace.register("Tensor")
+def _trace_tensor(factor):
+    """Trace of a folded factor (float32 scalar): summed over groups; a diagonal ``(d,)`` factor's sum."""
+    factor = ops.cast(factor, ms.float32)
+    if factor.ndim == 1:
+        return REDUCE_SUM(factor, ())
+    return REDUCE_SUM(factor * ops.Eye()(factor.shape[-1], factor.shape[-1], ms.float32), ())
+
+
+@zero_unless.register("Tensor", "Tensor")
+def _zero_unless_tensor(keep, grad):
+    """``grad`` where ``keep`` (a bool scalar), else zeros (a skipped step's update moves nothing)."""
+    return ops.where(keep, grad, ops.zeros_like(grad))
+
+
+@layer_bad.register("Tuple", "Number", "Number")
+def _layer_bad_tuple(directions, weight_index, bias_index):
+    """Whether the update of one THOR layer (its weight, and its bias when preconditioned with it) holds inf/NaN."""
+    ok = thor_math.all_finite(directions[weight_index])
+    if bias_index >= 0:
+        ok = ops.logical_and(ok, thor_math.all_finite(directions[bias_index]))
+    return ops.logical_not(ok)
