@@ -27,7 +27,7 @@ setup(
         # plots: model_zoo.resnet.plot_run (training curves), `python -m bench` figures;
         # the THOR sweep fits with scikit-learn
         "bench": ["matplotlib", "scikit-learn"],
-        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib", "scikit-learn"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "mypy", "matplotlib", "scikit-learn"],
     },
     license="Apache-2.0",
 )

@@ -126,9 +126,12 @@ def server_size(device_number: int, ranks: Optional[int] = None) -> int:
 
 
 def server_ranks(server_size: int, size: int) -> Tuple[Tuple[int, ...], ...]:
-    """The rank lists of the servers: server ``s`` holds ranks ``[s*server_size, (s+1)*server_size)`` (the layout
-    of HCCL rank tables and of ``msrun`` node ranks; ``server_size`` divides ``size``). The one place the layout
-    is computed (:func:`server_groups` and :class:`~ms_boost.topology.Topology` read it)."""
+    """The rank lists of the servers.
+
+    server ``s`` holds ranks ``[s*server_size, (s+1)*server_size)`` (the layout of HCCL rank tables and of ``msrun``
+    node ranks; ``server_size`` divides ``size``). The one place the layout is computed (:func:`server_groups` and
+    :class:`~ms_boost.topology.Topology` read it).
+    """
     return tuple(tuple(range(s, s + server_size)) for s in range(0, size, server_size))
 
 
@@ -205,6 +208,7 @@ class AllReduce(nn.Cell):
                 self.reduce = _api(ops).AllReduce(ops.ReduceOp.SUM, group or world_group())
 
     def construct(self, x):
+        """The reduction of ``x`` over the group (``x`` itself on one process)."""
         if not self.active:
             return x
         if self.gathered:
@@ -230,6 +234,7 @@ class AllGather(nn.Cell):
             self.gather = _api(ops).AllGather(group or world_group())
 
     def construct(self, x):
+        """``x`` of every rank of the group, concatenated along axis 0 (``x`` on one process)."""
         if self.active:
             return self.gather(x)
         return x
@@ -245,6 +250,7 @@ class Broadcast(nn.Cell):
             self.bcast = _api(ops).Broadcast(int(root), group or world_group())
 
     def construct(self, x):
+        """The root's ``x`` on every rank of the group (``x`` on one process)."""
         if self.active:
             return self.bcast((x,))[0]
         return x
@@ -271,6 +277,7 @@ class GradReducer(nn.Cell):
                                                            group=group or world_group())
 
     def construct(self, grads):
+        """The gradients reduced across the group (summed, divided by ``degree`` when ``mean``), or unchanged."""
         if self.active:
             return self.reducer(grads)
         return grads

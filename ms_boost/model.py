@@ -180,8 +180,10 @@ class Model(_MsModel):
         return _build(network, self._optimizer, self._loss_fn, self._amp_level, self.boost, amp_kwargs)
 
     def _plan_text(self) -> str:
-        """The boost plan's summary, plus the optimizer's own note when the user gave it (a THOR from ``thor()``:
-        the plan alone would read as a plain training step)."""
+        """The boost plan's summary, plus the optimizer's own note when the user gave it.
+
+        A THOR from ``thor()`` has one: the plan alone would read as a plain training step.
+        """
         text = self.boost.summary()
         if self._optimizer is None and self.boost.is_active:
             text += ("\n  note: Model has no optimizer: only the evaluation rewrites were applied, and no boost "

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from datetime import timedelta
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 from mindspore import Tensor
@@ -53,8 +53,11 @@ def _stderr_progress(message: str) -> None:
 
 
 def _devices_per_server(device_number: Optional[int], world: int) -> int:
-    """Ranks per server by :class:`~ms_boost.topology.Topology`'s rule (``device_number`` capped at the
-    number of ranks, which it must then divide); ``None`` is one server of every rank."""
+    """Ranks per server by :class:`~ms_boost.topology.Topology`'s rule.
+
+    ``device_number`` is capped at the number of ranks, which it must then divide; ``None`` is one server of
+    every rank.
+    """
     topology = Topology(0, world, world if device_number is None else device_number)
     topology.check_servers()
     return topology.server_size
@@ -132,7 +135,7 @@ def _root_prepare(target: str, specs, n_components: int, num_weights: int, pca_m
 
 _POLL_SECONDS = 0.05
 _MIN_CONNECT_SECONDS = 10.0  # starting / reaching the store under load: never less than this
-_STORES: Dict[tuple, object] = {}  # kept open for the life of the process (rank 0 serves it)
+_STORES: Dict[tuple, Any] = {}  # kept open for the life of the process (rank 0 serves it)
 _CALLS = itertools.count()  # handshakes in this process: a key namespace each, the same on every rank
 
 
@@ -142,7 +145,7 @@ def _store_address() -> Optional[tuple]:
     override = os.environ.get("MS_BOOST_STORE_PORT")
     if not host or not (port or override):
         return None
-    text = override if override else port
+    text = override or port or ""
     if not text.isascii() or not text.isdigit() or not 0 < int(text) + (0 if override else 1) < 65536:
         name = "MS_BOOST_STORE_PORT" if override else "MS_SCHED_PORT"
         raise ValueError(f"{name}={text!r} is not a port number (ASCII digits, 1..65535).")
