@@ -345,3 +345,89 @@ finish_jobs() {
     if [ "${STOP_SIGNAL}" = "INT" ]; then exit 130; fi
     exit 143
 }
+
+# Several nodes (run_multinode_train.sh). A node that dies (machine down, its msrun and workers killed, network cut)
+# is noticed by MindSpore itself: the scheduler on node 0 hears no heartbeat from its workers for MS_NODE_TIMEOUT
+# seconds and ends the job, and the other nodes' collectives with it fail about as long after it stopped answering.
+# These functions set that bound and, when this node's job failed, say which node stopped responding.
+#   MS_NODE_TIMEOUT  seconds without a heartbeat before the scheduler gives a worker up (MindSpore's default 30)
+
+# node_timeout: export MS_NODE_TIMEOUT (default 30), validated.
+node_timeout() {
+    MS_NODE_TIMEOUT="${MS_NODE_TIMEOUT:-30}"
+    require_int MS_NODE_TIMEOUT "${MS_NODE_TIMEOUT}" 1
+    export MS_NODE_TIMEOUT
+}
+
+# node_ranks NODE LOCAL_WORKER_NUM: "node N (ranks a-b)".
+node_ranks() {
+    local first=$(($1 * $2))
+    if [ "$2" -eq 1 ]; then echo "node $1 (rank ${first})"; else echo "node $1 (ranks ${first}-$((first + $2 - 1)))"; fi
+}
+
+# log_time LINE: the HH:MM:SS of a MindSpore log line ("[ERROR] ...(pid,...):2026-11-26-17:09:39.440.294 [...").
+log_time() {
+    sed -nE 's/^[^:]*:[0-9]{4}-[0-9]{2}-[0-9]{2}-([0-9]{2}:[0-9]{2}:[0-9]{2}).*/\1/p' <<<"$1"
+}
+
+# scheduler_answers ADDR PORT: whether a TCP connection to the scheduler opens within 3 s.
+scheduler_answers() {
+    timeout 3 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
+}
+
+# report_missing_node LOG_DIR LOCAL_WORKER_NUM NODE_RANK NODES MASTER_ADDR MASTER_PORT SECONDS_RUN: after this node's
+# msrun failed, print to stderr which node did not respond and after how long, from the scheduler's log (node 0) or
+# from whether the scheduler still answers (other nodes). Prints nothing when the logs name no missing node.
+report_missing_node() {
+    local log_dir="$1" local_num="$2" node_rank="$3" nodes="$4" addr="$5" port="$6" ran="$7"
+    local sched="${log_dir}/scheduler.log" line rank others=""
+    [ "${nodes}" -gt 2 ] && others="one of the other nodes" || others="$(node_ranks $((1 - node_rank)) "${local_num}")"
+    if [ "${node_rank}" -eq 0 ] && [ -f "${sched}" ]; then
+        line="$(grep -m1 -E 'The node: [0-9]+ is timed out' "${sched}" || true)"
+        if [ -n "${line}" ]; then
+            rank="$(sed -E 's/.*The node: ([0-9]+) is timed out.*/\1/' <<<"${line}")"
+            echo "launcher: $(node_ranks $((rank / local_num)) "${local_num}") did not respond: the scheduler heard" \
+                 "nothing from rank ${rank} for MS_NODE_TIMEOUT=${MS_NODE_TIMEOUT} s (noticed at $(log_time "${line}"));" \
+                 "that node is down, its msrun was killed or the network to it is cut. The job ended on this node" \
+                 "after ${ran} s; restart every node with --resume to continue." >&2
+            return 0
+        fi
+        if grep -q 'Building networking for MS_SCHED failed' "${sched}"; then
+            echo "launcher: ${others} did not join the job within CLUSTER_TIME_OUT=${CLUSTER_TIME_OUT} s (not started," \
+                 "or MASTER_ADDR ${addr}:${port} not reachable from it); the job ended on this node after ${ran} s." >&2
+        fi
+        return 0
+    fi
+    [ "${node_rank}" -gt 0 ] || return 0
+    # this node's workers failed talking to the others (not, say, in train.py itself), and the scheduler is gone
+    line="$(grep -h -m1 '^\[ERROR\] DISTRIBUTED' "${log_dir}"/worker_*.log 2>/dev/null | head -n 1 || true)"
+    [ -n "${line}" ] && ! scheduler_answers "${addr}" "${port}" || return 0
+    local also=""
+    [ "${nodes}" -le 2 ] || also=", or node 0 ended the job because another node stopped responding"
+    echo "launcher: $(node_ranks 0 "${local_num}") did not respond: the scheduler at ${addr}:${port} no longer" \
+         "answers and this node's workers failed talking to the others at $(log_time "${line}") (bound:" \
+         "MS_NODE_TIMEOUT=${MS_NODE_TIMEOUT} s without an answer); node 0 is down, its msrun was killed or the" \
+         "network to it is cut${also} (node 0's launcher output says which, if it ran on). The job ended on this" \
+         "node after ${ran} s." >&2
+}
+
+# stop_orphaned_workers RUN_DIR STATUS: after this node's msrun died of a signal (STATUS > 128), the processes it
+# started run on without it (workers in sessions of their own, the scheduler on node 0, its `tail -f` of the worker
+# logs): SIGKILL them (their process groups), as msrun's own stop does, so that the node leaves the job as a whole
+# and the other nodes name it. Found by their command line: train.py with --output_path RUN_DIR, or tail -f of a log
+# in RUN_DIR/msrun_log/. Prints what it stopped.
+stop_orphaned_workers() {
+    local run_dir="$1" status="$2" proc args words found=() pid
+    for proc in /proc/[0-9]*; do  # builtins only: the workers are still training while this looks
+        mapfile -d '' -t words 2>/dev/null <"${proc}/cmdline" || continue
+        args="${words[*]-} "
+        [[ " ${args}" == *" ${TRAIN_PY} "* && " ${args}" == *" --output_path ${run_dir} "* ]] ||
+            [[ "${args}" == *"tail -f ${run_dir}/msrun_log/"* ]] || continue
+        found+=("${proc#/proc/}")
+    done
+    echo "launcher: msrun ended by signal $((status - 128)) without stopping what it started:" \
+         "killed ${#found[@]} process(es) it left running${found[*]:+ (pids ${found[*]})}" >&2
+    for pid in ${found[@]+"${found[@]}"}; do
+        kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
+    done
+}

@@ -1,0 +1,117 @@
+#!/bin/bash
+# The GPU path with the MindSpore wheel already installed: its CUDA 11.6 plugin (mindspore/lib/plugin/gpu11.6) plus
+# the CUDA 11.x user-space libraries from pip, then run_check on GPU and a few steps of each algorithm against CPU.
+usage() {
+    cat <<'USAGE'
+Usage: bash scripts/gpu_check.sh [--steps N] [--mode pynative|graph] [--no-install] [--dry-run]
+
+On a machine with an NVIDIA GPU (nvidia-smi lists one; the driver provides libcuda.so.1):
+  1. pip-installs into the Python environment of PYTHON the CUDA 11 user-space libraries that
+     mindspore/lib/plugin/libmindspore_gpu.so.11.6 links against (readelf -d): runtime (libcudart.so.11.0),
+     cuBLAS (libcublas.so.11), cuDNN 8 (libcudnn.so.8, 8.5 as MindSpore recommends for CUDA 11.6), NCCL 2.16.5
+     (the version the plugin's own libnccl.so.2 carries), cuRAND, cuSOLVER, cuFFT, cuSPARSE and NVRTC;
+  2. points LD_LIBRARY_PATH at them and CUDA_HOME at a folder whose bin/nvcc only prints the installed runtime's
+     release (MindSpore picks its GPU plugin from `$CUDA_HOME/bin/nvcc --version`; the pip packages ship no nvcc);
+  3. runs mindspore.run_check() on GPU;
+  4. runs scripts/gpu_check.py --device GPU: N steps (default 3) of O0, O1, THOR and DimReduce through
+     ms_boost.Model on GPU and on CPU (same seed, data and initial weights) and compares the losses (step 1
+     within 1e-3 relative, later steps within 1e-2), ending with one summary line.
+Without a GPU it says so and exits 0. Exit status: 0 all agree (or no GPU), 1 the losses differ, 2 bad arguments,
+3 installing failed, 4 run_check failed, 5 a training run failed.
+
+  --steps N      training steps per algorithm (default 3)
+  --mode M       pynative (default) or graph
+  --no-install   use the libraries already installed (step 1 skipped)
+  --dry-run      print the pip command and the environment, run nothing (also DRY_RUN=1)
+Environment: PYTHON (default python3), NVIDIA_SMI (default nvidia-smi), GPU_CHECK_DIR (where CUDA_HOME is made,
+default ${TMPDIR:-/tmp}/ms_boost_gpu_check).
+USAGE
+}
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+NVIDIA_SMI="${NVIDIA_SMI:-nvidia-smi}"
+DRY_RUN="${DRY_RUN:-0}"
+STEPS=3
+MODE=pynative
+INSTALL=1
+# pip names and versions (checked with pip index versions); cuDNN 8.5 and NCCL 2.16.5 as explained above
+CUDA_PACKAGES=(nvidia-cuda-runtime-cu11==11.8.89 nvidia-cublas-cu11==11.11.3.6 nvidia-cudnn-cu11==8.5.0.96
+               nvidia-nccl-cu11==2.16.5 nvidia-curand-cu11==10.3.0.86 nvidia-cusolver-cu11==11.4.1.48
+               nvidia-cufft-cu11==10.9.0.58 nvidia-cusparse-cu11==11.7.5.86 nvidia-cuda-nvrtc-cu11==11.8.89)
+
+die() {
+    echo "gpu_check: error: $*" >&2
+    echo >&2
+    usage >&2
+    exit 2
+}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --steps) [ $# -ge 2 ] || die "--steps needs a value"; STEPS="$2"; shift ;;
+        --mode) [ $# -ge 2 ] || die "--mode needs a value"; MODE="$2"; shift ;;
+        --no-install) INSTALL=0 ;;
+        --dry-run|--dry_run) DRY_RUN=1 ;;
+        *) die "unknown argument '$1'" ;;
+    esac
+    shift
+done
+[[ "${STEPS}" =~ ^[0123456789]+$ ]] && [ "${STEPS}" -ge 1 ] || die "--steps must be an integer >= 1, got '${STEPS}'"
+case "${MODE}" in pynative|graph) ;; *) die "--mode must be pynative or graph, got '${MODE}'" ;; esac
+
+# 0. a GPU?
+if ! command -v "${NVIDIA_SMI}" >/dev/null 2>&1; then
+    echo "gpu_check: no NVIDIA GPU on this machine (${NVIDIA_SMI} not found): nothing to check"
+    exit 0
+fi
+GPUS="$("${NVIDIA_SMI}" -L 2>/dev/null | grep -c '^GPU ' || true)"
+if [ "${GPUS}" -eq 0 ]; then
+    echo "gpu_check: no NVIDIA GPU on this machine (${NVIDIA_SMI} -L lists none): nothing to check"
+    exit 0
+fi
+echo "gpu_check: ${GPUS} GPU(s): $("${NVIDIA_SMI}" -L | head -n 1)"
+
+# 1. the libraries
+PIP=("${PYTHON}" -m pip install --no-input "${CUDA_PACKAGES[@]}")
+if [ "${DRY_RUN}" = "1" ]; then
+    echo "install: $(printf '%q ' "${PIP[@]}")"
+elif [ "${INSTALL}" = "1" ]; then
+    echo "gpu_check: installing the CUDA 11 libraries (about 2 GB)"
+    "${PIP[@]}" || { echo "gpu_check: FAIL: pip could not install the CUDA 11 libraries (output above)"; exit 3; }
+fi
+
+# 2. the environment
+SITE="$("${PYTHON}" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+PLUGIN="${SITE}/mindspore/lib/plugin/gpu11.6"
+LIBS="${PLUGIN}"
+for dir in cuda_runtime cublas cudnn nccl curand cusolver cufft cusparse cuda_nvrtc; do
+    LIBS+=":${SITE}/nvidia/${dir}/lib"
+done
+export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+RUNTIME="$("${PYTHON}" -c 'from importlib.metadata import version; print(version("nvidia-cuda-runtime-cu11"))' \
+           2>/dev/null || echo 11.8.89)"
+export CUDA_HOME="${GPU_CHECK_DIR:-${TMPDIR:-/tmp}/ms_boost_gpu_check}/cuda_home"
+echo "env: LD_LIBRARY_PATH=${LD_LIBRARY_PATH}"
+echo "env: CUDA_HOME=${CUDA_HOME} (bin/nvcc prints: Cuda compilation tools, release ${RUNTIME%.*}, V${RUNTIME})"
+[ "${DRY_RUN}" != "1" ] || exit 0
+mkdir -p "${CUDA_HOME}/bin"
+printf '#!/bin/sh\n# the release of the pip CUDA runtime, for MindSpore'"'"'s plugin choice; compiles nothing\necho "Cuda compilation tools, release %s, V%s"\n' \
+    "${RUNTIME%.*}" "${RUNTIME}" >"${CUDA_HOME}/bin/nvcc"
+chmod +x "${CUDA_HOME}/bin/nvcc"
+
+# 3. run_check
+if ! "${PYTHON}" -c 'import mindspore as ms; ms.set_device("GPU"); ms.run_check()' 2>&1 | tee /dev/stderr |
+        grep 'installed on platform \[GPU\] successfully' >/dev/null; then
+    echo "gpu_check: FAIL: mindspore.run_check() on GPU did not succeed (output above)"
+    exit 4
+fi
+
+# 4. the algorithms against CPU
+export PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
+rc=0
+"${PYTHON}" "${SCRIPT_DIR}/gpu_check.py" --device GPU --steps "${STEPS}" --mode "${MODE}" || rc=$?
+case "${rc}" in 0|1) exit "${rc}" ;; *) exit 5 ;; esac

@@ -1,0 +1,171 @@
+"""scripts/gpu_check.sh and scripts/gpu_check.py: the no-GPU branch, the install plan (dry run), the loss comparison,
+and the CPU self-check, whose first loss is checked against a numpy forward pass."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+PACKAGES = {"nvidia-cuda-runtime-cu11": "11.8.89", "nvidia-cublas-cu11": "11.11.3.6", "nvidia-cudnn-cu11": "8.5.0.96",
+            "nvidia-nccl-cu11": "2.16.5", "nvidia-curand-cu11": "10.3.0.86", "nvidia-cusolver-cu11": "11.4.1.48",
+            "nvidia-cufft-cu11": "10.9.0.58", "nvidia-cusparse-cu11": "11.7.5.86", "nvidia-cuda-nvrtc-cu11": "11.8.89"}
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _module()
+
+
+def run(*args, tmp_path: Path, **env):
+    full = dict(os.environ, PYTHON=sys.executable, GPU_CHECK_DIR=str(tmp_path / "gpu"), **env)
+    full.pop("DRY_RUN", None)
+    return subprocess.run(["bash", str(SCRIPT), *args], env=full, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+
+
+def fake_smi(tmp_path: Path, listing: str) -> str:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '%b' '{listing}'\n")
+    smi.chmod(0o755)
+    return str(smi)
+
+
+def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
+    done = run(tmp_path=tmp_path, NVIDIA_SMI=str(tmp_path / "no-such-nvidia-smi"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"gpu_check: no NVIDIA GPU on this machine ({tmp_path / 'no-such-nvidia-smi'} not "
+                                   "found): nothing to check")
+    empty = run(tmp_path=tmp_path, NVIDIA_SMI=fake_smi(tmp_path, "No devices were found\n"))
+    assert empty.returncode == 0 and "lists none): nothing to check" in empty.stdout, empty.stderr
+    assert not (tmp_path / "gpu").exists()  # nothing installed, nothing made
+
+
+def test_with_a_gpu_the_dry_run_prints_the_install_and_the_environment(tmp_path):
+    smi = fake_smi(tmp_path, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\\n")
+    done = run("--dry-run", tmp_path=tmp_path, NVIDIA_SMI=smi)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "gpu_check: 1 GPU(s): GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"
+    install = lines[1].split()
+    assert install[:6] == ["install:", sys.executable, "-m", "pip", "install", "--no-input"]
+    assert dict(item.split("==") for item in install[6:]) == PACKAGES
+    site = Path(np.__file__).resolve().parents[1]  # this environment's site-packages
+    paths = dict(line[len("env: "):].split("=", 1) for line in lines[2:4])
+    dirs = paths["LD_LIBRARY_PATH"].split(":")
+    assert dirs[0] == str(site / "mindspore" / "lib" / "plugin" / "gpu11.6")
+    for name in ("cuda_runtime", "cublas", "cudnn", "nccl", "curand", "cusolver", "cufft", "cusparse", "cuda_nvrtc"):
+        assert str(site / "nvidia" / name / "lib") in dirs
+    assert paths["CUDA_HOME"].startswith(f"{tmp_path / 'gpu' / 'cuda_home'} (bin/nvcc prints: Cuda compilation tools, "
+                                         "release 11.8")
+    assert not (tmp_path / "gpu").exists()
+
+
+def test_the_plugin_links_against_the_libraries_installed():
+    """The sonames libmindspore_gpu.so.11.6 needs (readelf -d) are those of the pinned packages."""
+    import shutil
+
+    import mindspore
+
+    plugin = Path(mindspore.__file__).parent / "lib" / "plugin" / "libmindspore_gpu.so.11.6"
+    if shutil.which("readelf") is None or not plugin.is_file():
+        pytest.skip("no readelf, or no CUDA 11.6 plugin in this MindSpore wheel")
+    dynamic = subprocess.run(["readelf", "-d", str(plugin)], capture_output=True, text=True, timeout=60).stdout
+    needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[(\S+)\]", dynamic))
+    cuda = {n for n in needed if re.match(r"lib(cu|nv)", n) and not n.startswith("libcuda_ops")}  # ops: MindSpore's
+    assert cuda == {"libcublas.so.11", "libcurand.so.10", "libcudnn.so.8", "libcudart.so.11.0", "libcuda.so.1",
+                    "libcusolver.so.11", "libcufft.so.10", "libcusparse.so.11", "libnvrtc.so.11.2"}
+    nccl = (plugin.parent / "gpu11.6" / "libnccl.so.2").read_bytes()
+    assert b"NCCL version 2.16.5" in nccl  # nvidia-nccl-cu11==2.16.5
+
+
+@pytest.mark.parametrize("args, message", [(["--steps", "0"], "--steps must be an integer >= 1, got '0'"),
+                                           (["--mode", "eager"], "--mode must be pynative or graph, got 'eager'"),
+                                           (["--gpu"], "unknown argument '--gpu'")])
+def test_bad_arguments(args, message, tmp_path):
+    done = run(*args, tmp_path=tmp_path)
+    assert done.returncode == 2 and message in done.stderr and "Usage:" in done.stderr
+
+
+def test_compare_numbers():
+    ref = {"O0": [2.0, 1.5, 1.0], "THOR": [2.0, 1.0], "O1": [1.0], "DimReduce": [1.0, 1.0]}
+    got = {"O0": [2.0019, 1.514, 1.0], "THOR": [2.0, float("nan")], "DimReduce": [1.0]}
+    rows = {r["algorithm"]: r for r in gpu_check.compare(got, ref, rtol_first=1e-3, rtol=1e-2)}
+    assert rows["O0"]["ok"] and rows["O0"]["reason"] == ""
+    assert math.isclose(rows["O0"]["max_rel"], 0.014 / 1.5)
+    assert not rows["THOR"]["ok"] and rows["THOR"]["max_rel"] == math.inf
+    assert rows["THOR"]["reason"].startswith("step 2: loss nan against 1")
+    assert not rows["O1"]["ok"] and rows["O1"]["reason"] == "no losses from the device run"
+    assert not rows["DimReduce"]["ok"] and rows["DimReduce"]["reason"] == "1 step(s) against 2 on the reference"
+    first = gpu_check.compare({"O0": [2.0021]}, {"O0": [2.0]}, rtol_first=1e-3, rtol=1e-2)[0]
+    assert not first["ok"] and "relative difference 1.05e-03 > 0.001" in first["reason"]
+    line = gpu_check.summary(list(rows.values()), "GPU", "CPU")
+    assert line == ("gpu_check: FAIL: GPU vs CPU: 1/4 algorithms agree (O0; differ: THOR, O1, DimReduce); largest "
+                    "relative loss difference inf")
+    ok = gpu_check.summary([rows["O0"]], "GPU", "CPU")
+    assert ok == "gpu_check: PASS: GPU vs CPU: 1/1 algorithms agree (O0); largest relative loss difference 9.33e-03"
+
+
+def _numpy_first_loss() -> float:
+    """Cross-entropy of the check's net on its first batch, from its initial weights (BatchNorm on batch
+    statistics, as in training), in float64."""
+    w = {k: v.astype(np.float64) for k, v in gpu_check.initial_weights().items()}
+    x, y = gpu_check.arrays(1)
+    x = x.astype(np.float64)
+
+    def conv(a, k, stride):  # "same" padding, the extra row/column at the bottom/right as MindSpore
+        size = a.shape[-1]
+        out = -(-size // stride)
+        pad = max((out - 1) * stride + k.shape[-1] - size, 0)
+        a = np.pad(a, ((0, 0), (0, 0), (pad // 2, pad - pad // 2), (pad // 2, pad - pad // 2)))
+        cols = np.stack([a[:, :, i:i + stride * out:stride, j:j + stride * out:stride]
+                         for i in range(3) for j in range(3)], axis=2)  # (n, c, 9, out, out)
+        return np.einsum("ncpij,ocp->noij", cols, k.reshape(k.shape[0], k.shape[1], 9))
+
+    def bn_relu(a, name):
+        mean, var = a.mean(axis=(0, 2, 3), keepdims=True), a.var(axis=(0, 2, 3), keepdims=True)
+        g, b = w[f"{name}.gamma"].reshape(1, -1, 1, 1), w[f"{name}.beta"].reshape(1, -1, 1, 1)
+        return np.maximum((a - mean) / np.sqrt(var + 1e-5) * g + b, 0.0)
+
+    h = bn_relu(conv(x, w["conv1.weight"], 1), "bn1")
+    h = bn_relu(conv(h, w["conv2.weight"], 2), "bn2")
+    logits = h.reshape(len(h), -1) @ w["fc.weight"].T + w["fc.bias"]
+    logits -= logits.max(axis=1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return float(-logp[np.arange(len(y)), y].mean())
+
+
+@pytest.mark.slow
+def test_cpu_self_check_runs_every_algorithm_and_agrees(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "CPU", "--steps", "2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3"))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == ("gpu_check: PASS: CPU vs CPU: 4/4 algorithms agree (O0, O1, THOR, DimReduce); largest "
+                         "relative loss difference 0.00e+00")
+    losses = {}
+    for line in lines:
+        match = re.match(r"  (\S+)\s+CPU: (\S+), (\S+)  CPU: (\S+), (\S+)  max rel", line)
+        if match:
+            losses[match.group(1)] = [float(v) for v in match.groups()[1:]]
+    assert sorted(losses) == sorted(gpu_check.ALGORITHMS)
+    expected = _numpy_first_loss()
+    for name in ("O0", "THOR", "DimReduce"):  # the same weights on the same batch: the forward pass of step 1
+        assert losses[name][0] == pytest.approx(expected, rel=1e-5), name
+    assert losses["O1"][0] != pytest.approx(expected, rel=1e-3)  # LessBN's normalised head: another forward
+    for name, values in losses.items():
+        assert values[:2] == values[2:] and values[1] != values[0], name  # both runs equal; a step was taken
