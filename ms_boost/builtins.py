@@ -10,6 +10,7 @@ algorithm; the package face imports this module first.
 from __future__ import annotations
 
 from ms_boost.adasum import spec as adasum
+from ms_boost.cpu_gemm_conv import spec as cpu_gemm_conv
 from ms_boost.dim_reduce import spec as dim_reduce
 from ms_boost.grad_accumulation import spec as grad_accumulation
 from ms_boost.grad_freeze import spec as grad_freeze
@@ -28,6 +29,7 @@ register_builtin(grad_accumulation.SPEC)
 register_builtin(dim_reduce.SPEC)
 register_builtin(loss_scale_group.SPEC)
 register_builtin(thor.SPEC)
+register_builtin(cpu_gemm_conv.SPEC)
 
 # what Model asks a THOR optimizer (ms_boost.stages.OptimizerHooks): its network, frequency=, plan note, guard
 register_optimizer_hooks(THOR, ThorModelHooks)

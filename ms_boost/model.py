@@ -15,7 +15,9 @@
   its guard callback (``optimizer.training_guard()``), which stops a
   run whose loss stays non-finite with an error naming the step and the layer;
 * with MindSpore's compile cache on, graphs are cached per boost plan, amp and optimizer settings
-  (:mod:`ms_boost.compile_cache`): MindSpore alone would reuse a graph compiled with other settings.
+  (:mod:`ms_boost.compile_cache`): MindSpore alone would reuse a graph compiled with other settings;
+* ``boost_level="auto"`` picks the plan from a short measured trial when ``train`` starts
+  (:mod:`ms_boost.autotune`, :func:`autotune_plan`, ``docs/autotune.md``).
 """
 from __future__ import annotations
 
@@ -23,11 +25,22 @@ import logging
 import warnings
 from typing import Optional
 
+import mindspore as ms
 from mindspore import Tensor, nn
 from mindspore.train import Model as _MsModel
 from mindspore.train.loss_scale_manager import LossScaleManager
 
 from ms_boost import comm
+from ms_boost.autotune import (
+    AutotuneReport,
+    CellTrialRun,
+    TrialContext,
+    batch_size_of,
+    clone_for_trial,
+    run_trials,
+    take_batches,
+)
+from ms_boost.autotune.options import AUTO_LEVEL, split_auto_config
 from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import is_group_manager
@@ -38,7 +51,12 @@ from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLoss
 
 logger = logging.getLogger("ms_boost")
 
-__all__ = ["Model", "build_train_network"]
+
+def _is_special_optimizer(optimizer) -> bool:
+    """True for an optimizer that does more than a plain first-order step (THOR: its hooks add a plan note)."""
+    return bool(optimizer_hooks(optimizer).plan_note())
+
+__all__ = ["Model", "build_train_network", "autotune_plan"]
 
 _AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _AMP_KWARGS = ("cast_model_type", "keep_batchnorm_fp32", "loss_scale_manager")
@@ -117,6 +135,80 @@ def build_train_network(network: nn.Cell, optimizer, loss_fn: Optional[nn.Cell] 
     return _build(network, optimizer, loss_fn, level, boost, kwargs)
 
 
+def _data_parallel_ranks() -> int:
+    reduce, _, _ = comm.data_parallel_reduce_config()
+    return comm.get_size() if reduce else 1
+
+
+def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train_dataset, epochs: int,
+                  boost_config_dict=None, amp_level: str = "O0", steps_per_epoch: Optional[int] = None,
+                  **kwargs) -> AutotuneReport:
+    """Measure candidate boost plans on a short trial and pick one; the given objects end at their starting state.
+
+    Each candidate trains copies of ``network`` and ``optimizer`` (and of the loss-scale manager) from their
+    current state -- except the plain step (O0), which trains the objects themselves and is written back to the
+    start after its trial (``report.train_network`` is that compiled step when O0 is picked) -- on the same first
+    batches of ``train_dataset`` in the same order; progress is the smoothed
+    decrease of the loss on held-out batches (taken before the trial's batches) per wall second, compile time
+    amortized over the planned run of ``epochs`` epochs. See :mod:`ms_boost.autotune` and ``docs/autotune.md``.
+
+    Args:
+        network, loss_fn, optimizer: as given to :class:`Model` (the optimizer must not be a THOR: THOR is one
+            of the candidates).
+        train_dataset: the training data set (its first batches are read once more for the trial).
+        epochs: epochs of the planned run.
+        boost_config_dict: the ``autotune`` options section and algorithm sections (see
+            :func:`~ms_boost.autotune.options.split_auto_config`), a dict or a YAML/JSON path.
+        amp_level: amp level of the run.
+        steps_per_epoch: steps per epoch of the planned run (default: the data set's size).
+        **kwargs: ``loss_scale_manager``, ``keep_batchnorm_fp32``, ``cast_model_type`` as for :class:`Model`.
+
+    Returns:
+        The :class:`~ms_boost.autotune.AutotuneReport`; ``report.level`` and ``report.boost_config_dict``
+        reproduce the pick.
+
+    Raises:
+        ValueError / TypeError: bad options (naming the key), a THOR optimizer, no candidate able to run.
+    """
+    options, sections = split_auto_config(boost_config_dict)
+    if optimizer is None or _is_special_optimizer(optimizer):
+        raise ValueError("boost_level='auto': the trial needs the run's first-order optimizer (Momentum, SGD, ...); "
+                         f"got {type(optimizer).__name__}. THOR is one of the candidates; to train THOR without a "
+                         "trial, give a fixed boost_level.")
+    _amp_config(amp_level, kwargs)  # the same checks as the real run, before anything is trained
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"autotune: epochs={epochs!r} must be an int >= 1.")
+    per_epoch = int(train_dataset.get_dataset_size()) if steps_per_epoch is None else int(steps_per_epoch)
+    batches = take_batches(train_dataset, options.holdout_batches + options.max_trial_steps)
+    if not batches:
+        raise ValueError("autotune: the training data set yields no batch.")
+    holdout, trial = batches[:options.holdout_batches], batches[options.holdout_batches:]
+    ctx = TrialContext(ranks=_data_parallel_ranks(), batch_size=batch_size_of(batches[0]),
+                       planned_steps=per_epoch * epochs, user_sections=sections,
+                       device=str(ms.get_context("device_target")))
+
+    def build(boost: AutoBoost, on_originals: bool) -> CellTrialRun:
+        if on_originals:  # a plan that rewrites nothing: the step the run would build, restored after its trial
+            return CellTrialRun(_build(network, optimizer, loss_fn, amp_level, boost, dict(kwargs)), keep_start=True)
+        net, opt, lsm = clone_for_trial(network, optimizer, kwargs.get("loss_scale_manager"))
+        amp = dict(kwargs, **({"loss_scale_manager": lsm} if "loss_scale_manager" in kwargs else {}))
+        net, opt = rewrite_train(boost, net, opt)
+        return CellTrialRun(_build(net, opt, loss_fn, amp_level, boost, amp))
+
+    return run_trials(build, ctx, options, trial, holdout)
+
+
+class _PendingAutotune(nn.Cell):
+    """The train network of a ``boost_level="auto"`` Model before its trial.
+
+    ``train`` (or ``autotune``) builds the real one.
+    """
+
+    def construct(self, *inputs):
+        raise RuntimeError("Model(boost_level='auto'): the plan is chosen when train() starts (or call "
+                           "model.autotune(dataset, epochs) first).")
+
+
 class Model(_MsModel):
     """``mindspore.train.Model`` with ms_boost's boost pipeline.
 
@@ -126,8 +218,14 @@ class Model(_MsModel):
     ``frequency`` (the THOR tutorial's ``Model_Thor`` argument: the THOR optimizer's refresh interval;
     an error with any other optimizer).
 
+    ``boost_level="auto"`` chooses the plan by a short measured trial when ``train`` starts (or when
+    :meth:`autotune` is called): ``boost_config_dict`` then holds the ``autotune`` options and algorithm
+    sections (``docs/autotune.md``).
+
     Attributes:
         boost: the resolved :class:`~ms_boost.config.AutoBoost` plan (``model.boost.summary()``).
+        autotune_report: with ``boost_level="auto"``, the trial's :class:`~ms_boost.autotune.AutotuneReport`
+            once it ran (else None).
     """
 
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None, eval_indexes=None,
@@ -143,6 +241,17 @@ class Model(_MsModel):
         if isinstance(network, nn.Cell):
             network = hooks.train_network(network, loss_fn is not None)
         self._user_optimizer = optimizer
+        self.autotune_report: Optional[AutotuneReport] = None
+        self._auto_config = None
+        if isinstance(boost_level, str) and boost_level == AUTO_LEVEL:
+            split_auto_config(boost_config_dict)  # checked now, before anything is built
+            if optimizer is None or _is_special_optimizer(optimizer):
+                raise ValueError(f"Model(boost_level='auto') needs the run's first-order optimizer (Momentum, SGD, "
+                                 f"...); got {type(optimizer).__name__}. THOR is one of the candidates; give a fixed "
+                                 f"boost_level to train a THOR optimizer of your own.")
+            self._auto_config = {} if boost_config_dict is None else boost_config_dict  # not None: auto pending
+            self._user_eval = (eval_network, eval_indexes)
+            boost_level, boost_config_dict = "O0", None  # until the trial has picked
         self.boost = AutoBoost(boost_level, boost_config_dict)
         self._plan_logged = False
         super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,
@@ -164,6 +273,8 @@ class Model(_MsModel):
             self._eval_network = rewrite_eval(self.boost, self._eval_network)
 
     def _build_train_network(self):
+        if self._auto_config is not None and self.autotune_report is None:
+            return _PendingAutotune()
         network = self._network
         if not isinstance(network, nn.Cell):
             raise TypeError(f"Model: network must be a mindspore.nn.Cell, got {type(network).__name__}.")
@@ -197,9 +308,54 @@ class Model(_MsModel):
     def _enabled(self):
         return [k for k, v in self.boost.boost_config.items() if v]
 
+    # -- autotune --------------------------------------------------------------------------------
+    def autotune(self, train_dataset, epochs: int, steps_per_epoch: Optional[int] = None) -> AutotuneReport:
+        """Run the ``boost_level="auto"`` trial for a planned run of ``epochs`` epochs; build the pick's network.
+
+        ``train`` calls this itself when it has not run. The network and optimizer keep their starting weights and
+        state: the trial trains copies.
+
+        Returns:
+            The :class:`~ms_boost.autotune.AutotuneReport` (also ``model.autotune_report``).
+
+        Raises:
+            RuntimeError: the Model's boost_level is not ``"auto"``, or its trial already ran.
+        """
+        if self._auto_config is None:
+            raise RuntimeError(f"Model.autotune: this Model has boost_level={self.boost.level!r}; only "
+                               f"boost_level='auto' runs a trial.")
+        if self.autotune_report is not None:
+            raise RuntimeError(f"Model.autotune: the trial already ran (pick: {self.autotune_report.pick}).")
+        amp = {}
+        if self._loss_scale_manager_set:
+            amp["loss_scale_manager"] = self._loss_scale_manager
+        if self._keep_bn_fp32 is not None:
+            amp["keep_batchnorm_fp32"] = self._keep_bn_fp32
+        report = autotune_plan(self._network, self._loss_fn, self._optimizer, train_dataset, epochs,
+                               self._auto_config, self._amp_level, steps_per_epoch=steps_per_epoch, **amp)
+        self.boost = AutoBoost(report.level, report.boost_config_dict)
+        self.autotune_report = report
+        eval_network, eval_indexes = self._user_eval
+        self._eval_network = eval_network
+        self._build_boost_network({})
+        jit_config = self._network.jit_config_dict
+        # the pick's step compiled by the trial on this Model's own objects (O0), at the starting state; else built
+        self._train_network = report.train_network if report.train_network is not None else \
+            self._build_train_network()
+        self._train_network._jit_config_dict = jit_config
+        self._build_eval_network(self._metrics, self._eval_network, eval_indexes)
+        self._build_predict_network()
+        return report
+
     # -- training ------------------------------------------------------------------------------
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
-        """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0)."""
+        """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
+
+        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train.
+        """
+        if self._auto_config is not None and self.autotune_report is None:
+            per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
+            self.autotune(train_dataset, max(1, int(epoch) - int(initial_epoch)), steps_per_epoch=per_epoch)
         if not self._plan_logged:
             self._plan_logged = True
             if comm.get_rank() == 0:

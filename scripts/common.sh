@@ -75,10 +75,11 @@ require_int() {
     [ "$2" -ge "$3" ] || die "$1 must be >= $3, got '$2'"
 }
 
-# dataset_arg PATH: "synthetic" stays, a folder becomes absolute, anything else is an error.
+# dataset_arg PATH: a built-in set's name (synthetic, digits, mnist5k) stays, a folder becomes absolute,
+# anything else is an error.
 dataset_arg() {
-    if [ "$1" = "synthetic" ]; then echo synthetic; return; fi
-    [ -d "$1" ] || die "DATASET_PATH '$1' is not a folder (give an ImageNet root with train/ and val/, or 'synthetic')"
+    case "$1" in synthetic|digits|mnist5k) echo "$1"; return ;; esac
+    [ -d "$1" ] || die "DATASET_PATH '$1' is not a folder (give an ImageNet root with train/ and val/, or a built-in set: 'synthetic', 'digits', 'mnist5k')"
     abs_path "$1"
 }
 
@@ -104,11 +105,11 @@ is_input_key() {
     return 1
 }
 
-# input_path VALUE: VALUE made absolute when it is a relative path ("", "synthetic", "none" and absolute
-# paths stay as they are).
+# input_path VALUE: VALUE made absolute when it is a relative path ("", the built-in sets' names, "none" and
+# absolute paths stay as they are).
 input_path() {
     case "$1" in
-        ""|synthetic|none|None|null|/*) echo "$1" ;;
+        ""|synthetic|digits|mnist5k|none|None|null|/*) echo "$1" ;;
         *) abs_path "$1" ;;
     esac
 }

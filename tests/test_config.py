@@ -14,8 +14,9 @@ def on(cfg):
     return sorted(k for k, v in cfg.boost_config.items() if v)
 
 
-@pytest.mark.parametrize("level,expected", [("O0", []), ("O1", ["grad_freeze", "less_bn"]),
-                                            ("O2", ["adasum", "grad_freeze", "less_bn"])])
+# upstream's levels plus cpu_gemm_conv at O1/O2 (ms_boost's CPU convolution rewrite; a no-op on other devices)
+@pytest.mark.parametrize("level,expected", [("O0", []), ("O1", ["cpu_gemm_conv", "grad_freeze", "less_bn"]),
+                                            ("O2", ["adasum", "cpu_gemm_conv", "grad_freeze", "less_bn"])])
 def test_levels_match_upstream(level, expected):
     cfg = AutoBoost(level)
     assert cfg.level == level and cfg.mode == "auto"
@@ -40,13 +41,15 @@ def test_manual_mode_applies_switches_and_keeps_level_defaults():
     assert cfg.grad_accumulation.grad_accumulation_step == 4
     cfg = AutoBoost("O2", {"boost": {"mode": "manual", "less_bn": False, "grad_freeze": False, "adasum": True,
                                      "grad_accumulation": False, "dim_reduce": False}})
+    assert on(cfg) == ["adasum", "cpu_gemm_conv"]  # a switch not given keeps its level default
+    cfg = AutoBoost("O2", {"boost": {"mode": "manual", "less_bn": False, "grad_freeze": False, "cpu_gemm_conv": False}})
     assert on(cfg) == ["adasum"]
 
 
 def test_enable_all_and_disable_all():
     assert on(AutoBoost("O0", {"boost": {"mode": "disable_all"}})) == []
     cfg = AutoBoost("O0", {"boost": {"mode": "enable_all"}})
-    assert on(cfg) == ["adasum", "grad_accumulation", "grad_freeze", "less_bn"]
+    assert on(cfg) == ["adasum", "cpu_gemm_conv", "grad_accumulation", "grad_freeze", "less_bn"]
 
 
 def test_auto_mode_with_switches_warns_not_silent():
@@ -111,8 +114,8 @@ def test_summary_names_stages_and_values():
     assert "no gradient reduction (1 rank); AdaSum inactive" in cfg.summary()
     assert "mean all-reduce across 4 ranks (data parallel)" in AutoBoost("O1").summary(ranks=4)
     # the O1 pipeline line the CPU launcher printed for 2 ranks (its real run now only covers O2, test_scripts.py)
-    assert ("pipeline: mean all-reduce across 2 ranks (data parallel) -> optimizer on this step's unfrozen groups"
-            in AutoBoost("O1").summary(ranks=2))
+    assert ("pipeline: mean all-reduce across 2 ranks (data parallel) -> nn.Conv2d as im2col + GEMM (layers left "
+            "alone are logged) -> optimizer on this step's unfrozen groups" in AutoBoost("O1").summary(ranks=2))
     with pytest.raises(ValueError, match="ranks=0"):
         cfg.summary(ranks=0)
     assert cfg.to_dict()["grad_freeze"]["freeze_p"] == 0.25

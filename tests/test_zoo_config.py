@@ -212,3 +212,5 @@ def test_tutorial_values_of_the_recipes():
         build_optimizer(baseline, None, 10)
     with pytest.raises(ValueError, match="optimizer='Adam' is not allowed; allowed: Momentum, SGD, THOR"):
         build_optimizer(baseline.replace(optimizer="Adam"), None, 10)
+    with pytest.raises(ValueError, match="boost_level='O1' does not combine with optimizer='THOR'.*allowed: 'O0'"):
+        build_optimizer(parse_config(["--boost_level", "O1"], CONFIGS / "resnet50_imagenet_thor.yaml"), None, 10)

@@ -5,7 +5,7 @@ Runs are a width-4 ResNet-10 on 16x16 images with 2 steps per epoch, in-process 
 ``main`` (tests/test_zoo_journey_inputs.py runs ``train.py`` as ``__main__`` for its exit status). Each recipe
 is trained once, and that one run carries every check on it: it trains (finite losses, the progress line, the
 recipe's own boost pieces, see ``check_recipe``; these were tests/test_zoo_recipes.py's per-recipe tests),
-resumes exactly, evaluates, exports.
+resumes exactly, evaluates, exports (MINDIR and ONNX, run against the network: tests/helpers/exports.py).
 """
 from __future__ import annotations
 
@@ -19,15 +19,14 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn
 
 from model_zoo.resnet import eval as zoo_eval
-from model_zoo.resnet import export as zoo_export
 from model_zoo.resnet import train as zoo_train
 from model_zoo.resnet.src import trainer
 from model_zoo.resnet.src.config import parse_config
 from model_zoo.resnet.src.metrics import read_metrics
 from model_zoo.resnet.src.run_state import read_manifest
+from tests.helpers.exports import assert_exports_match
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "model_zoo" / "resnet" / "configs"
@@ -205,15 +204,15 @@ def test_recipe_resumes_exactly_and_its_checkpoint_evaluates_and_exports(cache_d
                                                                                                      stopped)]
     assert steps[0] == steps[1] and [s[0] for s in steps[0]] == list(range(1, 2 * spe + 1))
 
-    # the recipe's own checkpoint evaluates and exports
+    # the recipe's own checkpoint evaluates, and exports to MINDIR and ONNX files that give the network's outputs
+    # (the network's shape comes from the checkpoint's manifest: no --net_name/--base_width/--class_num)
     args = ["--config", str(CONFIGS / recipe), *small(cache_dir, tmp_path / "eval", mode), *extra,
             "--checkpoint_file_path", str(ckpt_dir / epoch2)]
     with redirect_stdout(io.StringIO()):
         evaluated = zoo_eval.main(args)
-        exported = zoo_export.main(args + ["--export_file_name", str(tmp_path / "net")])
     assert 0.0 <= evaluated["top_1_accuracy"] <= evaluated["top_5_accuracy"] <= 1.0
-    graph = nn.GraphCell(ms.load(str(exported)))
-    assert graph(ms.Tensor(np.zeros((1, 3, 16, 16), np.float32))).shape == (1, 10)
+    assert_exports_match(["--config", str(CONFIGS / recipe), "--device_target", "CPU", "--mode", mode,
+                          *extra, "--checkpoint_file_path", str(ckpt_dir / epoch2)], tmp_path, classes=10)
     if recipe == "resnet50_imagenet_boost_o1.yaml":
         check_extension(cache_dir, stopped, recipe, mode, extra, monkeypatch)
         # a LessBN checkpoint given to the plain recipe: the error names the recipe it needs

@@ -75,13 +75,14 @@ def test_resume_mid_epoch_is_exact_and_fast_data_mode_is_not(cache_dir, tmp_path
 
 def test_diverging_run_exits_1_naming_step_and_parameter_and_keeps_only_finite_checkpoints(cache_dir, tmp_path,
                                                                                           monkeypatch, capsys):
-    """lr_max 300 with a dynamic loss scale: the loss stays finite while BatchNorm statistics turn inf.
+    """lr_max 300 without loss scaling: weights and BatchNorm statistics turn non-finite. (With a loss scale
+    those steps are overflow steps and are skipped whole: tests/test_overflow_step.py.)
 
     ``train.py`` runs as ``__main__`` (its exit status and stderr line), in this process (``runpy``: the script's
     own code, without a second interpreter importing MindSpore)."""
     args = small(cache_dir, tmp_path, epochs=4) + ["--lr_max", "300", "--save_checkpoint_steps", "1",
                                                      "--keep_checkpoint_max", "3", "--amp_level", "O0",
-                                                     "--loss_scale_type", "dynamic"]
+                                                     "--loss_scale_type", "none"]
     script = ROOT / "model_zoo" / "resnet" / "train.py"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository first; restored after

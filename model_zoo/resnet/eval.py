@@ -6,7 +6,11 @@
 Labels are the train split's (label ``i`` = its ``i``-th sorted class folder), as in training: taken from
 ``<data_path>/<train_dir>``, else from the train split recorded in the checkpoint's manifest
 (``config.data_path``/``train_dir``) if that folder exists here; an eval class folder the train split lacks
-is an error, eval classes missing are named in a warning. Without any train split the eval split's own
+is an error, eval classes missing are named in a warning.
+
+The network's shape (``net_name``, ``base_width``, ``class_num``) and ``eval_image_size`` come from the
+checkpoint's run manifest unless the command line gives them (src/checkpoint_shape.py): the training run's
+overrides need not be repeated. Without any train split the eval split's own
 sorted class folders are used, with a warning (a class missing there would shift every later label).
 """
 from __future__ import annotations
@@ -21,12 +25,14 @@ from typing import List, Optional
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from model_zoo.resnet.src.checkpoint_shape import checkpoint_config  # noqa: E402
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.data_check import check_images  # noqa: E402
 from model_zoo.resnet.src.dataset import class_folders  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
 from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
+    BUILTIN_DATA,
     EVAL_METRICS,
     build_loss,
     data_root,
@@ -47,7 +53,7 @@ def train_classes(cfg: Config) -> Optional[List[str]]:
     path = Path(os.path.expanduser(str(cfg.checkpoint_file_path)))
     manifest = read_manifest(path) if path.is_file() else None
     recorded = (manifest or {}).get("config") or {}
-    if isinstance(recorded.get("data_path"), str) and recorded["data_path"] != "synthetic":
+    if isinstance(recorded.get("data_path"), str) and recorded["data_path"] not in BUILTIN_DATA:
         there = Path(os.path.expanduser(recorded["data_path"])) / str(recorded.get("train_dir", cfg.train_dir))
         if there.is_dir():
             return class_folders(there)
@@ -66,6 +72,7 @@ def evaluate_checkpoint(cfg: Config) -> dict:
     """
     from mindspore.train import Model
 
+    cfg = checkpoint_config(cfg, "eval.py")
     net = inference_network(cfg)
     folder = split_folder(cfg, train=False)
     check_images(folder, cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)))

@@ -1,10 +1,16 @@
-"""Export a checkpoint to MindIR (or AIR/ONNX) for inference.
+"""Export a checkpoint to MindIR (or ONNX; AIR on Ascend) for inference.
 
     python model_zoo/resnet/export.py --config model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml \
         --checkpoint_file_path output/checkpoint/resnet-90_625.ckpt --export_file_name resnet50
+
+The network's shape (``net_name``, ``base_width``, ``class_num``) and ``eval_image_size`` come from the
+checkpoint's run manifest unless the command line gives them (src/checkpoint_shape.py). A MINDIR file loads
+back with ``nn.GraphCell(mindspore.load(path))``, an ONNX file runs in onnxruntime; both give the network's
+outputs (tests/test_zoo_export.py). A format that cannot hold the network is a ``ValueError`` saying why.
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +19,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import numpy as np  # noqa: E402
 
+from model_zoo.resnet.src.checkpoint_shape import checkpoint_config  # noqa: E402
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
 from model_zoo.resnet.src.resnet import onnx_exportable  # noqa: E402
@@ -20,6 +27,7 @@ from model_zoo.resnet.src.trainer import inference_network  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet50_imagenet_momentum.yaml"
 _EXTENSIONS = {"MINDIR": ".mindir", "AIR": ".air", "ONNX": ".onnx"}
+_NO_CONVERTER = re.compile(r"Can not find key (\w+) in convert map")
 
 
 def export_checkpoint(cfg: Config) -> Path:
@@ -33,13 +41,28 @@ def export_checkpoint(cfg: Config) -> Path:
     if cfg.export_file_format not in _EXTENSIONS:
         raise ValueError(f"export_file_format={cfg.export_file_format!r} is not allowed; allowed: "
                          f"{', '.join(_EXTENSIONS)}.")
+    cfg = checkpoint_config(cfg, "export.py")
     net = inference_network(cfg, conv_impl="native")  # Conv2D operators in the file, portable to any device
+    if cfg.export_file_format == "AIR" and ms.get_context("device_target") != "Ascend":
+        raise ValueError(f"export_file_format='AIR' cannot be written here: MindSpore writes AIR only on an Ascend "
+                         f"device, this process runs on {ms.get_context('device_target')}; export MINDIR (loads on "
+                         f"any device with mindspore.load) or ONNX instead.")
     if cfg.export_file_format == "ONNX":  # MindSpore's padded MaxPool2d has no ONNX converter
         net = onnx_exportable(net)
     size = int(cfg.eval_image_size)
     sample = ms.Tensor(np.zeros((int(cfg.export_batch_size), 3, size, size), np.float32))
-    ms.export(net, sample, file_name=cfg.export_file_name, file_format=cfg.export_file_format)
-    return Path(cfg.export_file_name + _EXTENSIONS[cfg.export_file_format])
+    path = Path(cfg.export_file_name + _EXTENSIONS[cfg.export_file_format])
+    try:
+        ms.export(net, sample, file_name=cfg.export_file_name, file_format=cfg.export_file_format)
+    except RuntimeError as err:
+        missing = _NO_CONVERTER.search(str(err))
+        if not missing:
+            raise
+        path.unlink(missing_ok=True)  # what MindSpore wrote before it stopped
+        raise ValueError(f"export_file_format={cfg.export_file_format!r} cannot hold this network: MindSpore has no "
+                         f"{cfg.export_file_format} converter for its operator {missing.group(1)}; export MINDIR "
+                         f"instead (it holds every MindSpore operator).") from None
+    return path
 
 
 def main(argv=None) -> Path:

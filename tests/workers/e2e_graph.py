@@ -13,6 +13,8 @@ Each scenario saves its arrays under ``<scenario>/``; every rank runs every scen
 * ``thor``: THOR through ConvertModelUtils and Model, factors fused in two groups, inverses split.
 * ``thor_nonfinite``: THOR with NaN inputs on rank 1 at one step (tests/workers/thor_nonfinite.py): in Graph
   mode the ``thor`` model goes on over the poisoned steps (one THOR compilation for both), in PyNative a fresh one.
+* ``autotune``: ``Model(boost_level="auto")`` on rank shards (tests/workers/autotune_scenario.py): one pick on
+  every rank.
 * ``handshake_stuck``: the PCA handshake with rank 1 alive but stuck before it (tests/workers/handshake_stuck.py);
   last, since it ends in an error on every rank.
 """
@@ -111,6 +113,7 @@ def thor_scenario(rank: int, size: int) -> tuple:
 
 def main() -> None:
     from tests.test_loss_scale import overflow_on_rank_1
+    from tests.workers.autotune_scenario import autotune_scenario
     from tests.workers.handshake_stuck import stuck_scenario
     from tests.workers.thor_nonfinite import nonfinite_scenario
 
@@ -129,6 +132,7 @@ def main() -> None:
                       ("dim_reduce", lambda: dim_reduce_scenario(rank, size, work_dir)),
                       ("", thor_both),
                       ("thor_nonfinite", lambda: nonfinite_scenario(rank, size)),
+                      ("autotune", lambda: autotune_scenario(rank, size)),
                       ("handshake_stuck", lambda: stuck_scenario(os.path.join(work_dir, "stage1_stuck"),
                                                                  os.path.join(work_dir, "p_stuck.npy")))):
         results.update({f"{name}/{k}" if name else k: v for k, v in run().items()})

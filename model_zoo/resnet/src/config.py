@@ -39,7 +39,8 @@ import yaml
 from ms_boost.validation import MAX_FILE_VALUES, load_mapping_file
 
 __all__ = ["Config", "ConfigHelp", "MAX_NODES", "MAX_QUOTE", "OPEN_SECTIONS", "OPTIONAL_SECTIONS", "load_yaml",
-           "check_against_base", "parse_value", "apply_overrides", "parse_config", "config_source", "quote"]
+           "check_against_base", "parse_value", "apply_overrides", "parse_config", "config_source",
+           "command_line_keys", "quote"]
 
 MAX_NODES = MAX_FILE_VALUES
 """Most values (mappings, lists and scalars, aliases counted as expanded) a recipe may hold."""
@@ -67,13 +68,14 @@ class Config(Mapping):
     Nested mappings are ``Config`` objects too. ``source`` is the recipe file it was read from (if any).
     """
 
-    def __init__(self, data: Mapping, source: Optional[Union[str, Path]] = None):
+    def __init__(self, data: Mapping, source: Optional[Union[str, Path]] = None, given: Sequence[str] = ()):
         object.__setattr__(self, "_data", {k: Config(v) if isinstance(v, Mapping) else copy.deepcopy(v)
                                            for k, v in data.items()})
         object.__setattr__(self, "_source", None if source is None else str(source))
+        object.__setattr__(self, "_given", frozenset(given))
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("_data", "_source"):  # not initialised yet (copy/pickle protocols probe attributes first)
+        if name in ("_data", "_source", "_given"):  # not initialised yet (copy/pickle protocols probe attributes first)
             raise AttributeError(name)
         try:
             return self._data[name]
@@ -106,12 +108,17 @@ class Config(Mapping):
             raise ValueError(f"replace: unknown config keys {unknown}.")
         data = self.to_dict()
         data.update(changes)
-        return Config(data, source=self._source)
+        return Config(data, source=self._source, given=self.__dict__.get("_given", ()))
 
 
 def config_source(cfg: Config) -> Optional[str]:
     """The recipe file ``cfg`` was read from (``None`` for a config built in code)."""
     return cfg.__dict__.get("_source")
+
+
+def command_line_keys(cfg: Config) -> frozenset:
+    """The dotted keys :func:`parse_config` was given as ``--key value`` (empty for a config built in code)."""
+    return cfg.__dict__.get("_given", frozenset())
 
 
 def _deep_merge(base: Dict[str, Any], update: Mapping) -> Dict[str, Any]:
@@ -441,8 +448,9 @@ def parse_config(argv: Sequence[str], default_config: Union[str, Path], prog: st
     for key in _flatten(data):
         if not all(_KEY_RE.match(part) for part in key.split(".")):
             raise ValueError(f"config {str(config_path)!r}: key {quote(key)} is not an identifier.")
-    data = apply_overrides(data, _split_argv(rest))
+    overrides = _split_argv(rest)
+    data = apply_overrides(data, overrides)
     if want_help:
         print(ConfigHelp.render(data, config_path, prog))
         raise SystemExit(0)
-    return Config(data, source=Path(config_path).resolve())
+    return Config(data, source=Path(config_path).resolve(), given=[key for key, _ in overrides])

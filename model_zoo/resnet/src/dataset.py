@@ -98,10 +98,11 @@ def check_class_count(classes: Sequence[str], class_num: int, dataset_path: Unio
                       f"checkpoint needs it).", UserWarning, stacklevel=2)
 
 
-def _train_transforms(image_size: int, crop_scale: Tuple[float, float]) -> list:
+def _train_transforms(image_size: int, crop_scale: Tuple[float, float], hflip: bool = True) -> list:
+    flip = [vision.RandomHorizontalFlip(prob=0.5)] if hflip else []
     return [
         vision.RandomCropDecodeResize(image_size, scale=tuple(crop_scale), ratio=(0.75, 1.333)),
-        vision.RandomHorizontalFlip(prob=0.5),
+        *flip,
         vision.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
         vision.HWC2CHW(),
     ]
@@ -122,7 +123,7 @@ def create_dataset(dataset_path: Union[str, Path], do_train: bool, batch_size: i
                    shuffle: Optional[bool] = None, crop_scale: Sequence[float] = (0.08, 1.0),
                    eval_crop_ratio: float = 0.875, drop_remainder: bool = True, num_steps: int = 0,
                    seed: Optional[int] = None, class_names: Optional[Sequence[str]] = None,
-                   class_num: Optional[int] = None) -> ds.Dataset:
+                   class_num: Optional[int] = None, hflip: bool = True) -> ds.Dataset:
     """Batched image pipeline over one split folder.
 
     Args:
@@ -143,6 +144,7 @@ def create_dataset(dataset_path: Union[str, Path], do_train: bool, batch_size: i
             :func:`class_folders` for an evaluation split; see :func:`class_indexing`). ``None``: the folder's
             own sorted class folders (right for the train split itself).
         class_num: the network's outputs, checked against the classes (:func:`check_class_count`).
+        hflip: random horizontal flips in training (off for sets a mirror would mislabel, e.g. digits).
 
     Returns:
         a dataset yielding ``(image float32 (N, 3, S, S), label int32 (N,))``.
@@ -179,7 +181,8 @@ def create_dataset(dataset_path: Union[str, Path], do_train: bool, batch_size: i
     if data.get_dataset_size() < batch_size and drop_remainder:
         raise ValueError(f"batch_size={batch_size} is larger than the {data.get_dataset_size()} images of "
                          f"{str(dataset_path)!r} on rank {rank_id}/{rank_size}; no full batch can be formed.")
-    image_ops = _train_transforms(image_size, crop_scale) if do_train else _eval_transforms(image_size, eval_crop_ratio)
+    image_ops = (_train_transforms(image_size, crop_scale, hflip) if do_train
+                 else _eval_transforms(image_size, eval_crop_ratio))
     data = data.map(operations=image_ops, input_columns="image", num_parallel_workers=workers)
     data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label", num_parallel_workers=workers)
     data = data.batch(batch_size, drop_remainder=drop_remainder)

@@ -28,11 +28,12 @@ from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
 from ms_boost import comm
+from ms_boost.divergence import callback_mark, first_non_finite
 from ms_boost.stages import optimizer_hooks
 
 __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheckpoint", "read_manifest",
            "find_resume_checkpoint", "checkpoint_step", "run_checkpoints", "restore_train_network",
-           "schedule_parameter_names", "RESUME_FREE_KEYS"]
+           "schedule_parameter_names", "RESUME_FREE_KEYS", "DIVERGENCE_KEYS"]
 
 MANIFEST_KEY = "ms_boost_run"
 _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
@@ -40,22 +41,6 @@ _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 
 class TrainingDiverged(RuntimeError):
     """Training stopped because a loss or a Parameter of the train network became NaN or infinite."""
-
-
-def first_non_finite(arrays: Iterable[Tuple[str, np.ndarray]]) -> Optional[str]:
-    """``"<name> (<k> of <n> values non-finite, e.g. nan)"`` for the first array holding NaN/Inf, else ``None``.
-
-    Integer and boolean arrays are always finite.
-    """
-    for name, value in arrays:
-        value = np.asarray(value)
-        if value.dtype.kind not in "fc":
-            continue
-        bad = ~np.isfinite(value)
-        if bad.any():
-            example = value[bad].flat[0]
-            return f"{name} ({int(bad.sum())} of {value.size} values non-finite, e.g. {example})"
-    return None
 
 
 def checkpoint_step(path: Path, steps_per_epoch: int) -> int:
@@ -137,14 +122,17 @@ class GuardedCheckpoint(Callback):
             return
         params = run_context.original_args()
         step = self.step_offset + int(params.cur_step_num)
+        if callback_mark(params, "divergence_rolled_back"):  # ms_boost.divergence restored an earlier state
+            return
+        if callback_mark(params, "divergence_failure"):  # ... or gave up: today's message, for its reason
+            self._fail(step, params.divergence_failure, loss_failure=True, run_context=run_context)
+            return
         loss = loss_value(params.net_outputs) if getattr(params, "net_outputs", None) is not None else 0.0
         if not math.isfinite(loss):
             self._fail(step, f"loss is {loss}", loss_failure=True, run_context=run_context)
             return
-        save = self.save_steps and step % self.save_steps == 0
-        check = self.check_steps and step % self.check_steps == 0
-        if save or check:
-            self._visit(params, step, save, run_context)
+        if self.visits(step):
+            self._visit(params, step, bool(self.save_steps and step % self.save_steps == 0), run_context)
 
     def on_train_end(self, run_context) -> None:
         # Nothing is checked or saved once a step failed (here, or the loss check of another callback that asked
@@ -155,6 +143,17 @@ class GuardedCheckpoint(Callback):
         step = self.step_offset + int(params.cur_step_num)
         if step != self._last_checked and step > self.step_offset:
             self._visit(params, step, self.save_steps > 0, run_context)
+
+    def visits(self, step: int) -> bool:
+        """Whether the Parameters are checked (and, at save steps, saved) after global ``step``."""
+        return any(every and step % every == 0 for every in (self.save_steps, self.check_steps))
+
+    def abandon_after(self, step: int) -> None:
+        """Training went back to the state of global ``step`` (``divergence_action: rollback``): this run's
+        checkpoints of later steps hold a state it left, and are deleted."""
+        for path in [p for p in self.saved if checkpoint_step(p, self.steps_per_epoch) > step]:
+            self.saved.remove(path)
+            path.unlink(missing_ok=True)
 
     # -- work ----------------------------------------------------------------------------------------------
     def _visit(self, params, step: int, save: bool, run_context) -> None:
@@ -390,9 +389,13 @@ def schedule_parameter_names(network: nn.Cell) -> set:
     return {p.name for _, cell in network.cells_and_names() for p in optimizer_hooks(cell).schedule_parameters()}
 
 
+DIVERGENCE_KEYS = ("action", "spike_factor", "window", "max_rollbacks", "lr_factor", "damping_factor",
+                   "snapshot_steps")
+"""The recipe's ``divergence_<key>`` keys: :class:`ms_boost.divergence.DivergencePolicy`'s fields."""
+
 RESUME_FREE_KEYS = {"resume", "resume_data", "save_rank_checkpoints", "overwrite_output",
                      "epoch_size", "output_path", "log_interval", "run_eval",
                      "eval_before_train", "check_data", "summary_dir", "metrics_file", "save_checkpoint",
                      "save_checkpoint_epochs", "save_checkpoint_steps", "keep_checkpoint_max", "divergence_check_steps",
-                     "num_parallel_workers", "checkpoint_file_path", "export_file_name", "export_file_format",
-                     "export_batch_size"}
+                     *(f"divergence_{key}" for key in DIVERGENCE_KEYS), "num_parallel_workers",
+                     "checkpoint_file_path", "export_file_name", "export_file_format", "export_batch_size"}

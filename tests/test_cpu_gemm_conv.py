@@ -1,0 +1,173 @@
+"""The ``cpu_gemm_conv`` algorithm: nn.Conv2d swapped in place for im2col + GEMM on CPU.
+
+Outputs and gradients (input and weight) equal nn.Conv2d's to 1e-5 in both modes for the padding modes and strides
+the model zoo and the tutorials use (ResNet: 7x7/2 and 3x3/1, 3x3/2 and 1x1/2, as "same" or explicit "pad"), plus
+"valid", dilation and a bias; the swapped network keeps its Parameters and names, its checkpoint loads into the
+plain network; the rewrite is on at O1 on CPU, off when switched off, and changes nothing on other devices.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+
+import ms_boost
+from ms_boost.config import AutoBoost
+from ms_boost.cpu_gemm_conv import GemmConv2dSwap, restore_convolutions, swap_convolutions, swap_report
+from ms_boost.cpu_gemm_conv import spec as gemm_spec
+
+# (in, out, kernel, stride, pad_mode, padding, dilation, bias, input side)
+CASES = [
+    (3, 8, 7, 2, "same", 0, 1, False, 16),   # tutorial ResNet stem: asymmetric (2, 3) padding
+    (3, 8, 7, 2, "pad", 3, 1, False, 16),    # zoo ResNet stem
+    (4, 6, 3, 1, "same", 0, 1, False, 9),
+    (4, 6, 3, 2, "same", 0, 1, False, 10),   # asymmetric (0, 1)
+    (4, 6, 3, 2, "same", 0, 1, True, 9),     # odd side: symmetric (1, 1)
+    (4, 6, 3, 2, "pad", 1, 1, False, 10),
+    (4, 6, 1, 2, "same", 0, 1, False, 10),   # downsample 1x1/2
+    (4, 6, 1, 1, "valid", 0, 1, True, 8),
+    (4, 6, 3, 1, "valid", 0, 2, False, 11),  # dilation 2
+    (4, 6, 3, 1, "pad", (1, 2, 0, 1), 1, False, 9),  # asymmetric explicit padding
+]
+
+
+class _Grads(nn.Cell):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+        self.grad = ops.GradOperation(get_all=True, get_by_list=True)
+        self.weights = ms.ParameterTuple(conv.trainable_params())
+
+    def construct(self, x, dy):
+        def loss(inp):
+            return (self.conv(inp) * dy).sum()
+        return self.grad(loss, self.weights)(x)
+
+
+def _run(conv, x, dy):
+    out = conv(Tensor(x)).asnumpy()
+    (dx,), dparams = _Grads(conv)(Tensor(x), Tensor(dy))
+    return out, dx.asnumpy(), [g.asnumpy() for g in dparams]
+
+
+def _pads(pad_mode, padding, side, k, s, dilation):
+    """(top, bottom, left, right) as MindSpore's Conv2D pads: "same" puts the odd row/column after."""
+    if pad_mode == "valid":
+        return (0, 0, 0, 0)
+    if pad_mode == "pad":
+        return (padding,) * 4 if isinstance(padding, int) else tuple(padding)
+    total = max((-(-side // s) - 1) * s + (k - 1) * dilation + 1 - side, 0)
+    return (total // 2, total - total // 2) * 2
+
+
+def _numpy_conv(x, w, stride, pads, dilation):
+    """Reference cross-correlation (NCHW) with explicit (top, bottom, left, right) zero padding."""
+    x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[1]), (pads[2], pads[3])))
+    n, _, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    oh = (h - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, :, i * dilation:i * dilation + stride * (oh - 1) + 1:stride,
+                      j * dilation:j * dilation + stride * (ow - 1) + 1:stride]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"k{c[2]}s{c[3]}{c[4]}{c[5]}d{c[6]}{'b' if c[7] else ''}"
+                                             for c in CASES])
+def test_swapped_layer_equals_nn_conv2d_outputs_and_gradients(mode, case):
+    cin, cout, k, s, pad_mode, padding, dilation, bias, side = case
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, cin, side, side)).astype(np.float32)
+    plain = nn.Conv2d(cin, cout, k, stride=s, pad_mode=pad_mode, padding=padding, dilation=dilation,
+                      has_bias=bias, weight_init="normal", bias_init="normal")
+    swapped = nn.Conv2d(cin, cout, k, stride=s, pad_mode=pad_mode, padding=padding, dilation=dilation,
+                        has_bias=bias)
+    swapped.weight.set_data(plain.weight.data.copy())
+    if bias:
+        swapped.bias.set_data(plain.bias.data.copy())
+    weight_before = swapped.weight
+    assert swap_convolutions(swapped) == {"swapped": [""], "left": []}
+    assert type(swapped) is GemmConv2dSwap and swapped.weight is weight_before
+    out_ref = plain(Tensor(x)).asnumpy()
+    dy = rng.normal(size=out_ref.shape).astype(np.float32)
+    out_ref, dx_ref, dp_ref = _run(plain, x, dy)
+    out, dx, dp = _run(swapped, x, dy)
+    np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-5)
+    for g, g_ref in zip(dp, dp_ref):
+        np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-4)
+    # and both against an independent numpy cross-correlation (the padding Conv2D applies)
+    pads = _pads(pad_mode, padding, side, k, s, dilation)
+    ref = _numpy_conv(x.astype(np.float64), plain.weight.asnumpy().astype(np.float64), s, pads, dilation)
+    if bias:
+        ref += plain.bias.asnumpy().reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+class _Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, pad_mode="same", has_bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.grouped = nn.Conv2d(8, 8, 3, pad_mode="same", group=2)
+        self.relu = nn.ReLU()
+        self.head = nn.Dense(8, 4)
+
+    def construct(self, x):
+        x = self.grouped(self.relu(self.bn(self.stem(x))))
+        return self.head(x.mean(axis=(2, 3)))
+
+
+def _batches(n=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(Tensor(rng.normal(size=(4, 3, 8, 8)).astype(np.float32)),
+             Tensor(rng.integers(0, 4, 4).astype(np.int32))) for _ in range(n)]
+
+
+def test_o1_on_cpu_swaps_by_default_reports_the_layers_left_and_its_checkpoint_loads_into_the_plain_net(
+        mode, tmp_path):
+    ms.set_seed(3)
+    net = _Net()
+    names = [p.name for p in net.get_parameters()]
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = ms_boost.Model(net, loss_fn=loss, optimizer=nn.Momentum(net.trainable_params(), 0.05, 0.9),
+                           boost_level="O1", boost_config_dict={"less_bn": {"gc_flag": False, "fn_flag": False}})
+    data = ms.dataset.GeneratorDataset([(x.asnumpy(), y.asnumpy()) for x, y in _batches()], ["x", "y"])
+    model.train(1, data, dataset_sink_mode=False)
+    assert type(net.stem) is GemmConv2dSwap and type(net.grouped) is nn.Conv2d
+    assert swap_report(net) == {"swapped": ["stem"], "left": [("grouped", "group=2")]}
+    ckpt = str(tmp_path / "swapped.ckpt")
+    ms.save_checkpoint(net, ckpt)
+    plain = _Net()
+    assert [p.name for p in plain.get_parameters()] == names
+    assert ms.load_param_into_net(plain, ms.load_checkpoint(ckpt), strict_load=True) == ([], [])
+    x = _batches(1, seed=5)[0][0]
+    net.set_train(False)
+    plain.set_train(False)
+    np.testing.assert_allclose(plain(x).asnumpy(), net(x).asnumpy(), rtol=1e-5, atol=1e-5)
+    assert restore_convolutions(net) == ["stem"] and type(net.stem) is nn.Conv2d
+
+
+def test_switched_off_skipped_or_not_on_cpu_leaves_nn_conv2d(monkeypatch):
+    net = _Net()
+    boost = AutoBoost("O1", {"boost": {"mode": "manual", "less_bn": True, "cpu_gemm_conv": False}})
+    assert "cpu_gemm_conv" not in [s.name for s in boost.enabled_specs()]
+    assert "cpu_gemm_conv" in [s.name for s in AutoBoost("O1", {}).enabled_specs()]
+    assert "cpu_gemm_conv" in [s.name for s in AutoBoost("O2", {}).enabled_specs()]
+    assert "cpu_gemm_conv" not in [s.name for s in AutoBoost("O0", {}).enabled_specs()]
+    cfg = gemm_spec.CpuGemmConvConfig(skip=["stem"])
+    gemm_spec._rewrite_train(net, None, cfg, None)
+    assert type(net.stem) is nn.Conv2d
+    assert swap_report(net)["left"] == [("stem", "named in cpu_gemm_conv.skip"), ("grouped", "group=2")]
+    monkeypatch.setattr(gemm_spec, "_on_cpu", lambda: False)
+    other = _Net()
+    gemm_spec._rewrite_train(other, None, gemm_spec.CpuGemmConvConfig(), None)
+    assert type(other.stem) is nn.Conv2d and swap_report(other) == {"swapped": [], "left": []}
+    assert "off: device" in gemm_spec._describe(gemm_spec.CpuGemmConvConfig(), None)
+    with pytest.raises(ms_boost.validation.BoostConfigError, match=r"cpu_gemm_conv.skip' must be a list of layer"):
+        AutoBoost("O1", {"cpu_gemm_conv": {"skip": "stem"}})

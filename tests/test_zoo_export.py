@@ -1,0 +1,107 @@
+"""Exported models that run, and eval/export reading the network's shape from the checkpoint's run manifest.
+
+One LessBN (boost O1) checkpoint of a width-4 ResNet-10 on 16x16 images, trained for 2 steps, serves every test
+here: its MINDIR file loaded back with ``mindspore.load`` + ``nn.GraphCell`` and its ONNX file run by onnxruntime
+give the MindSpore network's outputs to 1e-4, with no shape key on the command line; a contradicting one, AIR off
+Ascend and an operator without an ONNX converter are clear errors. Every other recipe's checkpoint (O0, O2,
+THOR, dimension reduce) gets the same export check in tests/test_zoo_journey.py, which trains each one.
+"""
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from model_zoo.resnet import eval as zoo_eval
+from model_zoo.resnet import export as zoo_export
+from model_zoo.resnet import train as zoo_train
+from model_zoo.resnet.src.config import command_line_keys, parse_config
+from tests.helpers.exports import assert_exports_match
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "model_zoo" / "resnet" / "configs" / "resnet50_imagenet_boost_o1.yaml"  # resnet50 w64, 1001 classes
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("export_run")
+    data = ["--synthetic.cache_dir", str(out / "cache"), "--synthetic.image_size", "16",
+            "--synthetic.train_per_class", "2", "--synthetic.val_per_class", "1", "--num_parallel_workers", "1"]
+    with redirect_stdout(io.StringIO()):
+        results = zoo_train.main(["--config", str(RECIPE), "--device_target", "CPU", "--mode", "pynative",
+                                  "--net_name", "resnet10", "--base_width", "4", "--class_num", "10",
+                                  "--batch_size", "8", "--train_image_size", "16", "--eval_image_size", "16",
+                                  "--steps_per_epoch", "2", "--epoch_size", "1", "--output_path", str(out),
+                                  "--run_eval", "false", "--warmup_epochs", "0", "--save_checkpoint_steps", "2",
+                                  *data])
+    return results["last_checkpoint"], data
+
+
+def base_args(path) -> list:
+    """What a user gives to export the checkpoint: the recipe and the file, no shape key."""
+    return ["--config", str(RECIPE), "--device_target", "CPU", "--checkpoint_file_path", str(path)]
+
+
+def test_mindir_and_onnx_give_the_networks_outputs_without_shape_keys(checkpoint, tmp_path):
+    path, _ = checkpoint
+    assert_exports_match(base_args(path), tmp_path, classes=10)
+
+
+def test_eval_reads_the_shape_and_the_built_in_data_set_from_the_manifest_and_says_so(checkpoint, capsys):
+    path, data = checkpoint
+    result = zoo_eval.main(base_args(path) + ["--eval_batch_size", "10"])
+    out = capsys.readouterr().out
+    cache = data[data.index("--synthetic.cache_dir") + 1]
+    assert (f"eval.py: from the checkpoint's run manifest: net_name='resnet10', base_width=4, class_num=10, "
+            f"eval_image_size=16, synthetic.cache_dir={cache!r}, synthetic.image_size=16, "
+            f"synthetic.train_per_class=2, synthetic.val_per_class=1") in out
+    assert 0.0 <= result["top_1_accuracy"] <= result["top_5_accuracy"] <= 1.0
+    # the eval split of the run's own set: 10 classes x 1 image, so top-1 is a multiple of 1/10
+    assert round(result["top_1_accuracy"] * 10, 6) == int(round(result["top_1_accuracy"] * 10))
+    # a data key given on the command line wins over the manifest's
+    zoo_eval.main(base_args(path) + ["--eval_batch_size", "10", "--synthetic.val_per_class", "2"])
+    assert "synthetic.val_per_class" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key,value,recorded", [("net_name", "resnet18", "'resnet10'"), ("base_width", "8", "4"),
+                                                ("class_num", "1001", "10")])
+def test_a_command_line_shape_that_contradicts_the_manifest_is_refused_naming_both(checkpoint, tmp_path, key, value,
+                                                                                  recorded):
+    path, _ = checkpoint
+    args = base_args(path) + [f"--{key}", value, "--export_file_name", str(tmp_path / "net")]
+    with pytest.raises(ValueError) as err:
+        zoo_export.main(args)
+    message = str(err.value)
+    assert message.startswith(f"--{key} ") and f"contradicts checkpoint {str(path)!r}" in message
+    assert f"records {key}={recorded}" in message and "recipe 'resnet50_imagenet_boost_o1'" in message
+    # the manifest's own value, given explicitly, is fine
+    agreeing = {"net_name": "resnet10", "base_width": "4", "class_num": "10"}[key]
+    with redirect_stdout(io.StringIO()):
+        assert zoo_export.main(base_args(path) + [f"--{key}", agreeing, "--export_file_name",
+                                                  str(tmp_path / "net")]).is_file()
+
+
+def test_formats_that_cannot_hold_the_network_are_clear_errors(checkpoint, tmp_path, monkeypatch):
+    path, _ = checkpoint
+    args = base_args(path) + ["--export_file_name", str(tmp_path / "net")]
+    with pytest.raises(ValueError, match=r"^export_file_format='AIR' cannot be written here: MindSpore writes AIR "
+                                         r"only on an Ascend device, this process runs on CPU; export MINDIR"):
+        zoo_export.main(args + ["--export_file_format", "AIR"])
+    # without the stem's ONNX-friendly pool the network holds MaxPool3DWithArgmax, which has no ONNX converter
+    monkeypatch.setattr(zoo_export, "onnx_exportable", lambda net: net)
+    with pytest.raises(ValueError, match=r"^export_file_format='ONNX' cannot hold this network: MindSpore has no "
+                                         r"ONNX converter for its operator MaxPool3DWithArgmax; export MINDIR"):
+        zoo_export.main(args + ["--export_file_format", "ONNX"])
+    assert not (tmp_path / "net.onnx").exists()
+    with pytest.raises(ValueError, match=r"export_file_format='TFLITE' is not allowed; allowed: MINDIR, AIR, ONNX"):
+        zoo_export.main(args + ["--export_file_format", "TFLITE"])
+
+
+def test_command_line_keys_are_the_overrides_given():
+    cfg = parse_config(["--config", str(RECIPE), "--net_name", "resnet18", "--synthetic.image_size=8",
+                        "--run_eval"], RECIPE)
+    assert command_line_keys(cfg) == {"net_name", "synthetic.image_size", "run_eval"}
+    assert command_line_keys(cfg.replace(base_width=8)) == {"net_name", "synthetic.image_size", "run_eval"}
+    assert command_line_keys(parse_config([], RECIPE)) == frozenset()
