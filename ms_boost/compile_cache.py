@@ -46,9 +46,11 @@ def _is_constant(value) -> bool:
 
 
 def constant_settings(obj, private: bool = False) -> str:
-    """What of ``obj`` a compiled graph can hold as constants: its class, its Python scalars (and tuples of
-    them; the ``_``-prefixed ones too when ``private``), and what its ``compile_settings()`` returns when it
-    has one."""
+    """What of ``obj`` a compiled graph can hold as constants.
+
+    its class, its Python scalars (and tuples of them; the ``_``-prefixed ones too when ``private``), and what its
+    ``compile_settings()`` returns when it has one.
+    """
     cls = type(obj)
     items = sorted((k, repr(v)) for k, v in vars(obj).items()
                    if (private or not k.startswith("_")) and _is_constant(v))
@@ -57,8 +59,10 @@ def constant_settings(obj, private: bool = False) -> str:
 
 
 def optimizer_settings(optimizer) -> str:
-    """:func:`constant_settings` of ``optimizer`` (public attributes: an optimizer's private ones hold
-    per-instance bookkeeping, which would make every run's key new)."""
+    """:func:`constant_settings` of ``optimizer``, public attributes only.
+
+    An optimizer's private attributes hold per-instance bookkeeping, which would make every run's key new.
+    """
     return "optimizer: none" if optimizer is None else f"optimizer: {constant_settings(optimizer)}"
 
 

@@ -17,7 +17,7 @@ import copy
 import os
 import warnings
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from ms_boost import registry
 from ms_boost.spec import AlgorithmSpec, BuildContext, CommonConfig, build_section, call_hook, section_dict, single_hook
@@ -32,9 +32,12 @@ _LEVEL_NAMES = ("O0", "O1", "O2")
 
 
 def __getattr__(name: str) -> Any:
-    """``SWITCHES`` (the built-in switches, in upstream's order; registered algorithms add their own names) and
-    ``LEVELS`` (the built-in switches each level turns on, a read-only view; a registered spec lists its own
-    levels), read from the registry when asked, so they never depend on import order."""
+    """``SWITCHES`` and ``LEVELS``, read from the registry when asked (never dependent on import order).
+
+    ``SWITCHES``: the built-in switches, in upstream's order (registered algorithms add their own names).
+    ``LEVELS``: the built-in switches each level turns on, a read-only view (a registered spec lists its own
+    levels).
+    """
     builtins = registry.builtin_specs()
     if name == "SWITCHES":
         return tuple(spec.name for spec in builtins)
@@ -118,7 +121,7 @@ class AutoBoost:
 
         self.level = level
         self.mode = mode
-        self.notes = []  # human-readable record of every adjustment made while resolving
+        self.notes: List[str] = []  # human-readable record of every adjustment made while resolving
         switches = {spec.name: level in spec.levels for spec in self.specs}
         if mode == "manual":
             switches.update(user_switches)
@@ -154,16 +157,21 @@ class AutoBoost:
 
     # -- resolution helpers ------------------------------------------------------------------------
     def _note(self, text: str, warn: bool = True) -> None:
-        """Record a note for :meth:`summary` (logged when training starts); ``warn``: also warn now (the
-        user asked for something that does not happen)."""
+        """Record a note for :meth:`summary` (logged when training starts).
+
+        ``warn``: also warn now (the user asked for something that does not happen).
+        """
         self.notes.append(text)
         if warn:
             warnings.warn(f"ms_boost: {text}", UserWarning, stacklevel=3)
 
     def _apply_exclusivity(self, switches: Dict[str, bool], explicit: Mapping[str, bool]) -> None:
-        """A spec that runs alone (dim_reduce before thor: lower order first) switches every other off; a
-        spec's ``excludes`` switch those off. Switching off what the user asked for explicitly warns;
-        switching off what only came from the level's defaults is noted in the summary."""
+        """Switch off what the enabled specs exclude.
+
+        A spec that runs alone (dim_reduce before thor: lower order first) switches every other off; a spec's
+        ``excludes`` switch those off. Switching off what the user asked for explicitly warns; switching off what
+        only came from the level's defaults is noted in the summary.
+        """
         ordered = sorted(self.specs, key=lambda spec: spec.order)
         for spec in ordered:
             if switches.get(spec.name) and spec.runs_alone:

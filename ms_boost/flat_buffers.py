@@ -11,7 +11,7 @@ layouts (offsets, sizes, shapes, padding) are Python constants computed once on 
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -22,21 +22,20 @@ __all__ = ["flat_layout", "flatten_tensors", "pad_and_flatten", "split_flat", "a
 Layout = Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[Tuple[int, ...], ...]]
 
 
-def flat_layout(shapes: Sequence[Sequence[int]], starts: Sequence[int] = None) -> Layout:
+def flat_layout(shapes: Sequence[Sequence[int]], starts: Optional[Sequence[int]] = None) -> Layout:
     """``(starts, sizes, shapes)`` of tensors of the given shapes in a flat buffer (Python ints).
 
     Args:
         shapes: shape of each tensor, in buffer order.
         starts: where each tensor starts (e.g. padded to whole chunks); default consecutive.
     """
-    shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
-    sizes = tuple(int(np.prod(shape, dtype=np.int64)) for shape in shapes)
-    if starts is None:
-        starts = np.cumsum((0,) + sizes, dtype=np.int64)[:-1]
-    starts = tuple(int(s) for s in starts)
-    if len(starts) != len(shapes):
-        raise ValueError(f"flat_layout: {len(starts)} starts for {len(shapes)} shapes.")
-    return starts, sizes, shapes
+    dims = tuple(tuple(int(d) for d in shape) for shape in shapes)
+    sizes = tuple(int(np.prod(shape, dtype=np.int64)) for shape in dims)
+    given = np.cumsum((0,) + sizes, dtype=np.int64)[:-1] if starts is None else starts
+    begins = tuple(int(s) for s in given)
+    if len(begins) != len(dims):
+        raise ValueError(f"flat_layout: {len(begins)} starts for {len(dims)} shapes.")
+    return begins, sizes, dims
 
 
 def flatten_tensors(tensors: Sequence[Tensor]) -> Tensor:
@@ -53,8 +52,10 @@ def pad_and_flatten(tensors: Sequence[Tensor], pads: Tuple[int, ...], tail: int 
 
 
 def split_flat(flat: Tensor, layout: Layout) -> Tuple[Tensor, ...]:
-    """Cut ``flat`` into the tensors of ``layout`` (a :func:`flat_layout`): the inverse of
-    :func:`flatten_tensors` / :func:`pad_and_flatten`."""
+    """Cut ``flat`` into the tensors of ``layout`` (a :func:`flat_layout`).
+
+    the inverse of :func:`flatten_tensors` / :func:`pad_and_flatten`.
+    """
     starts, sizes, shapes = layout
     return _MAP(ops.partial(_cut, flat), starts, sizes, shapes)
 

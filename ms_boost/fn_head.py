@@ -83,6 +83,7 @@ class CommonHeadLastFN(nn.Cell):
         self.matmul = ops.MatMul(transpose_b=True)
 
     def construct(self, x):
+        """The logits ``multiplier * normalize(x) @ normalize(W).T``."""
         dtype = x.dtype
         features = l2_normalize(x.astype(mstype.float32), 1)
         weight = l2_normalize(self.weight.astype(mstype.float32), 1)
@@ -92,4 +93,5 @@ class CommonHeadLastFN(nn.Cell):
         return (self.multiplier * out).astype(dtype)
 
     def extend_repr(self):
+        """The cell's repr: its sizes."""
         return f"in_channels={self.in_channels}, out_channels={self.out_channels}, has_bias={self.has_bias}"

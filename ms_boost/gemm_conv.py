@@ -62,9 +62,11 @@ def output_size(in_hw: Sequence[int], kernel_size: Sequence[int], stride: Sequen
 
 
 def _product(weight_matrix: Tensor, columns: Tensor, out_shape: tuple) -> Tensor:
-    """``weight_matrix (O, K) @ columns (N, K, L)`` as ``out_shape`` ``(N, O, H_out, W_out)``, in the lower of
-    the two precisions (PyNative mixed precision casts a layer's input, not its float32 weight); the batch is
-    folded into the columns when ``L < O`` (see the module docstring)."""
+    """``weight_matrix (O, K) @ columns (N, K, L)`` as ``out_shape`` ``(N, O, H_out, W_out)``.
+
+    Computed in the lower of the two precisions (PyNative mixed precision casts a layer's input, not its float32
+    weight); the batch is folded into the columns when ``L < O`` (see the module docstring).
+    """
     if columns.dtype != weight_matrix.dtype:
         if weight_matrix.dtype == ms.float32:
             weight_matrix = weight_matrix.astype(columns.dtype)

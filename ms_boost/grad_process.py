@@ -1,4 +1,4 @@
-"""Optimizer and parameter processing for boost: gradient centralization and parameter groups.
+r"""Optimizer and parameter processing for boost: gradient centralization and parameter groups.
 
 Two upstream-compatible helper classes live here:
 
@@ -12,7 +12,7 @@ centred version, the mean being taken over every axis except the output-channel 
 
 .. math::
 
-    \\hat g_{o,\\cdot} = g_{o,\\cdot} - \\frac{1}{|I|}\\sum_{i \\in I} g_{o,i}
+    \hat g_{o,\cdot} = g_{o,\cdot} - \frac{1}{|I|}\sum_{i \in I} g_{o,i}
 
 where ``I`` runs over all the other axes (input channels and kernel positions of a convolution
 ``(C_out, C_in, k_h, k_w)``, input features of a dense weight ``(C_out, C_in)``).
@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn
@@ -199,9 +199,12 @@ def _scalar(value):
 
 
 def recovered_groups(opt: nn.Optimizer) -> List[dict]:
-    """Parameter groups of an optimizer that did not record its argument, rebuilt from its per-parameter
-    ``group_lr``, ``group_weight_decay`` and ``group_grad_centralization``: parameters with equal settings
-    share a group, and an ``order_params`` group keeps the optimizer's parameter order."""
+    """Parameter groups of an optimizer that did not record its argument.
+
+    They are rebuilt from its per-parameter ``group_lr``, ``group_weight_decay`` and
+    ``group_grad_centralization``: parameters with equal settings share a group, and an ``order_params`` group
+    keeps the optimizer's parameter order.
+    """
     params = list(opt.parameters)
     lrs = list(opt.learning_rate) if getattr(opt, "is_group_lr", False) else [None] * len(params)
     decays = opt.weight_decay if isinstance(opt.weight_decay, (list, tuple)) else [opt.weight_decay] * len(params)
@@ -217,15 +220,17 @@ def recovered_groups(opt: nn.Optimizer) -> List[dict]:
 
 
 def recovered_init_args(opt: nn.Optimizer) -> dict:
-    """Constructor arguments of an optimizer built without ``@opt_init_args_register``, read back from the
-    instance: every argument of its class's ``__init__`` (except ``params`` and ``learning_rate``) must be an
-    attribute of the same name (one-element Tensors become numbers).
+    """Constructor arguments of an optimizer built without ``@opt_init_args_register``, read back from the instance.
+
+    every argument of its class's ``__init__`` (except ``params`` and ``learning_rate``) must be an attribute of the
+    same name (one-element Tensors become numbers).
 
     Raises:
         TypeError: an argument the instance does not keep (its value cannot be known).
     """
     signature = inspect.signature(type(opt).__init__)
-    args, missing = {}, []
+    args: Dict[str, Any] = {}
+    missing: List[str] = []
     for name, spec in signature.parameters.items():
         if name in ("self", "params", "learning_rate") or spec.kind in (spec.VAR_POSITIONAL, spec.VAR_KEYWORD):
             continue
@@ -252,8 +257,11 @@ def recovered_init_args(opt: nn.Optimizer) -> dict:
 
 
 def _constructor_args(recorded: dict) -> dict:
-    """``init_args`` as keyword arguments: ``@opt_init_args_register`` records a ``**kwargs`` argument under the
-    key ``kwargs`` (``nn.Adam``) and ``*args`` under ``args``; they are passed on unpacked."""
+    """``init_args`` as keyword arguments.
+
+    ``@opt_init_args_register`` records a ``**kwargs`` argument under the key ``kwargs`` (``nn.Adam``) and ``*args``
+    under ``args``; they are passed on unpacked.
+    """
     args = dict(recorded)
     extra = args.pop("kwargs", None)
     if isinstance(extra, dict):
@@ -467,10 +475,10 @@ class ParameterProcess:
                 by_id[id(param)] = index
                 by_name[param.name] = index
         members: List[list] = [[] for _ in groups]
-        new = []
+        new: List[Parameter] = []
         for param in parameters:
-            index = by_id.get(id(param), by_name.get(param.name))
-            (new if index is None else members[index]).append(param)
+            slot = by_id.get(id(param), by_name.get(param.name))
+            (new if slot is None else members[slot]).append(param)
         out = [{**_group_settings(group), "params": members[i]} for i, group in enumerate(groups) if members[i]]
         if new:
             out.append({"params": new})

@@ -50,8 +50,10 @@ def non_finite_count(grads) -> Tensor:
 
 
 def forward_non_finite(loss, buffers=None) -> Tensor:
-    """What a forward pass wrote that is not finite: 1 for a non-finite loss, plus one per buffer (BatchNorm
-    moving statistics updated by that pass) holding an inf or NaN; a float32 scalar.
+    """What a forward pass wrote that is not finite.
+
+    1 for a non-finite loss, plus one per buffer (BatchNorm moving statistics updated by that pass) holding an inf or
+    NaN; a float32 scalar.
 
     Read after the forward pass: the buffers' new values are checked, the ones the update would keep.
     """
@@ -95,12 +97,14 @@ class FixedLossScaler(LossScaler):
         self.overflow_reduce = comm.AllReduce("sum")  # non-finite gradients, summed over the ranks
 
     def unscale(self, scale, grads, forward_bad=0.0) -> Tuple[Any, Tensor]:
+        """``(grads / scale, overflow)``; overflow counts non-finite gradients and ``forward_bad`` over every rank."""
         grads = scale_gradients(ops.reciprocal(scale), grads)
         bad = non_finite_count(grads) + forward_bad
         overflow = self.overflow_reduce(ops.reshape(bad, (1,)))[0] > 0.5
         return grads, overflow
 
     def construct(self, scale, grads, forward_bad=0.0):
+        """``(grads, overflow)`` for the fixed scale."""
         return self.unscale(scale, grads, forward_bad)
 
 
@@ -112,6 +116,7 @@ class DynamicLossScaler(FixedLossScaler):
         self.update_cell = update_cell
 
     def construct(self, scale, grads, forward_bad=0.0):
+        """``(grads, overflow)``, then the update cell updates the scale (and returns the overflow flag)."""
         grads, overflow = self.unscale(scale, grads, forward_bad)
         overflow = self.update_cell(scale, overflow)
         return grads, overflow
@@ -125,9 +130,11 @@ class GroupLossScaler(LossScaler):
         self.manager = manager.bind(weights)  # learns the order of the gradients
 
     def state_parameters(self) -> Sequence[Parameter]:
+        """The manager's scales and counters (an overflow back-off must stick, so they are never restored)."""
         return tuple(self.manager.get_parameters())
 
     def construct(self, scale, grads, forward_bad=None):
+        """The manager unscales every group by its own scale and updates the scales."""
         return self.manager.unscale_and_update(grads, forward_bad)
 
 

@@ -199,8 +199,10 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
 
 
 class _PendingAutotune(nn.Cell):
-    """The train network of a ``boost_level="auto"`` Model before its trial: ``train`` (or ``autotune``) builds
-    the real one."""
+    """The train network of a ``boost_level="auto"`` Model before its trial.
+
+    ``train`` (or ``autotune``) builds the real one.
+    """
 
     def construct(self, *inputs):
         raise RuntimeError("Model(boost_level='auto'): the plan is chosen when train() starts (or call "
@@ -289,8 +291,10 @@ class Model(_MsModel):
         return _build(network, self._optimizer, self._loss_fn, self._amp_level, self.boost, amp_kwargs)
 
     def _plan_text(self) -> str:
-        """The boost plan's summary, plus the optimizer's own note when the user gave it (a THOR from ``thor()``:
-        the plan alone would read as a plain training step)."""
+        """The boost plan's summary, plus the optimizer's own note when the user gave it.
+
+        A THOR from ``thor()`` has one: the plan alone would read as a plain training step.
+        """
         text = self.boost.summary()
         if self._optimizer is None and self.boost.is_active:
             text += ("\n  note: Model has no optimizer: only the evaluation rewrites were applied, and no boost "
@@ -306,9 +310,10 @@ class Model(_MsModel):
 
     # -- autotune --------------------------------------------------------------------------------
     def autotune(self, train_dataset, epochs: int, steps_per_epoch: Optional[int] = None) -> AutotuneReport:
-        """Run the ``boost_level="auto"`` trial for a planned run of ``epochs`` epochs and build the train network
-        with the pick (``train`` calls this itself when it has not run). The network and optimizer keep their
-        starting weights and state: the trial trains copies.
+        """Run the ``boost_level="auto"`` trial for a planned run of ``epochs`` epochs; build the pick's network.
+
+        ``train`` calls this itself when it has not run. The network and optimizer keep their starting weights and
+        state: the trial trains copies.
 
         Returns:
             The :class:`~ms_boost.autotune.AutotuneReport` (also ``model.autotune_report``).
@@ -346,7 +351,8 @@ class Model(_MsModel):
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
         """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
 
-        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train."""
+        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train.
+        """
         if self._auto_config is not None and self.autotune_report is None:
             per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
             self.autotune(train_dataset, max(1, int(epoch) - int(initial_epoch)), steps_per_epoch=per_epoch)

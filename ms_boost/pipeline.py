@@ -53,8 +53,11 @@ def rewrite_eval(boost: AutoBoost, network: nn.Cell, ctx: Optional[BuildContext]
 
 
 def build_reducer(boost: AutoBoost, weights: Sequence[Any], ctx: BuildContext) -> comm.GradReducer:
-    """The data-parallel gradient reducer: an enabled spec's ``reducer`` (data-parallel runs only), else
-    the mean over ``topology.degree`` ranks (identity in stand-alone mode or on one rank)."""
+    """The data-parallel gradient reducer.
+
+    an enabled spec's ``reducer`` (data-parallel runs only), else the mean over ``topology.degree`` ranks (identity in
+    stand-alone mode or on one rank).
+    """
     topology = ctx.topology
     spec = single_hook(boost.enabled_specs(), "reducer")
     if topology.data_parallel and spec is not None:

@@ -26,8 +26,10 @@ _BUILTIN_NAMES: List[str] = []
 
 
 def register_builtin(spec: AlgorithmSpec) -> AlgorithmSpec:
-    """Register a built-in algorithm (:mod:`ms_boost.builtins` calls this once per built-in, in upstream's switch
-    order, which is the display order of the switches); it can never be removed or shadowed.
+    """Register a built-in algorithm; it can never be removed or shadowed.
+
+    :mod:`ms_boost.builtins` calls this once per built-in, in upstream's switch order (the display order of the
+    switches).
 
     Raises:
         ValueError: as :func:`register_algorithm`.
@@ -112,7 +114,7 @@ def unregister_algorithm(name: str) -> AlgorithmSpec:
 
 @contextlib.contextmanager
 def registered(spec: AlgorithmSpec) -> Iterator[AlgorithmSpec]:
-    """``with registered(SPEC): ...`` -- the algorithm is registered inside the block only (tests)."""
+    """Register ``spec`` for the duration of a ``with`` block only (tests)."""
     register_algorithm(spec)
     try:
         yield spec

@@ -25,7 +25,7 @@ import dataclasses
 import inspect
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from mindspore import nn
 
@@ -206,7 +206,7 @@ class AlgorithmSpec:
     reducer: Optional[Callable[..., Any]] = None
     apply: Optional[Callable[..., Any]] = None
     stage: Optional[Callable[..., Any]] = None
-    describe: Optional[Callable[..., Optional[str]]] = None
+    describe: Optional[Callable[..., Union[None, str, Tuple[str, str]]]] = None
     apply_text: Optional[str] = None
     check_model: Optional[Callable[..., None]] = None
     warn_config: Optional[Callable[..., Optional[str]]] = None

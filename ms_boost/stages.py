@@ -36,8 +36,10 @@ __all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_
 
 
 def runs_as_python() -> bool:
-    """True when a Cell's ``construct`` runs as Python, step by step (PyNative mode, or Graph mode with
-    ``MS_JIT=0``), so host-side decisions can be made per step."""
+    """True when a Cell's ``construct`` runs as Python, step by step.
+
+    That is PyNative mode, or Graph mode with ``MS_JIT=0``: host-side decisions can then be made per step.
+    """
     return ms.get_context("mode") != ms.GRAPH_MODE or os.getenv("MS_JIT") == "0"
 
 
@@ -95,22 +97,27 @@ class OptimizerUpdate(UpdateStage):
         self.gradient_scale = 1.0
 
     def transient_parameters(self) -> Sequence[Parameter]:
+        """The optimizer's transient Parameters when it offers the hooks."""
         if isinstance(self.optimizer, StageHooks):
             return tuple(self.optimizer.transient_parameters())
         return ()
 
     def bind_loss_scale(self, loss_scale: Parameter) -> None:
+        """Hand the live loss scale to the optimizer when it offers the hooks."""
         if isinstance(self.optimizer, StageHooks):
             self.optimizer.bind_loss_scale(loss_scale)
 
     def plan_step(self) -> Optional[Tuple[bool, ...]]:
+        """The optimizer's plan for this step when it offers the hooks, else None."""
         return self.optimizer.plan_step() if isinstance(self.optimizer, StageHooks) else None
 
     def end_step(self) -> None:
+        """Forward the end of the step to the optimizer when it offers the hooks."""
         if isinstance(self.optimizer, StageHooks):
             self.optimizer.end_step()
 
     def construct(self, loss, grads, *inputs):
+        """Apply the optimizer (the gradients times ``gradient_scale`` first, when it is not 1)."""
         if self.gradient_scale != 1.0:
             grads = scale_gradients(Tensor(self.gradient_scale, ms.float32), grads)
         return self.optimizer(grads)
@@ -128,8 +135,10 @@ def _scale_tensor(factor, grad):
 
 
 def scale_gradients(factor, grads):
-    """Every gradient of the tuple ``grads`` times the scalar Tensor ``factor`` (cast to each gradient's dtype);
-    usable in PyNative and inside Graph-mode constructs."""
+    """Every gradient of the tuple ``grads`` times the scalar Tensor ``factor``.
+
+    ``factor`` is cast to each gradient's dtype; usable in PyNative and inside Graph-mode constructs.
+    """
     return _MAP(ops.partial(_scale_by, factor), grads)
 
 
@@ -181,8 +190,9 @@ class OptimizerHooks:
         return 1.0
 
     def schedule_parameters(self) -> Sequence[Parameter]:
-        """Parameters holding a per-step schedule computed from the configuration (learning rates, THOR's damping):
-        a resumed run keeps its own values for them (its schedule may be longer); the step counter is the position.
+        """Parameters holding a per-step schedule computed from the configuration (learning rates, THOR's damping).
+
+        A resumed run keeps its own values for them (its schedule may be longer); the step counter is the position.
         """
         return ()
 
@@ -208,8 +218,10 @@ class _PlainOptimizerHooks(OptimizerHooks):
 
 
 def learning_rate_parameters(optimizer: Any) -> Tuple[Parameter, ...]:
-    """The Parameters holding an ``nn.Optimizer``'s learning rate(s) (a per-step array is a cell holding one);
-    ``()`` for anything else."""
+    """The Parameters holding an ``nn.Optimizer``'s learning rate(s); ``()`` for anything else.
+
+    A per-step array is a cell holding one.
+    """
     if not isinstance(optimizer, nn.Optimizer):
         return ()
     rates = optimizer.learning_rate
@@ -238,8 +250,10 @@ def register_optimizer_hooks(optimizer_class: type, adapter: Callable[[Any], Opt
 
 
 def optimizer_hooks(optimizer: Any) -> OptimizerHooks:
-    """The :class:`OptimizerHooks` of ``optimizer``: itself when it subclasses them, its class's registered
-    adapter, else the plain defaults."""
+    """The :class:`OptimizerHooks` of ``optimizer``.
+
+    itself when it subclasses them, its class's registered adapter, else the plain defaults.
+    """
     if isinstance(optimizer, OptimizerHooks):
         return optimizer
     for cls in type(optimizer).__mro__:

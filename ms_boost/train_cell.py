@@ -50,8 +50,11 @@ def build_reducer(boost: AutoBoost, weights, topology: Optional[Topology] = None
 
 
 class _ScaledLoss(nn.Cell):
-    """``(sens * loss, loss)`` of the loss network: differentiated with ``has_aux`` (gradients of the first
-    output only), one forward pass gives the loss and the gradients with ``sens`` as sensitivity."""
+    """``(sens * loss, loss)`` of the loss network.
+
+    differentiated with ``has_aux`` (gradients of the first output only), one forward pass gives the loss and the
+    gradients with ``sens`` as sensitivity.
+    """
 
     def __init__(self, network: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -101,6 +104,7 @@ class BoostTrainOneStepCell(nn.Cell):
         self.enable_dim_reduce = bool(self.boost.boost_config.get("dim_reduce"))
 
     def __call__(self, *args, **kwargs):
+        """Run the step; in PyNative mode, ask the update chain first which gradients this step reads."""
         # PyNative only: ask the update chain which gradients this step reads before the forward pass, so that
         # loss_and_grads differentiates only those weights (Graph mode compiles one step for every case).
         if not (isinstance(self.update, StageHooks) and runs_as_python()):
@@ -130,8 +134,10 @@ class BoostTrainOneStepCell(nn.Cell):
         return loss, grads
 
     def _loss_and_planned_grads(self, inputs, sens):
-        """PyNative: :meth:`loss_and_grads` differentiating only the weights ``_grad_mask`` marks; the other
-        gradients are zeros the update does not read (the reducer and loss scaler see the usual tuple)."""
+        """PyNative: :meth:`loss_and_grads` differentiating only the weights ``_grad_mask`` marks.
+
+        The other gradients are zeros the update does not read (the reducer and loss scaler see the usual tuple).
+        """
         mask = self._grad_mask
         wanted = [w for w, keep in zip(self.weights, mask) if keep]
         (_, loss), part = ops.value_and_grad(self.scaled_loss, None, wanted, has_aux=True)(inputs, sens)
@@ -140,6 +146,7 @@ class BoostTrainOneStepCell(nn.Cell):
         return loss, grads
 
     def construct(self, *inputs):
+        """One training step on ``inputs``; returns the loss."""
         loss, grads = self.loss_and_grads(inputs, self.sens_tensor)
         grads = self.reducer(grads)
         loss = ops.depend(loss, self.update(loss, grads, *inputs))
@@ -161,8 +168,10 @@ class BoostTrainOneStepCell(nn.Cell):
         return self.construct(*inputs)
 
     def gradient_accumulation_process(self, loss, grads, sens, *inputs):
-        """Run this cell's update pipeline (accumulation, AdaSum, DimReduce or the optimizer, as the plan says)
-        on gradients the caller computed (and reduced across ranks) with sensitivity ``sens``; returns the loss.
+        """Run this cell's update pipeline on gradients the caller computed with sensitivity ``sens``.
+
+        The pipeline is accumulation, AdaSum, DimReduce or the optimizer, as the plan says; the gradients were
+        reduced across ranks by the caller. Returns the loss.
 
         The gradients are divided by ``sens`` first: the stages work on the gradients of the loss itself.
         """
@@ -170,9 +179,11 @@ class BoostTrainOneStepCell(nn.Cell):
         return ops.depend(loss, self.update(loss, grads, *inputs))
 
     def adasum_process(self, loss, grads):
-        """Run this cell's update pipeline on reduced gradients (with AdaSum on: the optimizer step, then the
-        servers' weight deltas combined); returns the loss. Stages that need the network inputs (DimReduce)
-        need :meth:`gradient_accumulation_process`."""
+        """Run this cell's update pipeline on reduced gradients; returns the loss.
+
+        With AdaSum on: the optimizer step, then the servers' weight deltas combined. Stages that need the network
+        inputs (DimReduce) need :meth:`gradient_accumulation_process`.
+        """
         return ops.depend(loss, self.update(loss, grads))
 
 
@@ -244,6 +255,7 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         self.scale_sense.set_data(Tensor(float(value), ms.float32))
 
     def construct(self, *inputs):
+        """One training step with loss scaling; returns ``(loss, overflow, loss_scale)``."""
         if self.has_buffers:
             inputs = ops.depend(inputs, _hyper_map(_copy_into, self.buffer_shadows, self.buffers))
         scaling_sens = self.scale_sense

@@ -1,5 +1,8 @@
-"""Old name of :mod:`ms_boost.stages` (the update stages and the hook protocols), kept for code that imports
-``ms_boost.update`` (``from ms_boost.update import UpdateStage`` as the earlier docs showed)."""
+"""Old name of :mod:`ms_boost.stages` (the update stages and the hook protocols).
+
+Kept for code that imports ``ms_boost.update`` (``from ms_boost.update import UpdateStage``, as the earlier docs
+showed).
+"""
 from __future__ import annotations
 
 from ms_boost.stages import (

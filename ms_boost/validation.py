@@ -96,8 +96,10 @@ def check_int(path: str, value: Any, low: Optional[int] = None, high: Optional[i
 
 def check_float(path: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
                 low_open: bool = False, high_open: bool = False) -> float:
-    """``float(value)`` if it is a finite real number in the interval (ints and numpy numbers accepted, bools
-    not)."""
+    """``float(value)`` if it is a finite real number in the interval.
+
+    Ints and numpy numbers are accepted, bools are not.
+    """
     if isinstance(value, (np.integer, np.floating)):
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -224,8 +226,10 @@ MAX_FILE_VALUES = 100_000
 
 
 def count_values(data: Any, limit: int) -> int:
-    """Values in ``data`` (mappings, lists and scalars) with shared objects (YAML aliases) counted each time
-    they appear; stops counting past ``limit``."""
+    """Values in ``data`` (mappings, lists and scalars); stops counting past ``limit``.
+
+    Shared objects (YAML aliases) are counted each time they appear.
+    """
     count, stack = 0, [data]
     while stack and count <= limit:
         item = stack.pop()

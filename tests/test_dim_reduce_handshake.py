@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from ms_boost import comm
 from ms_boost.dim_reduce import handshake
 
 
@@ -51,12 +52,12 @@ def test_a_rank_that_arrived_but_is_slow_is_named_as_such():
 def test_store_address_from_the_msrun_environment(monkeypatch):
     for name in ("MS_SCHED_HOST", "MS_SCHED_PORT", "MS_BOOST_STORE_PORT"):
         monkeypatch.delenv(name, raising=False)
-    assert handshake._store_address() is None  # no msrun: the collective exchange is used
+    assert comm.status_store_address() is None  # no msrun: the collective exchange is used
     monkeypatch.setenv("MS_SCHED_HOST", "10.0.0.1")
     monkeypatch.setenv("MS_SCHED_PORT", "8118")
-    assert handshake._store_address() == ("10.0.0.1", 8119)
+    assert comm.status_store_address() == ("10.0.0.1", 8119)
     monkeypatch.setenv("MS_BOOST_STORE_PORT", "9000")
-    assert handshake._store_address() == ("10.0.0.1", 9000)
+    assert comm.status_store_address() == ("10.0.0.1", 9000)
     monkeypatch.setenv("MS_BOOST_STORE_PORT", "\u0669000")
     with pytest.raises(ValueError, match=r"MS_BOOST_STORE_PORT='\u0669000' is not a port number"):
-        handshake._store_address()
+        comm.status_store_address()

@@ -43,6 +43,7 @@ class AdaSum(nn.Cell):
         self.reduce = AdaSumReduce([p.shape for p in self.parameter_tuple], device_number)
 
     def construct(self, delta_weights, parameters, old_parameters):
+        """Combine the servers' updates: write the AdaSum of the weight deltas into ``parameters``."""
         combined = self.reduce(delta_weights)
         out = ()
         for i in range(len(self.parameter_tuple)):

@@ -5,7 +5,7 @@ Pure Python, computed when the stage is built (see :mod:`ms_boost.adasum` for th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,12 +49,12 @@ class AdaSumLevel:
 
 
 def adasum_schedule(num_servers: int) -> Tuple[AdaSumLevel, ...]:
-    """The AdaSum reduction tree over ``num_servers`` contiguous blocks, level by level.
+    r"""The AdaSum reduction tree over ``num_servers`` contiguous blocks, level by level.
 
     At each level, blocks ``(2i, 2i+1)`` merge; with an odd count the last block is carried up.
     ``adasum_schedule(4)`` pairs ``(0,1)`` and ``(2,3)``, then ``(0,1)`` with ``(2,3)``;
     ``adasum_schedule(3)`` pairs ``(0,1)`` (carrying ``2``), then ``(0,1)`` with ``(2,)``.
-    There are :math:`\\lceil \\log_2 n \\rceil` levels and :math:`n - 1` merges in all.
+    There are :math:`\lceil \log_2 n \rceil` levels and :math:`n - 1` merges in all.
 
     Args:
         num_servers: number of leaves (servers), >= 1.
@@ -70,7 +70,7 @@ def adasum_schedule(num_servers: int) -> Tuple[AdaSumLevel, ...]:
         raise TypeError(f"adasum_schedule: num_servers must be an int, got {type(num_servers).__name__}.")
     if num_servers < 1:
         raise ValueError(f"adasum_schedule: num_servers={num_servers} must be >= 1.")
-    blocks = [(r,) for r in range(num_servers)]
+    blocks: List[Tuple[int, ...]] = [(r,) for r in range(num_servers)]
     levels = []
     while len(blocks) > 1:
         merges = tuple((blocks[i], blocks[i + 1]) for i in range(0, len(blocks) - 1, 2))

@@ -1,11 +1,13 @@
-"""AdaSum cells: :class:`AdaSumReduce` (combine per-tensor deltas across servers) and the update stage
-:class:`AdaSumUpdate` the pipeline builds (see :mod:`ms_boost.adasum` for the algorithm and transport).
+"""AdaSum cells.
+
+:class:`AdaSumReduce` (combine per-tensor deltas across servers) and the update stage :class:`AdaSumUpdate` the pipeline
+builds (see :mod:`ms_boost.adasum` for the algorithm and transport).
 """
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
+from typing import Optional, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -51,7 +53,8 @@ class AdaSumReduce(nn.Cell):
     """
 
     def __init__(self, shapes: Sequence[Sequence[int]], device_number: int,
-                 bucket_size: int = DEFAULT_BUCKET_SIZE, chunk: int = DEFAULT_CHUNK, topology: Topology = None):
+                 bucket_size: int = DEFAULT_BUCKET_SIZE, chunk: int = DEFAULT_CHUNK,
+                 topology: Optional[Topology] = None):
         super().__init__()
         for name, value in (("bucket_size", bucket_size), ("chunk", chunk)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -73,6 +76,7 @@ class AdaSumReduce(nn.Cell):
         self.gather = comm.AllGather()
 
     def construct(self, deltas):
+        """The AdaSum combination of every server's per-tensor deltas (the same on every rank)."""
         if not self.active:
             return _MAP(_to_float32, deltas)
         out = ()
@@ -136,6 +140,7 @@ def _to_float32_tensor(tensor):
 
 
 def check_weights(weights, where: str) -> ParameterTuple:
+    """``weights`` as a ParameterTuple of float Parameters; ``where`` names the caller in messages."""
     weights = tuple(weights)
     if not weights or not all(isinstance(w, Parameter) for w in weights):
         raise TypeError(f"{where}: weights must be a non-empty sequence of Parameters "
@@ -167,7 +172,7 @@ class AdaSumUpdate(UpdateStage):
     """
 
     def __init__(self, inner: nn.Cell, weights, device_number: int, bucket_size: int = DEFAULT_BUCKET_SIZE,
-                 topology: Topology = None):
+                 topology: Optional[Topology] = None):
         if not isinstance(inner, nn.Cell):
             raise TypeError(f"AdaSumUpdate: inner must be an update stage (nn.Cell), got {type(inner).__name__}.")
         super().__init__(inner)
@@ -187,6 +192,7 @@ class AdaSumUpdate(UpdateStage):
             for k, b in enumerate(self.reduce.buckets))
 
     def construct(self, loss, grads, *inputs):
+        """Run ``inner``, then replace each weight by its value before the step plus the servers' AdaSum delta."""
         if not self.active:
             return self.inner(loss, grads, *inputs)
         layouts = self.reduce.layouts

@@ -27,6 +27,7 @@ class GemmConv2dSwap(nn.Conv2d):
     """
 
     def construct(self, x):
+        """The convolution of ``x`` as im2col + GEMM (same result as ``nn.Conv2d``)."""
         pads = self._gemm_pads if self._gemm_pads is not None else _conv_pads(
             self.pad_mode, self.padding, x.shape[2:], self._gemm_kernel, self._gemm_stride, self._gemm_dilation)
         out = conv2d_gemm(x, self.weight, self._gemm_kernel, self._gemm_stride, pads, self._gemm_dilation,

@@ -4,9 +4,9 @@ Before stage 2 starts, the first rank of every server (its *root*) loads or comp
 (:func:`ms_boost.dim_reduce.pca.compute_pca_matrix`) while all ranks exchange a status flag through tiny
 collectives, so every rank leaves together -- with the rows, or with an error naming the rank that failed.
 
-Under ``msrun`` (``MS_SCHED_HOST``/``MS_SCHED_PORT`` set) the flags go through MindSpore's TCP key-value
-store (``mindspore.mint.distributed.TCPStore``, served by rank 0 on ``MS_SCHED_PORT + 1``, or on
-``MS_BOOST_STORE_PORT``), polled without any blocking collective: every wait is bounded by
+Under ``msrun`` (:func:`ms_boost.comm.status_store_address` finds the scheduler) the flags go through MindSpore's
+TCP key-value store (:func:`ms_boost.comm.status_store`, served by rank 0 on ``MS_SCHED_PORT + 1``, or on
+``MS_BOOST_STORE_PORT``), polled (:func:`ms_boost.comm.poll`) without any blocking collective: every wait is bounded by
 ``dim_reduce.timeout`` and a rank that never arrives -- dead, or alive but stuck -- is named in the error.
 Without those variables (e.g. an HCCL rank-table launch) the flags go through tiny AllGathers instead,
 whose wait is bounded by the backend's own collective timeout (see ``docs/dim_reduce.md``).
@@ -17,7 +17,6 @@ import itertools
 import os
 import sys
 import time
-from datetime import timedelta
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -53,8 +52,11 @@ def _stderr_progress(message: str) -> None:
 
 
 def _devices_per_server(device_number: Optional[int], world: int) -> int:
-    """Ranks per server by :class:`~ms_boost.topology.Topology`'s rule (``device_number`` capped at the
-    number of ranks, which it must then divide); ``None`` is one server of every rank."""
+    """Ranks per server by :class:`~ms_boost.topology.Topology`'s rule.
+
+    ``device_number`` is capped at the number of ranks, which it must then divide; ``None`` is one server of
+    every rank.
+    """
     topology = Topology(0, world, world if device_number is None else device_number)
     topology.check_servers()
     return topology.server_size
@@ -130,23 +132,8 @@ def _root_prepare(target: str, specs, n_components: int, num_weights: int, pca_m
                        deadline=time.monotonic() + float(timeout), heartbeat=heartbeat)
 
 
-_POLL_SECONDS = 0.05
 _MIN_CONNECT_SECONDS = 10.0  # starting / reaching the store under load: never less than this
-_STORES: Dict[tuple, object] = {}  # kept open for the life of the process (rank 0 serves it)
 _CALLS = itertools.count()  # handshakes in this process: a key namespace each, the same on every rank
-
-
-def _store_address() -> Optional[tuple]:
-    """``(host, port)`` of the handshake store under msrun, else None (use collectives)."""
-    host, port = os.environ.get("MS_SCHED_HOST"), os.environ.get("MS_SCHED_PORT")
-    override = os.environ.get("MS_BOOST_STORE_PORT")
-    if not host or not (port or override):
-        return None
-    text = override if override else port
-    if not text.isascii() or not text.isdigit() or not 0 < int(text) + (0 if override else 1) < 65536:
-        name = "MS_BOOST_STORE_PORT" if override else "MS_SCHED_PORT"
-        raise ValueError(f"{name}={text!r} is not a port number (ASCII digits, 1..65535).")
-    return host, int(text) + (0 if override else 1)
 
 
 class _StoreStatus:
@@ -160,25 +147,18 @@ class _StoreStatus:
     DONE = 1
 
     def __init__(self, address: tuple, rank: int, world: int, roots: Sequence[int], timeout: float):
-        from mindspore.mint.distributed import TCPStore  # noqa: PLC0415
-
         self.rank, self.world, self.roots = rank, world, list(roots)
         self.timeout = float(timeout)
         self.ns = f"ms_boost/pca_handshake/{next(_CALLS)}"
-        key = (address, rank == 0)
-        if key not in _STORES:
-            try:
-                _STORES[key] = TCPStore(address[0], address[1], world_size=world, is_master=rank == 0,
-                                        timeout=timedelta(seconds=max(_MIN_CONNECT_SECONDS, self.timeout)),
-                                        wait_for_workers=False)
-            except Exception as exc:  # noqa: BLE001 -- name the rank that serves the store
-                if rank == 0:
-                    raise RuntimeError(f"rank 0 cannot serve the PCA handshake store on {address[0]}:{address[1]} "
-                                       f"({exc}); set MS_BOOST_STORE_PORT to a free port.") from None
-                raise TimeoutError(f"rank {rank}: rank 0 did not reach the PCA handshake within dim_reduce.timeout="
-                                   f"{self.timeout:g} s (its store {address[0]}:{address[1]} is unreachable: {exc}); "
-                                   f"rank 0 is dead or stuck before the handshake.") from None
-        self.store = _STORES[key]
+        try:
+            self.store = comm.status_store(address, rank, world, max(_MIN_CONNECT_SECONDS, self.timeout))
+        except Exception as exc:  # noqa: BLE001 -- name the rank that serves the store
+            if rank == 0:
+                raise RuntimeError(f"rank 0 cannot serve the PCA handshake store on {address[0]}:{address[1]} "
+                                   f"({exc}); set MS_BOOST_STORE_PORT to a free port.") from None
+            raise TimeoutError(f"rank {rank}: rank 0 did not reach the PCA handshake within dim_reduce.timeout="
+                               f"{self.timeout:g} s (its store {address[0]}:{address[1]} is unreachable: {exc}); "
+                               f"rank 0 is dead or stuck before the handshake.") from None
 
     def _add(self, key: str, amount: int) -> int:
         try:
@@ -219,24 +199,27 @@ class _StoreStatus:
             TimeoutError: ``deadline`` passed; names the ranks that never reached the handshake and those
                 that reached it but have not finished ``what``.
         """
-        while True:
+        flags: Dict[int, int] = {}
+
+        def settled() -> bool:
+            nonlocal flags
             flags = self.status(phase, ranks)
-            if all(flags.values()) or self._add("failed", 0):
-                return flags
-            if time.monotonic() > deadline:
-                pending = [r for r, v in flags.items() if not v]
-                arrived = self.status("arrived", pending)
-                absent = [r for r in pending if not arrived[r]]
-                slow = [r for r in pending if arrived[r]]
-                self.report_failure()  # release the others at once
-                parts = []
-                if absent:
-                    parts.append(f"rank(s) {absent} never reached the PCA handshake (dead, or alive but stuck)")
-                if slow:
-                    parts.append(f"rank(s) {slow} reached it but did not finish {what}")
-                raise TimeoutError(f"rank {self.rank}: {'; '.join(parts)} within dim_reduce.timeout="
-                                   f"{self.timeout:g} s; dim_reduce cannot start.")
-            time.sleep(_POLL_SECONDS)
+            return all(flags.values()) or bool(self._add("failed", 0))
+
+        if not comm.poll(settled, deadline):  # the deadline passed: name who is missing
+            pending = [r for r, v in flags.items() if not v]
+            arrived = self.status("arrived", pending)
+            absent = [r for r in pending if not arrived[r]]
+            slow = [r for r in pending if arrived[r]]
+            self.report_failure()  # release the others at once
+            parts = []
+            if absent:
+                parts.append(f"rank(s) {absent} never reached the PCA handshake (dead, or alive but stuck)")
+            if slow:
+                parts.append(f"rank(s) {slow} reached it but did not finish {what}")
+            raise TimeoutError(f"rank {self.rank}: {'; '.join(parts)} within dim_reduce.timeout="
+                               f"{self.timeout:g} s; dim_reduce cannot start.")
+        return flags
 
 
 def _read_rows(target: str, n_components: int, num_weights: int, rank: int, world: int) -> np.ndarray:
@@ -341,7 +324,7 @@ def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_pa
     if pca_mat_path and not str(pca_mat_path).endswith(".npy"):
         raise ValueError(f"dim_reduce.pca_mat_path={pca_mat_path!r} must name a .npy file.")
     target = str(pca_mat_path) if pca_mat_path else os.path.join(str(weight_load_dir), DEFAULT_PCA_FILE_NAME)
-    address = _store_address() if world > 1 else None
+    address = comm.status_store_address() if world > 1 else None
     if address is not None:
         return _prepare_with_store(address, target, specs, n_components, num_weights, pca_mat_path,
                                    weight_load_dir, timeout, progress, rank, world, per_server)

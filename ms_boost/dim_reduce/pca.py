@@ -55,7 +55,7 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -311,7 +311,7 @@ class _RowFile:
 
     def append(self, row: np.ndarray) -> None:
         self._file.seek(self.rows * self.num_columns * 4)
-        self._file.write(memoryview(np.ascontiguousarray(row, dtype=np.float32)))
+        self._file.write(memoryview(np.ascontiguousarray(row, dtype=np.float32)))  # type: ignore[arg-type]
         self.rows += 1
 
     def read_columns(self, start: int, stop: int) -> np.ndarray:
@@ -416,7 +416,7 @@ def remove_stale_temporaries(path: str, progress: ProgressFn = _stderr_progress)
     """
     directory = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
-    removed = []
+    removed: List[str] = []
     try:
         entries = os.listdir(directory)
     except OSError:
@@ -555,7 +555,7 @@ def compute_pca_matrix(checkpoints: Union[str, Sequence[str]], n_components: int
         coef = (u_k / sigma_k).T  # (k, N)
         if output:
             writer = _NpyRowWriter(output, (n_components, width))
-            result = None
+            result: Any = None
         else:
             result = np.empty((n_components, width), dtype=np.float32)
         for j, (a, b) in enumerate(bounds):
@@ -573,7 +573,7 @@ def compute_pca_matrix(checkpoints: Union[str, Sequence[str]], n_components: int
             writer.commit()
             writer = None
             say(f"wrote {output} shape ({n_components}, {width}) in {time.monotonic() - start_time:.1f} s")
-            return np.load(output, mmap_mode="r", allow_pickle=False)
+            return np.load(str(output), mmap_mode="r", allow_pickle=False)
         return result
     finally:
         stage.close()

@@ -69,9 +69,11 @@ STEP_RULES: Dict[str, Rule] = {
 
 
 class _CompiledForward(nn.Cell):
-    """The loss network's forward pass as one compiled graph (``ms.jit``): in PyNative mode a line-search
-    trial is one launch and records no gradient tape (the train cell marks the network ``set_grad``);
-    inside a Graph-mode construct it is inlined."""
+    """The loss network's forward pass as one compiled graph (``ms.jit``).
+
+    in PyNative mode a line-search trial is one launch and records no gradient tape (the train cell marks the network
+    ``set_grad``); inside a Graph-mode construct it is inlined.
+    """
 
     def __init__(self, network: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -198,6 +200,7 @@ class DimReduceUpdate(nn.Cell):
         self.state_layout = flat_layout([p.shape for p in self.flat_state])
 
     def construct(self, loss, grads, *inputs):
+        """One DimReduce step on the reduced gradients; returns the loss."""
         return self._step(loss, grads, *inputs)
 
     def _step(self, loss, grads, *inputs):
@@ -325,6 +328,7 @@ class DimReduce(DimReduceUpdate):
                          sigma=sigma, rank=rank, rank_size=rank_size)
 
     def construct(self, loss, old_grad, loss_scale, weight, weight_clone, *inputs):
+        """Upstream's inputs: ``old_grad`` divided by ``loss_scale``, then one DimReduce step."""
         grads = ()
         for grad in old_grad:
             grads += (ops.cast(grad, ms.float32) / ops.cast(loss_scale, ms.float32),)

@@ -41,4 +41,5 @@ class GradientAccumulation(nn.Cell):
         self.stage = AccumulateUpdate(OptimizerUpdate(optimizer), self.weights, max_accumulation_step)
 
     def construct(self, loss, grads):
+        """Accumulate ``grads``; every ``max_accumulation_step``-th call updates. Returns ``loss``."""
         return ops.depend(loss, self.stage(loss, grads))

@@ -12,8 +12,11 @@ __all__ = ["GradAccumulationConfig", "SPEC"]
 
 @dataclass(frozen=True)
 class GradAccumulationConfig(Section):
-    """``grad_accumulation`` section: ``grad_accumulation_step`` micro-steps per weight update (upstream:
-    ``max_accumulation_step``); at most ``2**31 - 1``, what the int32 micro-step counter holds."""
+    """``grad_accumulation`` section.
+
+    ``grad_accumulation_step`` micro-steps per weight update (upstream: ``max_accumulation_step``); at most ``2**31 -
+    1``, what the int32 micro-step counter holds.
+    """
 
     grad_accumulation_step: int = 1
 

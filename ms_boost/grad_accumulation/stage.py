@@ -1,14 +1,14 @@
-"""Gradient accumulation: k micro-steps of batch b make one update, as one step on batch k*b.
+r"""Gradient accumulation: k micro-steps of batch b make one update, as one step on batch k*b.
 
 The gradients of ``k`` consecutive micro-batches are summed into accumulator Parameters; every
 ``k``-th call applies the inner update with their mean
 
 .. math::
 
-    \\bar g = \\frac{1}{k} \\sum_{j=1}^{k} g_j
+    \bar g = \frac{1}{k} \sum_{j=1}^{k} g_j
 
 and clears the accumulators. For a loss that is a mean over the batch and micro-batches of equal size,
-:math:`\\bar g` is exactly the gradient of the loss over the ``k*b`` samples, so e.g. SGD takes the same
+:math:`\bar g` is exactly the gradient of the loss over the ``k*b`` samples, so e.g. SGD takes the same
 step as on the large batch (BatchNorm statistics, being per micro-batch, are the exception).
 
 State (the accumulators and the micro-step counter) lives in Parameters, so it lands in checkpoints.
@@ -36,24 +36,24 @@ _scaled = C.MultitypeFuncGraph("ms_boost_scaled")
 
 @_add_into.register("Tensor", "Tensor")
 def _add_into_one(accumulator, grad):
-    """accumulator += grad (cast to the accumulator's dtype)."""
+    """Accumulator += grad (cast to the accumulator's dtype)."""
     return ops.assign_add(accumulator, grad.astype(accumulator.dtype))
 
 
 @_clear.register("Tensor")
 def _clear_one(accumulator):
-    """accumulator = 0."""
+    """Accumulator = 0."""
     return ops.assign(accumulator, ops.zeros_like(accumulator))
 
 
 @_scaled.register("Tensor", "Tensor")
 def _scaled_one(factor, total):
-    """The mean gradient from the accumulated sum: :math:`\\bar g = \\text{total} \\cdot (1/k)`."""
+    r"""The mean gradient from the accumulated sum: :math:`\bar g = \text{total} \cdot (1/k)`."""
     return total * factor.astype(total.dtype)
 
 
 class AccumulateUpdate(UpdateStage):
-    """Update stage: accumulate ``k`` gradients, then run ``inner`` once with their mean.
+    r"""Update stage: accumulate ``k`` gradients, then run ``inner`` once with their mean.
 
     Args:
         inner: update stage with ``construct(self, loss, grads, *inputs)`` (e.g. ``OptimizerUpdate``).
@@ -63,7 +63,7 @@ class AccumulateUpdate(UpdateStage):
     Inputs:
         - **loss** (Tensor) - this micro-step's loss (passed on to ``inner``).
         - **grads** (tuple[Tensor]) - this micro-step's gradients.
-        - **\\*inputs** - this micro-step's inputs (passed on to ``inner``).
+        - **\*inputs** - this micro-step's inputs (passed on to ``inner``).
 
     Outputs:
         Tensor, the micro-step counter after the call (0 right after an update), for ``ops.depend``.
@@ -82,6 +82,7 @@ class AccumulateUpdate(UpdateStage):
         self.hyper_map = C.HyperMap()
 
     def construct(self, loss, grads, *inputs):
+        """Add ``grads`` to the accumulators; on the ``k``-th call run ``inner`` with their mean and clear them."""
         added = self.hyper_map(_add_into, self.accumulators, grads)
         count = ops.depend(self.counter, added) + 1
         done = ops.assign(self.counter, count)

@@ -1,5 +1,8 @@
-"""Upstream's gradient-freezing API: :class:`GradientFreeze` (builds a FreezeOpt for a network) and
-:func:`freeze_cell` (one train cell per train parameter group)."""
+"""Upstream's gradient-freezing API.
+
+:class:`GradientFreeze` (builds a FreezeOpt for a network) and :func:`freeze_cell` (one train cell per train parameter
+group).
+"""
 from __future__ import annotations
 
 import logging
@@ -39,8 +42,11 @@ class _GroupUpdate(nn.Cell):
 
 
 class _TrainFreezeCell(nn.Cell):
-    """Train step of one train group: gradients of that group only (the frozen layers' weight gradients
-    are not computed), reduced, then applied (through gradient accumulation when asked)."""
+    """Train step of one train group.
+
+    gradients of that group only (the frozen layers' weight gradients are not computed), reduced, then applied (through
+    gradient accumulation when asked).
+    """
 
     def __init__(self, network, sens, grad, grad_reducer, freeze_opt, group, accumulation_step=1):
         super().__init__(auto_prefix=False)

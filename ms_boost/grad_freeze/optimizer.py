@@ -14,7 +14,7 @@ saving there is in the update only.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Any, Dict, List
 
 import mindspore as ms
 import numpy as np
@@ -244,7 +244,7 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         """``params`` as the optimizer's parameter argument, each keeping its original group's settings."""
         if not settings:
             return params
-        groups = {}
+        groups: Dict[Any, Any] = {}
         for param in params:
             index, values = settings.get(id(param), (-1, {}))
             groups.setdefault(index, (values, []))[1].append(param)
@@ -279,8 +279,11 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         return ops.depend(done, self.opts[a](grads))
 
     def apply_group(self, group: int, gradients):
-        """Update train group ``group`` (a Python int) with ``gradients`` of :meth:`group_parameters`, then
-        advance the step counter. Used by the per-group train cells of :func:`freeze_cell`."""
+        """Update train group ``group`` (a Python int) with ``gradients``, then advance the step counter.
+
+        The gradients are those of :meth:`group_parameters`. Used by the per-group train cells of
+        :func:`~ms_boost.grad_freeze.freeze_cell`.
+        """
         step = self.global_step
         done = step
         start = 0
@@ -299,17 +302,22 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         return self.loss_scale
 
     def plan_step(self):
-        """PyNative: choose this step's train set now (one read of :attr:`global_step`) and return which
-        gradients its update reads (None: all). :meth:`host_step` of this step applies the same set."""
+        """Choose this step's train set now (PyNative).
+
+        One read of :attr:`global_step`; returns which gradients its update reads (None: all). :meth:`host_step` of
+        this step applies the same set.
+        """
         if not runs_as_python():
             return None
         self._planned = self._schedule_position()
         return self._needed[self._planned]
 
     def end_step(self) -> None:
+        """Forget the train set :meth:`plan_step` chose (the train cell calls this after the step)."""
         self._planned = None
 
     def __call__(self, *args, **kwargs):
+        """Apply this step's groups: on the host in PyNative mode, from the device table in Graph mode."""
         if not runs_as_python():
             if not self.table_complete:
                 raise ValueError(f"FreezeOpt: a schedule of {self.period} steps (grad_freeze.total_steps) runs only in "
@@ -319,8 +327,10 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         return self.host_step(*args, **kwargs)
 
     def host_step(self, gradients):
-        """PyNative step: the schedule position is read once (one host round trip per step, not one per
-        group), the trained groups are looked up on the host and only their optimizers are launched.
+        """One PyNative step: the schedule position is read once.
+
+        One host round trip per step, not one per group; the trained groups are looked up on the host and only their
+        optimizers are launched.
 
         The position comes from :attr:`global_step` (a Parameter), so a loaded checkpoint resumes exactly; when
         the train cell called :meth:`plan_step` for this step, its decision is used (no second read).
@@ -360,8 +370,10 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
 
 
 class _AtomStep(nn.Cell):
-    """One inner optimizer of a :class:`FreezeOpt` as one compiled function (``ms.jit``): in PyNative mode
-    its learning-rate and step assignments and its update launch one graph, not one operation each."""
+    """One inner optimizer of a :class:`FreezeOpt` as one compiled function (``ms.jit``).
+
+    in PyNative mode its learning-rate and step assignments and its update launch one graph, not one operation each.
+    """
 
     def __init__(self, freeze_opt: FreezeOpt, atom: int):
         super().__init__(auto_prefix=False)

@@ -20,7 +20,7 @@ The values of a schedule have one rule each (:data:`SCHEDULE_RULES`), shared by 
 from __future__ import annotations
 
 import enum
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Parameter
@@ -73,8 +73,11 @@ SCHEDULE_RULES: Dict[str, Rule] = {
 
 
 def check_schedule(**values: Any) -> Dict[str, Any]:
-    """``values`` (``param_groups``, ``freeze_type``, ``freeze_p``, ``total_steps``, ``seed``) checked by
-    :data:`SCHEDULE_RULES`, with the section's paths in messages (``grad_freeze.freeze_p``)."""
+    """``values`` checked by :data:`SCHEDULE_RULES`.
+
+    The values are ``param_groups``, ``freeze_type``, ``freeze_p``, ``total_steps`` and ``seed``; messages name
+    the section's paths (``grad_freeze.freeze_p``).
+    """
     return check_fields("grad_freeze", SCHEDULE_RULES, **values)
 
 
@@ -119,7 +122,7 @@ class FreezeSchedule:
         weights = (self.groups - self.levels).astype(np.float64)
         cdf = (weights / weights.sum()).cumsum() if self.groups > 1 else np.ones(1)
         self.cdf = cdf / cdf[-1]
-        self._block = (-1, None)
+        self._block: Tuple[int, Optional[np.ndarray]] = (-1, None)
 
     def __len__(self) -> int:
         return self.total_steps
@@ -163,8 +166,9 @@ class FreezeSchedule:
 
 def freeze_schedule(param_groups: int, freeze_type: FreezeStrategy | int, freeze_p: float, total_steps: int,
                     seed: int = 0) -> np.ndarray:
-    r"""Number of leading parameter groups frozen at each step, as an array (see :class:`FreezeSchedule`
-    for the lazy form that training uses).
+    r"""Number of leading parameter groups frozen at each step, as an array.
+
+    :class:`FreezeSchedule` is the lazy form that training uses.
 
     With ``G = param_groups`` and ``p = freeze_p``, entry ``t`` is ``s_t`` in ``[0, G-1]``:
 

@@ -272,7 +272,8 @@ def _bn_slots_to_remove(network: nn.Cell) -> List[_Slot]:
     """The BatchNorm slots LessBN replaces by Identity (see the module docstring)."""
     flow = _FlowAnalysis()
     flow.visit_tree(network)
-    keep, drop = set(), []
+    keep: set = set()
+    drop: List[_Slot] = []
     for chains in flow.merges:
         for chain in chains:
             if chain.bns:
@@ -378,7 +379,7 @@ def convert_less_bn(network: nn.Cell, fn_flag: bool = False) -> LessBNReport:
 
 
 class LessBN(nn.Cell):
-    """Reduce the BatchNorm layers of a network and optionally give it a feature-normalised head.
+    r"""Reduce the BatchNorm layers of a network and optionally give it a feature-normalised head.
 
     The wrapped ``network`` is **converted in place** (see :func:`convert_less_bn`); the wrapper just
     calls it. Parameter names are unchanged.
@@ -391,7 +392,7 @@ class LessBN(nn.Cell):
         report: the :class:`LessBNReport` of the conversion.
 
     Inputs:
-        - **\\*inputs** -- whatever ``network`` takes.
+        - **\*inputs** -- whatever ``network`` takes.
     """
 
     def __init__(self, network: nn.Cell, fn_flag: bool = False):
@@ -400,6 +401,7 @@ class LessBN(nn.Cell):
         self.network = network
 
     def construct(self, *inputs):
+        """The converted network's output."""
         return self.network(*inputs)
 
 

@@ -13,8 +13,10 @@ __all__ = ["LessBNConfig", "SPEC"]
 
 @dataclass(frozen=True)
 class LessBNConfig(Section):
-    """``less_bn`` section: ``fn_flag`` replaces the last Dense by a feature-normalised head,
-    ``gc_flag`` applies gradient centralization."""
+    """``less_bn`` section.
+
+    ``fn_flag`` replaces the last Dense by a feature-normalised head, ``gc_flag`` applies gradient centralization.
+    """
 
     fn_flag: bool = True
     gc_flag: bool = True

@@ -1,4 +1,4 @@
-"""Group loss scaling: one dynamic loss scale per group of layers (:class:`GroupLossScaleManager`).
+r"""Group loss scaling: one dynamic loss scale per group of layers (:class:`GroupLossScaleManager`).
 
 Upstream's documented usage, which works unchanged here::
 
@@ -29,10 +29,10 @@ step computes gradients with ``sens = 1`` and calls :meth:`GroupLossScaleManager
 
 .. math::
 
-    g_p \\leftarrow g_p / S_{\\gamma(p)}, \\qquad
-    o_i = [\\exists p \\in \\text{group } i: g_p \\notin \\mathbb{R}] \\text{ (any rank)}, \\qquad
-    S_i \\leftarrow \\operatorname{clip}\\left(\\begin{cases} S_i \\beta & o_i \\\\
-                                   S_i \\alpha & \\text{otherwise} \\end{cases}, S_{\\min}, S_{\\max}\\right)
+    g_p \leftarrow g_p / S_{\gamma(p)}, \qquad
+    o_i = [\exists p \in \text{group } i: g_p \notin \mathbb{R}] \text{ (any rank)}, \qquad
+    S_i \leftarrow \operatorname{clip}\left(\begin{cases} S_i \beta & o_i \\
+                                   S_i \alpha & \text{otherwise} \end{cases}, S_{\min}, S_{\max}\right)
 
 with ``alpha = 2**(1/1000)`` (the scale doubles over 1000 clean steps) and ``beta = 2**(-1/2)``, as
 upstream. The step is skipped when any group overflowed. Unlike upstream, gradients are divided by the
@@ -44,7 +44,7 @@ The marker uses ordinary operators and a custom backward, so this works on CPU a
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -123,6 +123,7 @@ class GroupLossScaleManager(nn.Cell):
     def __init__(self, init_loss_scale, loss_scale_groups, growth_factor: float = 2.0 ** (1.0 / 1000.0),
                  backoff_factor: float = 2.0 ** -0.5, min_loss_scale: float = 1.0, max_loss_scale: float = 2.0 ** 24):
         super().__init__(auto_prefix=False)
+        self._init_scales: Union[float, List[float]]
         if isinstance(init_loss_scale, (list, tuple)):
             self._init_scales = [_check_scale(f"init_loss_scale[{i}]", v) for i, v in enumerate(init_loss_scale)]
         else:
@@ -139,14 +140,14 @@ class GroupLossScaleManager(nn.Cell):
             raise ValueError(f"GroupLossScaleManager: min_loss_scale={min_loss_scale} > max_loss_scale="
                              f"{max_loss_scale}.")
         self.marker = _GradScaleMarker()
-        self._groups = []
+        self._groups: List[Any] = []
         self.loss_scale_number = 0
         self.scales = Parameter(Tensor(np.ones(2, np.float32)), name="group_loss_scales", requires_grad=False)
         self.loss_scale_groups = loss_scale_groups
         self._weight_group = None
         self._group_members = ()
         self._edge = None
-        self._all_reduce_max = None
+        self._all_reduce_max: Optional[comm.AllReduce] = None
         self.steps_seen = 0
         self.overflow_steps = 0
 
@@ -221,6 +222,7 @@ class GroupLossScaleManager(nn.Cell):
 
     # -- network side ------------------------------------------------------------------------------
     def construct(self, x, layer1, layer2):
+        """Identity forward; backward scales the incoming gradient by ``S_layer1 / S_layer2``."""
         return self.marker(x, self.scales[layer1] / self.scales[layer2])
 
     # -- train-step side -------------------------------------------------------------------------
@@ -320,7 +322,7 @@ def require_group_manager(manager: Optional[object]) -> GroupLossScaleManager:
         BoostConfigError: ``boost.loss_scale_group`` is on but ``manager`` is not a GroupLossScaleManager (the one
             rule and message, also what ``Model`` raises through the spec's ``check_model``).
     """
-    if is_group_manager(manager):
+    if isinstance(manager, GroupLossScaleManager):
         return manager
     got = "None" if manager is None else f"a {type(manager).__name__}"
     raise BoostConfigError(f"boost.loss_scale_group is enabled but loss_scale_manager is {got}; loss_scale_group "

@@ -105,8 +105,9 @@ _BUILT_IN = tuple(_CONVERTERS)
 
 
 def register_convertible(cls: type, as_type: type) -> None:
-    """Convert cells of type ``cls`` to THOR layers as if they were ``as_type`` (``nn.Dense``, ``nn.Conv2d``
-    or ``nn.Embedding``).
+    """Convert cells of type ``cls`` to THOR layers as if they were ``as_type``.
+
+    ``as_type`` is ``nn.Dense``, ``nn.Conv2d`` or ``nn.Embedding``.
 
     Conversion is by exact type so that a subclass computing something else is never replaced silently; a
     subclass that computes the very same function (another kernel for the same convolution, say) declares
@@ -267,8 +268,9 @@ class ConvertModelUtils:
 
 
 def set_model_class(model_class: type) -> None:
-    """The Model class :meth:`ConvertModelUtils.convert_to_thor_model` builds (the package face passes
-    :class:`ms_boost.Model`).
+    """Set the Model class :meth:`ConvertModelUtils.convert_to_thor_model` builds.
+
+    The package face passes :class:`ms_boost.Model`.
 
     Raises:
         TypeError: ``model_class`` is not a subclass of ``mindspore.train.Model``.
@@ -279,9 +281,10 @@ def set_model_class(model_class: type) -> None:
 
 
 class ThorModelHooks(OptimizerHooks):
-    """What ``Model`` asks a :class:`THOR` optimizer (:class:`~ms_boost.stages.OptimizerHooks`, registered for THOR
-    by :mod:`ms_boost.builtins`): the network whose THOR layers capture statistics, ``frequency=``, a plan note
-    and the guard callback.
+    """What ``Model`` asks a :class:`THOR` optimizer (:class:`~ms_boost.stages.OptimizerHooks`).
+
+    Registered for THOR by :mod:`ms_boost.builtins`: the network whose THOR layers capture statistics,
+    ``frequency=``, a plan note, the guard callback, the loss scale and the damping schedule.
 
     Args:
         optimizer: the THOR optimizer.
@@ -291,26 +294,33 @@ class ThorModelHooks(OptimizerHooks):
         self.optimizer = optimizer
 
     def train_network(self, network: nn.Cell, has_loss_fn: bool) -> nn.Cell:
+        """The THOR copy of ``network`` when ``network`` is the net ``thor()`` was built from."""
         return thor_train_network(network, self.optimizer, has_loss_fn)
 
     def set_frequency(self, frequency: object) -> None:
+        """Set THOR's refresh interval."""
         set_thor_frequency(self.optimizer, frequency)
 
     def plan_note(self) -> str:
+        """The optimizer line of the plan summary."""
         opt = self.optimizer
         return (f"optimizer: THOR from thor() over {opt.n_layers} THOR layers, factors and inverses refreshed every "
                 f"{opt.frequency} steps")
 
     def callbacks(self) -> List[Any]:
+        """THOR's guard callback."""
         return [self.optimizer.training_guard()]
 
     def own_loss_scale(self) -> float:
+        """THOR's static ``loss_scale``."""
         return float(self.optimizer.loss_scale)
 
     def schedule_parameters(self) -> Sequence[Parameter]:
+        """The learning-rate Parameters and the damping schedule's."""
         return (*learning_rate_parameters(self.optimizer), *self.optimizer.damping.get_parameters())
 
     def optimizer_name(self) -> str:
+        """The optimizer's class name."""
         return type(self.optimizer).__name__
 
 
