@@ -17,9 +17,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ms_boost"
 NOT_ALGORITHMS = ("autotune",)
 #: one package per algorithm, ms_boost/<name>/ (test_every_algorithm_package_registers_its_spec), plus the shared
 #: algorithm pieces
-#: packages that are not algorithms: autotune picks a plan by trials (it sits above config and the pipeline, and
-#: Model uses it)
-NOT_ALGORITHMS = ("autotune",)
 ALGORITHMS = tuple(f"ms_boost.{p.name}" for p in sorted(PACKAGE.iterdir())
                    if (p / "__init__.py").is_file() and p.name not in NOT_ALGORITHMS) + (
     "ms_boost.grad_process", "ms_boost.fn_head")

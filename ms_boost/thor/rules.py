@@ -1,6 +1,9 @@
-"""The rules of THOR's ``thor`` configuration section, shared by the section (:class:`ms_boost.thor.spec.ThorConfig`)
-and the THOR constructor, so each value has one rule and one message. Apart from the section because the section's
-module imports the optimizer's package (through the boost hook), which checks its arguments with these rules."""
+"""The rules of THOR's ``thor`` configuration section, one rule and one message per value.
+
+Shared by the section (:class:`ms_boost.thor.spec.ThorConfig`) and the THOR constructor. Apart from the section
+because the section's module imports the optimizer's package (through the boost hook), which checks its arguments
+with these rules.
+"""
 from __future__ import annotations
 
 from typing import Any, Dict
