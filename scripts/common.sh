@@ -449,9 +449,9 @@ stop_orphaned_workers() {
 #   MS_CPU_COMM_OP_TIMEOUT  CPU: seconds a collective waits for the other ranks (default here 120)
 #   STUCK_GRACE             seconds between the first timed-out rank and the stop (default 3)
 
-# Collectives named in "Launch kernel failed" lines (PyNative: ", name:Default/AllReduce-op0"; Graph:
-# ": Default/.../AllReduce-op0").
-COLLECTIVE_FAILURE_RE='Launch kernel failed(: |, name:)[^ ]*(AllReduce|AllGather|Broadcast|ReduceScatter|AlltoAll|Barrier|Send|Receive|Reduce)[^ ]*'
+# "Launch kernel failed" lines of a collective (PyNative: ", name:Default/AllReduce-op0"; Graph:
+# ": Default/.../AllReduce-op0"): the operator's own name, the last part of the path, is a collective's.
+COLLECTIVE_FAILURE_RE='Launch kernel failed(: |, name:)([^ ]*/)?(AllReduce|AllGather|Broadcast|ReduceScatter|AlltoAll|Barrier|Send|Receive|Reduce)-op[0-9]+'
 
 # cpu_collective_timeout TARGET: on CPU, export MS_CPU_COMM_OP_TIMEOUT (validated) and check STUCK_GRACE.
 cpu_collective_timeout() {

@@ -521,7 +521,7 @@ def test_cpu_launcher_names_the_rank_that_never_reached_the_collective(env, tmp_
     (stubs / "python").chmod(0o755)
     full = dict(env, PATH=os.pathsep.join([str(stubs), env["PATH"]]), MS_CPU_COMM_OP_TIMEOUT="5",
                 STUCK_SECONDS="300", STUCK_RANK="1", STUCK_AFTER="2", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(["bash", str(SCRIPTS / "run_distribute_train_cpu.sh"), 2, "synthetic"], env=full,
+    proc = subprocess.run(["bash", str(SCRIPTS / "run_distribute_train_cpu.sh"), "2", "synthetic"], env=full,
                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
     logs = tmp_path / "train_parallel_cpu" / "msrun_log"
     texts = {r: (logs / f"worker_{r}.log").read_text(errors="replace") for r in (0, 1)}
@@ -560,7 +560,7 @@ def test_stuck_ranks_line_reads_pynative_and_graph_failures_and_other_nodes(tmp_
     assert done.stdout.startswith("launcher: no rank of this node (ranks 4..7) is stuck: rank(s) 4 5 6 7 waited 42 s")
     assert "run on another node" in done.stdout
     # a failure that is no collective's, or no failure: nothing to report
-    for r in (4, 5, 6, 7):
-        (tmp_path / f"worker_{r}.log").write_text("Launch kernel failed: Default/Conv2D-op1\n")
+    for r, op in ((4, "Conv2D-op1"), (5, "net/ReduceMean-op3"), (6, "grad/AllReduceX-op2"), (7, "AllGather")):
+        (tmp_path / f"worker_{r}.log").write_text(f"Launch kernel failed: Default/{op}\n")
     none = _stuck_ranks_line(tmp_path, 4, 4)
     assert none.returncode == 1 and none.stdout == ""
