@@ -16,7 +16,8 @@ Swept (2026-11-26, MindSpore 2.10, 2 shared cores at load 15-20), 34 runs, none 
 seeds 0 then 1, 6 epochs of 1280 images, plain + O1, evaluation between epochs (8 runs); Graph, 256 images,
 6 and 3 epochs, evaluation from a callback inside ``train`` (8); Graph, a fresh evaluation ``ms_boost.Model``
 each epoch (4); Graph O1 only, ``param_groups`` 2 and 5 x ``freeze_type`` 0 and 1 x seeds (7); Graph with
-MindSpore's compile cache on, three processes in different orders (7). Every schedule reached every group.
+MindSpore's compile cache on, three processes in different orders (7). The 120-step schedules reached all
+10 groups, the 24-step ones groups 0-2, 4, 6 and 7.
 
 The cause was found apart from the sweep: MindSpore compiles a graph from the source file as it is when the
 graph is compiled, at the line numbers of the code loaded at import; a file edited during the long run (a merge
