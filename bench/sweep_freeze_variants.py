@@ -24,7 +24,7 @@ graph is compiled, at the line numbers of the code loaded at import; a file edit
 into the checkout) made a later compile parse other lines. Four lines inserted above a network class reproduce
 the exact error; ``ms_boost.source_pin`` keeps the loaded text (tests/test_source_pin.py).
 
-    python bench/sweep_freeze_variants.py                       # the default grid (a few minutes on 2 cores)
+    python bench/sweep_freeze_variants.py                       # the default grid (~15 min on 2 busy cores)
     python bench/sweep_freeze_variants.py --modes graph --seeds 0 1 --epochs 6 --param_groups 10
 """
 from __future__ import annotations
