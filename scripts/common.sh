@@ -463,11 +463,11 @@ cpu_collective_timeout() {
 }
 
 # collective_timed_out LOG: print the collective whose wait timed out in LOG (a worker's msrun log); status 1 when
-# the log shows none.
+# the log's last 256 KiB show none (read each second while the job runs: a long run's log is not read whole).
 collective_timed_out() {
     local line
     [ -f "$1" ] || return 1
-    line="$(grep -a -o -m1 -E "${COLLECTIVE_FAILURE_RE}" "$1" 2>/dev/null)" || return 1
+    line="$(tail -c 262144 "$1" 2>/dev/null | grep -a -o -m1 -E "${COLLECTIVE_FAILURE_RE}")" || return 1
     line="${line#Launch kernel failed}"
     line="${line#: }"
     echo "${line#, name:}"
