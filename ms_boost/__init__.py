@@ -39,6 +39,7 @@ from ms_boost.compat import (
 )
 from ms_boost.model import Model, autotune_plan, build_train_network
 from ms_boost.registry import register_algorithm, registered, unregister_algorithm
+from ms_boost.source_pin import pin_loaded_sources
 from ms_boost.spec import AlgorithmSpec, BuildContext
 from ms_boost.thor.convert import set_model_class
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
@@ -49,6 +50,10 @@ __version__ = "0.1.0"
 # THOR's ConvertModelUtils builds ms_boost.Model: the face hands it down (ms_boost.thor never imports upward, and
 # model.py knows no algorithm)
 set_model_class(Model)
+
+# MindSpore compiles graphs from the source text, read when a graph is compiled: keep ms_boost's text as loaded
+# (a checkout edited during a long run would otherwise compile other lines; ms_boost.source_pin)
+pin_loaded_sources()
 
 _logger = logging.getLogger("ms_boost")
 if not _logger.handlers:

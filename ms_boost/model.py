@@ -46,6 +46,7 @@ from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import is_group_manager
 from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
 from ms_boost.pipeline import rewrite_eval, rewrite_train
+from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 
@@ -129,6 +130,7 @@ def build_train_network(network: nn.Cell, optimizer, loss_fn: Optional[nn.Cell] 
     Returns:
         The training cell (``BoostTrainOneStepCell`` or ``BoostTrainOneStepWithLossScaleCell``).
     """
+    pin_cell_sources((network, loss_fn, optimizer))  # graphs compiled later parse the source as loaded
     boost = resolve(boost_level, kwargs.pop("boost_config_dict", None))
     _scope_cache(boost, level, optimizer, kwargs)
     network, optimizer = rewrite_train(boost, network, optimizer)
@@ -235,6 +237,9 @@ class Model(_MsModel):
                           stacklevel=2)
             boost_level = kwargs.pop("acc_level")
         boost_config_dict = kwargs.pop("boost_config_dict", None)
+        # every graph of this Model is compiled later (the first train step, the first evaluation, a freezing
+        # variant): it must parse the source text that was loaded, not a file edited since (ms_boost.source_pin)
+        pin_cell_sources((network, loss_fn, optimizer, eval_network))
         hooks = optimizer_hooks(optimizer)  # what this optimizer needs of Model (THOR: its network, frequency)
         if "frequency" in kwargs:  # the THOR tutorial's Model(..., frequency=config.frequency)
             hooks.set_frequency(kwargs.pop("frequency"))

@@ -10,6 +10,8 @@
 #   HCCL_CONNECT_TIMEOUT  Ascend: seconds to build the HCCL links (default here 600; CANN: 120..7200)
 #   HCCL_EXEC_TIMEOUT     Ascend: seconds a collective waits for the other devices (default here 1800)
 #   CLUSTER_TIME_OUT      msrun --cluster_time_out: seconds to wait for every process to join (default 600)
+#   MS_CPU_COMM_OP_TIMEOUT CPU: seconds a collective waits for the other ranks (default here 120); a rank that does
+#                         not respond is named, see watch_stuck_ranks below
 # Stopping (see start_job below): SIGINT (Ctrl-C) or SIGTERM to a launcher stops its whole job and the launcher
 # exits 130 / 143 after printing how to continue with --resume.
 #   STOP_TIMEOUT  seconds a stopped job may take to end before it is killed (SIGKILL; default 30)
@@ -166,6 +168,7 @@ msrun_launch() {
     local run_dir="$7" config="$8" dataset="$9"
     local log_dir="${run_dir}/msrun_log"
     collective_timeouts "${target}"
+    cpu_collective_timeout "${target}"
     local cmd=("${MSRUN}" "--worker_num=${worker_num}" "--local_worker_num=${local_num}"
                "--master_addr=${master_addr}" "--master_port=${master_port}" "--node_rank=${node_rank}"
                "--log_dir=${log_dir}" "--join=True" "--cluster_time_out=${CLUSTER_TIME_OUT}"
@@ -187,9 +190,12 @@ msrun_launch() {
     echo "starting ${local_num} of ${worker_num} worker(s) on ${target} (node ${node_rank}); logs in ${log_dir}"
     # msrun's own stop (SIGINT): it kills every worker (they run in sessions of their own) and the scheduler
     start_job msrun INT "${run_dir}" "" "${cmd[@]}"
+    local first_rank=$((node_rank * local_num)) report="${run_dir}/stuck_ranks.txt"
+    [ "${target}" != "CPU" ] || watch_stuck_ranks 0 "${log_dir}" "${first_rank}" "${local_num}" "${report}"
     wait_jobs
     finish_jobs "${run_dir}"
-    return "${JOB_STATUS[0]}"
+    [ "${target}" = "CPU" ] || return "${JOB_STATUS[0]}"
+    report_stuck_ranks "${report}" "${log_dir}" "${first_rank}" "${local_num}" "${JOB_STATUS[0]}"
 }
 
 # collective_timeouts TARGET: export the bounds above that apply to TARGET (Ascend, GPU or CPU), validated.
@@ -207,6 +213,7 @@ collective_timeouts() {
 # timeout_env TARGET: the "NAME=value" pairs collective_timeouts set for TARGET, for dry runs.
 timeout_env() {
     if [ "$1" = "Ascend" ]; then print_env HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT; fi
+    if [ "$1" = "CPU" ]; then print_env MS_CPU_COMM_OP_TIMEOUT; fi
 }
 
 # run_logged DIR LOG CMD...: run CMD in DIR, output to the terminal and to LOG; returns CMD's status.
@@ -431,4 +438,107 @@ stop_orphaned_workers() {
     for pid in ${found[@]+"${found[@]}"}; do
         kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "${pid}" 2>/dev/null || true
     done
+}
+
+# Stuck ranks (CPU, MCCL under msrun): a rank alive but never reaching a collective. The other ranks wait in the
+# collective for MS_CPU_COMM_OP_TIMEOUT seconds (MindSpore's own default: 30), then fail with "Launch kernel
+# failed: .../AllReduce-op0" naming no rank, and msrun took ~40 s more to end the job. The launcher watches every
+# local rank's log: once a rank's collective has timed out it waits STUCK_GRACE seconds for the others to time
+# out too, stops the job (msrun's own stop) and prints one line naming the ranks that did not respond and how long
+# the others waited (see docs/model_zoo.md, "Stuck or dead ranks"). The job ends within MS_CPU_COMM_OP_TIMEOUT +
+# STUCK_GRACE + a few seconds of the stuck rank's last collective.
+#   MS_CPU_COMM_OP_TIMEOUT  CPU: seconds a collective waits for the other ranks (default here 120)
+#   STUCK_GRACE             seconds between the first timed-out rank and the stop (default 3)
+
+# "Launch kernel failed" lines of a collective (PyNative: ", name:Default/AllReduce-op0"; Graph:
+# ": Default/.../AllReduce-op0"): the operator's own name, the last part of the path, is a collective's.
+COLLECTIVE_FAILURE_RE='Launch kernel failed(: |, name:)([^ ]*/)?(AllReduce|AllGather|Broadcast|ReduceScatter|AlltoAll|Barrier|Send|Receive|Reduce)-op[0-9]+'
+
+# cpu_collective_timeout TARGET: on CPU, export MS_CPU_COMM_OP_TIMEOUT (validated) and check STUCK_GRACE.
+cpu_collective_timeout() {
+    [ "$1" = "CPU" ] || return 0
+    export MS_CPU_COMM_OP_TIMEOUT="${MS_CPU_COMM_OP_TIMEOUT:-120}"
+    require_int MS_CPU_COMM_OP_TIMEOUT "${MS_CPU_COMM_OP_TIMEOUT}" 1
+    STUCK_GRACE="${STUCK_GRACE:-3}"
+    require_int STUCK_GRACE "${STUCK_GRACE}" 0
+}
+
+# collective_timed_out LOG: print the collective whose wait timed out in LOG (a worker's msrun log); status 1 when
+# the log's last 256 KiB show none (read each second while the job runs: a long run's log is not read whole).
+collective_timed_out() {
+    local line
+    [ -f "$1" ] || return 1
+    line="$(tail -c 262144 "$1" 2>/dev/null | grep -a -o -m1 -E "${COLLECTIVE_FAILURE_RE}")" || return 1
+    line="${line#Launch kernel failed}"
+    line="${line#: }"
+    echo "${line#, name:}"
+}
+
+# stuck_ranks_line LOG_DIR FIRST_RANK LOCAL_NUM: the one-line report when some local rank's collective timed out
+# (nothing, status 1, otherwise). Ranks FIRST_RANK .. FIRST_RANK+LOCAL_NUM-1 have logs LOG_DIR/worker_<rank>.log.
+stuck_ranks_line() {
+    local log_dir="$1" first="$2" local_num="$3" rank op="" found waited=() stuck=()
+    for ((rank = first; rank < first + local_num; rank++)); do
+        if found="$(collective_timed_out "${log_dir}/worker_${rank}.log")"; then
+            waited+=("${rank}")
+            [ -n "${op}" ] || op="${found}"
+        else
+            stuck+=("${rank}")
+        fi
+    done
+    [ "${#waited[@]}" -gt 0 ] || return 1
+    local waited_text="rank(s) ${waited[*]} waited ${MS_CPU_COMM_OP_TIMEOUT:-30} s (MS_CPU_COMM_OP_TIMEOUT) in ${op}"
+    if [ "${#stuck[@]}" -gt 0 ]; then
+        echo "launcher: rank(s) ${stuck[*]} did not respond (alive but never reached the collective, or hung):" \
+             "${waited_text} and failed; job stopped (logs: ${log_dir})"
+    else
+        echo "launcher: no rank of this node (ranks ${first}..$((first + local_num - 1))) is stuck: ${waited_text}" \
+             "and failed; the rank(s) that did not respond run on another node (see its launcher); job stopped" \
+             "(logs: ${log_dir})"
+    fi
+}
+
+# watch_stuck_ranks INDEX LOG_DIR FIRST_RANK LOCAL_NUM REPORT: in the background while job INDEX (msrun) runs,
+# poll the logs each second; STUCK_GRACE seconds after the first timed-out collective write stuck_ranks_line to
+# REPORT and stop the job. Sets STUCK_WATCH_PID.
+watch_stuck_ranks() {
+    local index="$1" log_dir="$2" first="$3" local_num="$4" report="$5"
+    rm -f "${report}"
+    (
+        trap - INT TERM
+        seen=""
+        while kill -0 "${JOB_PIDS[$index]}" 2>/dev/null; do
+            if line="$(stuck_ranks_line "${log_dir}" "${first}" "${local_num}")"; then
+                [ -n "${seen}" ] || seen="${SECONDS}"
+                if (( SECONDS - seen >= STUCK_GRACE )); then
+                    # the ranks that time out a little later are named as waiting, not as stuck
+                    stuck_ranks_line "${log_dir}" "${first}" "${local_num}" >"${report}" || true
+                    signal_job INT "${index}"  # msrun's own stop: it kills every worker
+                    exit 0
+                fi
+            fi
+            sleep 1
+        done
+    ) &
+    STUCK_WATCH_PID=$!
+}
+
+# report_stuck_ranks REPORT LOG_DIR FIRST_RANK LOCAL_NUM STATUS: after the job ended with STATUS: print the watcher's
+# report (or, when the job ended before the watcher wrote one, the same line read from the logs) to stderr; return
+# 1 when there was one (msrun's own stop exits 0), else STATUS.
+report_stuck_ranks() {
+    local report="$1" line=""
+    if [ -n "${STUCK_WATCH_PID:-}" ]; then
+        kill "${STUCK_WATCH_PID}" 2>/dev/null || true
+        wait "${STUCK_WATCH_PID}" 2>/dev/null || true
+        STUCK_WATCH_PID=""
+    fi
+    if [ -s "${report}" ]; then
+        line="$(cat "${report}")"
+    elif [ "$5" -ne 0 ]; then
+        line="$(stuck_ranks_line "$2" "$3" "$4")" || line=""
+    fi
+    [ -n "${line}" ] || return "$5"
+    echo "${line}" >&2
+    return 1
 }

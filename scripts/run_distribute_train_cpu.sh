@@ -12,7 +12,8 @@ Usage: bash scripts/run_distribute_train_cpu.sh WORKER_NUM DATASET_PATH [CONFIG_
 
 Environment: MASTER_PORT (default: random in 8200..8999), RUN_DIR (default ./train_parallel_cpu),
 CLUSTER_TIME_OUT (msrun --cluster_time_out, default 600 s), STOP_TIMEOUT (seconds a stopped job gets before
-it is killed, default 30).
+it is killed, default 30), MS_CPU_COMM_OP_TIMEOUT (seconds a collective waits for the other ranks, default
+120; a rank that does not respond is then named in one line and the job stops STUCK_GRACE=3 s later, exit 1).
 Logs: RUN_DIR/msrun_log/worker_<rank>.log. Checkpoints: rank 0 in RUN_DIR/checkpoint/, rank r in
 RUN_DIR/checkpoint/rank_<r>/; --resume RUN_DIR continues every rank. Ctrl-C / SIGTERM stop every worker
 (exit 130 / 143).

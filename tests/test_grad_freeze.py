@@ -515,3 +515,36 @@ def test_train_cell_differentiates_only_the_scheduled_group(mode, scaled, monkey
                                        err_msg=f"step {t} layer {k}")
     if mode == "pynative":
         assert counted == [2 * (4 - schedule[t % 8]) for t in range(10)]
+
+
+class _FailingMomentum(nn.Momentum):
+    """Momentum whose update does not compile when ``fail`` is set (on one inner optimizer of a FreezeOpt)."""
+
+    fail = False
+
+    def construct(self, gradients):
+        if self.fail:
+            raise ValueError("no kernel for this update")
+        return super().construct(gradients)
+
+
+def test_a_late_group_update_that_does_not_compile_names_its_group():
+    """Issue 30: in PyNative mode each inner optimizer's update is compiled on the first step whose train group
+    holds it, possibly late in training (here step 2: steps 0 and 1 train group 1 only). A failure there names the
+    train group, the parameters and the step, not a MindSpore source line; the groups trained before were
+    updated."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = dense_stack(4)
+    params = net.trainable_params()
+    freeze_opt = FreezeOpt(_FailingMomentum(params, 0.1, 0.9), [params, params[4:]], [1, 1, 0])
+    assert freeze_opt.group_atoms == ((0, 1), (1,))
+    freeze_opt.opts[0].fail = True
+    grads = ms.mutable(tuple(Tensor(np.ones(p.shape, np.float32)) for p in params))
+    before = [p.asnumpy().copy() for p in params]
+    freeze_opt(grads)
+    freeze_opt(grads)
+    assert all(np.array_equal(b, p.asnumpy()) == (i < 4) for i, (b, p) in enumerate(zip(before, params)))
+    with pytest.raises(RuntimeError, match=r"grad_freeze: compiling the update of train parameter group\(s\) \[0\] "
+                                           r"\(inner optimizer 0 of 2: 4 parameter\(s\), \['0.weight', '0.bias', "
+                                           r"'1.weight', '1.bias'\]\) failed at step 2: ValueError: .*no kernel"):
+        freeze_opt(grads)

@@ -37,7 +37,8 @@ def env(tmp_path_factory) -> dict:
     full.update({"PATH": os.pathsep.join([str(Path(sys.executable).parent), full.get("PATH", "")]),
                  "PYTHON": sys.executable, "MS_BOOST_CACHE": str(cache), "GLOG_v": "3"})
     for name in ("SERVER_ID", "RANK_SIZE", "RUN_DIR", "DRY_RUN", "CUDA_VISIBLE_DEVICES", "CONFIG_PATH",
-                 "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CLUSTER_TIME_OUT"):
+                 "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "CLUSTER_TIME_OUT", "MS_CPU_COMM_OP_TIMEOUT",
+                 "STUCK_GRACE"):
         full.pop(name, None)
     return full
 
@@ -276,11 +277,21 @@ def test_launchers_bound_how_long_a_rank_waits_for_the_others(env, tmp_path):
     assert "--cluster_time_out=90 " in chosen.stdout.strip().splitlines()[-1]
     cpu = run("run_distribute_train_cpu.sh", 2, "synthetic", "--dry-run", env=env, cwd=tmp_path)
     assert "--cluster_time_out=600 " in cpu.stdout and "HCCL" not in cpu.stdout
+    assert all(rank["MS_CPU_COMM_OP_TIMEOUT"] == "120" for rank in ranks(cpu.stdout).values())  # issue 30
+    cpu = run("run_distribute_train_cpu.sh", 2, "synthetic", "--dry-run", env=env, cwd=tmp_path,
+              extra_env={"MS_CPU_COMM_OP_TIMEOUT": "15"})
+    assert all(rank["MS_CPU_COMM_OP_TIMEOUT"] == "15" for rank in ranks(cpu.stdout).values())
+    assert "MS_CPU_COMM_OP_TIMEOUT" not in ascend.stdout
     for name, value, message in [("HCCL_CONNECT_TIMEOUT", "60", "HCCL_CONNECT_TIMEOUT must be >= 120, got '60'"),
                                  ("HCCL_CONNECT_TIMEOUT", "9000", "HCCL_CONNECT_TIMEOUT must be <= 7200"),
                                  ("HCCL_EXEC_TIMEOUT", "1e3", "HCCL_EXEC_TIMEOUT must be an integer, got '1e3'"),
                                  ("CLUSTER_TIME_OUT", "-1", "CLUSTER_TIME_OUT must be an integer, got '-1'")]:
         bad = run("run_distribute_train.sh", TABLE_8, "synthetic", "--dry-run", env=env, cwd=tmp_path,
+                  extra_env={name: value})
+        assert bad.returncode == 2 and message in bad.stderr, (name, bad.stderr)
+    for name, value, message in [("MS_CPU_COMM_OP_TIMEOUT", "0", "MS_CPU_COMM_OP_TIMEOUT must be >= 1, got '0'"),
+                                 ("STUCK_GRACE", "x", "STUCK_GRACE must be an integer, got 'x'")]:
+        bad = run("run_distribute_train_cpu.sh", 2, "synthetic", "--dry-run", env=env, cwd=tmp_path,
                   extra_env={name: value})
         assert bad.returncode == 2 and message in bad.stderr, (name, bad.stderr)
 
@@ -484,3 +495,72 @@ def test_cpu_launcher_ctrl_c_stops_msrun_and_its_workers_and_exits_130(mode, env
     assert rc == 130 and not alive, (rc, alive, err)
     assert f"--resume {tmp_path / 'train_parallel_cpu'}" in err
     assert ("killing (SIGKILL)" in err) == (mode == "ignore")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a rank that hangs (alive, never reaching the collective) under the CPU launcher: named in one line
+# ---------------------------------------------------------------------------------------------------------------
+STUB_STUCK_PYTHON = """#!/bin/bash
+# msrun starts each worker as `python train.py ...`: run tests/workers/stuck_collective.py in its place
+case "$1" in *train.py) exec %(python)s %(worker)s ;; esac
+exec %(python)s "$@"
+"""
+
+
+@pytest.mark.msrun
+def test_cpu_launcher_names_the_rank_that_never_reached_the_collective(env, tmp_path):
+    """Issue 30: rank 1 of a 2-rank msrun job sleeps instead of its third step's AllReduce. Rank 0 waits
+    MS_CPU_COMM_OP_TIMEOUT (5 s here) and fails with MindSpore's "Launch kernel failed" naming no rank; the launcher
+    names rank 1 in one line, stops the job (rank 1, sleeping for 300 s, is killed: no process is left and it never
+    takes its step) and exits 1. Real msrun and MindSpore; only train.py is replaced (a stub `python` first on
+    PATH, which msrun uses to start the workers)."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    worker = ROOT / "tests" / "workers" / "stuck_collective.py"
+    (stubs / "python").write_text(STUB_STUCK_PYTHON % {"python": sys.executable, "worker": worker})
+    (stubs / "python").chmod(0o755)
+    full = dict(env, PATH=os.pathsep.join([str(stubs), env["PATH"]]), MS_CPU_COMM_OP_TIMEOUT="5",
+                STUCK_SECONDS="300", STUCK_RANK="1", STUCK_AFTER="2", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(["bash", str(SCRIPTS / "run_distribute_train_cpu.sh"), "2", "synthetic"], env=full,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    logs = tmp_path / "train_parallel_cpu" / "msrun_log"
+    texts = {r: (logs / f"worker_{r}.log").read_text(errors="replace") for r in (0, 1)}
+    assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "rank 1: stuck before step 2" in texts[1] and "step 2" not in texts[1].replace("before step 2", "")
+    assert "rank 0: step 1" in texts[0]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("launcher: ")]
+    assert lines == [f"launcher: rank(s) 1 did not respond (alive but never reached the collective, or hung): "
+                     f"rank(s) 0 waited 5 s (MS_CPU_COMM_OP_TIMEOUT) in Default/reduce-AllReduce/AllReduce-op0 and "
+                     f"failed; job stopped (logs: {logs})"], proc.stderr[-3000:]
+    left = subprocess.run(["pgrep", "-f", str(worker)], capture_output=True, text=True).stdout.split()
+    assert not left, left
+
+
+def _stuck_ranks_line(log_dir: Path, first: int, count: int, extra_env: dict = None) -> subprocess.CompletedProcess:
+    script = f'usage() {{ :; }}; source "{SCRIPTS / "common.sh"}"; stuck_ranks_line "$1" "$2" "$3"'
+    return subprocess.run(["bash", "-c", script, "stuck", str(log_dir), str(first), str(count)],
+                          env=dict(os.environ, **(extra_env or {})), capture_output=True, text=True, timeout=60)
+
+
+def test_stuck_ranks_line_reads_pynative_and_graph_failures_and_other_nodes(tmp_path):
+    """The log analysis alone, on logs as MindSpore 2.10 writes them (PyNative: "Launch kernel failed, name:...";
+    Graph: "Launch kernel failed: ..."): ranks 4..7 of node 1 of a multi-node job."""
+    (tmp_path / "worker_4.log").write_text("step 1\nRuntimeError: Launch kernel failed, name:Default/AllGather-op3\n")
+    (tmp_path / "worker_5.log").write_text("step 1\n")
+    (tmp_path / "worker_6.log").write_text("- Kernel error:\nLaunch kernel failed: Default/grad/AllReduce-op7\n")
+    # rank 7 has no log yet: it never got going, so it did not respond either
+    done = _stuck_ranks_line(tmp_path, 4, 4, {"MS_CPU_COMM_OP_TIMEOUT": "42"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"launcher: rank(s) 5 7 did not respond (alive but never reached the collective, "
+                                   f"or hung): rank(s) 4 6 waited 42 s (MS_CPU_COMM_OP_TIMEOUT) in "
+                                   f"Default/AllGather-op3 and failed; job stopped (logs: {tmp_path})")
+    for r in (5, 7):
+        (tmp_path / f"worker_{r}.log").write_text("Launch kernel failed: Default/Broadcast-op0\n")
+    done = _stuck_ranks_line(tmp_path, 4, 4, {"MS_CPU_COMM_OP_TIMEOUT": "42"})
+    assert done.stdout.startswith("launcher: no rank of this node (ranks 4..7) is stuck: rank(s) 4 5 6 7 waited 42 s")
+    assert "run on another node" in done.stdout
+    # a failure that is no collective's, or no failure: nothing to report
+    for r, op in ((4, "Conv2D-op1"), (5, "net/ReduceMean-op3"), (6, "grad/AllReduceX-op2"), (7, "AllGather")):
+        (tmp_path / f"worker_{r}.log").write_text(f"Launch kernel failed: Default/{op}\n")
+    none = _stuck_ranks_line(tmp_path, 4, 4)
+    assert none.returncode == 1 and none.stdout == ""

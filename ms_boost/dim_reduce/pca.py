@@ -59,6 +59,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ms_boost.checkpoint_file import read_checkpoint
+
 __all__ = [
     "ParamSpec", "DEFAULT_EXCLUDE", "CHECKPOINT_SUFFIXES", "parameter_specs", "list_checkpoints",
     "infer_parameter_specs", "read_flat_weights", "gram_eigen_components", "compute_pca_matrix",
@@ -121,14 +123,9 @@ def list_checkpoints(weight_load_dir: str) -> List[str]:
 
 
 def _load(path: str, names: Optional[set]) -> dict:
-    import mindspore as ms
-
-    fmt = "safetensors" if path.endswith(".safetensors") else "ckpt"
+    """The entries of one stage-1 checkpoint (only ``names`` when given); errors name the file and its fault."""
     choice = None if names is None else (lambda name: name in names)
-    try:
-        return ms.load_checkpoint(path, choice_func=choice, format=fmt)
-    except Exception as exc:  # corrupt file, wrong format: name the file
-        raise ValueError(f"cannot read checkpoint {path!r}: {exc}") from exc
+    return read_checkpoint(path, choice_func=choice, what="stage-1 checkpoint")
 
 
 def _as_float32(value) -> np.ndarray:

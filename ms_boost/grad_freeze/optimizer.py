@@ -191,6 +191,7 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
             self.atom_lrs = ()
         self._inners = tuple(inners)
         self._atom_step_cells = {}  # inner optimizer -> its compiled PyNative step (_AtomStep), built on first use
+        self._atom_steps_compiled = set()  # inner optimizers whose PyNative step has run (been compiled) once
 
     # -- construction helpers --------------------------------------------------------------------
     @staticmethod
@@ -352,10 +353,29 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         self._planned = None
         done = step
         for a in self.group_atoms[index]:
-            if a not in self._atom_step_cells:
-                self._atom_step_cells[a] = _AtomStep(self, a)
-            done = ops.depend(done, self._atom_step_cells[a](step, *_take(gradients, self.atom_indices[a])))
+            done = ops.depend(done, self._run_atom_step(a, step, gradients))
         return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
+
+    def _run_atom_step(self, a: int, step, gradients):
+        """Run inner optimizer ``a``'s compiled PyNative step. Its first run compiles it, possibly late in
+        training (the first step whose train group holds it): an error then names the train groups and the
+        parameters it updates and the step, instead of a compiler message about a source line."""
+        if a not in self._atom_step_cells:
+            self._atom_step_cells[a] = _AtomStep(self, a)
+        args = (step, *_take(gradients, self.atom_indices[a]))
+        if a in self._atom_steps_compiled:
+            return self._atom_step_cells[a](*args)
+        try:
+            out = self._atom_step_cells[a](*args)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the group named
+            groups = [j for j in range(self.groups_num) if self._mask[j, a]]
+            names = [self.parameters[i].name for i in self.atom_indices[a]]
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise RuntimeError(f"grad_freeze: compiling the update of train parameter group(s) {groups} (inner "
+                               f"optimizer {a} of {self.n_atoms}: {len(names)} parameter(s), {names[:4]}) failed "
+                               f"at step {int(step.asnumpy()[0])}: {type(exc).__name__}: {first}") from exc
+        self._atom_steps_compiled.add(a)
+        return out
 
     def construct(self, gradients):
         """Graph-mode step: the groups of this step selected on the device from :attr:`train_strategy`."""

@@ -28,6 +28,7 @@ from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
 from ms_boost import comm
+from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.divergence import callback_mark, first_non_finite
 from ms_boost.stages import optimizer_hooks
 
@@ -216,7 +217,7 @@ class GuardedCheckpoint(Callback):
 
 def read_manifest(path: Path, entries: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """The ``ms_boost_run`` manifest of a checkpoint (``None`` for checkpoints written before it existed)."""
-    entries = ms.load_checkpoint(str(path)) if entries is None else entries
+    entries = read_checkpoint(path) if entries is None else entries
     raw = entries.get(MANIFEST_KEY)
     if not isinstance(raw, str):
         return None
@@ -332,7 +333,7 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
             left to train.
     """
     path = _resume_path(cfg)
-    entries = ms.load_checkpoint(str(path))
+    entries = read_checkpoint(path, what="resume: checkpoint")
     manifest = read_manifest(path, entries)
     if manifest is None:
         raise ValueError(f"resume: checkpoint {str(path)!r} has no '{'ms_boost_run'}' manifest (written by "

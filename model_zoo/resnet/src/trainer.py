@@ -50,6 +50,7 @@ from model_zoo.resnet.src.run_state import (
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import AutoBoost, Model, autotune_plan, comm
 from ms_boost.autotune.options import AUTO_LEVEL
+from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.dim_reduce.pca import write_weight_manifest
 from ms_boost.divergence import DivergencePolicy, DivergenceRollback
 from ms_boost.validation import load_mapping_file
@@ -173,11 +174,12 @@ def build_network(cfg: Config) -> nn.Cell:
                        zero_init_residual=cfg.zero_init_residual, conv_impl=cfg.conv_impl)
     init_weight(net, cfg.conv_init, cfg.dense_init, seed=int(cfg.seed))
     if cfg.pretrained:
-        load_weights(net, cfg.pretrained)
+        load_weights(net, cfg.pretrained, what="pretrained checkpoint")
     return net
 
 
-def load_weights(net: nn.Cell, checkpoint: Union[str, Path], entries: Optional[Dict[str, Any]] = None) -> List[str]:
+def load_weights(net: nn.Cell, checkpoint: Union[str, Path], entries: Optional[Dict[str, Any]] = None,
+                 what: str = "checkpoint") -> List[str]:
     """Load a checkpoint's weights into ``net`` by exact parameter name.
 
     Extra entries (optimizer moments, boost and THOR state, the step counter) are ignored, so checkpoints
@@ -187,15 +189,14 @@ def load_weights(net: nn.Cell, checkpoint: Union[str, Path], entries: Optional[D
         names of the network parameters loaded.
 
     Raises:
-        ValueError: the file is missing, a parameter's shape differs, or it lacks some of the network's parameters.
+        ValueError: the file is missing, empty or unreadable (see :func:`ms_boost.checkpoint_file.read_checkpoint`),
+            a parameter's shape differs, or it lacks some of the network's parameters.
     """
     path = Path(os.path.expanduser(str(checkpoint)))
-    if not path.is_file():
-        raise ValueError(f"checkpoint {str(path)!r} does not exist.")
     wanted = {p.name for p in net.get_parameters()}
     # Exact names only: MindSpore would otherwise fall back to stripping prefixes and could load an optimizer
     # moment ("moments.fc.weight") in place of a missing weight.
-    entries = ms.load_checkpoint(str(path)) if entries is None else entries
+    entries = read_checkpoint(path, what=what) if entries is None else entries
     params = {name: value for name, value in entries.items() if name in wanted}
     mismatched = [f"{p.name} {tuple(p.shape)} vs {tuple(params[p.name].shape)}" for p in net.get_parameters()
                   if p.name in params and tuple(p.shape) != tuple(params[p.name].shape)]
@@ -348,9 +349,7 @@ def inference_network(cfg: Config, conv_impl: Optional[str] = None) -> nn.Cell:
         raise ValueError("checkpoint_file_path is empty; give --checkpoint_file_path <file.ckpt>.")
     setup_runtime(cfg.replace(run_distribute=False))
     path = Path(os.path.expanduser(str(cfg.checkpoint_file_path)))
-    if not path.is_file():
-        raise ValueError(f"checkpoint {str(path)!r} does not exist.")
-    entries = ms.load_checkpoint(str(path))
+    entries = read_checkpoint(path, what="checkpoint_file_path")
     _check_recipe(cfg, path, read_manifest(path, entries), "evaluate/export")
     net = create_model(cfg.net_name, class_num=cfg.class_num, base_width=cfg.base_width,
                        zero_init_residual=cfg.zero_init_residual,
