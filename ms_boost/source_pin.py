@@ -46,8 +46,9 @@ def _unchecked_roots() -> Tuple[str, ...]:
     """Folders whose files are installed, not edited: MindSpore's package and Python's standard library."""
     roots = [sysconfig.get_paths().get("stdlib", "")]
     ms = sys.modules.get("mindspore")
-    if ms is not None and getattr(ms, "__file__", None):
-        roots.append(os.path.dirname(ms.__file__))
+    ms_file = getattr(ms, "__file__", None) if ms is not None else None
+    if ms_file:
+        roots.append(os.path.dirname(ms_file))
     return tuple(os.path.join(os.path.realpath(r), "") for r in roots if r)
 
 
@@ -130,8 +131,10 @@ def pin_loaded_sources(prefix: str = "ms_boost") -> None:
 
 
 def pin_cell_sources(objects: Iterable) -> None:
-    """Pin the modules defining the classes (and their bases) of ``objects`` and of every cell inside them
-    (``cells_and_names``), plus every loaded ms_boost module: what a ``Model`` compiles later."""
+    """Pin the modules defining the classes (and bases) of ``objects`` and of every cell inside them.
+
+    Every cell of ``cells_and_names`` counts, plus every loaded ms_boost module: what a ``Model`` compiles later.
+    """
     modules = {}
     for obj in objects:
         if obj is None:

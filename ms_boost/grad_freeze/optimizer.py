@@ -357,9 +357,12 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
 
     def _run_atom_step(self, a: int, step, gradients):
-        """Run inner optimizer ``a``'s compiled PyNative step. Its first run compiles it, possibly late in
-        training (the first step whose train group holds it): an error then names the train groups and the
-        parameters it updates and the step, instead of a compiler message about a source line."""
+        """Run inner optimizer ``a``'s compiled PyNative step.
+
+        Its first run compiles it, possibly late in training (the first step whose train group holds it): an error
+        then names the train groups and the parameters it updates and the step, instead of a compiler message
+        about a source line.
+        """
         if a not in self._atom_step_cells:
             self._atom_step_cells[a] = _AtomStep(self, a)
         args = (step, *_take(gradients, self.atom_indices[a]))
