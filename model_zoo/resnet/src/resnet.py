@@ -23,6 +23,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from model_zoo.resnet.src.conv import GemmConv2d, resolve_conv_impl
+from ms_boost.cpu_gemm_conv import restore_convolutions
 
 __all__ = [
     "BasicBlock", "Bottleneck", "StemMaxPool", "onnx_exportable", "ResNet", "register_model", "list_models",
@@ -167,7 +168,10 @@ class StemMaxPool(nn.Cell):
 
 def onnx_exportable(net: nn.Cell) -> nn.Cell:
     """``net`` with its ResNet stems' padded max pool replaced (in place) by :class:`StemMaxPool`, which MindSpore
-    can export to ONNX; the inference output is unchanged (the pool follows a ReLU)."""
+    can export to ONNX; the inference output is unchanged (the pool follows a ReLU). Convolutions that the
+    ``cpu_gemm_conv`` rewrite computes as im2col + GEMM (an ``Im2Col`` operator ONNX cannot hold) become plain
+    ``nn.Conv2d`` again (same Parameters, same outputs)."""
+    restore_convolutions(net)
     for _, cell in net.cells_and_names():
         if isinstance(cell, ResNet) and isinstance(cell.maxpool, nn.MaxPool2d):
             cell.maxpool = StemMaxPool()
