@@ -246,7 +246,8 @@ def test_two_nodes_train_o2_with_adasum_across_the_servers(crashed):
         assert [line.split("(global ")[1][0] for line in step_lines(text, rank)][:2] == ["1", "2"], text[-3000:]
     head = runs[0].logs()[0]
     assert "boost_level O2 | 4 rank(s) on CPU" in head
-    assert ("mean within each server (2 rank(s) per server) -> optimizer -> AdaSum of the servers' weight deltas "
+    assert ("mean within each server (2 rank(s) per server) -> nn.Conv2d as im2col + GEMM (layers left alone are "
+            "logged) -> optimizer -> AdaSum of the servers' weight deltas "
             "across 2 servers") in head
     for epoch in (1, 2):
         states = [state(rank_checkpoint(runs[node_of(r)].run_dir, r, epoch)) for r in range(WORKERS)]

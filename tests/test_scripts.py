@@ -330,7 +330,8 @@ def test_standalone_train_then_run_eval_for_real(env, tmp_path):
 # tests/test_msrun_e2e.py::test_light_o1_two_ranks_equal_one_process.
 O2_EXTRA = ["--boost_config_dict.common.device_number", "1", "--epoch_size", "2", "--steps_per_epoch", "1",
             "--save_checkpoint_epochs", "1", "--save_checkpoint_steps", "0"]
-O2_PIPELINE = ("mean within each server (1 rank(s) per server) -> optimizer -> AdaSum of the servers' weight deltas "
+O2_PIPELINE = ("mean within each server (1 rank(s) per server) -> nn.Conv2d as im2col + GEMM (layers left alone are "
+               "logged) -> optimizer -> AdaSum of the servers' weight deltas "
                "across 2 servers")  # 2 "servers" of one rank each
 
 
