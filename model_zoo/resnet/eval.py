@@ -51,7 +51,7 @@ def train_classes(cfg: Config) -> Optional[List[str]]:
     if here.is_dir():
         return class_folders(here)
     path = Path(os.path.expanduser(str(cfg.checkpoint_file_path)))
-    manifest = read_manifest(path) if path.is_file() else None
+    manifest = read_manifest(path, what="checkpoint_file_path") if path.is_file() else None
     recorded = (manifest or {}).get("config") or {}
     if isinstance(recorded.get("data_path"), str) and recorded["data_path"] not in BUILTIN_DATA:
         there = Path(os.path.expanduser(recorded["data_path"])) / str(recorded.get("train_dir", cfg.train_dir))

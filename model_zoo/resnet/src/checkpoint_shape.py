@@ -42,7 +42,7 @@ def with_checkpoint_shape(cfg: Config) -> Tuple[Config, Dict[str, Any]]:
     path = Path(os.path.expanduser(str(cfg.checkpoint_file_path or "")))
     if not cfg.checkpoint_file_path or not path.is_file():
         return cfg, {}  # inference_network names the missing file
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, what="checkpoint_file_path")
     if manifest is None:
         return cfg, {}
     given = command_line_keys(cfg)

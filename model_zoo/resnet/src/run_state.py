@@ -215,9 +215,13 @@ class GuardedCheckpoint(Callback):
                 old.unlink(missing_ok=True)
 
 
-def read_manifest(path: Path, entries: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
-    """The ``ms_boost_run`` manifest of a checkpoint (``None`` for checkpoints written before it existed)."""
-    entries = read_checkpoint(path) if entries is None else entries
+def read_manifest(path: Path, entries: Optional[Dict[str, Any]] = None,
+                  what: str = "checkpoint") -> Optional[Dict[str, Any]]:
+    """The ``ms_boost_run`` manifest of a checkpoint (``None`` for checkpoints written before it existed).
+
+    ``what`` names the file in a read error (the option that gave it, e.g. ``checkpoint_file_path``).
+    """
+    entries = read_checkpoint(path, what=what) if entries is None else entries
     raw = entries.get(MANIFEST_KEY)
     if not isinstance(raw, str):
         return None
