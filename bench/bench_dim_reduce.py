@@ -72,6 +72,17 @@ def update_section(name: str, payload: dict, markdown: str) -> None:
         os.replace(tmp, path)
 
 
+def tutorial_boost_dict(n_component: int, pca_mat_path: str, weight_load_dir: str, carry_search: bool = False) -> dict:
+    """Stage 2's ``boost_config_dict`` as the dimension-reduce tutorial writes it (rho 0.55, gamma 0.9, alpha 0.001,
+    sigma 0.4), with ``dim_reduce.carry_search`` added when asked."""
+    boost_dict = {"boost": {"mode": "manual", "dim_reduce": True}, "common": {"device_num": 8},
+                  "dim_reduce": {"rho": 0.55, "gamma": 0.9, "alpha": 0.001, "sigma": 0.4, "n_component": n_component,
+                                 "pca_mat_path": pca_mat_path, "weight_load_dir": weight_load_dir, "timeout": 1200}}
+    if carry_search:
+        boost_dict["dim_reduce"]["carry_search"] = True
+    return boost_dict
+
+
 def _section_runs(name: str) -> list:
     """The runs already in a section of the result file (kept when only some widths are re-measured)."""
     path = RESULTS / "dim_reduce.json"
@@ -223,11 +234,7 @@ def run_seed(args, seed: int, work: Path) -> dict:
     def stage2(carry: bool):
         net2 = _build(args, seed)
         ms.load_param_into_net(net2, ms.load_checkpoint(str(stage1_weights)))
-        boost_dict = {"boost": {"mode": "manual", "dim_reduce": True}, "common": {"device_num": 8},
-                      "dim_reduce": {"rho": 0.55, "gamma": 0.9, "alpha": 0.001, "sigma": 0.4, "n_component": args.k,
-                                     "pca_mat_path": pca_mat_path, "weight_load_dir": str(ckpt_dir), "timeout": 1200}}
-        if carry:
-            boost_dict["dim_reduce"]["carry_search"] = True
+        boost_dict = tutorial_boost_dict(args.k, pca_mat_path, str(ckpt_dir), carry)
         start = time.perf_counter()
         model2 = Model(net2, loss_fn=_loss(args), optimizer=nn.SGD(net2.trainable_params(), learning_rate=1),
                        metrics={"acc"}, boost_level="O1", boost_config_dict=boost_dict)

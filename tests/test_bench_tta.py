@@ -147,3 +147,54 @@ def test_page_and_readme_rows_from_runs_state_not_reached():
     assert "**Not reached** on every seed: THOR (0/1 seeds)" in page
     assert "O1 time to target <= 1.0x O0's" not in page  # no O0 run: that goal is not judged
     assert "THOR time to target <= 0.8x the baseline's: not reached" in page
+
+
+def test_trajectory_steps_spread_over_the_second_half_of_stage_1():
+    from bench.bench_tta import trajectory_steps
+
+    steps = trajectory_steps(3, 46, 32)  # second half: epochs 2-3 = steps 47..138, 92 steps, every 92 // 36 = 2
+    assert steps[0] == 48 and steps[-1] == 138 and all(b - a == 2 for a, b in zip(steps, steps[1:]))
+    assert len(steps) == 46 >= 33
+    assert trajectory_steps(1, 10, 8) == list(range(1, 11))  # one epoch: all of it, every step
+    with pytest.raises(ValueError, match="n_component=32 needs at least 33 saved weights, but the second half of "
+                                         "stage 1 has 20 steps"):
+        trajectory_steps(2, 20, 32)
+
+
+def test_dim_reduce_summary_pairs_the_two_stage_2s_of_each_seed():
+    from bench.bench_tta import dim_reduce_goal, dim_reduce_summary
+
+    def run(acc, secs, build=0.0, error=None):
+        return {"accuracy": acc, "epoch_seconds": secs, "build_seconds": build, "error": error}
+
+    runs = {"0": {"stage1": run([0.8, 0.9], [5.0, 1.0]), "annealed": run([0.93, 0.95], [3.0, 1.0], 1.0),
+                  "dim_reduce": run([0.94, 0.96], [8.0, 3.0], 1.0)},
+            "1": {"stage1": run([0.8, 0.9], [5.0, 1.0]), "annealed": run([0.92, 0.94], [2.0, 2.0]),
+                  "dim_reduce": run([0.93, 0.93], [4.0, 4.0])},
+            "2": {"stage1": run([], [], error="crashed")}}
+    s = dim_reduce_summary(runs)
+    assert s["ok"] == ["0", "1"] and s["seeds"] == ["0", "1", "2"]
+    assert s["by_seed"]["0"]["diff_points"] == pytest.approx(1.0)
+    assert s["by_seed"]["0"]["annealed_s"] == pytest.approx(5.0) and s["by_seed"]["0"]["dim_reduce_s"] == 12.0
+    assert s["by_seed"]["1"]["diff_points"] == pytest.approx(-1.0) and s["by_seed"]["1"]["time_ratio"] == 2.0
+    assert s["diff_points"]["median"] == pytest.approx(0.0) and s["time_ratio"]["median"] == pytest.approx(2.2)
+    assert dim_reduce_goal(s).endswith("not met: 0.00 [-1.00, 1.00] points at equal steps (median [min, max] over 2 "
+                                       "seeds), in 2.20 [2.00, 2.40]x the continuation's wall time (PCA and compile "
+                                       "included); at equal wall time the continuation would have had that much "
+                                       "more time.")
+    above = dim_reduce_summary({"0": runs["0"]})
+    assert "not met at equal wall time (above at equal steps, but slower): 1.00 points" in dim_reduce_goal(above)
+    assert "**not measured**" in dim_reduce_goal(dim_reduce_summary({"2": runs["2"]}))
+
+
+def test_select_restricts_the_plan_and_refuses_unknown_names():
+    from bench.bench_tta import FULL, select
+
+    plan = select(FULL, datasets=["mnist5k"], nets=["gemm"], contenders=["THOR", "DimReduce"], seeds=[1, 2])
+    assert plan.datasets == ("mnist5k",) and plan.nets == ("gemm",) and plan.contenders == ("THOR",)
+    assert plan.dim_reduce_nets == FULL.dim_reduce_nets and plan.seeds == (1, 2) and plan.grid_seeds == (1,)
+    assert select(FULL, contenders=["ms_boost O1"]).dim_reduce_nets == ()
+    with pytest.raises(ValueError, match=r"--contenders \['O1'\] not allowed; allowed: \["):
+        select(FULL, contenders=["O1"])
+    with pytest.raises(ValueError, match=r"--datasets \['mnist'\] not allowed"):
+        select(FULL, datasets=["mnist"])
