@@ -63,15 +63,14 @@ CONTENDERS = {
     AUTO: AUTO_TEXT,  # bench/tta_autotune.py
 }
 DISTRIBUTED = ("data parallel x2", "ms_boost O2 x2")
-#: the three runs of the DimReduce comparison (per seed, each its own process), kept apart from the contenders
-#: above: they are judged on final accuracy after the same stage-2 steps, not on time to the target
+#: the DimReduce comparison (per seed), judged on final accuracy after the same stage-2 steps, not time to target
 DIM_REDUCE_RUNS = {
-    "DimReduce stage 1": "mindspore.train.Model + Momentum at the baseline's lr, cosine planned for the cell's epochs, "
-                         "trained all but the last stage-2 epochs, saving the weights for the PCA",
-    "SGD annealed": "the stage-1 checkpoint (weights and momentum) continued with Momentum, its learning rate the "
-                    "cosine's remaining steps down to zero",
+    "stage 1 + SGD annealed": "the tuned baseline's own run (Momentum, cosine to zero): its first epochs are stage 1, "
+                              "saving the weights for the PCA (save time excluded from its epochs) and its checkpoint "
+                              "at the stage-1 end; its last epochs are SGD continued from that checkpoint with the "
+                              "learning rate annealed to zero",
     "DimReduce stage 2": "ms_boost.Model(net, loss, SGD(lr=1), boost_level='O1', boost_config_dict=<the tutorial's "
-                         "dim_reduce dict>) from the stage-1 weights, the same steps",
+                         "dim_reduce dict>) from that checkpoint, the same steps, in its own process",
 }
 #: O2 x2: AdaSum combines across servers; with 2 ranks on one host each rank is its own server
 O2_X2_CONFIG = {"common": {"device_number": 1}}
@@ -170,10 +169,9 @@ class RunSpec:
     frequency: int = 10
     width: int = 16
     extra: dict = field(default_factory=dict)
-    schedule_epochs: int = 0  # the cosine's length in epochs (0: ``epochs``)
-    schedule_start: int = 0  # the epoch of the cosine this run starts at (the annealed continuation)
-    workdir: str = ""  # the DimReduce runs' shared folder (stage-1 checkpoints, the PCA matrix)
+    workdir: str = ""  # DimReduce: the folder of the stage-1 weights (the baseline writes, stage 2 reads)
     n_component: int = 32  # DimReduce's k
+    stage2_epochs: int = 0  # the baseline with a workdir: its last epochs that are stage 2 (the annealed part)
 
 
 def _plain_conv_net(num_classes: int, width: int):
@@ -215,8 +213,7 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
 
     from model_zoo.resnet.src.lr_generator import get_lr
 
-    schedule = get_lr(0.0, 0.0, spec.lr, 0, spec.schedule_epochs or spec.epochs, steps_per_epoch, "cosine")
-    lr = Tensor(schedule[spec.schedule_start * steps_per_epoch:].astype(np.float32))
+    lr = Tensor(get_lr(0.0, 0.0, spec.lr, 0, spec.epochs, steps_per_epoch, "cosine").astype(np.float32))
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     metrics = {"acc"}
     name = spec.contender
@@ -238,9 +235,7 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
         return ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
                                                          metrics=metrics, amp_level="O0")
     opt = nn.Momentum(net.trainable_params(), lr, 0.9)
-    if name == "SGD annealed":  # the stage-1 run continued: its momentum too
-        _load_stage1(Path(spec.workdir) / STAGE1_OPT, opt, "moments.")
-    if name in ("baseline", "data parallel x2", "DimReduce stage 1", "SGD annealed"):
+    if name in ("baseline", "data parallel x2"):
         return ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics)
     if name == "upstream O1 (gc off)":
         return ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics, boost_level="O1",
@@ -261,22 +256,21 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
     return ms_boost.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics, boost_level=levels[name], **extra)
 
 
-STAGE1_NET, STAGE1_OPT = "stage1_net.ckpt", "stage1_opt.ckpt"
+STAGE1_NET = "stage1_net.ckpt"
 
 
-def _load_stage1(path: Path, cell, prefix: str = "") -> None:
-    """Load the stage-1 checkpoint ``path`` into ``cell`` (the parameters named ``prefix...`` only); every one of
-    them must land (a silent partial load would compare stage 2 against the wrong start)."""
+def _load_stage1(path: Path, net) -> None:
+    """Load the stage-1 checkpoint ``path`` into ``net``; every parameter must land both ways (a silent partial
+    load would compare stage 2 against the wrong start)."""
     import mindspore as ms
 
     if not path.is_file():
-        raise FileNotFoundError(f"workdir={str(path.parent)!r} holds no {path.name}: run 'DimReduce stage 1' first.")
-    params = {k: v for k, v in ms.load_checkpoint(str(path)).items() if k.startswith(prefix)}
-    not_in_cell, not_from_file = ms.load_param_into_net(cell, params, strict_load=True)[:2]
-    missing = [k for k in not_in_cell if k.startswith(prefix)] + list(not_from_file)
-    if not params or missing:
-        raise ValueError(f"{path} did not load into {type(cell).__name__}: {len(params)} parameters named "
-                         f"{prefix!r}..., not loaded: {missing[:5]}")
+        raise FileNotFoundError(f"workdir={str(path.parent)!r} holds no {path.name}: the baseline run with this "
+                                "workdir saves it.")
+    not_in_net, not_from_file = ms.load_param_into_net(net, ms.load_checkpoint(str(path)), strict_load=True)[:2]
+    if not_in_net or not_from_file:
+        raise ValueError(f"{path} did not load into the network: parameters not loaded {not_in_net[:5]}, "
+                         f"checkpoint entries unused {not_from_file[:5]}")
 
 
 def trajectory_steps(epochs1: int, steps_per_epoch: int, n_component: int) -> List[int]:
@@ -313,41 +307,39 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
     val = create_dataset(data_root / "val", do_train=False, batch_size=100, image_size=spec.image_size,
                          num_parallel_workers=2, drop_remainder=False, class_names=classes)
     net = build_network(spec, len(classes))
-    if spec.contender in ("SGD annealed", "DimReduce stage 2"):
+    if spec.contender == "DimReduce stage 2":
         _load_stage1(Path(spec.workdir) / STAGE1_NET, net)
     steps_per_epoch = train.get_dataset_size()
     tick = time.perf_counter()
     model = _model(spec, net, steps_per_epoch)
     record = {"accuracy": [], "epoch_seconds": [], "slowest_steps": [], "build_seconds": time.perf_counter() - tick}
-    callbacks = []
-    if spec.contender == "DimReduce stage 1":
-        saves = set(trajectory_steps(spec.epochs, steps_per_epoch, spec.n_component))
-        folder = Path(spec.workdir) / "trajectory"
+    saves, end1 = set(), -1  # the steps after which the baseline saves DimReduce's stage-1 weights (workdir given)
+    folder = Path(spec.workdir) / "trajectory"
+    if spec.contender == "baseline" and spec.workdir:
+        end1 = (spec.epochs - spec.stage2_epochs) * steps_per_epoch  # the stage-1 end: its checkpoint too
+        saves = set(trajectory_steps(spec.epochs - spec.stage2_epochs, steps_per_epoch, spec.n_component)) | {end1}
         folder.mkdir(parents=True, exist_ok=True)
-
-        class TrajectorySaver(Callback):
-            step = 0
-
-            def on_train_step_end(self, run_context):
-                self.step += 1
-                if self.step in saves:
-                    ms.save_checkpoint(net, str(folder / f"w-{self.step:06d}.ckpt"))
-
-        callbacks.append(TrajectorySaver())
         record["trajectory_checkpoints"] = len(saves)
 
     class EpochTimer(Callback):
         def on_train_epoch_begin(self, run_context):
-            self.start, self.steps = time.perf_counter(), []
+            self.start, self.steps, self.saving = time.perf_counter(), [], 0.0
 
         def on_train_step_begin(self, run_context):
             self.step_start = time.perf_counter()
 
         def on_train_step_end(self, run_context):
             self.steps.append(time.perf_counter() - self.step_start)
+            step = run_context.original_args().cur_step_num
+            if step in saves:  # stage-1 weights: written outside the timed training
+                tick = time.perf_counter()
+                ms.save_checkpoint(net, str(folder / f"w-{step:06d}.ckpt"))
+                if step == end1:
+                    ms.save_checkpoint(net, str(Path(spec.workdir) / STAGE1_NET))
+                self.saving += time.perf_counter() - tick
 
         def on_train_epoch_end(self, run_context):
-            record["epoch_seconds"].append(time.perf_counter() - self.start)
+            record["epoch_seconds"].append(time.perf_counter() - self.start - self.saving)
             # the epoch's median step and its three slowest (a compile inside an epoch shows here)
             record["slowest_steps"].append([float(np.median(self.steps))] + sorted(self.steps)[-3:]
                                            if self.steps else [])
@@ -355,10 +347,10 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
             print(f"[tta] {spec.contender} epoch {len(record['accuracy'])}: acc {record['accuracy'][-1]:.4f} "
                   f"in {record['epoch_seconds'][-1]:.2f} s", flush=True)
 
-    model.train(spec.epochs, train, callbacks=[EpochTimer()] + callbacks, dataset_sink_mode=False)
-    if spec.contender == "DimReduce stage 1":
-        ms.save_checkpoint(net, str(Path(spec.workdir) / STAGE1_NET))
-        ms.save_checkpoint(model.train_network.optimizer, str(Path(spec.workdir) / STAGE1_OPT))  # its moments
+    model.train(spec.epochs, train, callbacks=[EpochTimer()], dataset_sink_mode=False)
+    boost = getattr(model, "boost", None)  # ms_boost.Model: the plan it ran (AdaSum's pipeline line for O2 x2)
+    if boost is not None and hasattr(boost, "summary"):
+        record["plan"] = boost.summary(ranks=world)
     report = getattr(model, "autotune_report", None)
     if report is not None:  # the trial ran inside train() before epoch 1: its time counts in epoch 1
         record["epoch_seconds"][0] += report.trial_seconds
@@ -455,6 +447,7 @@ class Plan:
     distributed_epochs: Dict[str, int] = field(default_factory=dict)  # network -> their epochs (default: epochs)
     distributed_lr_factors: Sequence[float] = (1.0, 2.0, 4.0)  # x the baseline's lr (a larger batch takes more)
     dim_reduce_nets: Sequence[str] = ()  # networks with the DimReduce comparison
+    on_request: Sequence[str] = ()  # contenders run only when --contenders names them
     dim_reduce_epochs: int = 2  # stage 2's epochs (the tutorial's 2); stage 1 is the rest of the cell's epochs
     n_component: int = 32  # the tutorial's k
 
@@ -466,7 +459,11 @@ QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epoch
              contender_lr_factors=(1.0,), thor_lrs=(0.05,), thor_dampings=(0.03,), width={"gemm": 8, "conv": 8},
              grid_seeds=(0,),
              # the zoo's ResNet is GemmConv2d already (the rewrite leaves it alone); upstream O1 on one network only
-             skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",), "conv": ("upstream O1 (gc off)",)})
+             skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",), "conv": ("upstream O1 (gc off)",)},
+             dim_reduce_nets=("gemm",), dim_reduce_epochs=1,
+             # msrun jobs take minutes each on 2 cores: in the quick form only when asked (--contenders)
+             on_request=DISTRIBUTED, distributed_batch=128, distributed_epochs={"gemm": 8, "conv": 6},
+             distributed_lr_factors=(1.0, 4.0))
 FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 2),
             epochs={"gemm": 10, "conv": 6}, image_size=32, baseline_lrs=(0.02, 0.05, 0.1, 0.2),
             contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR",
@@ -496,23 +493,28 @@ def run_seconds(run: dict) -> float:
     return float(run.get("build_seconds", 0.0)) + float(np.sum(run["epoch_seconds"]))
 
 
-def dim_reduce_summary(runs: Dict[str, dict]) -> dict:
-    """The DimReduce comparison over the seeds (by seed: ``{"stage1", "annealed", "dim_reduce"}`` runs).
+def dim_reduce_summary(runs: Dict[str, dict], epochs2: int) -> dict:
+    """The DimReduce comparison over the seeds (by seed: ``{"baseline", "dim_reduce"}`` runs).
 
-    Per seed where all three ran: the stage-1 end accuracy, each stage 2's final accuracy, ``diff`` = DimReduce's
-    minus the annealed continuation's (accuracy points, i.e. x100), each stage 2's wall time (:func:`run_seconds`;
-    DimReduce's includes its PCA and compile) and ``time_ratio`` = DimReduce's over the continuation's.
+    Per seed where both ran: the stage-1 end accuracy (the baseline's epoch ``-epochs2 - 1``), the annealed
+    continuation's final accuracy (the baseline's last) and DimReduce stage 2's, ``diff_points`` = DimReduce's minus
+    the continuation's (x100), each stage 2's wall time (the baseline's last ``epochs2`` epochs; DimReduce's
+    :func:`run_seconds`, its PCA and compile included) and ``time_ratio`` = DimReduce's over the continuation's.
     """
     rows = {}
     for seed, r in runs.items():
-        if any(k not in r or r[k]["error"] or not r[k]["accuracy"] for k in ("stage1", "annealed", "dim_reduce")):
+        base, dim = r.get("baseline"), r.get("dim_reduce")
+        if any(x is None or x["error"] or not x["accuracy"] for x in (base, dim)):
             continue
-        ann, dim = r["annealed"], r["dim_reduce"]
-        rows[str(seed)] = {"stage1": r["stage1"]["accuracy"][-1], "annealed": ann["accuracy"][-1],
+        if len(base["accuracy"]) <= epochs2:
+            raise ValueError(f"seed {seed}: the baseline ran {len(base['accuracy'])} epochs, not more than "
+                             f"epochs2={epochs2}.")
+        annealed_s = float(np.sum(base["epoch_seconds"][-epochs2:]))
+        rows[str(seed)] = {"stage1": base["accuracy"][-epochs2 - 1], "annealed": base["accuracy"][-1],
                            "dim_reduce": dim["accuracy"][-1],
-                           "diff_points": 100.0 * (dim["accuracy"][-1] - ann["accuracy"][-1]),
-                           "annealed_s": run_seconds(ann), "dim_reduce_s": run_seconds(dim),
-                           "time_ratio": run_seconds(dim) / max(run_seconds(ann), 1e-9)}
+                           "diff_points": 100.0 * (dim["accuracy"][-1] - base["accuracy"][-1]),
+                           "annealed_s": annealed_s, "dim_reduce_s": run_seconds(dim),
+                           "time_ratio": run_seconds(dim) / max(annealed_s, 1e-9)}
     keys = ("stage1", "annealed", "dim_reduce", "diff_points", "annealed_s", "dim_reduce_s", "time_ratio")
     return {"seeds": sorted(runs), "ok": sorted(rows), "by_seed": rows,
             **{k: median_spread([row[k] for row in rows.values()]) for k in keys}}
@@ -553,16 +555,23 @@ def summarize_cell(cell: dict) -> None:
     base = cell["curves"]["baseline"]
     cell["summary"] = {c: _summary(runs, cell["target"], base) for c, runs in cell["curves"].items()}
     if cell.get("dim_reduce"):
-        cell["dim_reduce"]["summary"] = dim_reduce_summary(cell["dim_reduce"]["runs"])
+        cell["dim_reduce"]["summary"] = dim_reduce_summary(cell["dim_reduce"]["runs"], cell["dim_reduce"]["epochs2"])
 
 
 class _CellRunner:
     """The runs of one (data set, network) cell: one process per run, lr grids, results kept in ``cell``."""
 
-    def __init__(self, plan: Plan, key: str, root: Path, base: dict, timeout: int, cell: dict):
+    def __init__(self, plan: Plan, key: str, root: Path, base: dict, timeout: int, cell: dict, workroot: str = ""):
         self.plan, self.key, self.root, self.base, self.timeout, self.cell = plan, key, root, base, timeout, cell
+        self.workroot = workroot  # set: the baseline's runs save DimReduce's stage 1 under it
+
+    def _workdir(self, lr: float, seed: int) -> str:
+        return str(Path(self.workroot) / f"baseline_lr{lr}_seed{seed}")
 
     def go(self, contender: str, lr: float, seed: int, **kw) -> dict:
+        if contender == "baseline" and self.workroot:
+            kw = dict(kw, workdir=self._workdir(lr, seed), stage2_epochs=self.plan.dim_reduce_epochs,
+                      n_component=self.plan.n_component)
         spec = RunSpec(contender=contender, lr=lr, seed=seed, **{**self.base, **kw})
         shown = {k: v for k, v in kw.items() if k != "workdir"}
         print(f"[tta] {self.key} {contender} lr {lr} {shown or ''} seed {seed}", flush=True)
@@ -571,26 +580,20 @@ class _CellRunner:
         self.cell["runs"].setdefault(contender, []).append(r)
         return r
 
-    def dim_reduce(self, lr: float) -> dict:
-        """Per seed, three processes: stage 1 (Momentum at ``lr``, the cell's cosine, all but the last stage-2
-        epochs, saving weights), then from its checkpoint the annealed continuation and DimReduce stage 2."""
-        import tempfile
-
+    def dim_reduce(self, lr: float, base_runs: Dict[int, dict]) -> dict:
+        """DimReduce stage 2 from each seed's baseline run at the picked ``lr`` (its stage-1 checkpoint), one process
+        per seed; the baseline's own last epochs are the annealed continuation it is compared with."""
         plan = self.plan
-        epochs = self.base["epochs"]
-        epochs1, epochs2 = epochs - plan.dim_reduce_epochs, plan.dim_reduce_epochs
-        if epochs1 < 1:
-            raise ValueError(f"dim_reduce_epochs={epochs2} leaves no stage 1 in {epochs} epochs.")
-        out = {"epochs1": epochs1, "epochs2": epochs2, "n_component": plan.n_component, "lr": lr, "runs": {}}
-        for seed in plan.seeds:
-            with tempfile.TemporaryDirectory(prefix="tta_dim_reduce_") as work:
-                kw = dict(schedule_epochs=epochs, workdir=work, n_component=plan.n_component)
-                runs = {"stage1": self.go("DimReduce stage 1", lr, seed, epochs=epochs1, **kw)}
-                if not runs["stage1"]["error"]:
-                    runs["annealed"] = self.go("SGD annealed", lr, seed, epochs=epochs2, schedule_start=epochs1, **kw)
-                    runs["dim_reduce"] = self.go("DimReduce stage 2", 1.0, seed, epochs=epochs2, **kw)
+        epochs2 = plan.dim_reduce_epochs
+        out = {"epochs1": self.base["epochs"] - epochs2, "epochs2": epochs2, "n_component": plan.n_component,
+               "lr": lr, "runs": {}}
+        for seed, base in base_runs.items():
+            runs = {"baseline": base}
+            if not base["error"]:
+                runs["dim_reduce"] = self.go("DimReduce stage 2", 1.0, seed, epochs=epochs2,
+                                             workdir=self._workdir(lr, seed), n_component=plan.n_component)
             out["runs"][str(seed)] = runs
-        out["summary"] = dim_reduce_summary(out["runs"])
+        out["summary"] = dim_reduce_summary(out["runs"], epochs2)
         return out
 
     def grid(self, contender: str, lrs: Sequence[float], **kw) -> tuple:
@@ -610,6 +613,8 @@ class _CellRunner:
 
 def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
     """Every run of ``plan``, one process each; returns the payload of the page."""
+    import tempfile
+
     from model_zoo.resnet.src.real_data import ensure_real
 
     out = {"plan": asdict(plan), "mode": mode, "cells": {}}
@@ -621,7 +626,11 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
             out["cells"][key] = cell
             base = dict(dataset=dataset, net=net, epochs=plan.epochs[net], image_size=plan.image_size, mode=mode,
                         width=plan.width[net])
-            runner = _CellRunner(plan, key, root, base, timeout, cell)
+            workroot = tempfile.TemporaryDirectory(prefix="tta_dim_reduce_") if net in plan.dim_reduce_nets else None
+            if workroot and plan.epochs[net] <= plan.dim_reduce_epochs:
+                raise ValueError(f"dim_reduce_epochs={plan.dim_reduce_epochs} leaves no stage 1 in the "
+                                 f"{plan.epochs[net]} epochs of {net}.")
+            runner = _CellRunner(plan, key, root, base, timeout, cell, workroot.name if workroot else "")
             best_lr, base_runs = runner.grid("baseline", plan.baseline_lrs)
             target = target_accuracy([r["accuracy"][-1] for r in base_runs.values() if r["accuracy"]])
             cell.update({"target": target, "baseline_lr": best_lr, "curves": {"baseline": base_runs}})
@@ -644,8 +653,9 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
                           "epochs": plan.distributed_epochs.get(net, plan.epochs[net])} if distributed else {}
                     lr, runs = runner.grid(contender, lrs, **kw)
                 cell["curves"][contender] = runs
-            if net in plan.dim_reduce_nets:
-                cell["dim_reduce"] = runner.dim_reduce(best_lr)
+            if workroot:
+                cell["dim_reduce"] = runner.dim_reduce(best_lr, base_runs)
+                workroot.cleanup()
             summarize_cell(cell)
             print(f"[tta] {key}: target {target:.4f}; " + "; ".join(
                 f"{c} ratio {_fmt_spread(s['ratio'])}" for c, s in cell["summary"].items()), flush=True)
@@ -718,10 +728,30 @@ def _cause(s: dict, ref: dict, ref_name: str) -> str:
     return "; ".join(parts)
 
 
-def goal_lines(payload: dict) -> List[str]:
-    """The issue's goals, each met / not met / not measured, with the measured cause (per cell)."""
+def goal_lines(payload: dict, companions: Optional[Dict[str, dict]] = None) -> List[str]:
+    """The issue's goals, each met / not met / not measured, with the measured cause (per cell of the payload,
+    then of each companion payload, named ``cell (companion)``)."""
+    lines = _cell_goal_lines(payload, "")
+    companions = companions or {}
+    for stem, other in companions.items():
+        lines += _cell_goal_lines(other, f" ({stem}, measured separately)")
+    every = [payload] + list(companions.values())
+    if not any("mnist5k" in p["plan"]["datasets"] for p in every):
+        lines.append("- MNIST-5k: **not measured** in this form (the full form runs it: `python bench/bench_tta.py`).")
+    if not any("ms_boost O2 x2" in c["summary"] for p in every for c in p["cells"].values()):
+        lines.append("- O2 (AdaSum) against the mean all-reduce at a large global batch: **not measured** in this form "
+                     "(msrun with 2 workers; the full form runs it).")
+    if not any(c.get("dim_reduce") for p in every for c in p["cells"].values()):
+        lines.append("- DimReduce stage 2 >= 0.5 points above SGD continued from the same stage-1 checkpoint with its "
+                     "learning rate annealed to zero: **not measured** in this form.")
+    return lines
+
+
+def _cell_goal_lines(payload: dict, suffix: str) -> List[str]:
+    """The goal lines of every cell of one payload (``suffix`` appended to each cell's name)."""
     lines = []
-    for key, cell in payload["cells"].items():
+    for cell_key, cell in payload["cells"].items():
+        key = f"{cell_key}{suffix}"
         summ = cell["summary"]
         base = summ.get("baseline")
         thor = summ.get("THOR")
@@ -748,18 +778,8 @@ def goal_lines(payload: dict) -> List[str]:
                          f"target where the mean all-reduce does not, or in fewer epochs: "
                          f"{'**met**' if met else 'not met'} (reached {o2['reached']} vs {dp['reached']} seeds; "
                          f"epochs {_fmt_spread(e_o2, 0)} vs {_fmt_spread(e_dp, 0)}).")
-    datasets = payload["plan"]["datasets"]
-    if "mnist5k" not in datasets:
-        lines.append("- MNIST-5k: **not measured** in this form (the full form runs it: `python bench/bench_tta.py`).")
-    if not any("ms_boost O2 x2" in c["summary"] for c in payload["cells"].values()):
-        lines.append("- O2 (AdaSum) against the mean all-reduce at a large global batch: **not measured** in this form "
-                     "(msrun with 2 workers; the full form runs it).")
-    measured = {k: c["dim_reduce"] for k, c in payload["cells"].items() if c.get("dim_reduce")}
-    for key, dim in measured.items():
-        lines.append(f"- {key}: " + dim_reduce_goal(dim["summary"]))
-    if not measured:
-        lines.append("- DimReduce stage 2 >= 0.5 points above SGD continued from the same stage-1 checkpoint with its "
-                     "learning rate annealed to zero: **not measured** in this form.")
+        if cell.get("dim_reduce"):
+            lines.append(f"- {key}: " + dim_reduce_goal(cell["dim_reduce"]["summary"]))
     return lines
 
 
@@ -783,10 +803,12 @@ def dim_reduce_section(payload: dict) -> List[str]:
     if not cells:
         return []
     lines = ["## DimReduce stage 2 against the annealed continuation", "",
-             "Per seed, three processes: " + "; ".join(f"**{k}**: {v}" for k, v in DIM_REDUCE_RUNS.items())
-             + ". Both stage 2s run the same steps from the same checkpoint; *time* is model build + training "
-             "(evaluation excluded), so DimReduce's holds its PCA and compile. The tutorial's 66.05 -> 74.31% is "
-             "measured against the un-annealed stage-1 checkpoint; this is the fair comparison.", ""]
+             "Per seed: " + "; ".join(f"**{k}**: {v}" for k, v in DIM_REDUCE_RUNS.items())
+             + ". Both stage 2s run the same steps from the same checkpoint. *Time*: the continuation's is the "
+             "baseline's last epochs (steady, compiled long before); DimReduce's is its model build + training "
+             "(evaluation excluded), so it holds its PCA and compile, as a user running stage 2 as its own script "
+             "pays them. The tutorial's 66.05 -> 74.31% is measured against the un-annealed stage-1 checkpoint; "
+             "this is the fair comparison.", ""]
     for key, dim in cells.items():
         summ = dim["summary"]
         lines += [f"**{key}**: stage 1 {dim['epochs1']} epochs at lr {dim['lr']}, stage 2 {dim['epochs2']} epochs, "
@@ -812,24 +834,45 @@ def dim_reduce_section(payload: dict) -> List[str]:
     return lines
 
 
-def pynative_section(name: str) -> List[str]:
-    """The PyNative table (a ``--mode pynative`` run's ``<name>_pynative.json``) under the Graph page."""
+#: the companion pages shown under a Graph page ``<name>``: ``<name>_<stem>.json`` -> its section's title
+COMPANIONS = {"pynative": "PyNative mode (second table)", "mnist5k": "MNIST-5k",
+              "extra": "Measured separately: DimReduce and O2 x2 against data parallel x2"}
+
+
+def load_companions(name: str) -> Dict[str, dict]:
+    """The companion payloads that exist beside ``<name>.json`` (summaries recomputed), by stem."""
     from bench.common import RESULTS
 
-    path = RESULTS / f"{name}_pynative.json"
-    lines = ["## PyNative mode (second table)", ""]
-    if not path.exists():
-        return lines + [f"Not measured with this page: `python bench/bench_tta.py --quick --mode pynative` writes "
-                        f"`{name}_pynative.json` and this table.", ""]
-    other = json.loads(path.read_text(encoding="utf-8"))
-    for cell in other["cells"].values():
-        summarize_cell(cell)
-    load = " / ".join(str(v) for v in other.get("load_before", []))
-    form = "quick" if other.get("quick") else "full"
-    lines += [f"Steady time to target / the tuned baseline's, PyNative mode ({form} form, "
-              f"{other.get('seconds', 0) / 60:.1f} min, load before {load}; its own baseline grid and target, "
-              f"details in [{name}_pynative.md]({name}_pynative.md)).", ""]
-    return lines + readme_table(other) + [""]
+    out = {}
+    for stem in COMPANIONS:
+        path = RESULTS / f"{name}_{stem}.json"
+        if path.exists():
+            other = json.loads(path.read_text(encoding="utf-8"))
+            for cell in other["cells"].values():
+                summarize_cell(cell)
+            out[stem] = other
+    return out
+
+
+def companion_sections(name: str, companions: Dict[str, dict]) -> List[str]:
+    """One section per companion page (its summary table and DimReduce tables); PyNative's says when it is absent."""
+    lines = []
+    for stem, title in COMPANIONS.items():
+        other = companions.get(stem)
+        if other is None:
+            if stem == "pynative":
+                lines += [f"## {title}", "", f"Not measured with this page: `python bench/bench_tta.py --quick --mode "
+                          f"pynative` writes `{name}_pynative.json` and this table.", ""]
+            continue
+        load = " / ".join(str(v) for v in other.get("load_before", []))
+        form = "quick" if other.get("quick") else "full"
+        lines += [f"## {title}", "",
+                  f"Steady time to target / the tuned baseline's, {other['mode']} mode: `{other.get('command', '')}` "
+                  f"({form} form, {other.get('seconds', 0) / 60:.1f} min, load before {load}; its own baseline grid "
+                  f"and target; details in [{name}_{stem}.md]({name}_{stem}.md)).", ""]
+        lines += readme_table(other) + [""]
+        lines += [line.replace("## DimReduce", "### DimReduce", 1) for line in dim_reduce_section(other)]
+    return lines
 
 
 def readme_table(payload: dict) -> List[str]:
@@ -922,9 +965,10 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float, 
                 + f" (picked {g['picked']})" for k, g in grids.items()) + "."]
         lines += ["", f"![{key}]({name}_{key.split('/')[0]}.png)", ""]
     lines += dim_reduce_section(payload)
-    if payload["mode"] == "graph":
-        lines += pynative_section(name)
-    lines += ["## Goals", ""] + goal_lines(payload) + [""] + autotune_section(payload)
+    main_page = payload["mode"] == "graph" and not any(name.endswith(f"_{stem}") for stem in COMPANIONS)
+    companions = load_companions(name) if main_page else {}
+    lines += companion_sections(name, companions) if main_page else []
+    lines += ["## Goals", ""] + goal_lines(payload, companions) + [""] + autotune_section(payload)
     lines += ["## Contenders", ""] + [f"- **{c}**: {w}" for c, w in CONTENDERS.items()]
     lines += page_footer(command, load_before)
     return "\n".join(lines)
@@ -936,7 +980,7 @@ def select(plan: Plan, datasets=None, nets=None, contenders=None, seeds=None) ->
     import dataclasses
 
     known = {"datasets": ("digits", "mnist5k"), "nets": ("gemm", "conv"),
-             "contenders": tuple(plan.contenders) + ("DimReduce",)}
+             "contenders": tuple(plan.contenders) + tuple(plan.on_request) + ("DimReduce",)}
     for key, asked in (("datasets", datasets), ("nets", nets), ("contenders", contenders)):
         bad = sorted(set(asked or ()) - set(known[key]))
         if bad:
@@ -947,7 +991,7 @@ def select(plan: Plan, datasets=None, nets=None, contenders=None, seeds=None) ->
     if nets:
         changes["nets"] = tuple(nets)
     if contenders:
-        changes["contenders"] = tuple(c for c in plan.contenders if c in contenders)
+        changes["contenders"] = tuple(c for c in tuple(plan.contenders) + tuple(plan.on_request) if c in contenders)
         if "DimReduce" not in contenders:
             changes["dim_reduce_nets"] = ()
     if seeds:

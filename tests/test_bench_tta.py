@@ -161,30 +161,32 @@ def test_trajectory_steps_spread_over_the_second_half_of_stage_1():
         trajectory_steps(2, 20, 32)
 
 
-def test_dim_reduce_summary_pairs_the_two_stage_2s_of_each_seed():
+def test_dim_reduce_summary_pairs_the_baseline_tail_with_stage_2_of_each_seed():
     from bench.bench_tta import dim_reduce_goal, dim_reduce_summary
 
     def run(acc, secs, build=0.0, error=None):
         return {"accuracy": acc, "epoch_seconds": secs, "build_seconds": build, "error": error}
 
-    runs = {"0": {"stage1": run([0.8, 0.9], [5.0, 1.0]), "annealed": run([0.93, 0.95], [3.0, 1.0], 1.0),
-                  "dim_reduce": run([0.94, 0.96], [8.0, 3.0], 1.0)},
-            "1": {"stage1": run([0.8, 0.9], [5.0, 1.0]), "annealed": run([0.92, 0.94], [2.0, 2.0]),
-                  "dim_reduce": run([0.93, 0.93], [4.0, 4.0])},
-            "2": {"stage1": run([], [], error="crashed")}}
-    s = dim_reduce_summary(runs)
+    # the baseline: stage 1 = epochs 1-2, the annealed continuation = epoch 3
+    runs = {"0": {"baseline": run([0.8, 0.9, 0.95], [5.0, 1.0, 2.0]), "dim_reduce": run([0.96], [9.0], 1.0)},
+            "1": {"baseline": run([0.8, 0.85, 0.94], [5.0, 1.0, 4.0]), "dim_reduce": run([0.93], [8.0])},
+            "2": {"baseline": run([], [], error="crashed")}}
+    s = dim_reduce_summary(runs, 1)
     assert s["ok"] == ["0", "1"] and s["seeds"] == ["0", "1", "2"]
-    assert s["by_seed"]["0"]["diff_points"] == pytest.approx(1.0)
-    assert s["by_seed"]["0"]["annealed_s"] == pytest.approx(5.0) and s["by_seed"]["0"]["dim_reduce_s"] == 12.0
+    row = s["by_seed"]["0"]
+    assert row["stage1"] == 0.9 and row["annealed"] == 0.95 and row["dim_reduce"] == 0.96
+    assert row["diff_points"] == pytest.approx(1.0) and row["annealed_s"] == 2.0 and row["dim_reduce_s"] == 10.0
     assert s["by_seed"]["1"]["diff_points"] == pytest.approx(-1.0) and s["by_seed"]["1"]["time_ratio"] == 2.0
-    assert s["diff_points"]["median"] == pytest.approx(0.0) and s["time_ratio"]["median"] == pytest.approx(2.2)
+    assert s["diff_points"]["median"] == pytest.approx(0.0) and s["time_ratio"]["median"] == pytest.approx(3.5)
     assert dim_reduce_goal(s).endswith("not met: 0.00 [-1.00, 1.00] points at equal steps (median [min, max] over 2 "
-                                       "seeds), in 2.20 [2.00, 2.40]x the continuation's wall time (PCA and compile "
+                                       "seeds), in 3.50 [2.00, 5.00]x the continuation's wall time (PCA and compile "
                                        "included); at equal wall time the continuation would have had that much "
                                        "more time.")
-    above = dim_reduce_summary({"0": runs["0"]})
+    above = dim_reduce_summary({"0": runs["0"]}, 1)
     assert "not met at equal wall time (above at equal steps, but slower): 1.00 points" in dim_reduce_goal(above)
-    assert "**not measured**" in dim_reduce_goal(dim_reduce_summary({"2": runs["2"]}))
+    assert "**not measured**" in dim_reduce_goal(dim_reduce_summary({"2": runs["2"]}, 1))
+    with pytest.raises(ValueError, match="seed 0: the baseline ran 3 epochs, not more than epochs2=3"):
+        dim_reduce_summary({"0": runs["0"]}, 3)
 
 
 def test_select_restricts_the_plan_and_refuses_unknown_names():
@@ -194,6 +196,11 @@ def test_select_restricts_the_plan_and_refuses_unknown_names():
     assert plan.datasets == ("mnist5k",) and plan.nets == ("gemm",) and plan.contenders == ("THOR",)
     assert plan.dim_reduce_nets == FULL.dim_reduce_nets and plan.seeds == (1, 2) and plan.grid_seeds == (1,)
     assert select(FULL, contenders=["ms_boost O1"]).dim_reduce_nets == ()
+    from bench.bench_tta import QUICK
+
+    assert "ms_boost O2 x2" not in QUICK.contenders  # msrun jobs: in the quick form only when asked
+    assert select(QUICK, contenders=["ms_boost O2 x2", "data parallel x2"]).contenders == (
+        "data parallel x2", "ms_boost O2 x2")
     with pytest.raises(ValueError, match=r"--contenders \['O1'\] not allowed; allowed: \["):
         select(FULL, contenders=["O1"])
     with pytest.raises(ValueError, match=r"--datasets \['mnist'\] not allowed"):
