@@ -1,4 +1,4 @@
-"""Time to accuracy on real data: does boost reach a near-converged accuracy in less wall time?
+r"""Time to accuracy on real data: does boost reach a near-converged accuracy in less wall time?
 
 The set-up a user meets (issue "Boost that pays off in wall time"), every run in its own process, Graph
 mode, CPU:
@@ -10,10 +10,15 @@ mode, CPU:
   network of plain ``nn.Conv2d`` + BatchNorm layers (slow steps on CPU);
 * **tuned baseline**: plain ``mindspore.train.Model`` + ``nn.Momentum`` (0.9), cosine learning rate to 0 over
   the run, lr picked from a grid by median final accuracy over the seeds;
-* **contenders** through the public API: ``ms_boost.Model`` at O0 and O1, upstream ``mindspore.boost`` O1
-  (``gc_flag`` off: its Centralization kernel is Ascend-only), THOR (``thor()`` +
-  ``ConvertModelUtils().convert_to_thor_model``), and under ``msrun`` with 2 workers ``ms_boost.Model`` O2
-  against plain data parallel (``mindspore.train.Model`` with the mean all-reduce) at a large global batch;
+* **contenders** through the public API: ``ms_boost.Model`` at O0, O0 + ``cpu_gemm_conv`` and O1, upstream
+  ``mindspore.boost`` O1 (``gc_flag`` off: its Centralization kernel is Ascend-only), THOR (``thor()`` +
+  ``ConvertModelUtils().convert_to_thor_model``), ``boost_level="auto"`` (bench/tta_autotune.py), and under
+  ``msrun`` with 2 workers ``ms_boost.Model`` O2 (``common.device_number`` 1, so that AdaSum combines the two
+  ranks) against plain data parallel (``mindspore.train.Model`` with the mean all-reduce) at a large global batch;
+* **DimReduce**: stage 2 as the tutorial writes it, started from the tuned baseline's checkpoint at the end of
+  its stage 1 (the baseline's run saves the PCA trajectory and that checkpoint, outside its timed epochs),
+  against the baseline's own last epochs: SGD continued from the same checkpoint with its learning rate annealed
+  to zero over the same steps; final accuracy and wall time of both;
 * **target**: the tuned baseline's median final accuracy minus 1 point, per data set and network;
 * **reported** per contender (median over the seeds): epochs and wall time to the target (training time
   only, evaluation excluded; the first epoch holds the compile), compile time (first epoch minus the
@@ -23,6 +28,16 @@ mode, CPU:
 Usage::
 
     python bench/bench_tta.py [--quick]          # or: python -m bench tta [--quick]
+    python bench/bench_tta.py --quick --mode pynative        # the PyNative table (tta_pynative.*)
+    python bench/bench_tta.py --quick --datasets mnist5k --name tta_mnist5k   # a part of a plan, its own page
+    # the msrun contenders (on request in --quick) and DimReduce, on their own page:
+    python bench/bench_tta.py --quick --nets gemm --name tta_extra --contenders DimReduce "data parallel x2" \
+        "ms_boost O2 x2"
+    python bench/bench_tta.py --smoke                       # every code path once, minutes; numbers mean nothing
+    python bench/bench_tta.py --render_only [--notes notes.md]   # the page again from tta.json
+
+The pages ``tta_pynative``, ``tta_mnist5k`` and ``tta_extra`` (when present) appear as sections of ``tta.md``
+and count in its goals, each with its own conditions (:data:`COMPANIONS`).
 
 The pure parts (target rule, medians and ratios, result parsing) are unit-tested in
 ``tests/test_bench_tta.py``; no timing is asserted anywhere.
