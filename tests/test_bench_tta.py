@@ -208,3 +208,16 @@ def test_select_restricts_the_plan_and_refuses_unknown_names():
         select(FULL, contenders=["O1"])
     with pytest.raises(ValueError, match=r"--datasets \['mnist'\] not allowed"):
         select(FULL, datasets=["mnist"])
+
+
+def test_thor_goal_says_when_only_the_steady_time_meets_it():
+    from bench.bench_tta import goal_lines
+
+    base = _stats([10.0, 12.0, 11.0], [3, 3, 3], 1.0, 3.0, 0.95)
+    thor = dict(_stats([5.0, 6.0, 7.0], [2, 2, 2], 30.0, 3.0, 0.99), ratio=median_spread([0.5, 0.6, 0.7]),
+                ratio_with_compile=median_spread([1.0, 1.1, 1.2]))
+    payload = {"plan": {"datasets": ["digits"]}, "cells": {"digits/conv": {"summary": {"baseline": base,
+                                                                                       "THOR": thor}}}}
+    line = goal_lines(payload)[0]
+    assert line.startswith("- digits/conv: THOR time to target <= 0.8x the baseline's: **met** in steady time, not "
+                           "with the compile (0.60 [0.50, 0.70]x; with compile 1.10 [1.00, 1.20]x; compile 30.0 s")
