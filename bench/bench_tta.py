@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -1073,8 +1074,9 @@ def main(argv=None) -> int:
     command = "python bench/bench_tta.py" + " ".join(
         [""] + [f for f, on in (("--quick", args.quick), ("--smoke", args.smoke)) if on]
         + ([f"--mode {args.mode}"] if args.mode != "graph" else [])
-        + [f"--{k} " + " ".join(map(str, v)) for k, v in (("datasets", args.datasets), ("nets", args.nets),
-                                                           ("contenders", args.contenders), ("seeds", args.seeds)) if v]
+        + [f"--{k} " + " ".join(shlex.quote(str(x)) for x in v)
+           for k, v in (("datasets", args.datasets), ("nets", args.nets), ("contenders", args.contenders),
+                        ("seeds", args.seeds)) if v]
         + ([f"--name {args.name}"] if args.name else []))
     payload["command"] = command
     page = render_page(payload, command, load_before, payload["seconds"], name)
