@@ -53,7 +53,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -582,6 +582,7 @@ class _CellRunner:
     def __init__(self, plan: Plan, key: str, root: Path, base: dict, timeout: int, cell: dict, workroot: str = ""):
         self.plan, self.key, self.root, self.base, self.timeout, self.cell = plan, key, root, base, timeout, cell
         self.workroot = workroot  # set: the baseline's runs save DimReduce's stage 1 under it
+        self.on_run: Optional[Callable[[], None]] = None  # called after every run (the driver's partial dump)
 
     def _workdir(self, lr: float, seed: int) -> str:
         return str(Path(self.workroot) / f"baseline_lr{lr}_seed{seed}")
@@ -596,6 +597,8 @@ class _CellRunner:
         r = launch(spec, self.root, self.timeout)
         r["spec"] = asdict(spec)
         self.cell["runs"].setdefault(contender, []).append(r)
+        if self.on_run:
+            self.on_run()
         return r
 
     def dim_reduce(self, lr: float, base_runs: Dict[int, dict]) -> dict:
@@ -629,13 +632,20 @@ class _CellRunner:
         return best, by_lr[best]
 
 
-def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
-    """Every run of ``plan``, one process each; returns the payload of the page."""
+def run_plan(plan: Plan, timeout: int, mode: str = "graph", partial: Optional[Path] = None) -> dict:
+    """Every run of ``plan``, one process each; returns the payload of the page. ``partial``: a JSON file rewritten
+    after every run with what has run so far (a driver stopped midway keeps its runs)."""
     import tempfile
 
     from model_zoo.resnet.src.real_data import ensure_real
 
     out = {"plan": asdict(plan), "mode": mode, "cells": {}}
+
+    def dump():
+        if partial is not None:
+            tmp = partial.with_suffix(".tmp")
+            tmp.write_text(json.dumps(out, default=str) + "\n", encoding="utf-8")
+            os.replace(tmp, partial)
     for dataset in plan.datasets:
         root = ensure_real(dataset, image_size=plan.image_size)
         for net in plan.nets:
@@ -649,6 +659,7 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph") -> dict:
                 raise ValueError(f"dim_reduce_epochs={plan.dim_reduce_epochs} leaves no stage 1 in the "
                                  f"{plan.epochs[net]} epochs of {net}.")
             runner = _CellRunner(plan, key, root, base, timeout, cell, workroot.name if workroot else "")
+            runner.on_run = dump
             best_lr, base_runs = runner.grid("baseline", plan.baseline_lrs)
             target = target_accuracy([r["accuracy"][-1] for r in base_runs.values() if r["accuracy"]])
             cell.update({"target": target, "baseline_lr": best_lr, "curves": {"baseline": base_runs}})
@@ -1068,7 +1079,8 @@ def main(argv=None) -> int:
     plan = select(SMOKE if args.smoke else QUICK if args.quick else FULL, args.datasets, args.nets, args.contenders,
                   args.seeds)
     load_before, start = load_average(), time.time()
-    payload = run_plan(plan, args.timeout, args.mode)
+    partial = RESULTS / f"{name}.partial.json"  # removed once the page is written
+    payload = run_plan(plan, args.timeout, args.mode, partial)
     payload.update({"quick": args.quick, "env": environment(), "load_before": load_before,
                     "load_after": load_average(), "seconds": time.time() - start})
     command = "python bench/bench_tta.py" + " ".join(
@@ -1082,6 +1094,7 @@ def main(argv=None) -> int:
     page = render_page(payload, command, load_before, payload["seconds"], name)
     write_results(name, payload, page)
     render_figure(payload, RESULTS, name)
+    partial.unlink(missing_ok=True)
     print(page)
     failed = [c for cell in payload["cells"].values() for c, s in cell["summary"].items() if s["failed"]]
     failed += [k for k, cell in payload["cells"].items()
