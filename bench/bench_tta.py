@@ -583,6 +583,7 @@ class _CellRunner:
         self.plan, self.key, self.root, self.base, self.timeout, self.cell = plan, key, root, base, timeout, cell
         self.workroot = workroot  # set: the baseline's runs save DimReduce's stage 1 under it
         self.on_run: Optional[Callable[[], None]] = None  # called after every run (the driver's partial dump)
+        self.resume: Dict[str, dict] = {}  # spec key -> a finished run of a stopped driver (--resume)
 
     def _workdir(self, lr: float, seed: int) -> str:
         return str(Path(self.workroot) / f"baseline_lr{lr}_seed{seed}")
@@ -594,7 +595,8 @@ class _CellRunner:
         spec = RunSpec(contender=contender, lr=lr, seed=seed, **{**self.base, **kw})
         shown = {k: v for k, v in kw.items() if k != "workdir"}
         print(f"[tta] {self.key} {contender} lr {lr} {shown or ''} seed {seed}", flush=True)
-        r = launch(spec, self.root, self.timeout)
+        done = self.resume.get(_spec_key(asdict(spec)))
+        r = dict(done) if done and not spec.workdir else launch(spec, self.root, self.timeout)
         r["spec"] = asdict(spec)
         self.cell["runs"].setdefault(contender, []).append(r)
         if self.on_run:
@@ -632,7 +634,12 @@ class _CellRunner:
         return best, by_lr[best]
 
 
-def run_plan(plan: Plan, timeout: int, mode: str = "graph", partial: Optional[Path] = None) -> dict:
+def _spec_key(spec: dict) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+def run_plan(plan: Plan, timeout: int, mode: str = "graph", partial: Optional[Path] = None,
+             resume: Optional[Dict[str, dict]] = None) -> dict:
     """Every run of ``plan``, one process each; returns the payload of the page. ``partial``: a JSON file rewritten
     after every run with what has run so far (a driver stopped midway keeps its runs)."""
     import tempfile
@@ -659,7 +666,7 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph", partial: Optional[Pa
                 raise ValueError(f"dim_reduce_epochs={plan.dim_reduce_epochs} leaves no stage 1 in the "
                                  f"{plan.epochs[net]} epochs of {net}.")
             runner = _CellRunner(plan, key, root, base, timeout, cell, workroot.name if workroot else "")
-            runner.on_run = dump
+            runner.on_run, runner.resume = dump, resume or {}
             best_lr, base_runs = runner.grid("baseline", plan.baseline_lrs)
             target = target_accuracy([r["accuracy"][-1] for r in base_runs.values() if r["accuracy"]])
             cell.update({"target": target, "baseline_lr": best_lr, "curves": {"baseline": base_runs}})
@@ -1037,6 +1044,30 @@ def select(plan: Plan, datasets=None, nets=None, contenders=None, seeds=None) ->
     return dataclasses.replace(plan, **changes)
 
 
+def payload_from_partial(partial: dict, command: str, path: Path) -> dict:
+    """A page's payload from a stopped driver's partial dump: the cells whose baseline grid finished; a contender
+    whose runs stopped midway keeps the seeds it ran (one lr: the quick grids), its row says how many."""
+    from bench.common import load_average
+
+    cells = {}
+    for key, cell in partial["cells"].items():
+        if "target" not in cell:
+            continue
+        for contender, runs in cell["runs"].items():
+            lrs = {r["spec"]["lr"] for r in runs}
+            if contender not in cell["curves"] and contender not in DIM_REDUCE_RUNS and len(lrs) == 1:
+                cell["curves"][contender] = {str(r["spec"]["seed"]): r for r in runs}
+        cells[key] = cell
+    plan = dict(partial["plan"], contenders=[c for c in partial["plan"]["contenders"]
+                                             if any(c in cell["curves"] for cell in cells.values())])
+    return {**partial, "plan": plan, "cells": cells, "quick": "--quick" in command, "command": command,
+            "load_before": [], "load_after": load_average(),
+            "seconds": sum(r["wall_seconds"] for cell in partial["cells"].values() for runs in cell["runs"].values()
+                           for r in runs),
+            "notes": "Rendered from a stopped driver's partial dump (`--render_only --from_partial`): the runs that "
+                     "finished before it was stopped; a row's seed count says how many ran."}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 16 px, small grids (< 15 min idle)")
@@ -1049,9 +1080,14 @@ def main(argv=None) -> int:
     parser.add_argument("--contenders", nargs="+", help="only these contenders (the baseline always runs; "
                                                         "'DimReduce' for the DimReduce comparison)")
     parser.add_argument("--seeds", nargs="+", type=int, help="only these seeds")
+    parser.add_argument("--resume", action="store_true", help="take the finished runs of a stopped driver from "
+                                                                "<name>.partial.json instead of running them again")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds one run may take")
     parser.add_argument("--name", default="", help="results file stem (default: tta, tta_pynative in PyNative mode)")
     parser.add_argument("--render_only", action="store_true", help="rewrite the page and figure from the JSON")
+    parser.add_argument("--from_partial", default="",
+                        help="with --render_only: the page of a stopped driver from its <name>.partial.json; the "
+                             "value is its command line (kept on the page)")
     parser.add_argument("--notes", default="", help="with --render_only: a markdown file of notes on the run "
                                                     "(kept in the JSON, shown under the summary)")
     parser.add_argument("--spec", default="", help=argparse.SUPPRESS)  # a worker: one run's RunSpec as JSON
@@ -1065,6 +1101,10 @@ def main(argv=None) -> int:
     name = args.name or ("tta" if args.mode == "graph" else "tta_pynative")
     if args.smoke:
         name += "_smoke"
+    if args.render_only and args.from_partial:
+        partial = json.loads((RESULTS / f"{name}.partial.json").read_text(encoding="utf-8"))
+        payload = payload_from_partial(partial, args.from_partial, RESULTS / f"{name}.partial.json")
+        write_results(name, payload, "")  # the JSON; the page is rendered from it just below
     if args.render_only:
         payload = json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
         for cell in payload["cells"].values():
@@ -1080,7 +1120,12 @@ def main(argv=None) -> int:
                   args.seeds)
     load_before, start = load_average(), time.time()
     partial = RESULTS / f"{name}.partial.json"  # removed once the page is written
-    payload = run_plan(plan, args.timeout, args.mode, partial)
+    resume = {}
+    if args.resume and partial.exists():  # the finished runs of a stopped driver (runs with a workdir rerun)
+        resume = {_spec_key(r["spec"]): r for cell in json.loads(partial.read_text(encoding="utf-8"))["cells"].values()
+                  for runs in cell["runs"].values() for r in runs if not r.get("error")}
+        print(f"[tta] resuming: {len(resume)} finished runs from {partial.name}", flush=True)
+    payload = run_plan(plan, args.timeout, args.mode, partial, resume)
     payload.update({"quick": args.quick, "env": environment(), "load_before": load_before,
                     "load_after": load_average(), "seconds": time.time() - start})
     command = "python bench/bench_tta.py" + " ".join(

@@ -221,3 +221,25 @@ def test_thor_goal_says_when_only_the_steady_time_meets_it():
     line = goal_lines(payload)[0]
     assert line.startswith("- digits/conv: THOR time to target <= 0.8x the baseline's: **met** in steady time, not "
                            "with the compile (0.60 [0.50, 0.70]x; with compile 1.10 [1.00, 1.20]x; compile 30.0 s")
+
+
+def test_payload_from_partial_keeps_finished_cells_and_the_seeds_a_stopped_contender_ran(tmp_path):
+    from bench.bench_tta import payload_from_partial
+
+    def run(seed, lr, contender):
+        return {"accuracy": [0.9], "epoch_seconds": [2.0], "error": None, "wall_seconds": 10.0,
+                "spec": {"seed": seed, "lr": lr, "contender": contender}}
+
+    base = {str(s): run(s, 0.1, "baseline") for s in (0, 1, 2)}
+    partial = {"plan": {"contenders": ["ms_boost O1", "THOR"], "datasets": ["mnist5k"]}, "mode": "graph",
+               "cells": {"mnist5k/gemm": {"target": 0.9, "curves": {"baseline": base},
+                                          "runs": {"baseline": list(base.values()),
+                                                   "ms_boost O1": [run(0, 0.1, "ms_boost O1")]}},
+                         "mnist5k/conv": {"runs": {"baseline": [run(0, 0.02, "baseline")]}}}}
+    path = tmp_path / "x.partial.json"
+    path.write_text("{}")
+    payload = payload_from_partial(partial, "python bench/bench_tta.py --quick", path)
+    assert list(payload["cells"]) == ["mnist5k/gemm"]  # the conv cell's baseline grid never finished
+    assert list(payload["cells"]["mnist5k/gemm"]["curves"]["ms_boost O1"]) == ["0"]
+    assert payload["plan"]["contenders"] == ["ms_boost O1"] and payload["quick"] is True
+    assert payload["seconds"] == 50.0
