@@ -39,7 +39,7 @@ def test_a_rank_that_never_arrives_is_named_and_a_late_rank_is_told(monkeypatch)
     assert 0.5 <= time.monotonic() - start < 3
     # rank 1 wakes up later: rank 0 prepared the matrix but failed, and rank 1 learns it at once
     late.post("arrived", True)
-    assert late.wait("prepared", [0], time.monotonic() + 5, "preparing") == [0]
+    assert late.wait("prepared", [0], time.monotonic() + 5, "preparing") == comm.Settled(failed=[0], unfinished=[])
     assert late.status("prepared", [0]) == {0: 1}
     assert late.failed_ranks() == [0]
     with pytest.raises(comm.PeerFailed):
@@ -101,11 +101,13 @@ def test_collective_board_waits_for_the_workers_and_spreads_a_failure():
             except ValueError:
                 error = "own"
             board.post("prepared", error is None)
-        failed = board.wait("prepared", workers, time.monotonic(), "preparing")
+        prepared = board.wait("prepared", workers, time.monotonic(), "preparing")
         board.post("read", True)
-        return (error, failed, board.wait("read", range(4), time.monotonic(), "reading"))
+        return (error, tuple(prepared), tuple(board.wait("read", range(4), time.monotonic(), "reading")))
 
-    assert run_ranks(4, lambda rank: work(rank, fail_at=None)) == [(None, [], [])] * 4
+    fine = (None, ([], []), ([], []))
+    assert run_ranks(4, lambda rank: work(rank, fail_at=None)) == [fine] * 4
     outcome = run_ranks(4, lambda rank: work(rank, fail_at=1))
-    assert outcome[0] == ("own", [0], []) and outcome[2] == (None, [0], [])
-    assert outcome[1] == outcome[3] == (None, [0], [])
+    # rank 0 failed at its second unit, while rank 2 (one unit) had already posted: rank 0 is failed and unfinished
+    assert outcome[0] == ("own", ([0], [0]), ([], []))
+    assert outcome[1] == outcome[2] == outcome[3] == (None, ([0], [0]), ([], []))

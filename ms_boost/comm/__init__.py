@@ -35,6 +35,7 @@ from ms_boost.comm.status_board import (
     CollectiveStatusBoard,
     Handshake,
     PeerFailed,
+    Settled,
     StatusBoard,
     StoreStatusBoard,
     open_status_board,
@@ -47,6 +48,7 @@ __all__ = [
     "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_size", "server_ranks",
     "server_groups", "barrier", "data_parallel_reduce_config", "use_backend", "uses_stand_in_backend",
     "collectives_compile", "AllReduce", "AllGather", "Broadcast", "GradReducer",
-    "StatusBoard", "Handshake", "PeerFailed", "open_status_board", "CollectiveStatusBoard", "StoreStatusBoard",
+    "StatusBoard", "Handshake", "PeerFailed", "Settled", "open_status_board", "CollectiveStatusBoard",
+    "StoreStatusBoard",
     "status_store_address", "status_store", "poll",
 ]

@@ -22,7 +22,8 @@ stays in lockstep):
 2. a rank doing a long piece of work calls ``board.check()`` between two units of it (:class:`PeerFailed` when
    some rank failed), then ``board.post(phase, ok)``;
 3. every rank calls ``board.wait(phase, ranks, deadline, what)`` with the same ``ranks`` (those that post
-   ``phase``), which returns the ranks that failed (empty: all of ``ranks`` finished ``phase``).
+   ``phase``), which returns the ranks that failed and those of ``ranks`` that did not finish ``phase``
+   (:class:`Settled`; both empty: all of ``ranks`` finished it).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor
@@ -44,7 +45,8 @@ except ImportError:  # pragma: no cover - a MindSpore release without mint.distr
     TCPStore = None
 
 __all__ = [
-    "Handshake", "PeerFailed", "StatusBoard", "StoreStatusBoard", "CollectiveStatusBoard", "open_status_board",
+    "Handshake", "PeerFailed", "Settled", "StatusBoard", "StoreStatusBoard", "CollectiveStatusBoard",
+    "open_status_board",
     "status_store_address", "status_store", "poll",
 ]
 
@@ -71,6 +73,18 @@ class Handshake:
     timeout: float
     timeout_name: str
     outcome: str
+
+
+class Settled(NamedTuple):
+    """How a :meth:`StatusBoard.wait` ended.
+
+    Attributes:
+        failed: the ranks that posted a failure, in rank order.
+        unfinished: the waited-for ranks that did not finish the phase (empty unless some rank failed).
+    """
+
+    failed: List[int]
+    unfinished: List[int]
 
 
 class PeerFailed(RuntimeError):
@@ -102,7 +116,7 @@ class StatusBoard(Protocol):
     def post(self, phase: str, ok: bool) -> None:
         """This rank finished ``phase`` (``ok``) or failed (``not ok``; the other ranks stop waiting)."""
 
-    def wait(self, phase: str, ranks: Sequence[int], deadline: float, what: str) -> List[int]:
+    def wait(self, phase: str, ranks: Sequence[int], deadline: float, what: str) -> Settled:
         """Wait until every rank of ``ranks`` posted ``phase`` or some rank failed.
 
         Args:
@@ -113,7 +127,7 @@ class StatusBoard(Protocol):
             what: the phase's work in the timeout message, e.g. ``"preparing the PCA matrix 'p.npy'"``.
 
         Returns:
-            The ranks that failed, in rank order (empty: all of ``ranks`` finished ``phase``).
+            The ranks that failed and those of ``ranks`` that did not finish ``phase`` (both empty: all did).
 
         Raises:
             TimeoutError: ``deadline`` passed; names the ranks that never arrived and those still working.
@@ -158,7 +172,7 @@ class CollectiveStatusBoard:
         """Remember this rank's result of ``phase``; the next :meth:`wait` on it sends it."""
         self.posted[phase] = self.DONE if ok else self.FAILED
 
-    def wait(self, phase: str, ranks: Sequence[int], deadline: float, what: str) -> List[int]:
+    def wait(self, phase: str, ranks: Sequence[int], deadline: float, what: str) -> Settled:
         """Exchange this rank's status of ``phase`` until every rank of ``ranks`` is done or one failed.
 
         ``deadline`` and ``what`` are not used: a rank that never arrives is bounded by the backend's collective
@@ -169,8 +183,9 @@ class CollectiveStatusBoard:
         while True:
             flags = self.exchange(status)
             failed = self.failed(flags)
-            if failed or all(flags[r] == self.DONE for r in ranks):
-                return failed
+            unfinished = [r for r in ranks if flags[r] != self.DONE]
+            if failed or not unfinished:
+                return Settled(failed, unfinished)
 
 
 class StoreStatusBoard:
@@ -243,7 +258,7 @@ class StoreStatusBoard:
         if failed:
             raise PeerFailed(failed)
 
-    def wait(self, phase: str, ranks: Sequence[int], deadline: float, what: str) -> List[int]:
+    def wait(self, phase: str, ranks: Sequence[int], deadline: float, what: str) -> Settled:
         """Poll until every rank of ``ranks`` finished ``phase`` or some rank failed; see :meth:`StatusBoard.wait`.
 
         On timeout this rank posts its own failure first, so the others stop at their next poll.
@@ -268,7 +283,7 @@ class StoreStatusBoard:
                 parts.append(f"rank(s) {slow} reached it but did not finish {what}")
             raise TimeoutError(f"rank {self.rank}: {'; '.join(parts)} within {self.handshake.timeout_name}="
                                f"{float(self.handshake.timeout):g} s; {self.handshake.outcome}.")
-        return self.failed_ranks()
+        return Settled(self.failed_ranks(), [r for r, v in flags.items() if not v])
 
 
 def open_status_board(handshake: Handshake) -> StatusBoard:

@@ -174,27 +174,26 @@ def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_pa
             error = exc
         _post(board, "prepared", error)
     # a root stops at its own deadline (timeout after it arrived); allow a little for its report
-    failed = board.wait("prepared", roots, start + float(timeout) + 2.0, f"preparing the PCA matrix {target!r}")
+    settled = board.wait("prepared", roots, start + float(timeout) + 2.0, f"preparing the PCA matrix {target!r}")
     if error is not None:
         raise error
-    if failed:
-        failed_roots = [r for r in failed if r in roots]
-        if failed_roots:
-            raise RuntimeError(f"rank {rank}: the PCA matrix could not be prepared by server root rank(s) "
-                               f"{failed_roots} (see their error); dim_reduce cannot start.")
-        raise RuntimeError(f"rank {rank}: rank(s) {failed} failed during the PCA handshake (see their error); "
-                           f"dim_reduce cannot start.")
+    if settled.unfinished:
+        raise RuntimeError(f"rank {rank}: the PCA matrix could not be prepared by server root rank(s) "
+                           f"{settled.unfinished} (see their error); dim_reduce cannot start.")
+    if settled.failed:
+        raise RuntimeError(f"rank {rank}: rank(s) {settled.failed} failed during the PCA handshake (see their "
+                           f"error); dim_reduce cannot start.")
     try:
         rows = _read_rows(target, n_components, num_weights, rank, world)
     except BaseException as exc:  # noqa: BLE001 -- reported to every rank first
         error = exc
     _post(board, "read", error)
     deadline = max(start + float(timeout), time.monotonic() + min(float(timeout), 30.0))
-    failed = board.wait("read", range(world), deadline, f"reading the PCA matrix {target!r}")
+    settled = board.wait("read", range(world), deadline, f"reading the PCA matrix {target!r}")
     if error is not None:
         raise ValueError(f"rank {rank} cannot read the PCA matrix {target!r} prepared by its server's root "
                          f"rank {root}: {error}") from error
-    if failed:
-        raise RuntimeError(f"rank {rank}: rank(s) {failed} could not read the PCA matrix {target!r} (see their "
-                           f"error); dim_reduce cannot start.")
+    if settled.failed:
+        raise RuntimeError(f"rank {rank}: rank(s) {settled.failed} could not read the PCA matrix {target!r} (see "
+                           f"their error); dim_reduce cannot start.")
     return rows
