@@ -168,6 +168,18 @@ def test_autotune_pick_and_figures_are_identical_on_every_rank(job):
 
 
 @pytest.mark.msrun
+def test_msrun_graph_ranks_roll_back_together(job):
+    """DivergenceRollback (tests/test_divergence.py) on 2 Graph-mode ranks (MCCL): only rank 1's lr spikes, and both
+    ranks roll back at the same step to the same snapshot through the one collective, then finish with finite
+    weights. (It was a 2-worker msrun job of its own.)"""
+    results = scenario(job[1], "divergence")
+    assert results[0]["rollbacks"].tolist() == results[1]["rollbacks"].tolist()
+    (step, restored), = results[0]["rollbacks"].tolist()  # one rollback, to the state before the spiked step 5
+    assert restored == 4 and step in (6, 7)  # (the spiked update shows in the loss of step 6 or 7 on rank 1)
+    assert all(not result["failed"] and result["finite"] for result in results)
+
+
+@pytest.mark.msrun
 def test_a_stuck_rank_is_named_within_the_handshake_timeout(job):
     """Issue 12 item 8: a rank alive but stuck before the handshake; the other fails after dim_reduce.timeout
     (not the backend's ~60 s collective timeout) with an error naming it. (Rank 0, serving the store, stuck gives
