@@ -22,6 +22,8 @@ control flow and Parameters in Graph mode); both only read the layer's Parameter
 """
 from __future__ import annotations
 
+from typing import Tuple, Union
+
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -159,10 +161,11 @@ def _write_output_statistic(spec, scratch, dout, loss_scale):
 
 
 class _CaptureCell(nn.Cell):
-    """Base of the two capture cells: in PyNative mode with a :class:`CaptureGate` they run as plain Python
-    (the flag from the gate, no device-side branch); otherwise as an ordinary Cell (Graph mode: the flag is
-    tested on the device inside the compiled step, unless :attr:`static` fixes it while a step variant is
-    compiled).
+    """Base of the two capture cells.
+
+    In PyNative mode with a :class:`CaptureGate` they run as plain Python (the flag from the gate, no
+    device-side branch); otherwise as an ordinary Cell (Graph mode: the flag is tested on the device inside the
+    compiled step, unless :attr:`static` fixes it while a step variant is compiled).
 
     Attributes:
         static: None: test the flag on the device; True / False: always / never capture (a compile-time
@@ -286,8 +289,11 @@ class ThorLayer(nn.Cell):
         self.g_capture.loss_scale = loss_scale
 
     def set_capture_gate(self, gate) -> None:
-        """Let PyNative steps read this layer's capture flag through ``gate`` (a :class:`CaptureGate` holding
-        :attr:`thor_capture`; None: test the flag on every call). The THOR optimizer sets it."""
+        """Let PyNative steps read this layer's capture flag through ``gate``.
+
+        ``gate`` is a :class:`CaptureGate` holding :attr:`thor_capture`; None: test the flag on every call. The
+        THOR optimizer sets it.
+        """
         if gate is not None and not any(f is self.thor_capture for f in gate.flags):
             raise ValueError(f"{self.cls_name}.set_capture_gate: the gate does not hold this layer's thor_capture.")
         self.a_capture.gate = gate
@@ -351,6 +357,7 @@ class DenseThor(ThorLayer):
         self._init_thor((1, a_dim, a_dim), (1, out_channels, out_channels), 1, has_bias, factor_decay)
 
     def construct(self, x):
+        """The layer's output; in training, with its capture on, it records A (forward) and G (backward)."""
         if self.training:
             x = self.a_capture(x)
         x_shape = x.shape
@@ -368,6 +375,7 @@ class DenseThor(ThorLayer):
         return y
 
     def extend_repr(self):
+        """The layer's settings, as ``print(layer)`` shows them."""
         return (f"input_channels={self.in_channels}, output_channels={self.out_channels}, "
                 f"has_bias={self.has_bias}, activation={self.activation}, factor_decay={self.factor_decay}")
 
@@ -407,6 +415,7 @@ class Conv2dThor(ThorLayer):
         if not isinstance(pad_mode, str) or pad_mode.lower() not in ("same", "valid", "pad"):
             raise ValueError(f"{cls}: pad_mode={pad_mode!r} must be one of 'same', 'valid', 'pad'.")
         self.pad_mode = pad_mode.lower()
+        self.padding: Union[int, Tuple[int, ...]]
         if isinstance(padding, int) and not isinstance(padding, bool) and padding >= 0:
             self.padding = padding
         elif isinstance(padding, tuple) and len(padding) == 4 and all(
@@ -446,6 +455,7 @@ class Conv2dThor(ThorLayer):
         self._init_thor((group, a_dim, a_dim), (group, g_dim, g_dim), group, has_bias, factor_decay)
 
     def construct(self, x):
+        """The layer's output; in training, with its capture on, it records A (forward) and G (backward)."""
         if self.training:
             x = self.a_capture(x)
         if self.gemm:
@@ -460,6 +470,7 @@ class Conv2dThor(ThorLayer):
         return y
 
     def extend_repr(self):
+        """The layer's settings, as ``print(layer)`` shows them."""
         return (f"input_channels={self.in_channels}, output_channels={self.out_channels}, "
                 f"kernel_size={self.kernel_size}, stride={self.stride}, pad_mode={self.pad_mode}, "
                 f"padding={self.padding}, dilation={self.dilation}, group={self.group}, has_bias={self.has_bias}, "
@@ -510,6 +521,7 @@ class EmbeddingThor(ThorLayer):
         self._init_thor((vocab_size,), (1, embedding_size, embedding_size), 1, False, factor_decay)
 
     def construct(self, ids):
+        """The embedding lookup; in training, with its capture on, it records A (forward) and G (backward)."""
         if self.training:
             ids = self.a_capture(ids)
         out_shape = ids.shape + (self.embedding_size,)
@@ -524,6 +536,7 @@ class EmbeddingThor(ThorLayer):
         return out
 
     def extend_repr(self):
+        """The layer's settings, as ``print(layer)`` shows them."""
         return (f"vocab_size={self.vocab_size}, embedding_size={self.embedding_size}, "
                 f"use_one_hot={self.use_one_hot}, padding_idx={self.padding_idx}, factor_decay={self.factor_decay}")
 

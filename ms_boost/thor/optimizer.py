@@ -76,7 +76,7 @@ def _default_decay_filter(param) -> bool:
 
 
 class _DampingSchedule(nn.Cell):
-    """Damping :math:`\\lambda_t` of step ``t``: constant, per-step array (last value after its end) or schedule.
+    r"""Damping :math:`\lambda_t` of step ``t``: constant, per-step array (last value after its end) or schedule.
 
     Args:
         damping: float > 0; a sequence / numpy array / 1-D Tensor of floats > 0, one per step; or a
@@ -246,7 +246,14 @@ class THOR(nn.Optimizer, StageHooks):
             logger.warning("thor: the network has no THOR layer with a trainable weight; THOR reduces to Momentum.")
         source = [(-1, -1)] * len(self._parameters)
         kinds, w_index, b_index, trims, groups_of, g_dims, decays, slots = [], [], [], [], [], [], [], []
-        a_inv, g_inv, flags, a_batch, g_batch, a_fac, g_fac, factors = [], [], [], [], [], [], [], []
+        a_inv: list = []
+        g_inv: list = []
+        flags: list = []
+        a_batch: list = []
+        g_batch: list = []
+        a_fac: list = []
+        g_fac: list = []
+        factors: list = []
         for li, (layer, path) in enumerate(zip(layers, paths)):
             weight = layer.embedding_table if layer.kind == "embedding" else layer.weight
             source[index_of[id(weight)]] = (li, 0)
@@ -369,15 +376,21 @@ class THOR(nn.Optimizer, StageHooks):
         return self.frequency
 
     def transient_parameters(self) -> list:
-        """THOR's capture flags, scratch statistics and factors: folded in only by the optimizer step, so an
-        overflow step (whose update is skipped) needs no snapshot/restore of them."""
+        """THOR's capture flags, scratch statistics and factors.
+
+        They are folded in only by the optimizer step, so an overflow step (whose update is skipped) needs no
+        snapshot/restore of them.
+        """
         return thor_state_parameters(self._thor_network)
 
     def bind_loss_scale(self, loss_scale) -> None:
-        """Divide captured output gradients by ``loss_scale`` (a Parameter read during the backward pass, e.g. a
-        dynamic loss scale cell's ``scale_sense``, or a number). Call before the network is compiled."""
+        """Divide captured output gradients by ``loss_scale``.
+
+        ``loss_scale`` is a Parameter read during the backward pass (e.g. a dynamic loss scale cell's
+        ``scale_sense``) or a number. Call before the network is compiled.
+        """
         if isinstance(loss_scale, numbers.Real) and not isinstance(loss_scale, bool):
-            if not np.isfinite(loss_scale) or loss_scale <= 0:
+            if not np.isfinite(float(loss_scale)) or loss_scale <= 0:
                 raise ValueError(f"thor: bind_loss_scale({loss_scale!r}) needs a finite number > 0.")
             ops.assign(self.factor_loss_scale, Tensor(float(loss_scale), ms.float32))
             loss_scale = self.factor_loss_scale
@@ -529,6 +542,7 @@ class THOR(nn.Optimizer, StageHooks):
         return self.a_inverses[job // 2] if job % 2 == 0 else self.g_inverses[job // 2]
 
     def construct(self, gradients):
+        """One THOR step over ``gradients`` (see the module docstring); returns whether the update was applied."""
         params = self._parameters
         moments = self.moments
         gradients = self.scale_grad(gradients)
@@ -628,20 +642,24 @@ class THOR(nn.Optimizer, StageHooks):
         """Make every THOR layer capture its statistics at the next step (diagnostics; changes no update).
 
         The flags are written in place (``set_data`` would give them new memory, and the compiled PyNative step
-        would be compiled again at the next step)."""
+        would be compiled again at the next step).
+        """
         for flag in self.capture_flags:
             ops.assign(flag, Tensor(True, ms.bool_))
         self._capture_gate.clear()
 
     def __call__(self, *args, **kwargs):
-        """PyNative: the whole step runs as one compiled graph -- the step called in Graph mode, the mode
-        restored afterwards -- instead of hundreds of small per-layer operations, and without host round-trips
-        (the refresh and skip decisions are taken on the device). A compiled graph keeps writing to the memory
+        """Run the step; in PyNative mode as one compiled graph.
+
+        PyNative: the step is called in Graph mode, the mode restored afterwards, instead of hundreds of small
+        per-layer operations, and without host round-trips (the refresh and skip decisions are taken on the
+        device). A compiled graph keeps writing to the memory
         its Parameters had when it was compiled, so it is compiled again when a Parameter's data was replaced
         (``set_data``, e.g. a loaded checkpoint). Not when the collectives of a multi-rank run come from a
         stand-in backend (``comm.use_backend``, a test's loopback world), which runs only op by op. Either way
         the step rewrites the capture flags, so the layers' :class:`~ms_boost.thor.layers.CaptureGate` reads
-        them again at the next forward pass."""
+        them again at the next forward pass.
+        """
         try:
             if (self.compile_pynative_step and len(args) == 1 and not kwargs
                     and ms.get_context("mode") == ms.PYNATIVE_MODE):
@@ -680,9 +698,12 @@ _CALL_DEPTH = {"raised_to": 0}
 
 
 def _ensure_call_depth(n_layers: int) -> None:
-    """Raise MindSpore's graph call-depth limit (``mindspore.set_recursion_limit``, default 1000) for THOR's
-    per-layer refresh and preconditioning, which Graph mode unrolls into nested calls (about 10 levels per
-    layer). Only ever raised, never lowered below a value ms_boost set before; logged once per change."""
+    """Raise MindSpore's graph call-depth limit for THOR's layers.
+
+    ``mindspore.set_recursion_limit`` (default 1000): THOR's per-layer refresh and preconditioning unroll into
+    nested calls in Graph mode (about 10 levels per layer). Only ever raised, never lowered below a value
+    ms_boost set before; logged once per change.
+    """
     needed = 1000 + 40 * max(0, n_layers - 12)  # the guarded refresh unrolls more per-layer loops
     if needed > max(1000, _CALL_DEPTH["raised_to"]):
         ms.set_recursion_limit(needed)
