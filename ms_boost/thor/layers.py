@@ -270,6 +270,8 @@ class ThorLayer(nn.Cell):
             self.matrix_a = Parameter(_zeros(a_shape), name="matrix_a", requires_grad=False)
             self.matrix_g = Parameter(_zeros(g_shape), name="matrix_g", requires_grad=False)
         # insert_child_to_cell: children must not rename the Parameters they share with this layer
+        # False only while the plain step variant compiles: then no capture cell or gradient hook is in the graph
+        self.capturing = True
         self.insert_child_to_cell("a_capture", _InputCapture(self))
         self.insert_child_to_cell("g_capture", _OutputGradientCapture(self))
         self.g_hook = ops.InsertGradientOf(self.g_capture)
@@ -300,7 +302,11 @@ class ThorLayer(nn.Cell):
         self.g_capture.gate = gate
 
     def set_static_capture(self, value) -> None:
-        """Compile this layer's capture as always (True), never (False) or flag-tested on the device (None)."""
+        """Compile this layer's capture as always (True), never (False) or flag-tested on the device (None).
+
+        Never: the capture cells and the output-gradient hook are left out of the graph altogether.
+        """
+        self.capturing = value is not False
         self.a_capture.static = value
         self.g_capture.static = value
 
@@ -358,7 +364,7 @@ class DenseThor(ThorLayer):
 
     def construct(self, x):
         """The layer's output; in training, with its capture on, it records A (forward) and G (backward)."""
-        if self.training:
+        if self.training and self.capturing:
             x = self.a_capture(x)
         x_shape = x.shape
         if len(x_shape) != 2:
@@ -368,7 +374,7 @@ class DenseThor(ThorLayer):
             y = self.bias_add(y, self.bias)
         if len(x_shape) != 2:
             y = y.reshape(x_shape[:-1] + (self.out_channels,))
-        if self.training:
+        if self.training and self.capturing:
             y = self.g_hook(y)
         if self.activation_flag:
             y = self.activation(y)
@@ -456,7 +462,7 @@ class Conv2dThor(ThorLayer):
 
     def construct(self, x):
         """The layer's output; in training, with its capture on, it records A (forward) and G (backward)."""
-        if self.training:
+        if self.training and self.capturing:
             x = self.a_capture(x)
         if self.gemm:
             y = conv2d_gemm(x, self.weight, self.kernel_size, self.stride, self._pads, self.dilation,
@@ -465,7 +471,7 @@ class Conv2dThor(ThorLayer):
             y = self.conv2d(x, self.weight)
         if self.has_bias:
             y = self.bias_add(y, self.bias)
-        if self.training:
+        if self.training and self.capturing:
             y = self.g_hook(y)
         return y
 
@@ -522,7 +528,7 @@ class EmbeddingThor(ThorLayer):
 
     def construct(self, ids):
         """The embedding lookup; in training, with its capture on, it records A (forward) and G (backward)."""
-        if self.training:
+        if self.training and self.capturing:
             ids = self.a_capture(ids)
         out_shape = ids.shape + (self.embedding_size,)
         flat = ids.reshape(-1)
@@ -531,7 +537,7 @@ class EmbeddingThor(ThorLayer):
         else:
             rows = self.gather(self.embedding_table, flat, 0)
         out = rows.reshape(out_shape)
-        if self.training:
+        if self.training and self.capturing:
             out = self.g_hook(out)
         return out
 
