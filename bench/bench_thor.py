@@ -331,6 +331,15 @@ def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) ->
                        + ", ".join(f"{r:.2f}x ({f})" for f, r in prev["ratio"].items())
                        + f"; compile: Momentum {prev['compile_s']['momentum']:.1f} s, THOR "
                        f"{prev['compile_s']['thor']:.1f} s.")
+            pcpu = prev.get("cpu")
+            if pcpu:
+                switch += (f" Its CPU time: Momentum {pcpu['momentum_s'] * 1e3:.1f} ms, THOR between refreshes "
+                           f"{pcpu['thor_other_s'] * 1e3:.1f} ms ({pcpu['thor_other_s'] / pcpu['momentum_s']:.2f}x), "
+                           f"refresh step {pcpu['thor_refresh_s'] / pcpu['momentum_s']:.2f}x, preconditioning "
+                           f"products alone {pcpu['floor_s'] / pcpu['momentum_s']:.2f}x; amortized "
+                           + ", ".join(f"{r:.2f}x ({fr})" for fr, r in pcpu["ratio"].items())
+                           + "; compile " + ", ".join(f"{k} {v:.1f} CPU-s" for k, v in pcpu["compile_s"].items())
+                           + ".")
         lines += ["", f"## Step time, {mode} mode (fixed batch, Momentum and THOR steps alternating, medians)", "",
                   network + f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
                   f"{st['thor_other_s'] * 1e3:.1f} ms ({st['thor_other_s'] / st['momentum_s']:.2f}x), refresh "
