@@ -39,6 +39,27 @@ def _take(values, indices):
     return out
 
 
+# Graph mode's Momentum fast path (see FreezeOpt._momentum_atom): a frozen atom's ApplyMomentum runs with a zero
+# gradient, a zero learning rate and a momentum of one, which leaves its weights and moments as they were.
+_apply_momentum = ops.MultitypeFuncGraph("freeze_apply_momentum")
+_times = ops.MultitypeFuncGraph("freeze_times")
+
+
+@_apply_momentum.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _apply_momentum_tensor(kernel, momentum, learning_rate, gradient, weight, moment):
+    return ops.depend(True, kernel(weight, moment, learning_rate, gradient, momentum))
+
+
+@_times.register("Tensor", "Tensor")
+def _times_tensor(factor, value):
+    return value * factor.astype(value.dtype)
+
+
+def _momentum_fast_path(inner) -> bool:
+    """Whether ``inner`` runs MindSpore's own ``nn.Momentum`` step (possibly with ms_boost's GC mixin)."""
+    return isinstance(inner, nn.Momentum) and type(inner).construct is nn.Momentum.construct
+
+
 def _flatten_group(group, what: str) -> List[Parameter]:
     if not isinstance(group, (list, tuple)):
         raise TypeError(f"FreezeOpt: each element of train_parameter_groups must be a list of Parameters or of "
@@ -190,6 +211,10 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
             self.learning_rate = inners[0].learning_rate
             self.atom_lrs = ()
         self._inners = tuple(inners)
+        # Graph mode: every inner optimizer is MindSpore's Momentum -> one straight graph without control flow
+        self.momentum_fast = all(not isinstance(o, nn.LARS) and _momentum_fast_path(o) for o in opts)
+        self.always_trained = tuple(bool(v) for v in self._mask.all(axis=0))  # atoms that every train set holds
+        self.atom_momenta = tuple(float(o.momentum.asnumpy()) if self.momentum_fast else 0.0 for o in inners)
         self._atom_step_cells = {}  # inner optimizer -> its compiled PyNative step (_AtomStep), built on first use
         self._atom_steps_compiled = set()  # inner optimizers whose PyNative step has run (been compiled) once
 
@@ -386,10 +411,48 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         row = self.train_mask[self.train_strategy[step % self.period]][0]
         done = step
         for a in range(self.n_atoms):
-            if row[a]:
-                done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
+            grads = _take(gradients, self.atom_indices[a])
+            if self.momentum_fast:
+                done = ops.depend(done, self._momentum_atom(a, grads, step, row[a]))
+            elif row[a]:
+                done = ops.depend(done, self._apply_atom(a, grads, step))
         done = ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
         return done
+
+    def _momentum_atom(self, a, grads, step, trained):
+        """Graph mode, Momentum: inner optimizer ``a``'s step written without control flow.
+
+        Its gradients pass through its own weight decay, gradient centralization and loss-scale division, as in
+        ``nn.Momentum``; when the schedule freezes the atom (``trained`` False), its ApplyMomentum runs with the
+        gradient and the learning rate multiplied by zero and a momentum of one, so that ``moment = 1 * moment + 0``
+        and ``weight = weight - 0 * moment`` leave both as they were. A tensor-conditioned ``if`` per atom (the general
+        path) makes MindSpore 2.10 compile a sub-graph per atom and run it through its control-flow runtime: on the
+        zoo's GEMM ResNet-10 (CPU) that made the step 1.3x O0's (``bench/results/o1_parts.md``).
+        """
+        inner = self._inners[a]
+        done = ops.assign(self.atom_steps[a], step)
+        grads = ops.depend(grads, done)
+        grads = inner.decay_weight(grads)
+        grads = inner.gradients_centralization(grads)
+        grads = inner.scale_grad(grads)
+        lr = self.learning_rate if self.sync_lr else inner.get_lr()
+        momentum = inner.momentum
+        if not self.always_trained[a]:
+            factor = trained.astype(mstype.float32)
+            grads = inner.map_(ops.partial(_times, factor), grads)
+            if inner.is_group_lr:
+                lr = inner.map_(ops.partial(_times, factor), lr)
+            else:
+                lr = lr * factor
+            momentum = factor * self.atom_momenta[a] + (1.0 - factor)  # exactly the momentum, or exactly 1
+        done = ops.depend(done, inner.assignadd(inner.global_step, inner.global_step_increase_tensor))
+        if inner.is_group_lr:
+            applied = inner.hyper_map_reverse(ops.partial(_apply_momentum, inner.opt, momentum), lr, grads,
+                                              inner.params, inner.moments)
+        else:
+            applied = inner.hyper_map_reverse(ops.partial(_apply_momentum, inner.opt, momentum, lr), grads,
+                                              inner.params, inner.moments)
+        return ops.depend(done, applied)
 
 
 class _AtomStep(nn.Cell):
