@@ -231,6 +231,39 @@ def test_common_head_last_fn_matches_numpy(mode, has_bias):
     assert np.abs(out / 2.5 - b).max() <= 1.0 + 1e-5  # cosine similarities
 
 
+def test_common_head_last_fn_gradients_match_finite_differences(mode):
+    """Gradients of sum(r * head(x)) for x, the weight and the multiplier against central differences of
+    :func:`fn_reference` in float64; a zero feature row stays finite (the norm's floor)."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3, 4)).astype(np.float32)
+    head = CommonHeadLastFN(4, 3, weight_init=Tensor(w), has_bias=False)
+    head.multiplier.set_data(Tensor(np.array([1.5], np.float32)))
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    x[2] = 0.0
+    r = rng.normal(size=(5, 3))
+
+    def objective(xv, wv, mv):
+        return float((r * fn_reference(xv, wv, 0.0, mv)).sum())
+
+    def numeric(values, index):
+        out = np.zeros_like(values[index], np.float64)
+        for pos in np.ndindex(out.shape):
+            hi = [np.array(v, np.float64) for v in values]
+            lo = [np.array(v, np.float64) for v in values]
+            hi[index][pos] += 1e-5
+            lo[index][pos] -= 1e-5
+            out[pos] = (objective(*hi) - objective(*lo)) / 2e-5
+        return out
+
+    loss = lambda xt: (head(xt) * Tensor(r.astype(np.float32))).sum()  # noqa: E731
+    gx, (gw, gm) = ops.grad(loss, grad_position=0, weights=[head.weight, head.multiplier])(Tensor(x))
+    values = [x.astype(np.float64), w.astype(np.float64), np.array([1.5])]
+    np.testing.assert_allclose(gx.asnumpy()[[0, 1, 3, 4]], numeric(values, 0)[[0, 1, 3, 4]], rtol=1e-3, atol=1e-4)
+    assert np.isfinite(gx.asnumpy()[2]).all()
+    np.testing.assert_allclose(gw.asnumpy(), numeric(values, 1), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(gm.asnumpy(), numeric(values, 2), rtol=1e-3, atol=1e-4)
+
+
 def test_common_head_last_fn_output_is_typed_without_waiting_for_the_queue():
     """PyNative: the head's output type is known when it is launched. (A product with a transposed view
     made the loss's ``ops.typeof`` input check wait until the whole forward pass had executed, which
