@@ -26,8 +26,10 @@ def l2_normalize(x: Tensor, axis: int = 1, epsilon: float = 1e-12) -> Tensor:
         axis: axis along which the norm is taken.
         epsilon: lower bound of the norm (keeps a zero row finite).
     """
-    norm = ops.sqrt((x * x).sum(axis=axis, keepdims=True))
-    return x / ops.maximum(norm, epsilon)
+    # sqrt(max(|x|^2, eps^2)) = max(|x|, eps), with the floor inside the root: a zero row then gets a finite gradient
+    # (outside, sqrt's derivative at 0 is infinite and the row's gradient NaN)
+    norm = ops.sqrt(ops.maximum((x * x).sum(axis=axis, keepdims=True), epsilon * epsilon))
+    return x / norm
 
 
 class CommonHeadLastFN(nn.Cell):
@@ -81,15 +83,14 @@ class CommonHeadLastFN(nn.Cell):
         # queue has run, so the loss's input check (ops.typeof) blocked the Python thread until the whole
         # forward pass had executed; every later operation of the step was then launched one at a time.
         self.matmul = ops.MatMul(transpose_b=True)
-        # x / sqrt(max(sum x^2, 1e-24)) = x / max(|x|, 1e-12), i.e. l2_normalize's definition, as one operator (and
-        # one gradient operator) instead of five: on a small fast network the head's operator count is its cost
-        self.normalize = ops.L2Normalize(axis=1, epsilon=1e-24)
+        # (ops.L2Normalize, one operator for the five of l2_normalize, was measured and not kept: on CPU with
+        # MindSpore 2.10 it made the zoo's GEMM ResNet-10 step 1.7x O0's instead of 1.05x, bench/results/o1_parts.md)
 
     def construct(self, x):
         """The logits ``multiplier * normalize(x) @ normalize(W).T``."""
         dtype = x.dtype
-        features = self.normalize(x.astype(mstype.float32))
-        weight = self.normalize(self.weight.astype(mstype.float32))
+        features = l2_normalize(x.astype(mstype.float32), 1)
+        weight = l2_normalize(self.weight.astype(mstype.float32), 1)
         out = self.matmul(features, weight)
         if self.has_bias:
             out = out + self.bias.astype(mstype.float32)
