@@ -52,7 +52,9 @@ def _apply_momentum_tensor(kernel, momentum, learning_rate, gradient, weight, mo
 
 @_times.register("Tensor", "Tensor")
 def _times_tensor(factor, value):
-    return value * factor.astype(value.dtype)
+    if value.dtype != factor.dtype:  # decided when compiling: no Cast operator for float32 gradients
+        factor = factor.astype(value.dtype)
+    return value * factor
 
 
 def _momentum_fast_path(inner) -> bool:
@@ -218,6 +220,7 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         # per train set and atom: 1.0 / 0.0 (trained or not) and the momentum ApplyMomentum gets (its own, or 1.0)
         momenta = np.array([float(o.momentum.asnumpy()) if self.momentum_fast else 0.0 for o in inners], np.float32)
         self.train_factor = Tensor(self._mask.astype(np.float32))
+        self.unstack = ops.Unstack(axis=0)
         self.train_momentum = Tensor(np.where(self._mask, momenta[None, :], np.float32(1.0)).astype(np.float32))
         self._atom_step_cells = {}  # inner optimizer -> its compiled PyNative step (_AtomStep), built on first use
         self._atom_steps_compiled = set()  # inner optimizers whose PyNative step has run (been compiled) once
@@ -413,16 +416,18 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         """Graph-mode step: the groups of this step selected on the device from :attr:`train_strategy`."""
         step = self.global_step
         index = self.train_strategy[step % self.period]
-        row = self.train_mask[index][0]
-        factors = self.train_factor[index][0]
-        momenta = self.train_momentum[index][0]
         done = step
-        for a in range(self.n_atoms):
-            grads = _take(gradients, self.atom_indices[a])
-            if self.momentum_fast:
+        if self.momentum_fast:
+            factors = self.unstack(self.train_factor[index][0])  # one operator for every atom's scalar
+            momenta = self.unstack(self.train_momentum[index][0])
+            for a in range(self.n_atoms):
+                grads = _take(gradients, self.atom_indices[a])
                 done = ops.depend(done, self._momentum_atom(a, grads, step, factors[a], momenta[a]))
-            elif row[a]:
-                done = ops.depend(done, self._apply_atom(a, grads, step))
+        else:
+            row = self.train_mask[index][0]
+            for a in range(self.n_atoms):
+                if row[a]:
+                    done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
         done = ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
         return done
 
