@@ -12,7 +12,7 @@ measure: other jobs stretch the wall time of a compile or a step, not the work i
 
 Usage::
 
-    python bench/bench_o1_parts.py [--repeats 13] [--steps 10] [--width 8] [--image_size 16]
+    python bench/bench_o1_parts.py [--repeats 13] [--steps 10] [--width 8] [--image_size 16] [--notes FILE]
 """
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--image_size", type=int, default=16)
+    parser.add_argument("--notes", default="", help="a markdown file of notes on the run, put before the footer")
     args = parser.parse_args(argv)
     ms.set_context(mode=ms.GRAPH_MODE)
     load_before = load_average()
@@ -113,6 +114,8 @@ def main(argv=None) -> int:
         lines.append(f"| {name} | {r['warmup_s']:.1f} | {r['warmup_cpu_s']:.1f} | {r['step_ms']:.1f} | "
                      f"{q['median']:.2f} [{q['quartiles'][0]:.2f}, {q['quartiles'][1]:.2f}] | "
                      f"{c['median']:.2f} [{c['quartiles'][0]:.2f}, {c['quartiles'][1]:.2f}] |")
+    if args.notes:
+        lines += ["", Path(args.notes).read_text().strip()]
     lines += page_footer("python bench/bench_o1_parts.py", load_before)
     write_results("o1_parts", {"args": vars(args), "rows": rows, "times": times, "cpu_times": cpu},
                   "\n".join(lines))
