@@ -197,6 +197,29 @@ def test_conversion_is_in_place_and_idempotent():
     assert {p.name for p in net.trainable_params()} == names_after
 
 
+@pytest.mark.parametrize("fn_scale", [None, 1.0, 7.5])
+def test_fn_head_starts_at_the_adacos_scale_unless_told(fn_scale):
+    """The new head's multiplier starts at sqrt(2) ln(C - 1) (AdaCos) for C classes, at fn_scale when given
+    (1.0: upstream's start); through the boost config too."""
+    net = SmallConvNet(num_classes=10)
+    classes = net.fc.out_channels
+    convert_less_bn(net, fn_flag=True, fn_scale=fn_scale)
+    expected = max(1.0, np.sqrt(2.0) * np.log(classes - 1)) if fn_scale is None else fn_scale
+    np.testing.assert_allclose(net.fc.multiplier.asnumpy(), [expected], rtol=1e-6)
+    boost = AutoBoost("O1", {} if fn_scale is None else {"less_bn": {"fn_scale": fn_scale}})
+    other = SmallConvNet(num_classes=10)
+    apply_less_bn_eval(other, boost.less_bn)
+    np.testing.assert_allclose(other.fc.multiplier.asnumpy(), [expected], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), "7", True])
+def test_fn_scale_bad_values_are_clear_errors(bad):
+    with pytest.raises((TypeError, ValueError), match="fn_scale"):
+        AutoBoost("O1", {"less_bn": {"fn_scale": bad}})
+    with pytest.raises(ValueError, match="fn_scale"):
+        convert_less_bn(SmallConvNet(), fn_flag=True, fn_scale=bad)
+
+
 def test_fn_flag_skips_dense_with_activation():
     net = nn.SequentialCell([nn.Flatten(), nn.Dense(12, 3, activation="relu")])
     report = convert_less_bn(net, fn_flag=True)
