@@ -116,7 +116,8 @@ def main(argv=None) -> int:
                      f"{c['median']:.2f} [{c['quartiles'][0]:.2f}, {c['quartiles'][1]:.2f}] |")
     if args.notes:
         lines += ["", Path(args.notes).read_text().strip()]
-    lines += page_footer("python bench/bench_o1_parts.py", load_before)
+    command = "python bench/bench_o1_parts.py" + (f" --notes {args.notes}" if args.notes else "")
+    lines += page_footer(command, load_before)
     write_results("o1_parts", {"args": vars(args), "rows": rows, "times": times, "cpu_times": cpu},
                   "\n".join(lines))
     print("\n".join(lines))
