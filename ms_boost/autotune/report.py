@@ -95,6 +95,14 @@ class AutotuneReport:
     trial_run: Any = field(default=None, compare=False, repr=False)
 
     @property
+    def overhead_seconds(self) -> float:
+        """The trial's cost to the run: its wall time minus the pick's compile when the run reuses the pick's step."""
+        if self.trial_run is None:
+            return self.trial_seconds
+        pick = self.candidate(self.pick).figures
+        return max(0.0, self.trial_seconds - (pick.compile_s if pick.ok else 0.0))
+
+    @property
     def train_network(self) -> Any:
         """The pick's train cell compiled by the trial (None when the trial did not build it)."""
         return None if self.trial_run is None else self.trial_run.train_cell
