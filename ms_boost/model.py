@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import Optional
 
@@ -184,7 +185,10 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"autotune: epochs={epochs!r} must be an int >= 1.")
     per_epoch = int(train_dataset.get_dataset_size()) if steps_per_epoch is None else int(steps_per_epoch)
-    batches = take_batches(train_dataset, options.holdout_batches + options.max_trial_steps)
+    started = time.perf_counter()  # reading the trial's batches is part of its cost
+    budget_steps = int(options.budget * per_epoch * epochs + 1e-9)  # no trial trains more steps than this
+    batches = take_batches(train_dataset, options.holdout_batches +
+                           min(options.max_trial_steps, max(options.probe_steps, budget_steps)))
     if not batches:
         raise ValueError("autotune: the training data set yields no batch.")
     holdout, trial = batches[:options.holdout_batches], batches[options.holdout_batches:]
@@ -201,7 +205,7 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
         net, opt = rewrite_train(boost, net, opt)
         return CellTrialRun(_build(net, opt, loss_fn, amp_level, boost, amp), net, opt)
 
-    return run_trials(build, ctx, options, trial, holdout)
+    return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
 class _PendingAutotune(nn.Cell):
@@ -323,8 +327,10 @@ class Model(_MsModel):
     def autotune(self, train_dataset, epochs: int, steps_per_epoch: Optional[int] = None) -> AutotuneReport:
         """Run the ``boost_level="auto"`` trial for a planned run of ``epochs`` epochs; build the pick's network.
 
-        ``train`` calls this itself when it has not run. The network and optimizer keep their starting weights and
-        state: the trial trains copies.
+        ``train`` calls this itself when it has not run. The network and optimizer end at their starting weights and
+        state (the trial trains copies, or restores them). The run then trains the pick's step as the trial compiled
+        it; when that step trained copies (a plan that rewrites the network or optimizer), ``train`` writes their
+        values back into this Model's network and optimizer by Parameter name when it ends.
 
         Returns:
             The :class:`~ms_boost.autotune.AutotuneReport` (also ``model.autotune_report``).
@@ -369,7 +375,8 @@ class Model(_MsModel):
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
         """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
 
-        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train.
+        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train; when its pick
+        trained copies, their values are written back to the given network and optimizer at the end.
         """
         if self._auto_config is not None and self.autotune_report is None:
             per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None

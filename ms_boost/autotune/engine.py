@@ -227,7 +227,6 @@ class _Trial:
             if not record.error:
                 self.runs[i] = run
             del run
-            gc.collect()
         self._record(i, record, len(batches), t0)
 
     # -- phase 2 ----------------------------------------------------------------------------------
@@ -292,11 +291,12 @@ class _Trial:
         self.seconds[i] += time.perf_counter() - t0
         if not self.figures[i].ok:
             self.runs.pop(i, None)
+            gc.collect()  # a dropped candidate's step is freed now
             _say(f"autotune: candidate {self.candidates[i].name} dropped: {self.figures[i].reason}")
 
 
 def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, options: AutotuneOptions,
-               batches: Sequence[tuple], holdout: Sequence[tuple]) -> AutotuneReport:
+               batches: Sequence[tuple], holdout: Sequence[tuple], started: Optional[float] = None) -> AutotuneReport:
     """Try the candidates of ``options`` and pick one (the module docstring gives the phases).
 
     Args:
@@ -307,6 +307,8 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
         options: the validated autotune options.
         batches: the trial's training batches, in order (at least as many as a trial may take).
         holdout: the held-out batches progress is measured on.
+        started: ``time.perf_counter()`` when the trial began (e.g. before reading its batches; default: now),
+            from which its wall time is counted.
 
     Returns:
         The :class:`AutotuneReport` (also saved to ``options.save_path`` by rank 0 when set); its ``trial_run`` is
@@ -333,6 +335,8 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
         boosts.append(boost)
         errors.append(reason)
     trial = _Trial(build, ctx, options, candidates, boosts, errors)
+    if started is not None:
+        trial.started = started
     runnable = [i for i, b in enumerate(boosts) if b is not None]
     if not runnable:
         raise ValueError("autotune: no candidate can run here: " + "; ".join(
