@@ -441,6 +441,7 @@ def test_zoo_boost_level_auto_trains_the_pick_and_autotune_plan_reruns_it(tmp_pa
 
     first = run("resnet18_synthetic_quickstart.yaml", args(
         tmp_path / "auto", "--autotune.candidates", "[O0, O1]", "--autotune.probe_steps", "2",
+        "--autotune.time_budget", "false",
         "--autotune.holdout_batches", "1", "--autotune.budget", "0.8"))
     plan = tmp_path / "auto" / "autotune.yaml"
     text = plan.read_text(encoding="utf-8")
