@@ -154,7 +154,15 @@ def test_gains_put_measured_progress_on_the_scale_of_the_exact_reference():
     assert gains == pytest.approx([1.0, 1.0, 1.5, 0.9])
     figs[2] = Figures(True, progress=0.01, step_s=0.2, measured=True)
     assert with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9])[2].gain == pytest.approx(0.5)
+    # a window of w steps: the measured ratio 0.5 and the prior 1.5 combined in log space, weight w / (w + 20)
+    a = 5 / 25
+    assert with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9], window=5)[2].gain == \
+        pytest.approx(0.5 ** a * 1.5 ** (1 - a), rel=1e-12)
+    figs[2] = Figures(True, progress=-0.01, step_s=0.2, measured=True)  # no progress stays no progress
+    assert with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9], window=5)[2].gain == \
+        pytest.approx(-0.5)
     # the reference made no progress in its window: measured progress cannot be scaled, the prior is used
+    figs[2] = Figures(True, progress=0.03, step_s=0.2, measured=True)
     figs[0] = Figures(True, progress=-0.01, step_s=0.1, measured=True)
     assert with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9])[2].gain == 1.5
 

@@ -13,8 +13,9 @@ functions): the held-out loss :math:`L_c(s)` at a few step counts ``s`` (0 inclu
 
 * **progress per step** (smoothed): :math:`p_c = -\mathrm{slope}` of the least-squares line of :math:`L_c`
   against ``s``, so one noisy measurement moves it far less than an end-point difference would;
-* **gain** :math:`g_c`: progress per step relative to O0's: :math:`p_c / p_{O0}` where both were measured,
-  exactly 1 for a plan computing O0's function (``exact_progress``), else the candidate's ``progress_prior``.
+* **gain** :math:`g_c`: progress per step relative to O0's: :math:`p_c / p_{O0}` where both were measured
+  (shrunk towards the prior for a short window, :func:`with_gains`), exactly 1 for a plan computing O0's function
+  (``exact_progress``), else the candidate's ``progress_prior``.
 
 **Prediction and pick.** To make the progress the planned run of :math:`N` steps makes with O0, candidate ``c``
 needs :math:`N / g_c` steps, so its run is predicted to take
@@ -41,8 +42,8 @@ from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
 __all__ = ["TrialRecord", "Figures", "smoothed_progress", "step_times", "seconds_per_step", "summarize",
-           "with_gains", "predicted_run", "best_run", "trial_waste", "over_time_budget", "NO_ESTIMATE", "Pick",
-           "pick", "pack", "unpack", "PACKED_FIELDS"]
+           "with_gains", "PRIOR_STEPS", "predicted_run", "best_run", "trial_waste", "over_time_budget",
+           "NO_ESTIMATE", "Pick", "pick", "pack", "unpack", "PACKED_FIELDS"]
 
 
 @dataclass(frozen=True)
@@ -156,22 +157,32 @@ def summarize(record: TrialRecord, divergence_ratio: float, prior: float = 1.0) 
     return figures
 
 
-def with_gains(figures: Sequence[Figures], exact: Sequence[bool], priors: Sequence[float]) -> List[Figures]:
-    """``figures`` with the ``gain`` the decision uses: progress per step relative to O0's.
+#: a progress window of this many steps weighs as much as the progress prior (see :func:`with_gains`)
+PRIOR_STEPS = 20
+
+
+def with_gains(figures: Sequence[Figures], exact: Sequence[bool], priors: Sequence[float],
+               window: int = 0) -> List[Figures]:
+    r"""``figures`` with the ``gain`` the decision uses: progress per step relative to O0's.
 
     The reference is the progress measured on a plan computing O0's function (``exact``; all such plans share
-    it). Where it was measured and positive, a measured candidate's gain is its progress over the reference's, an
-    exact one's 1; an unmeasured one keeps its prior. Without a positive reference every gain is the prior (1 for
-    the exact plans): measured progress cannot be put on O0's scale.
+    it). An exact plan's gain is 1. Where the reference was measured and positive, a measured candidate's ratio
+    :math:`m = p_c / p_{ref}` is combined with its prior :math:`q` in log space, weighted by the window's length
+    ``w`` against :data:`PRIOR_STEPS`: :math:`g = \exp(a \ln m + (1 - a) \ln q)`, :math:`a = w / (w + 20)` -- a few
+    early steps say little about a whole run (LessBN and freezing start slower and catch up), a long window
+    decides. A measured ratio <= 0 (no progress) is the gain as it is. An unmeasured candidate keeps its prior;
+    without a positive reference every gain is the prior: measured progress cannot be put on O0's scale.
     """
     refs = [f.progress for f, e in zip(figures, exact) if e and f.ok and f.measured]
     ref = sum(refs) / len(refs) if refs else 0.0
+    weight = window / (window + PRIOR_STEPS) if window > 0 else 1.0
     out = []
     for f, e, prior in zip(figures, exact, priors):
         if e:
             gain = 1.0
         elif f.measured and ref > 0:
-            gain = f.progress / ref
+            ratio = f.progress / ref
+            gain = ratio if ratio <= 0 else math.exp(weight * math.log(ratio) + (1 - weight) * math.log(prior))
         else:
             gain = float(prior)
         out.append(replace(f, gain=gain))

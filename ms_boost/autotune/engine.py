@@ -165,13 +165,14 @@ class _Trial:
         self.seconds = [0.0] * n
         self.runs: Dict[int, TrialRun] = {}
         self.steps_used = 0
+        self.window = 0  # steps of the progress windows (0: none measured)
         self.priors = [c.progress_prior for c in candidates]
         self.exact = [c.exact_progress for c in candidates]
 
     # -- the budget -------------------------------------------------------------------------------
     def decided(self) -> List[Figures]:
         """The figures with their gains, as the decision would read them now."""
-        return with_gains(self.figures, self.exact, self.priors)
+        return with_gains(self.figures, self.exact, self.priors, self.window)
 
     def over_budget(self, next_cost: float) -> Optional[str]:
         """Why one more probe or measurement costing about ``next_cost`` s is not paid (the time budget), or None."""
@@ -251,6 +252,7 @@ class _Trial:
                     f"fewer than {options.min_trial_steps} each for the reference and one more plan; progress "
                     f"priors used"]
         at = eval_steps(window, options.eval_points)
+        self.window = window
 
         def cost(i: int) -> float:  # steps, held-out losses, and the held-out graph's compile (about a step's)
             f = figures[i]
@@ -360,7 +362,7 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
         if not trial.figures[i].ok:
             trial.runs.pop(i)
     notes = trial.progress(order, batches, holdout)
-    figures = with_gains(agree(trial.figures, ctx.ranks), trial.exact, trial.priors)
+    figures = with_gains(agree(trial.figures, ctx.ranks), trial.exact, trial.priors, trial.window)
     trial.figures = figures
     names = [c.name for c in candidates]
     decision = pick(names, figures, ctx.planned_steps, options.tolerance, fallback=_fallback(names, figures, order))
