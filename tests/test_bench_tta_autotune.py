@@ -52,3 +52,21 @@ def test_section_names_the_contender_only_when_it_ran():
     assert section[0] == '## Autotune (`boost_level="auto"`)' and "digits/gemm" in section[-2]
     del cell["curves"][AUTO]
     assert autotune_section(payload) == []
+
+
+def test_the_trial_cost_is_its_overhead_when_recorded_and_the_summary_row_states_both_goals():
+    from bench.tta_autotune import pick_lines, summary_table
+
+    o0 = {"0": _run([0.95], [20.0])}
+    o1 = {"0": _run([0.95], [10.0])}
+    # 12 s to target: 2 s over O1's; its trial took 9 s of which 1.5 s were not the pick's (reused) compile
+    auto = {"0": _run([0.95], [12.0], trial_seconds=9.0, trial_overhead=1.5, autotune_pick="O1")}
+    cell = {"target": 0.9, "curves": {"ms_boost O0": o0, "ms_boost O1": o1, AUTO: auto}}
+    lines = autotune_goals(cell)
+    assert lines[0].endswith("1.20x, within 10%: not met")
+    assert lines[1] == ("slower than O0 by at most the trial's cost on every seed: **met** (seed 0: -8.0 s vs trial "
+                        "1.5 s)")
+    row = summary_table({"cells": {"digits/conv": cell}})[2]
+    assert row == "| digits/conv | 12.0 | 20.0 | 10.0 (ms_boost O1) | 1.20x | not met | met | O1 |"
+    assert pick_lines(cell) == ["seed 0: picked O1, against ms_boost O1 +2.0 s over the whole run (to target 12.0 vs "
+                                "10.0 s); trial 9.0 s of which 1.5 s not reused"]
