@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -167,8 +167,8 @@ class Cell:
         return f"{self.dataset}/{self.net}"
 
 
-QUICK_CELLS: Tuple[Cell, ...] = (Cell("digits", "conv", 3), Cell("digits", "gemm", 4), Cell("mnist5k", "conv", 2),
-                                 Cell("generated", "gemm", 3))
+QUICK_CELLS: Tuple[Cell, ...] = (Cell("digits", "conv", 3), Cell("generated", "gemm", 3), Cell("mnist5k", "conv", 2),
+                                 Cell("digits", "gemm", 4))
 FULL_CELLS: Tuple[Cell, ...] = QUICK_CELLS + (Cell("mnist5k", "gemm", 3), Cell("generated", "conv", 3))
 
 
@@ -189,13 +189,16 @@ def contenders_of(cell: Cell, full: bool) -> List[str]:
     return names + (["THOR"] if full else []) + [AUTO]
 
 
-def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, timeout: int) -> dict:
-    """Run every contender of ``cells`` seed by seed in turn; the payload of the page (target: O0's median final
-    accuracy minus 1 point)."""
+def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, timeout: int,
+                   payload: dict, save: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run every contender of ``cells`` seed by seed in turn into ``payload`` (target: O0's median final accuracy
+    minus 1 point over the seeds run so far); ``save(payload)`` after each seed, so an interrupted run keeps what
+    it measured."""
     from bench.bench_tta import RunSpec, launch
 
-    payload: dict = {"mode": "graph", "form": "full" if full else "quick", "seeds": list(seeds),
-                     "image_size": IMAGE_SIZE, "cells": {}}
+    payload.update({"mode": "graph", "form": "full" if full else "quick", "seeds": list(seeds),
+                    "image_size": IMAGE_SIZE})
+    payload.setdefault("cells", {})
     for cell in cells:
         root = data_root(cell.dataset)
         names = contenders_of(cell, full)
@@ -207,9 +210,12 @@ def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, time
                                image_size=IMAGE_SIZE, mode="graph", width=cell.width)
                 print(f"[tta autotune] {cell.key} {name} seed {seed}", flush=True)
                 runs[name][str(seed)] = launch(spec, root, timeout)
-        finals = [r["accuracy"][-1] for r in runs["ms_boost O0"].values() if r.get("accuracy")]
-        payload["cells"][cell.key] = {"target": float(np.median(finals)) - 0.01 if finals else 1.0, "curves": runs,
-                                      "baseline_lr": cell.lr, "epochs": cell.epochs}
+            finals = [r["accuracy"][-1] for r in runs["ms_boost O0"].values() if r.get("accuracy")]
+            payload["cells"][cell.key] = {"target": float(np.median(finals)) - 0.01 if finals else 1.0,
+                                          "curves": runs, "baseline_lr": cell.lr, "epochs": cell.epochs,
+                                          "seeds_run": len(runs["ms_boost O0"])}
+            if save is not None:
+                save(payload)
     return payload
 
 
@@ -236,8 +242,8 @@ def pick_lines(cell: dict) -> List[str]:
 
 def summary_table(payload: dict) -> List[str]:
     """One row per cell: medians of auto, O0 and the best fixed contender, the verdicts."""
-    rows = ["| cell | auto (s) | O0 (s) | best fixed (s) | auto / best | within 10% | <= O0 + trial | picks |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| cell | seeds | auto (s) | O0 (s) | best fixed (s) | auto / best | within 10% | <= O0 + trial | picks |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for key, cell in payload["cells"].items():
         if AUTO not in cell["curves"]:
             continue
@@ -253,7 +259,8 @@ def summary_table(payload: dict) -> List[str]:
             return f"{t:.1f}" if t is not None else "not reached"
 
         ratio = f"{med[AUTO] / fixed[best]:.2f}x" if best and med.get(AUTO) is not None else "-"
-        rows.append(f"| {key} | {fmt(med.get(AUTO))} | {fmt(med.get('ms_boost O0'))} | "
+        seeds = len(cell["curves"][AUTO])
+        rows.append(f"| {key} | {seeds} | {fmt(med.get(AUTO))} | {fmt(med.get('ms_boost O0'))} | "
                     f"{fmt(fixed.get(best)) + f' ({best})' if best else '-'} | {ratio} | {within} | {slack} | "
                     f"{', '.join(picks)} |")
     return rows
@@ -302,6 +309,12 @@ def render_standalone(payload: dict) -> str:
              f"**{met1} of {len(cells)} cells**.",
              f"- auto never slower than O0 by more than its trial's cost (per seed; the cost is the trial's wall "
              f"time minus the pick's compile, which the run reuses): **{met2} of {len(cells)} cells**.", ""]
+    planned = [c.key for c in (FULL_CELLS if form == "full" else QUICK_CELLS)]
+    missing = [key for key in planned if key not in cells]
+    short = [key for key, c in cells.items() if len(c["curves"].get(AUTO) or {}) < len(payload.get("seeds", []))]
+    if missing or short:
+        lines += [f"**Partial run**: not measured: {', '.join(missing) or 'none'}; fewer seeds than planned: "
+                  f"{', '.join(short) or 'none'} (the runner writes the page after every seed).", ""]
     lines += summary_table(payload) + [""]
     lines += autotune_section(payload)
     for key, cell in cells.items():
@@ -337,9 +350,15 @@ def main(argv=None) -> int:
     else:
         cells = [c for c in (FULL_CELLS if args.full else QUICK_CELLS) if not only or c.key in only]
         seeds = [int(s) for s in args.seeds.split(",") if s] or list(SEEDS)
-        load_before, start = load_average(), time.time()
-        payload = run_standalone(cells, seeds, args.full, args.timeout)
-        payload.update(load_before=load_before, load_after=load_average(), seconds=time.time() - start)
+        start = time.time()
+        payload = {"load_before": load_average(), "cells": {}}
+
+        def save(partial: dict) -> None:  # after every seed: an interrupted run keeps its cells
+            partial.update(load_after=load_average(), seconds=time.time() - start)
+            write_results(args.out, partial, render_standalone(partial))
+
+        payload = run_standalone(cells, seeds, args.full, args.timeout, payload, save)
+        payload.update(load_after=load_average(), seconds=time.time() - start)
     page = _render_from(payload) if payload.get("autotune_source") else render_standalone(payload)
     write_results(args.out, payload, page)
     print(page)

@@ -67,6 +67,6 @@ def test_the_trial_cost_is_its_overhead_when_recorded_and_the_summary_row_states
     assert lines[1] == ("slower than O0 by at most the trial's cost on every seed: **met** (seed 0: -8.0 s vs trial "
                         "1.5 s)")
     row = summary_table({"cells": {"digits/conv": cell}})[2]
-    assert row == "| digits/conv | 12.0 | 20.0 | 10.0 (ms_boost O1) | 1.20x | not met | met | O1 |"
+    assert row == "| digits/conv | 1 | 12.0 | 20.0 | 10.0 (ms_boost O1) | 1.20x | not met | met | O1 |"
     assert pick_lines(cell) == ["seed 0: picked O1, against ms_boost O1 +2.0 s over the whole run (to target 12.0 vs "
                                 "10.0 s); trial 9.0 s of which 1.5 s not reused"]
