@@ -321,7 +321,7 @@ def render_standalone(payload: dict) -> str:
              "which ranks a contender by its one lucky seed).", "",
              f"Load average (1/5/15 min) before: {payload.get('load_before')}; after: {payload.get('load_after')}"
              " (the 2 cores are shared with other jobs when it is above 2: absolute times are inflated and noisy; "
-             "each seed's runs are paired).", "",
+             "each seed's runs are paired)." + (f" {payload['note']}" if payload.get("note") else ""), "",
              "## Goals", "",
              f"- auto within {WITHIN:.0%} of the best fixed contender's time to target (medians over the seeds): "
              f"**{met1} of {len(cells)} cells**.",
