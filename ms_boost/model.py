@@ -356,6 +356,8 @@ class Model(_MsModel):
         self._eval_network = eval_network
         jit_config = self._network.jit_config_dict
         run = report.trial_run
+        if run is not None and not run.on_originals and eval_network is not None:
+            run = None  # your eval_network reads your network's Parameters: the run must train those, not copies
         if run is None:
             self._build_boost_network({})
             self._train_network = self._build_train_network()
@@ -363,8 +365,6 @@ class Model(_MsModel):
             if not run.on_originals:  # it trains copies (rewritten); train() writes their values back to ours
                 self._trained_copies = run
                 self._network, self._optimizer = run.network, run.optimizer
-                if self._eval_network is not None:
-                    self._eval_network = rewrite_eval(self.boost, self._eval_network)
             self._train_network = run.train_cell
         self._train_network._jit_config_dict = jit_config
         self._build_eval_network(self._metrics, self._eval_network, eval_indexes)

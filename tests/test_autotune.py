@@ -404,6 +404,20 @@ def test_model_auto_trains_the_pick_on_its_trial_step_and_its_yaml_reruns_it_wit
     assert not np.array_equal(all_params(plain_net)["fc.weight"], auto_weights["fc.weight"])
 
 
+def test_a_picked_copy_is_rebuilt_on_the_users_objects_when_the_user_gave_an_eval_network():
+    net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE, n=128)
+    eval_net = nn.WithEvalCell(net, loss)  # reads net's own Parameters: the run must train those
+    model = Model(net, loss, opt, metrics={"acc"}, eval_network=eval_net, boost_level="auto",
+                  boost_config_dict=_options(["grad_accumulation_2"], budget=0.75))
+    model.train(1, dataset(x, y, BATCH))
+    assert model.autotune_report.pick == "grad_accumulation_2" and not model.autotune_report.trial_run.on_originals
+    assert model.train_network is not model.autotune_report.train_network  # built anew on net and opt
+    fixed_net, fixed_opt, _, _, _ = _setup(ms.PYNATIVE_MODE, n=128)
+    Model(fixed_net, loss, fixed_opt, boost_level="O0", boost_config_dict=model.autotune_report.boost_config_dict
+          ).train(1, dataset(x, y, BATCH))
+    assert all(np.array_equal(v, all_params(net)[k]) for k, v in all_params(fixed_net).items())
+
+
 def test_loopback_ranks_run_the_same_trials_and_agree_on_one_pick():
     x, y = learnable_data(512, seed=0)
     size = 2
