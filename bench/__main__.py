@@ -68,6 +68,8 @@ REGISTRY: List[Run] = [
         "where an O1 step's time goes against O0 (zoo GEMM ResNet, Graph mode), each O1 part switched off"),
     Run("tta", "bench_tta.py", (), ("--quick",), ("tta.md",),
         "time to accuracy on real data (digits, MNIST-5k): boost and THOR against a tuned Momentum baseline"),
+    Run("tta_autotune", "tta_autotune.py", ("--full",), (), ("tta_autotune.md",),
+        "boost_level='auto' against the fixed plans on digits, MNIST and the generated set (time to target)"),
 ]
 
 
