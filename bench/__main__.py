@@ -64,10 +64,12 @@ REGISTRY: List[Run] = [
         "THOR step on CPU with Conv2dThor's GEMM convolution vs ops.Conv2D, and vs Momentum (both modes)"),
     Run("thor", "bench_thor.py", (), ("--epochs", "3", "--seeds", "0", "--frequency", "10", "--timed_steps", "20"),
         ("thor.md",), "THOR vs Momentum"),
-    Run("o1_parts", "bench_o1_parts.py", (), None, ("o1_parts.md",),
+    Run("o1_parts", "bench_o1_parts.py", ("--notes", "bench/results/o1_parts_notes.md"), None, ("o1_parts.md",),
         "where an O1 step's time goes against O0 (zoo GEMM ResNet, Graph mode), each O1 part switched off"),
     Run("tta", "bench_tta.py", (), ("--quick",), ("tta.md",),
         "time to accuracy on real data (digits, MNIST-5k): boost and THOR against a tuned Momentum baseline"),
+    Run("tta_autotune", "tta_autotune.py", ("--full",), (), ("tta_autotune.md",),
+        "boost_level='auto' against the fixed plans on digits, MNIST and the generated set (time to target)"),
 ]
 
 

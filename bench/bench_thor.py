@@ -29,7 +29,7 @@ from pathlib import Path
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,8 +37,23 @@ from bench.common import RESULTS, environment, write_results  # noqa: E402
 from model_zoo.resnet.src.resnet import BasicBlock, ResNet  # noqa: E402
 from model_zoo.resnet.src.synthetic_data import render_image  # noqa: E402
 from ms_boost import Model  # noqa: E402
-from ms_boost.thor import ConvertModelUtils, thor  # noqa: E402
+from ms_boost.thor import ConvertModelUtils, kernels, thor  # noqa: E402
 from ms_boost.thor.variants import ThorTrainStep  # noqa: E402
+
+
+class PreconditionFloor(nn.Cell):
+    """The preconditioning products of every THOR layer of ``opt`` and nothing else: the arithmetic a THOR step adds
+    to a Momentum step between refreshes (its floor), compiled alone and fed fixed gradients."""
+
+    def __init__(self, opt):
+        super().__init__()
+        self.opt = opt
+
+    def construct(self, *gradients):
+        opt = self.opt
+        out = kernels.MAP(ops.partial(kernels.precondition, gradients), opt.layer_embedding, opt.weight_index,
+                          opt.bias_index, opt.layer_groups, opt.g_dims, opt.a_inverses, opt.g_inverses)
+        return kernels.MAP(kernels.field_0, out)  # the weight directions
 
 
 def make_images(num_classes: int, per_class: int, size: int, split: int, seed: int):
@@ -142,39 +157,54 @@ def step_time(args, data) -> dict:
     THOR step for a frequency F is ``t_other + (t_refresh - t_other) / F`` (medians), compared with the median
     Momentum step measured in the same alternation (so both see the same machine load). In Graph mode THOR runs
     twice, from the same weights: with its step variants chosen on the host (``ThorTrainStep``, what
-    ``Model.train`` does) and with the device-side switches (the train cell called directly: the previous step).
+    ``Model.train`` does) and with the device-side switches (the train cell called directly: the previous step;
+    ``--skip_switch`` leaves it out). *floor*: THOR's preconditioning products alone (:class:`PreconditionFloor`,
+    the arithmetic a THOR step adds between refreshes), timed in the same alternation.
     """
     (xt, yt), _ = data
     x, y = Tensor(xt[:args.batch]), Tensor(yt[:args.batch])
     graph = ms.get_context("mode") == ms.GRAPH_MODE
-    kinds = ["momentum", "thor"] + (["thor_switch"] if graph else [])
-    calls, compile_s = {}, {}
+    kinds = ["momentum", "thor"] + (["thor_switch"] if graph and not getattr(args, "skip_switch", False) else [])
+    calls, compile_s, compile_cpu = {}, {}, {}
     for kind in kinds:
         _, opt, model = build("momentum" if kind == "momentum" else f"thor_{args.time_frequency}", args, 0, 1000,
                               args.time_blocks, args.time_width)
         cell = model.train_network
         cell.set_train()
         call = ThorTrainStep(cell, opt) if kind == "thor" else cell
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         _sync(call(x, y))  # compile (and THOR's first refresh)
-        first = time.perf_counter() - start
-        start = time.perf_counter()
+        first, first_cpu = time.perf_counter() - start, time.process_time() - cpu
+        start, cpu = time.perf_counter(), time.process_time()
         _sync(call(x, y))  # THOR's variants: compiles the plain one
-        second = time.perf_counter() - start
+        second, second_cpu = time.perf_counter() - start, time.process_time() - cpu
         compile_s[kind] = (first, second)
+        compile_cpu[kind] = (first_cpu, second_cpu)
         print(f"  {kind}: first call {first:.1f} s, second {second:.1f} s", flush=True)
         calls[kind] = call
-    times = {kind: ([], []) for kind in kinds}  # (refresh steps, other steps); Momentum: all in "other"
+        if kind == "thor":  # the floor: the same layers' preconditioning products on fixed gradients
+            rng = np.random.default_rng(0)
+            grads = tuple(Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in opt._parameters)
+            floor = PreconditionFloor(opt)
+            calls["floor"] = lambda _x, _y, floor=floor, grads=grads: floor(*grads)
+            _sync(calls["floor"](x, y))
+    timed = kinds + ["floor"]
+    times = {kind: ([], []) for kind in timed}  # (refresh steps, other steps); Momentum, floor: all in "other"
+    # also the process's CPU time (all its threads): on a machine shared with other jobs the wall time of a step
+    # mostly measures the waits for a core; the CPU time it used is far steadier
+    cpu_times = {kind: ([], []) for kind in timed}
     f = args.time_frequency
     for step in range(2, args.timed_steps + 2):
-        for kind in kinds:
-            start = time.perf_counter()
+        for kind in timed:
+            start, cpu = time.perf_counter(), time.process_time()
             _sync(calls[kind](x, y))
-            refresh = kind != "momentum" and step % f == 0
+            refresh = kind not in ("momentum", "floor") and step % f == 0
             times[kind][0 if refresh else 1].append(time.perf_counter() - start)
+            cpu_times[kind][0 if refresh else 1].append(time.process_time() - cpu)
     momentum = times["momentum"][1]
     t_m = statistics.median(momentum)
-    out = {"momentum_s": t_m, "compile_s": {}, "samples": {"momentum": momentum}}
+    out = {"momentum_s": t_m, "compile_s": {}, "samples": {"momentum": momentum},
+           "floor_s": statistics.median(times["floor"][1])}
     for kind in kinds[1:]:
         refresh, other = times[kind]
         t_r, t_o = statistics.median(refresh), statistics.median(other)
@@ -195,8 +225,19 @@ def step_time(args, data) -> dict:
     # compile: Momentum's and the switch step's first call minus a step; the variants' first two calls minus two
     out["compile_s"]["momentum"] = compile_s["momentum"][0] - t_m
     out["compile_s"]["thor"] = sum(compile_s["thor"]) - out["thor_refresh_s"] - out["thor_other_s"]
-    if graph:
+    out["compile_s"]["thor_refresh_variant"] = compile_s["thor"][0] - out["thor_refresh_s"]
+    out["compile_s"]["thor_plain_variant"] = compile_s["thor"][1] - out["thor_other_s"]
+    if "thor_switch" in kinds:
         out["compile_s"]["thor_switch"] = compile_s["thor_switch"][0] - out["switch_refresh_s"]
+    med = {kind: tuple(statistics.median(s) if s else float("nan") for s in cpu_times[kind]) for kind in timed}
+    c_m, (c_r, c_o) = med["momentum"][1], med["thor"]
+    out["cpu"] = {"momentum_s": c_m, "floor_s": med["floor"][1], "thor_refresh_s": c_r, "thor_other_s": c_o,
+                  "ratio": {fr: (c_o + (c_r - c_o) / fr) / c_m for fr in args.frequency},
+                  "compile_s": {"momentum": compile_cpu["momentum"][0] - c_m,
+                                "thor_refresh_variant": compile_cpu["thor"][0] - c_r,
+                                "thor_plain_variant": compile_cpu["thor"][1] - c_o}}
+    if "thor_switch" in kinds:
+        out["cpu"].update({"switch_other_s": med["thor_switch"][1], "switch_refresh_s": med["thor_switch"][0]})
     return out
 
 
@@ -262,6 +303,21 @@ def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) ->
                       f"({st['switch_other_s'] / st['momentum_s']:.2f}x), refresh step "
                       f"{st['switch_refresh_s'] * 1e3:.1f} ms ({st['switch_refresh_s'] / st['momentum_s']:.2f}x), "
                       f"amortized: see the last column.")
+        if "floor_s" in st:
+            switch += (f" THOR's preconditioning products alone (the arithmetic it adds between refreshes, compiled "
+                       f"apart, same alternation): {st['floor_s'] * 1e3:.1f} ms "
+                       f"({st['floor_s'] / st['momentum_s']:.2f}x Momentum), so the floor of the step between "
+                       f"refreshes is about {1 + st['floor_s'] / st['momentum_s']:.2f}x Momentum.")
+        cpu = st.get("cpu")
+        if cpu:
+            switch += (f" CPU time of the process (all threads; steadier than wall time on a shared machine): "
+                       f"Momentum {cpu['momentum_s'] * 1e3:.1f} ms, THOR between refreshes "
+                       f"{cpu['thor_other_s'] * 1e3:.1f} ms ({cpu['thor_other_s'] / cpu['momentum_s']:.2f}x), refresh "
+                       f"step {cpu['thor_refresh_s'] * 1e3:.1f} ms ({cpu['thor_refresh_s'] / cpu['momentum_s']:.2f}x), "
+                       f"preconditioning products alone {cpu['floor_s'] * 1e3:.1f} ms "
+                       f"({cpu['floor_s'] / cpu['momentum_s']:.2f}x); amortized "
+                       + ", ".join(f"{r:.2f}x ({fr})" for fr, r in cpu["ratio"].items())
+                       + "; compile " + ", ".join(f"{k} {v:.1f} CPU-s" for k, v in cpu["compile_s"].items()) + ".")
         if "compile_s" in st:
             switch += " Compile (first calls less their steps): " + ", ".join(
                 f"{k} {v:.1f} s" for k, v in st["compile_s"].items()) + "."
@@ -275,6 +331,15 @@ def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) ->
                        + ", ".join(f"{r:.2f}x ({f})" for f, r in prev["ratio"].items())
                        + f"; compile: Momentum {prev['compile_s']['momentum']:.1f} s, THOR "
                        f"{prev['compile_s']['thor']:.1f} s.")
+            pcpu = prev.get("cpu")
+            if pcpu:
+                switch += (f" Its CPU time: Momentum {pcpu['momentum_s'] * 1e3:.1f} ms, THOR between refreshes "
+                           f"{pcpu['thor_other_s'] * 1e3:.1f} ms ({pcpu['thor_other_s'] / pcpu['momentum_s']:.2f}x), "
+                           f"refresh step {pcpu['thor_refresh_s'] / pcpu['momentum_s']:.2f}x, preconditioning "
+                           f"products alone {pcpu['floor_s'] / pcpu['momentum_s']:.2f}x; amortized "
+                           + ", ".join(f"{r:.2f}x ({fr})" for fr, r in pcpu["ratio"].items())
+                           + "; compile " + ", ".join(f"{k} {v:.1f} CPU-s" for k, v in pcpu["compile_s"].items())
+                           + ".")
         lines += ["", f"## Step time, {mode} mode (fixed batch, Momentum and THOR steps alternating, medians)", "",
                   network + f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
                   f"{st['thor_other_s'] * 1e3:.1f} ms ({st['thor_other_s'] / st['momentum_s']:.2f}x), refresh "
@@ -354,6 +419,8 @@ def main(argv=None) -> None:
                         help="basic blocks per stage of the step-time network (2 2 2 2: ResNet-18)")
     parser.add_argument("--time_width", type=int, default=16, help="base width of the step-time network")
     parser.add_argument("--timed_steps", type=int, default=60)
+    parser.add_argument("--skip_switch", action="store_true",
+                        help="time THOR with its host-chosen step variants only (not the device-switch graph too)")
     parser.add_argument("--modes", nargs="+", default=["graph", "pynative"], help="execution modes timed")
     parser.add_argument("--repeats", type=int, default=1,
                         help="step-time measurements per mode (modes interleaved); reported: medians and spread")

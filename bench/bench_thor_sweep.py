@@ -30,7 +30,7 @@ from pathlib import Path
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -114,11 +114,13 @@ class Contender:
         self.snapshot = [(p, p.asnumpy().copy()) for p in params]
 
     def reset(self, lr: float, damping: float) -> None:
+        # written in place (ops.assign): set_data gives a Parameter new memory, and a graph compiled before keeps
+        # reading the old one -- THOR's refresh graph then kept the first cell's damping for every later cell
         for p, value in self.snapshot:
-            p.set_data(Tensor(value))
-        self.opt.learning_rate.set_data(Tensor(np.float32(lr)))
+            ops.assign(p, Tensor(value))
+        ops.assign(self.opt.learning_rate, Tensor(np.float32(lr)))
         if self.kind == "thor":
-            self.opt.damping.values.set_data(Tensor(np.array([damping], np.float32)))
+            ops.assign(self.opt.damping.values, Tensor(np.array([damping], np.float32)))
 
     def run(self, lr: float, damping: float, data, args) -> dict:
         (xt, yt), (xv, yv) = data

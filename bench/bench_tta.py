@@ -370,7 +370,8 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
     report = getattr(model, "autotune_report", None)
     if report is not None:  # the trial ran inside train() before epoch 1: its time counts in epoch 1
         record["epoch_seconds"][0] += report.trial_seconds
-        record.update(trial_seconds=report.trial_seconds, autotune_pick=report.pick)
+        record.update(trial_seconds=report.trial_seconds, autotune_pick=report.pick,
+                      trial_overhead=report.overhead_seconds)  # minus the pick's compile, which the run reuses
     return record
 
 

@@ -16,6 +16,7 @@ the communication layer ``ms_boost.comm``; ``register_algorithm`` plugs in a use
 from __future__ import annotations
 
 import logging
+import sys
 
 from ms_boost import builtins  # noqa: F401 -- registers the built-in algorithms first
 from ms_boost.compat import (
@@ -35,7 +36,6 @@ from ms_boost.compat import (
     OptimizerProcess,
     ParameterProcess,
     freeze_cell,
-    thor,
 )
 from ms_boost.model import Model, autotune_plan, build_train_network
 from ms_boost.registry import register_algorithm, registered, unregister_algorithm
@@ -63,10 +63,10 @@ if not _logger.handlers:
     _logger.setLevel(logging.INFO)
     _logger.propagate = False
 
-# ``ms_boost.thor`` is the optimizer factory (upstream's ``mindspore.nn.thor``): the import above bound the
-# name after the ``ms_boost.thor`` package was loaded, and later submodule imports do not rebind it. Reach
-# the package's contents with ``from ms_boost.thor import ...`` or ``from ms_boost.thor import layers``
-# (``import ms_boost.thor.layers as L`` resolves through the attribute, which is the function).
+# ``ms_boost.thor`` is the THOR package, and it is callable: ``ms_boost.thor(net, ...)`` builds the optimizer
+# (upstream's ``mindspore.nn.thor``) while ``ms_boost.thor.ConvertModelUtils`` and ``import ms_boost.thor.layers``
+# reach the package (ms_boost/thor/__init__.py). Bound explicitly: the package, not the factory function.
+thor = sys.modules["ms_boost.thor"]
 
 __all__ = [
     "AutoBoost", "BoostConfigError", "Model", "build_train_network", "autotune_plan", "BoostTrainOneStepCell",

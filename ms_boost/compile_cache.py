@@ -9,6 +9,16 @@ settings (the boost plan, THOR's frequency, amp casts, ...) into the graph as co
 :func:`scope_compile_cache` moves it into a sub-folder named after a hash of those settings: a run with other
 settings compiles (and saves) its own graphs, a rerun with the same settings loads them.
 
+One folder per process: MindSpore keeps the cache folder of the first compile for the whole process (a later
+``compile_cache_path``, from the context or ``MS_COMPILER_CACHE_PATH``, changes nothing) and names the graphs by
+compile order. Measured with MindSpore 2.10: a process training with ``grad_accumulation_step`` 2, then 4, saved
+the second model's graph beside the first one's, in the folder of step 2; a later process training with 2, then
+3, loaded it and trained its step-3 model with 4 accumulation steps, silently. So the first Model of a process
+fixes the scope, a later Model with the same settings uses it, and a later Model with other settings turns
+MindSpore's compile cache off for the rest of the process (with a warning): it compiles, saves and loads nothing.
+Graphs compiled with the cache on before the first Model (your own ``ms.jit`` functions) fix the folder at your
+path instead; build the Model first, or keep such runs apart.
+
 Constants of the user's own network (a layer's Python attribute) are not part of the key: that stays MindSpore's
 behaviour (delete the cache folder after changing them).
 """
@@ -28,15 +38,23 @@ __all__ = ["cache_enabled", "constant_settings", "optimizer_settings", "scope_co
 SCOPE_PREFIX = "ms_boost-"
 _SCALARS = (bool, int, float, str)
 
+# The scope this process's first Model set (None: none yet). It mirrors MindSpore's own process-wide state (the
+# cache folder is fixed at the first compile, see the module docstring), so it lives as long as the process.
+_process_scope: Optional[str] = None
+
 
 def cache_enabled() -> bool:
-    """True when the compile cache is on (``enable_compile_cache`` context or ``MS_COMPILER_CACHE_ENABLE=1``)."""
-    if os.environ.get("MS_COMPILER_CACHE_ENABLE", "") == "1":
-        return True
+    """True when MindSpore's compile cache is on, by MindSpore's rule.
+
+    The ``enable_compile_cache`` context when it was set (also to False), else ``MS_COMPILER_CACHE_ENABLE=1``.
+    """
     try:
-        return bool(ms.get_context("enable_compile_cache"))
+        value = ms.get_context("enable_compile_cache")
     except (ValueError, KeyError):  # a MindSpore without this context key has no compile cache to scope
         return False
+    if value is None:
+        return os.environ.get("MS_COMPILER_CACHE_ENABLE", "") == "1"
+    return bool(value)
 
 
 def _is_constant(value) -> bool:
@@ -69,16 +87,19 @@ def optimizer_settings(optimizer) -> str:
 def scope_compile_cache(settings: str) -> Optional[str]:
     """With the compile cache on, point ``compile_cache_path`` at ``<base>/ms_boost-<hash of settings>``.
 
-    ``<base>`` is the path the user chose (context, else ``MS_COMPILER_CACHE_PATH``, else the working directory);
-    a path this function set before (a second model in the same process) is replaced, not nested.
+    ``<base>`` is the path the user chose (context, else ``MS_COMPILER_CACHE_PATH``, else the working directory).
+    The first call of a process fixes the scope (MindSpore keeps one cache folder per process); a later call with
+    the same settings returns it, one with other settings turns the compile cache off for the rest of the process
+    and logs a warning saying why (see the module docstring).
 
     Args:
         settings: text holding every setting compiled into the graphs (the boost plan's summary, the amp
             settings, :func:`optimizer_settings`).
 
     Returns:
-        The cache path now in use, or None when the compile cache is off (nothing is changed then).
+        The cache path now in use, or None when the compile cache is off (already, or from now on).
     """
+    global _process_scope
     if not cache_enabled():
         return None
     current = ms.get_context("compile_cache_path") or os.environ.get("MS_COMPILER_CACHE_PATH", "") or "."
@@ -87,8 +108,16 @@ def scope_compile_cache(settings: str) -> Optional[str]:
         base = os.path.dirname(base) or "."
     text = "\n".join((settings, f"mindspore {ms.__version__}"))
     path = os.path.join(base, SCOPE_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16])
+    if _process_scope is not None and path != _process_scope:
+        ms.set_context(enable_compile_cache=False)
+        logger.warning("MindSpore's compile cache is now off for this process: it keeps the folder of the first "
+                       "model's settings (%s) for every later graph and names graphs by compile order, so a model "
+                       "with other settings (%s) would be saved there and loaded by a later run with other settings "
+                       "again. Run one setting per process to cache each.", _process_scope, path)
+        return None
     if path != current:
         ms.set_context(compile_cache_path=path)
         logger.info("MindSpore's compile cache is on; graphs of these settings are cached in %s "
                     "(keyed by the boost plan, amp and optimizer settings)", path)
+    _process_scope = path
     return path

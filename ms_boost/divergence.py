@@ -38,7 +38,7 @@ import math
 import numbers
 from collections import deque
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union, cast
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -73,12 +73,14 @@ def first_non_finite(arrays: Iterable[Tuple[str, np.ndarray]]) -> Optional[str]:
     return None
 
 
-def _number(key: str, value: Any, allowed: str, ok: Callable[[float], bool], integer: bool = False):
-    kinds = (numbers.Integral,) if integer else (numbers.Real,)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(float(value)) \
+def _number(key: str, value: Any, allowed: str, ok: Callable[[float], bool],
+            integer: bool = False) -> Union[int, float]:
+    """``value`` as an int (``integer``) or a float, or a ``ValueError`` naming ``key`` and what is ``allowed``."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(float(value)) \
             or not ok(float(value)):
         raise ValueError(f"{key}={value!r} is not allowed; allowed: {allowed}.")
-    return int(value) if integer else float(value)
+    return int(cast(numbers.Integral, value)) if integer else float(value)
 
 
 @dataclass(frozen=True)
@@ -153,13 +155,15 @@ class LossSpikeDetector:
         return float(np.median(np.asarray(self.history, np.float64))) if self.history else None
 
     def verdict(self, loss: float) -> Optional[str]:
-        """Why ``loss`` is bad (``"loss is nan"``, ``"loss 52.1 is above 10 x its running median 2.3"``) or
-        ``None``."""
+        """Why ``loss`` is bad, or ``None`` when it is fine.
+
+        E.g. ``"loss is nan"``, ``"loss 52.1 is above 10 x its running median 2.3"``.
+        """
         if not math.isfinite(loss):
             return f"loss is {loss}"
         if self.factor and len(self.history) == self.history.maxlen:
             median = self.median
-            if loss > self.factor * median:
+            if median is not None and loss > self.factor * median:
                 return f"loss {loss:.6g} is above {self.factor:g} x its running median {median:.6g}"
         return None
 
@@ -173,8 +177,11 @@ def _optimizers(network: nn.Cell) -> List[nn.Optimizer]:
 
 
 def learning_rates_of(network: nn.Cell) -> List[Parameter]:
-    """The learning-rate Parameters of every optimizer in ``network`` (a float or per-step array lr is one
-    Parameter; group learning rates are several). A ``LearningRateSchedule`` holds none."""
+    """The learning-rate Parameters of every optimizer in ``network``.
+
+    A float or per-step array learning rate is one Parameter; group learning rates are several. A
+    ``LearningRateSchedule`` holds none.
+    """
     found: Dict[str, Parameter] = {}
     for optimizer in _optimizers(network):
         found.update((p.name, p) for p in optimizer_learning_rates(optimizer))
@@ -182,9 +189,11 @@ def learning_rates_of(network: nn.Cell) -> List[Parameter]:
 
 
 def dampings_of(network: nn.Cell) -> List[Parameter]:
-    """The optimizers' schedules other than the learning rates (:meth:`ms_boost.stages.OptimizerHooks.
-    schedule_parameters`): THOR's damping values (a float or per-step array); none for other optimizers or a
-    ``LearningRateSchedule`` damping."""
+    """The optimizers' schedules other than the learning rates: THOR's damping values.
+
+    Asked through :meth:`ms_boost.stages.OptimizerHooks.schedule_parameters`: THOR's damping as a float or a
+    per-step array; none for other optimizers or a ``LearningRateSchedule`` damping.
+    """
     rates = {p.name for p in learning_rates_of(network)}
     found: Dict[str, Parameter] = {}
     for optimizer in _optimizers(network):
@@ -193,8 +202,11 @@ def dampings_of(network: nn.Cell) -> List[Parameter]:
 
 
 def callback_mark(params, key: str) -> Any:
-    """``params.<key>`` of MindSpore's callback parameters, ``None`` when unset (their attribute lookup raises
-    ``KeyError``, so ``getattr`` with a default does not work): how later callbacks read this one's marks."""
+    """``params.<key>`` of MindSpore's callback parameters, ``None`` when unset.
+
+    Their attribute lookup raises ``KeyError``, so ``getattr`` with a default does not work; this is how later
+    callbacks read this one's marks.
+    """
     try:
         return getattr(params, key)
     except (AttributeError, KeyError):
@@ -210,8 +222,11 @@ def _loss_of(outputs) -> float:
 
 
 def _write(param: Parameter, value: np.ndarray) -> None:
-    """Write ``value`` into ``param``'s own memory: a compiled train step keeps updating the memory it was
-    compiled with, which ``set_data`` would replace (the step would then update a copy nobody reads)."""
+    """Write ``value`` into ``param``'s own memory.
+
+    A compiled train step keeps updating the memory it was compiled with, which ``set_data`` would replace (the
+    step would then update a copy nobody reads).
+    """
     ops.assign(param, Tensor(value))
 
 
@@ -266,6 +281,11 @@ class DivergenceRollback(Callback):
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def on_train_begin(self, run_context) -> None:
+        """Find the train network, its learning rates and dampings; check the policy fits them; first snapshot.
+
+        Raises:
+            ValueError: a factor that cannot be applied (see the class docstring).
+        """
         params = run_context.original_args()
         if self.network is None:
             self.network = params.train_network
@@ -287,6 +307,7 @@ class DivergenceRollback(Callback):
         self._pending = (self.step_offset, self._copy())  # the starting state, confirmed by the first step
 
     def on_train_step_end(self, run_context) -> None:
+        """Judge the step on every rank, agree on the worst verdict, and accept, roll back or stop."""
         if self.failure is not None:
             return
         params = run_context.original_args()
@@ -319,8 +340,14 @@ class DivergenceRollback(Callback):
         last = self._pending[0] if self._pending is not None else (self._confirmed[0] if self._confirmed else 0)
         return step - last >= self.policy.snapshot_steps or bool(self.snapshot_at and self.snapshot_at(step))
 
+    def _train_network(self) -> nn.Cell:
+        if self.network is None:
+            raise RuntimeError("DivergenceRollback: no train network before on_train_begin.")
+        return self.network
+
     def _copy(self) -> Dict[str, np.ndarray]:
-        return {p.name: p.asnumpy().copy() for p in self.network.get_parameters() if p.name not in self._kept}
+        return {p.name: p.asnumpy().copy() for p in self._train_network().get_parameters()
+                if p.name not in self._kept}
 
     def _confirm(self, step: int) -> None:
         """A fine loss at ``step`` was computed from the weights of ``step - 1``: a snapshot taken then is good."""
@@ -350,11 +377,12 @@ class DivergenceRollback(Callback):
             run_context.request_stop()
             return
         restored, state = self._confirmed
-        for param in self.network.get_parameters():
+        network = self._train_network()
+        for param in network.get_parameters():
             if param.name in state:
                 _write(param, state[param.name])
-        _scale(learning_rates_of(self.network), self.policy.lr_factor)
-        _scale(dampings_of(self.network), self.policy.damping_factor)
+        _scale(learning_rates_of(network), self.policy.lr_factor)
+        _scale(dampings_of(network), self.policy.damping_factor)
         record = {"kind": "rollback", "step": step, "restored_step": restored, "reason": reason,
                   "rollback": len(self.rollbacks) + 1, "lr_factor": self.policy.lr_factor,
                   "damping_factor": self.policy.damping_factor, "skipped_steps": step - restored}
@@ -364,7 +392,7 @@ class DivergenceRollback(Callback):
             self.log(f"divergence: step {step}: {reason}; rolled back to the state of step {restored} "
                      f"(rollback {record['rollback']}/{self.policy.max_rollbacks}), learning rate x "
                      f"{self.policy.lr_factor:g}" + (f", THOR damping x {self.policy.damping_factor:g}"
-                                                     if dampings_of(self.network) else "")
+                                                     if dampings_of(network) else "")
                      + f", skipping the batches of steps {restored + 1}-{step}")
         if self.on_rollback is not None:
             self.on_rollback(dict(record))

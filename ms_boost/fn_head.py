@@ -5,12 +5,25 @@ weight out; neither imports the other for it.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.common.initializer import initializer
 
-__all__ = ["l2_normalize", "CommonHeadLastFN"]
+__all__ = ["l2_normalize", "CommonHeadLastFN", "default_fn_scale"]
+
+
+def default_fn_scale(classes: int) -> float:
+    r"""The scale LessBN gives a new FN head: :math:`\max(1, \sqrt 2 \ln(C - 1))` for ``C`` classes.
+
+    AdaCos's fixed scale (Zhang et al., CVPR 2019): the smallest at which a cosine classifier's softmax can come
+    close to one for the true class. Upstream starts the multiplier at 1, which bounds the logits to [-1, 1]: with
+    10 classes the true class's probability is at most 0.45 until the multiplier has grown, and on short runs it
+    learns slowly (``docs/light_algorithms.md``).
+    """
+    return max(1.0, math.sqrt(2.0) * math.log(max(int(classes) - 1, 1)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -26,8 +39,10 @@ def l2_normalize(x: Tensor, axis: int = 1, epsilon: float = 1e-12) -> Tensor:
         axis: axis along which the norm is taken.
         epsilon: lower bound of the norm (keeps a zero row finite).
     """
-    norm = ops.sqrt((x * x).sum(axis=axis, keepdims=True))
-    return x / ops.maximum(norm, epsilon)
+    # sqrt(max(|x|^2, eps^2)) = max(|x|, eps), with the floor inside the root: a zero row then gets a finite gradient
+    # (outside, sqrt's derivative at 0 is infinite and the row's gradient NaN)
+    norm = ops.sqrt(ops.maximum((x * x).sum(axis=axis, keepdims=True), epsilon * epsilon))
+    return x / norm
 
 
 class CommonHeadLastFN(nn.Cell):
@@ -38,7 +53,7 @@ class CommonHeadLastFN(nn.Cell):
         y = m \cdot \left(\operatorname{norm}(x)\,\operatorname{norm}(W)^\top + b\right)
 
     where rows of ``x`` (features) and of ``W`` (one per class) are L2-normalised
-    (:func:`l2_normalize`) and ``m`` is a trainable scalar ``multiplier`` initialised to 1. The
+    (:func:`l2_normalize`) and ``m`` is a trainable scalar ``multiplier`` (``multiplier_init``, default 1). The
     normalisation is computed in float32 and the output cast back to the input's dtype.
 
     Args:
@@ -48,6 +63,8 @@ class CommonHeadLastFN(nn.Cell):
             ``(out_channels, in_channels)``, which is then used as the weight itself (not copied).
         bias_init: initializer of the bias.
         has_bias: whether the layer has a bias ``b``.
+        multiplier_init: the starting value of ``m`` (1.0, upstream's, by default; LessBN passes
+            :func:`default_fn_scale` unless ``less_bn.fn_scale`` says otherwise).
 
     Inputs:
         - **x** (Tensor) - shape ``(N, in_channels)``.
@@ -57,7 +74,7 @@ class CommonHeadLastFN(nn.Cell):
     """
 
     def __init__(self, in_channels: int, out_channels: int, weight_init="normal", bias_init="zeros",
-                 has_bias: bool = True):
+                 has_bias: bool = True, multiplier_init: float = 1.0):
         super().__init__()
         self.in_channels = int(in_channels)
         self.out_channels = int(out_channels)
@@ -69,7 +86,7 @@ class CommonHeadLastFN(nn.Cell):
             self.weight = weight_init
         else:
             self.weight = Parameter(initializer(weight_init, shape, mstype.float32), name="weight")
-        self.multiplier = Parameter(Tensor(np.ones([1], np.float32)), name="multiplier")
+        self.multiplier = Parameter(Tensor(np.full([1], float(multiplier_init), np.float32)), name="multiplier")
         self.has_bias = bool(has_bias)
         if self.has_bias:
             if isinstance(bias_init, Parameter):
@@ -81,6 +98,8 @@ class CommonHeadLastFN(nn.Cell):
         # queue has run, so the loss's input check (ops.typeof) blocked the Python thread until the whole
         # forward pass had executed; every later operation of the step was then launched one at a time.
         self.matmul = ops.MatMul(transpose_b=True)
+        # (ops.L2Normalize, one operator for the five of l2_normalize, was measured and not kept: on CPU with
+        # MindSpore 2.10 it made the zoo's GEMM ResNet-10 step 1.7x O0's instead of 1.05x, bench/results/o1_parts.md)
 
     def construct(self, x):
         """The logits ``multiplier * normalize(x) @ normalize(W).T``."""

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import Optional
 
@@ -37,6 +38,7 @@ from ms_boost.autotune import (
     TrialContext,
     batch_size_of,
     clone_for_trial,
+    count_conv2d,
     run_trials,
     take_batches,
 )
@@ -53,9 +55,10 @@ from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLoss
 logger = logging.getLogger("ms_boost")
 
 
-def _is_special_optimizer(optimizer) -> bool:
-    """True for an optimizer that does more than a plain first-order step (THOR: its hooks add a plan note)."""
-    return bool(optimizer_hooks(optimizer).plan_note())
+def _first_order(optimizer) -> bool:
+    """Whether ``optimizer`` is a plain first-order one (its hooks say so: THOR answers False)."""
+    return optimizer is not None and optimizer_hooks(optimizer).is_first_order()
+
 
 __all__ = ["Model", "build_train_network", "autotune_plan"]
 
@@ -148,11 +151,12 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     """Measure candidate boost plans on a short trial and pick one; the given objects end at their starting state.
 
     Each candidate trains copies of ``network`` and ``optimizer`` (and of the loss-scale manager) from their
-    current state -- except the plain step (O0), which trains the objects themselves and is written back to the
-    start after its trial (``report.train_network`` is that compiled step when O0 is picked) -- on the same first
-    batches of ``train_dataset`` in the same order; progress is the smoothed
-    decrease of the loss on held-out batches (taken before the trial's batches) per wall second, compile time
-    amortized over the planned run of ``epochs`` epochs. See :mod:`ms_boost.autotune` and ``docs/autotune.md``.
+    current state -- except the plain step (O0), which trains the objects themselves -- on the same first batches
+    of ``train_dataset`` in the same order, and is written back to its starting state after each use. The
+    candidates are probed for compile and step time in the order of their speed priors while the budget pays, held-out
+    progress is measured where it pays, and the pick is the plan with the shortest predicted run of ``epochs``
+    epochs (:mod:`ms_boost.autotune.decide`). ``report.trial_run`` is the pick's step, compiled by the trial, at the
+    starting state. See :mod:`ms_boost.autotune` and ``docs/autotune.md``.
 
     Args:
         network, loss_fn, optimizer: as given to :class:`Model` (the optimizer must not be a THOR: THOR is one
@@ -173,7 +177,7 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
         ValueError / TypeError: bad options (naming the key), a THOR optimizer, no candidate able to run.
     """
     options, sections = split_auto_config(boost_config_dict)
-    if optimizer is None or _is_special_optimizer(optimizer):
+    if not _first_order(optimizer):
         raise ValueError("boost_level='auto': the trial needs the run's first-order optimizer (Momentum, SGD, ...); "
                          f"got {type(optimizer).__name__}. THOR is one of the candidates; to train THOR without a "
                          "trial, give a fixed boost_level.")
@@ -181,23 +185,27 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"autotune: epochs={epochs!r} must be an int >= 1.")
     per_epoch = int(train_dataset.get_dataset_size()) if steps_per_epoch is None else int(steps_per_epoch)
-    batches = take_batches(train_dataset, options.holdout_batches + options.max_trial_steps)
+    started = time.perf_counter()  # reading the trial's batches is part of its cost
+    budget_steps = int(options.budget * per_epoch * epochs + 1e-9)  # no trial trains more steps than this
+    batches = take_batches(train_dataset, options.holdout_batches +
+                           min(options.max_trial_steps, max(options.probe_steps, budget_steps)))
     if not batches:
         raise ValueError("autotune: the training data set yields no batch.")
     holdout, trial = batches[:options.holdout_batches], batches[options.holdout_batches:]
     ctx = TrialContext(ranks=_data_parallel_ranks(), batch_size=batch_size_of(batches[0]),
                        planned_steps=per_epoch * epochs, user_sections=sections,
-                       device=str(ms.get_context("device_target")))
+                       device=str(ms.get_context("device_target")), conv2d_layers=count_conv2d(network))
 
     def build(boost: AutoBoost, on_originals: bool) -> CellTrialRun:
-        if on_originals:  # a plan that rewrites nothing: the step the run would build, restored after its trial
-            return CellTrialRun(_build(network, optimizer, loss_fn, amp_level, boost, dict(kwargs)), keep_start=True)
+        if on_originals:  # a plan that rewrites nothing: the step the run would build, restored after each use
+            cell = _build(network, optimizer, loss_fn, amp_level, boost, dict(kwargs))
+            return CellTrialRun(cell, network, optimizer, on_originals=True)
         net, opt, lsm = clone_for_trial(network, optimizer, kwargs.get("loss_scale_manager"))
         amp = dict(kwargs, **({"loss_scale_manager": lsm} if "loss_scale_manager" in kwargs else {}))
         net, opt = rewrite_train(boost, net, opt)
-        return CellTrialRun(_build(net, opt, loss_fn, amp_level, boost, amp))
+        return CellTrialRun(_build(net, opt, loss_fn, amp_level, boost, amp), net, opt)
 
-    return run_trials(build, ctx, options, trial, holdout)
+    return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
 class _PendingAutotune(nn.Cell):
@@ -246,11 +254,13 @@ class Model(_MsModel):
         if isinstance(network, nn.Cell):
             network = hooks.train_network(network, loss_fn is not None)
         self._user_optimizer = optimizer
+        self._user_network = network
+        self._trained_copies: Optional[CellTrialRun] = None
         self.autotune_report: Optional[AutotuneReport] = None
         self._auto_config = None
         if isinstance(boost_level, str) and boost_level == AUTO_LEVEL:
             split_auto_config(boost_config_dict)  # checked now, before anything is built
-            if optimizer is None or _is_special_optimizer(optimizer):
+            if not _first_order(optimizer):
                 raise ValueError(f"Model(boost_level='auto') needs the run's first-order optimizer (Momentum, SGD, "
                                  f"...); got {type(optimizer).__name__}. THOR is one of the candidates; give a fixed "
                                  f"boost_level to train a THOR optimizer of your own.")
@@ -317,8 +327,10 @@ class Model(_MsModel):
     def autotune(self, train_dataset, epochs: int, steps_per_epoch: Optional[int] = None) -> AutotuneReport:
         """Run the ``boost_level="auto"`` trial for a planned run of ``epochs`` epochs; build the pick's network.
 
-        ``train`` calls this itself when it has not run. The network and optimizer keep their starting weights and
-        state: the trial trains copies.
+        ``train`` calls this itself when it has not run. The network and optimizer end at their starting weights and
+        state (the trial trains copies, or restores them). The run then trains the pick's step as the trial compiled
+        it; when that step trained copies (a plan that rewrites the network or optimizer), ``train`` writes their
+        values back into this Model's network and optimizer by Parameter name when it ends.
 
         Returns:
             The :class:`~ms_boost.autotune.AutotuneReport` (also ``model.autotune_report``).
@@ -342,21 +354,43 @@ class Model(_MsModel):
         self.autotune_report = report
         eval_network, eval_indexes = self._user_eval
         self._eval_network = eval_network
-        self._build_boost_network({})
         jit_config = self._network.jit_config_dict
-        # the pick's step compiled by the trial on this Model's own objects (O0), at the starting state; else built
-        self._train_network = report.train_network if report.train_network is not None else \
-            self._build_train_network()
+        run = report.trial_run
+        if run is not None and not run.on_originals and eval_network is not None:
+            run = None  # your eval_network reads your network's Parameters: the run must train those, not copies
+        if run is None:
+            self._build_boost_network({})
+            self._train_network = self._build_train_network()
+        else:  # the pick's step compiled by the trial, at the starting state: its compile is not paid twice
+            if not run.on_originals:  # it trains copies (rewritten); train() writes their values back to ours
+                self._trained_copies = run
+                self._network, self._optimizer = run.network, run.optimizer
+            self._train_network = run.train_cell
         self._train_network._jit_config_dict = jit_config
         self._build_eval_network(self._metrics, self._eval_network, eval_indexes)
         self._build_predict_network()
         return report
 
     # -- training ------------------------------------------------------------------------------
+    def _check_network_mode(self, network, is_train):
+        """Switch ``network`` to training or evaluation as MindSpore does; a training phase chosen for the step stays.
+
+        MindSpore switches the network back to training (``set_train``, which resets its ``phase`` to ``"train"``)
+        *after* the step-begin callbacks, at the first step after an evaluation. A callback that chose the compiled
+        graph of the step by its phase (THOR's step variants) would be overruled there, and that step would compile
+        and run the default graph instead; the chosen phase is put back.
+        """
+        chosen = network.phase if is_train and isinstance(network, nn.Cell) else None
+        network = super()._check_network_mode(network, is_train)
+        if chosen is not None and chosen != network.phase and chosen.startswith(f"{network.phase}_"):
+            network.phase = chosen
+        return network
+
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
         """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
 
-        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train.
+        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train; when its pick
+        trained copies, their values are written back to the given network and optimizer at the end.
         """
         if self._auto_config is not None and self.autotune_report is None:
             per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
@@ -370,6 +404,10 @@ class Model(_MsModel):
             if callbacks is None:
                 callbacks = []
             callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
-        return super().train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
-                             sink_size=sink_size, initial_epoch=initial_epoch)
+        try:
+            return super().train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
+                                 sink_size=sink_size, initial_epoch=initial_epoch)
+        finally:
+            if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
+                self._trained_copies.sync_to(self._user_network, self._user_optimizer)
 

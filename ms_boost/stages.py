@@ -181,6 +181,14 @@ class OptimizerHooks:
         """A line for the plan summary when the optimizer itself does more than a plain step ("" when not)."""
         return ""
 
+    def is_first_order(self) -> bool:
+        """Whether the optimizer is a plain first-order method (SGD, Momentum, Adam, ...; the default).
+
+        ``Model(boost_level="auto")`` needs one: its candidate plans (THOR among them) start from the run's
+        first-order optimizer. A second-order optimizer (THOR) answers False.
+        """
+        return True
+
     def callbacks(self) -> List[Any]:
         """Callbacks ``Model.train`` adds for this optimizer (THOR: its guard against a run that stays non-finite)."""
         return []

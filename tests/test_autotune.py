@@ -3,7 +3,7 @@
 The constructed cases use test-only candidates registered here: ``O0_slow`` is the plain step made slower on
 purpose (it sleeps 0.4 s after each step), ``O0_fails`` raises in its second
 step, ``O0_nan`` reports a non-finite loss in its third. Same starting weights and data order mean ``O0`` and
-``O0_slow`` measure identical held-out losses; only their time differs.
+``O0_slow`` measure identical held-out losses; only their time differs. Nets are tiny and trials a few steps.
 """
 from __future__ import annotations
 
@@ -25,21 +25,24 @@ from ms_boost.autotune.candidates import (
     candidate_plan,
     default_candidates,
     get_candidate,
+    probe_order,
 )
 from ms_boost.autotune.decide import (
     NO_ESTIMATE,
     Figures,
     TrialRecord,
+    best_run,
     over_time_budget,
     pack,
     pick,
+    predicted_run,
     seconds_per_step,
     smoothed_progress,
-    split_budget,
     step_times,
     summarize,
-    time_figures,
+    trial_waste,
     unpack,
+    with_gains,
 )
 from ms_boost.autotune.engine import eval_steps, plan_dict
 from ms_boost.autotune.options import AutotuneOptions, parse_options, split_auto_config
@@ -109,8 +112,9 @@ def _setup(mode, n=256, seed=0):
 
 
 def _options(candidates, **extra):
-    """Trial options of the constructed cases: every candidate tried (no time budget), no simplicity tolerance."""
-    return {"autotune": {"budget": 0.5, "candidates": candidates, "max_trial_steps": 4, "tolerance": 0.0,
+    """Trial options of the constructed cases: every candidate tried (no time budget), no simplicity tolerance; on
+    16 planned steps the step budget (14) pays for two probes of 3 steps and two progress windows of 4."""
+    return {"autotune": {"budget": 0.9, "candidates": candidates, "max_trial_steps": 4, "tolerance": 0.0,
                          "time_budget": False, **extra}}
 
 
@@ -129,41 +133,77 @@ def test_step_times_split_compile_and_amortize_it():
     assert seconds_per_step(2.0, 3.0, 300) == pytest.approx(2.01)
 
 
-@pytest.mark.parametrize("budget,planned,cands,expect", [
-    (0.05, 1000, 5, (5, 10)),   # 50 steps / 5 candidates
-    (0.05, 1000, 5, (5, 10)),
-    (0.05, 300, 5, (3, 5)),     # 15 steps: 5 x 3 < 4, 4 x 3 < 4, 3 x 5 fits
-    (0.05, 100, 5, (1, 0)),     # 5 steps: no two candidates get 4 each
-    (0.5, 1000, 2, (2, 30)),    # capped by max_steps
-])
-def test_split_budget(budget, planned, cands, expect):
-    assert split_budget(budget, planned, cands, min_steps=4, max_steps=30, available=100) == expect
-    kept, steps = expect
-    if kept >= 2:
-        assert kept * steps <= budget * planned
+def test_probe_order_follows_the_speed_priors_and_skips_gemm_conv_without_conv2d():
+    conv = TrialContext(ranks=1, batch_size=64, planned_steps=100, device="CPU", conv2d_layers=3)
+    cands = default_candidates(conv)
+    assert [cands[i].name for i in probe_order(cands, conv)] == [
+        "O1", "O0_cpu_gemm_conv", "O0", "thor_d0.03_f20", "thor_d0.03_f5", "thor_d0.3_f5"]
+    gemm = TrialContext(ranks=1, batch_size=64, planned_steps=100, device="CPU", conv2d_layers=0)
+    cands = default_candidates(gemm)
+    assert [cands[i].name for i in probe_order(cands, gemm)] == [
+        "O0", "thor_d0.03_f20", "O1", "thor_d0.03_f5", "thor_d0.3_f5"]
+    assert get_candidate("O0_cpu_gemm_conv").unavailable(gemm).startswith("cpu_gemm_conv rewrites nn.Conv2d")
+
+
+def test_gains_put_measured_progress_on_the_scale_of_the_exact_reference():
+    figs = [Figures(True, progress=0.02, step_s=0.1, measured=True),     # O0: the reference
+            Figures(True, step_s=0.05),                                   # O0_cpu_gemm_conv: exact, not measured
+            Figures(True, progress=0.03, step_s=0.2, measured=True),     # thor: measured
+            Figures(True, step_s=0.02)]                                   # O1: prior only
+    gains = [f.gain for f in with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9])]
+    assert gains == pytest.approx([1.0, 1.0, 1.5, 0.9])
+    figs[2] = Figures(True, progress=0.01, step_s=0.2, measured=True)
+    assert with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9])[2].gain == pytest.approx(0.5)
+    # a window of w steps: the measured ratio 0.5 and the prior 1.5 combined in log space, weight w / (w + 20)
+    a = 5 / 25
+    assert with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9], window=5)[2].gain == \
+        pytest.approx(0.5 ** a * 1.5 ** (1 - a), rel=1e-12)
+    figs[2] = Figures(True, progress=-0.01, step_s=0.2, measured=True)  # no progress stays no progress
+    assert with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9], window=5)[2].gain == \
+        pytest.approx(-0.5)
+    # the reference made no progress in its window: measured progress cannot be scaled, the prior is used
+    figs[2] = Figures(True, progress=0.03, step_s=0.2, measured=True)
+    figs[0] = Figures(True, progress=-0.01, step_s=0.1, measured=True)
+    assert with_gains(figs, [True, True, False, False], [1.0, 1.0, 1.5, 0.9])[2].gain == 1.5
+
+
+def test_predicted_run_and_the_waste_refund_the_best_plans_compile():
+    o0 = Figures(True, step_s=0.3, compile_s=2.0, gain=1.0)
+    o1 = Figures(True, step_s=0.025, compile_s=18.0, gain=0.9)
+    assert predicted_run(o0, 140) == pytest.approx(2.0 + 140 * 0.3)
+    assert predicted_run(o1, 140) == pytest.approx(18.0 + 140 * 0.025 / 0.9)
+    assert best_run([o0, o1, Figures(False, reason="x")], 140) == (1, pytest.approx(18.0 + 140 * 0.025 / 0.9))
+    assert best_run([Figures(False, reason="x")], 140) == (None, NO_ESTIMATE)
+    # 25 s spent: O1 is the best so far, its 18 s compile is the run's own
+    assert trial_waste(25.0, [o0, o1], 140) == pytest.approx(7.0)
+    assert over_time_budget(7.0, 2.0, 21.9, budget=0.05) is True
+    assert over_time_budget(0.1, 0.5, 21.9, budget=0.05) is False
 
 
 def test_pick_prefers_the_best_score_a_simpler_near_tie_and_drops_failures():
     names = ["O0", "O1", "thor", "broken"]
-    figs = [Figures(True, progress=0.010, step_s=0.10, compile_s=1.0),   # 0.0999
-            Figures(True, progress=0.012, step_s=0.10, compile_s=50.0),  # 0.012/0.15 = 0.08
-            Figures(True, progress=0.030, step_s=0.25, compile_s=0.0),   # 0.12
+    figs = [Figures(True, step_s=0.10, compile_s=1.0, gain=1.0),    # 1 / 0.101 = 9.90
+            Figures(True, step_s=0.10, compile_s=50.0, gain=1.2),   # 1.2 / 0.15 = 8.0
+            Figures(True, step_s=0.25, compile_s=0.0, gain=3.0),    # 3 / 0.25 = 12.0
             Figures(False, reason="failed at step 2: RuntimeError: x")]
     decision = pick(names, figs, planned_steps=1000, tolerance=0.0)
     assert decision.index == 2 and decision.measured
     assert decision.reasons[3].startswith("dropped: failed at step 2")
+    assert decision.reasons[0] == f"{(1.0 / 0.101) / 12.0:.2f}x the pick's progress per second"
     # O0 is within 20% of thor's score and simpler
     assert pick(names, figs, 1000, tolerance=0.2).index == 0
     # compile amortized over a short run makes O1 lose more: its score drops below O0's
     assert pick(names[:2], figs[:2], 10, 0.0).index == 0
-    nothing = [Figures(True, progress=-0.01, step_s=0.1), Figures(False, reason="diverged")]
+    nothing = [Figures(True, step_s=0.1, gain=-0.5), Figures(False, reason="diverged")]
     fallback = pick(["O0", "x"], nothing, 100, 0.0)
     assert fallback.index == 0 and not fallback.measured and fallback.reasons[0].startswith("fallback")
 
 
 def test_summarize_drops_non_finite_and_diverged_trials():
     ok = summarize(TrialRecord((0, 2, 4), (2.0, 1.5, 1.0), (3.0, 1.0, 1.0, 1.0)), divergence_ratio=1.5)
-    assert ok.ok and ok.progress == pytest.approx(0.25) and (ok.step_s, ok.compile_s) == (1.0, 2.0)
+    assert ok.ok and ok.measured and ok.progress == pytest.approx(0.25) and (ok.step_s, ok.compile_s) == (1.0, 2.0)
+    probe = summarize(TrialRecord(step_seconds=(3.0, 1.0, 1.0)), 1.5, prior=0.9)  # a probe: time only
+    assert probe.ok and not probe.measured and (probe.step_s, probe.compile_s, probe.gain) == (1.0, 2.0, 0.9)
     nan = summarize(TrialRecord((0, 2), (2.0, math.nan), (1.0, 1.0)), 1.5)
     assert not nan.ok and "not finite at step 2" in nan.reason
     up = summarize(TrialRecord((0, 2), (1.0, 1.6), (1.0, 1.0)), 1.5)
@@ -171,28 +211,15 @@ def test_summarize_drops_non_finite_and_diverged_trials():
     assert summarize(TrialRecord(error="failed to build: X"), 1.5).reason == "failed to build: X"
 
 
-def test_time_budget_counts_overhead_only_and_estimates_the_cheapest_run():
-    o0 = Figures(True, progress=0.1, step_s=0.01, compile_s=2.0)
-    o1 = Figures(True, progress=0.1, step_s=0.02, compile_s=5.0)
-    # O0 ran on the caller's objects (its compile is reused by the run: not overhead); O1 on copies
-    spent, next_cost, run = time_figures([(3.0, o0, True), (6.0, o1, False)], planned_steps=1000)
-    assert (spent, next_cost, run) == pytest.approx((1.0 + 6.0, 6.0, min(2.0 + 10.0, 5.0 + 20.0)))
-    assert over_time_budget(spent, next_cost, run, budget=0.5) is True     # 13 > 6
-    assert over_time_budget(spent, next_cost, run, budget=0.9) is True     # 13 > 10.8
-    assert over_time_budget(1.0, 2.0, 100.0, budget=0.05) is False          # 3 <= 5
-    failed = Figures(False, reason="x")
-    assert time_figures([(4.0, failed, True)], 1000) == (4.0, 4.0, NO_ESTIMATE)  # nothing measured: no estimate
-
-
 def test_ranks_agree_on_means_and_drop_what_any_rank_dropped():
-    rank0 = [Figures(True, 0.02, 0.1, 1.0, 2.0, 1.8), Figures(True, 0.01, 0.2, 0.0, 2.0, 1.9)]
-    rank1 = [Figures(True, 0.04, 0.3, 3.0, 2.2, 1.6), Figures(False, reason="diverged")]
+    rank0 = [Figures(True, 0.02, 0.1, 1.0, 2.0, 1.8, 1.0, True), Figures(True, 0.01, 0.2, 0.0, 2.0, 1.9)]
+    rank1 = [Figures(True, 0.04, 0.3, 3.0, 2.2, 1.6, 1.0, True), Figures(False, reason="diverged")]
     summed = np.add(pack(rank0), pack(rank1)).tolist()
     mine = unpack(summed, rank0, 2)
     theirs = unpack(summed, rank1, 2)
-    assert mine[0] == theirs[0] and mine[0].ok
-    got = [mine[0].progress, mine[0].step_s, mine[0].compile_s, mine[0].loss_start, mine[0].loss_end]
-    assert got == pytest.approx([0.03, 0.2, 2.0, 2.1, 1.7], rel=1e-12)
+    assert mine[0] == theirs[0] and mine[0].ok and mine[0].measured
+    got = [mine[0].progress, mine[0].step_s, mine[0].compile_s, mine[0].loss_start, mine[0].loss_end, mine[0].gain]
+    assert got == pytest.approx([0.03, 0.2, 2.0, 2.1, 1.7, 1.0], rel=1e-12)
     assert not mine[1].ok and not theirs[1].ok and theirs[1].reason == "diverged"
     assert mine[1].reason == "dropped on 1 other rank(s)"
 
@@ -240,13 +267,31 @@ def test_model_auto_checks_its_options_and_optimizer_when_built():
         model.train_network(Tensor(np.zeros((2, 3, 8, 8), np.float32)), Tensor(np.zeros(2, np.int32)))
 
 
+def test_model_auto_refuses_an_optimizer_whose_hooks_say_it_is_not_first_order():
+    from ms_boost.stages import OptimizerHooks, optimizer_hooks
+    from ms_boost.thor import thor
+
+    class SecondOrder(nn.Momentum, OptimizerHooks):
+        def is_first_order(self) -> bool:
+            return False
+
+    net, _, loss, _, _ = _setup(ms.PYNATIVE_MODE)
+    with pytest.raises(ValueError, match="first-order optimizer .*got SecondOrder"):
+        Model(net, loss, SecondOrder(net.trainable_params(), 0.05, 0.9), boost_level="auto")
+    thor_opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
+    assert optimizer_hooks(thor_opt).is_first_order() is False
+    assert optimizer_hooks(nn.Momentum(net.trainable_params(), 0.05, 0.9)).is_first_order() is True
+    with pytest.raises(ValueError, match="first-order optimizer .*got THOR"):
+        Model(net, loss, thor_opt, boost_level="auto")
+
+
 def test_candidate_registry_refuses_taken_names_and_builtins():
     with pytest.raises(ValueError, match="taken by a built-in"):
         register_candidate(Candidate("O1", "O1", lambda ctx: {}, "x"))
     with pytest.raises(ValueError, match="is a built-in"):
         unregister_candidate("O0")
     assert candidate_names()[:4] == ["O0", "O0_cpu_gemm_conv", "O1", "O2"]
-    cpu = TrialContext(ranks=1, batch_size=64, planned_steps=100, device="CPU")
+    cpu = TrialContext(ranks=1, batch_size=64, planned_steps=100, device="CPU", conv2d_layers=2)
     assert [c.name for c in default_candidates(cpu)] == ["O0", "O0_cpu_gemm_conv", "O1", "thor_d0.03_f5",
                                                          "thor_d0.03_f20", "thor_d0.3_f5"]
     small = TrialContext(ranks=2, batch_size=32, planned_steps=100, device="GPU")
@@ -277,12 +322,13 @@ def test_trial_picks_the_faster_of_two_equal_plans_and_leaves_the_start_untouche
     before = {**all_params(net), **all_params(opt)}
     report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O0_slow", "O0"]))
     slow, fast = report.candidate("O0_slow"), report.candidate("O0")
-    assert report.pick == "O0" and report.measured and report.trial_steps == 4
-    # same start, same batches: identical progress; only the time differs
+    assert report.pick == "O0" and report.measured and report.trial_steps == 2 * 3 + 2 * 4
+    # same start, same batches: identical progress (measured, on O0's scale: gain 1); only the time differs
     assert (slow.figures.loss_start, slow.figures.loss_end, slow.figures.progress) == \
            (fast.figures.loss_start, fast.figures.loss_end, fast.figures.progress)
-    assert slow.figures.progress > 0
-    assert slow.figures.step_s > fast.figures.step_s + 0.75 * SLEEP
+    assert slow.figures.progress > 0 and slow.gain_from == "measured" and fast.gain_from == "exact"
+    assert slow.figures.gain == pytest.approx(1.0)
+    assert slow.figures.step_s >= SLEEP  # each of its steps sleeps that long (no bound on the plain step: load)
     assert slow.reason.endswith("x the pick's progress per second")
     after = {**all_params(net), **all_params(opt)}
     assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
@@ -290,30 +336,29 @@ def test_trial_picks_the_faster_of_two_equal_plans_and_leaves_the_start_untouche
 
 def test_failing_and_diverging_candidates_are_dropped_with_the_reason():
     net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE)
-    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1,
-                           _options(["O0_fails", "O0_nan", "O0"], budget=0.75))
+    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O0_fails", "O0_nan", "O0"]))
     assert report.pick == "O0"
     assert report.candidate("O0_fails").reason == ("dropped: failed at step 2: RuntimeError: constructed failure")
     assert report.candidate("O0_nan").reason == "dropped: diverged: training loss nan at step 3"
     assert "O0_fails" in report.table() and "constructed failure" in report.table()
 
 
-def test_the_time_budget_stops_a_trial_that_would_cost_more_than_its_share_of_a_short_run():
+def test_the_time_budget_stops_probing_when_one_more_probe_would_cost_more_than_its_share_of_a_short_run():
     net, opt, loss, x, y = _setup(ms.GRAPH_MODE)
-    # 16 planned steps of a few ms: O0's compile is most of the run; trying O1 too (its compile is longer) would
-    # pass half of it, although the step budget (8 steps) gives both their 2 steps
-    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1,
-                           _options(["O0", "O1"], min_trial_steps=2, max_trial_steps=2, time_budget=True))
-    assert report.pick == "O0" and report.measured and report.trial_steps == 2
-    assert report.candidate("O1").reason.startswith("dropped: not tried: the time budget (0.5 x the estimated")
+    # 16 planned steps of a few ms: O0's compile is most of the run; probing O0_slow too (3 x 0.4 s) would pass
+    # half of it, although the step budget (14 steps) pays for both probes
+    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O0", "O0_slow"], time_budget=True))
+    assert report.pick == "O0" and report.measured and report.trial_steps == 3
+    assert report.candidate("O0_slow").reason.startswith("dropped: not probed: the time budget (0.9 x the predicted")
     assert report.train_network is not None  # O0 ran on net/opt themselves: its compiled step is handed over
+    assert report.trial_run.on_originals
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_picked_o0_trains_with_the_step_its_trial_compiled_exactly_as_plain_o0(mode):
     net, opt, loss, x, y = _setup(mode, n=128)
     model = Model(net, loss, opt, boost_level="auto",
-                  boost_config_dict=_options(["O0", "O0_slow"], budget=0.75, min_trial_steps=2, max_trial_steps=3))
+                  boost_config_dict=_options(["O0", "O0_slow"], budget=0.75))
     model.train(1, dataset(x, y, BATCH))
     assert model.autotune_report.pick == "O0" and model.train_network is model.autotune_report.train_network
     plain_net, plain_opt, _, _, _ = _setup(mode, n=128)
@@ -323,26 +368,29 @@ def test_a_picked_o0_trains_with_the_step_its_trial_compiled_exactly_as_plain_o0
     assert all(np.array_equal(auto_state[k], plain_state[k]) for k in auto_state)
 
 
-def test_a_budget_too_small_for_two_candidates_trains_the_first_unmeasured():
+def test_a_budget_too_small_for_one_probe_trains_the_highest_prior_unmeasured():
     net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE, n=64)
-    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O1", "O0"], budget=0.05))
+    report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O0", "O1"], budget=0.05))
+    # nn.Conv2d layers on CPU: O1 (im2col + GEMM convolutions) has the highest speed prior
     assert report.pick == "O1" and not report.measured and report.trial_steps == 0
     assert "no trial" in report.notes[0] and report.boost_config_dict["boost"]["less_bn"] is True
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_model_auto_trains_the_pick_and_its_yaml_reruns_it_without_a_trial(mode, tmp_path):
+def test_model_auto_trains_the_pick_on_its_trial_step_and_its_yaml_reruns_it_without_a_trial(mode, tmp_path):
     path = tmp_path / "run" / "autotune.yaml"
     net, opt, loss, x, y = _setup(mode, n=128)
     # the plain step fails in its trial: accumulation over 2 batches is the pick, the run goes on
     model = Model(net, loss, opt, metrics={"acc"}, boost_level="auto",
-                  boost_config_dict=_options(["O0_fails", "grad_accumulation_2"], save_path=str(path), budget=0.75,
-                                             min_trial_steps=2, max_trial_steps=3))
+                  boost_config_dict=_options(["O0_fails", "grad_accumulation_2"], save_path=str(path), budget=0.75))
     model.train(1, dataset(x, y, BATCH))
     report = model.autotune_report
     assert report.pick == "grad_accumulation_2" and report.saved_to == str(path)
+    # the run trained the copies the trial compiled (at the starting state); net and opt got their values after
+    assert model.train_network is report.train_network and not report.trial_run.on_originals
     assert model.boost.enabled("grad_accumulation") and model.boost.grad_accumulation.grad_accumulation_step == 2
     auto_weights = all_params(net)
+    assert all(np.array_equal(v, all_params(model.train_network)[k]) for k, v in auto_weights.items())
     text = path.read_text(encoding="utf-8")
     assert text.startswith("# ms_boost autotune pick: grad_accumulation_2") and "constructed failure" in text
 
@@ -354,6 +402,20 @@ def test_model_auto_trains_the_pick_and_its_yaml_reruns_it_without_a_trial(mode,
     plain_net, plain_opt, _, _, _ = _setup(mode, n=128)
     Model(plain_net, loss, plain_opt).train(1, dataset(x, y, BATCH))
     assert not np.array_equal(all_params(plain_net)["fc.weight"], auto_weights["fc.weight"])
+
+
+def test_a_picked_copy_is_rebuilt_on_the_users_objects_when_the_user_gave_an_eval_network():
+    net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE, n=128)
+    eval_net = nn.WithEvalCell(net, loss)  # reads net's own Parameters: the run must train those
+    model = Model(net, loss, opt, metrics={"acc"}, eval_network=eval_net, boost_level="auto",
+                  boost_config_dict=_options(["grad_accumulation_2"], budget=0.75))
+    model.train(1, dataset(x, y, BATCH))
+    assert model.autotune_report.pick == "grad_accumulation_2" and not model.autotune_report.trial_run.on_originals
+    assert model.train_network is not model.autotune_report.train_network  # built anew on net and opt
+    fixed_net, fixed_opt, _, _, _ = _setup(ms.PYNATIVE_MODE, n=128)
+    Model(fixed_net, loss, fixed_opt, boost_level="O0", boost_config_dict=model.autotune_report.boost_config_dict
+          ).train(1, dataset(x, y, BATCH))
+    assert all(np.array_equal(v, all_params(net)[k]) for k, v in all_params(fixed_net).items())
 
 
 def test_loopback_ranks_run_the_same_trials_and_agree_on_one_pick():
@@ -383,8 +445,8 @@ def test_loopback_ranks_run_the_same_trials_and_agree_on_one_pick():
 
 def test_options_defaults_are_the_documented_ones():
     opts = AutotuneOptions()
-    assert (opts.budget, opts.candidates, opts.holdout_batches, opts.eval_points, opts.time_budget) == \
-           (0.05, (), 2, 4, True)
+    assert (opts.budget, opts.candidates, opts.holdout_batches, opts.eval_points, opts.probe_steps, opts.time_budget,
+            opts.measure_progress) == (0.05, (), 2, 4, 3, True, True)
     with pytest.raises(TypeError, match=r"autotune\.time_budget must be a bool"):
         parse_options({"time_budget": 1})
 
@@ -400,11 +462,12 @@ def test_zoo_boost_level_auto_trains_the_pick_and_autotune_plan_reruns_it(tmp_pa
         return [*shrink, "--boost_level", "auto", *extra]
 
     first = run("resnet18_synthetic_quickstart.yaml", args(
-        tmp_path / "auto", "--autotune.candidates", "[O0, O1]", "--autotune.min_trial_steps", "2",
+        tmp_path / "auto", "--autotune.candidates", "[O0, O1]", "--autotune.probe_steps", "2",
+        "--autotune.time_budget", "false",
         "--autotune.holdout_batches", "1", "--autotune.budget", "0.8"))
     plan = tmp_path / "auto" / "autotune.yaml"
     text = plan.read_text(encoding="utf-8")
-    assert "2 candidate(s), 2 trial steps each" in text  # the table, as comments
+    assert "2 candidate(s), 4 trial steps in all" in text  # the table, as comments
     saved = yaml.safe_load(text)
     picked = text.splitlines()[0].split()[4]  # "# ms_boost autotune pick: <name> (boost_level ..."
     assert picked in ("O0", "O1") and saved["boost"]["less_bn"] == (picked == "O1")

@@ -32,8 +32,9 @@ def continuous_reference(groups, p, steps):
     return np.array(out)
 
 
-def momentum_reference(w, v, g, lr, momentum):
-    v = momentum * v + g
+def momentum_reference(w, v, g, lr, momentum, weight_decay=0.0):
+    """MindSpore's Momentum step: the decay added to the gradient, then the momentum update."""
+    v = momentum * v + g + weight_decay * w
     return w - lr * v, v
 
 
@@ -146,7 +147,7 @@ def test_split_parameters_groups_are_suffixes():
 
 
 # ---------------------------------------------------------------------------------------------- FreezeOpt
-def _run_and_check(freeze_opt, steps, lr_of_step, momentum=0.9, seed=0):
+def _run_and_check(freeze_opt, steps, lr_of_step, momentum=0.9, seed=0, **update):
     """Drive the FreezeOpt with random gradients; check every step against a numpy reference in which
     a frozen group's weights and momentum are untouched."""
     params = list(freeze_opt.parameters)
@@ -164,7 +165,7 @@ def _run_and_check(freeze_opt, steps, lr_of_step, momentum=0.9, seed=0):
         freeze_opt(ms.mutable(tuple(Tensor(g) for g in grads)))
         for i, p in enumerate(params):
             if trained[group_of[i]]:
-                w[i], v[i] = momentum_reference(w[i], v[i], grads[i], lr_of_step(t), momentum)
+                w[i], v[i] = momentum_reference(w[i], v[i], grads[i], lr_of_step(t), momentum, **update)
             changed = not np.array_equal(before[i], p.asnumpy())
             assert changed == bool(trained[group_of[i]]), (t, p.name)
             np.testing.assert_allclose(p.asnumpy(), w[i], rtol=1e-5, atol=1e-6)
@@ -184,6 +185,17 @@ def test_freeze_opt_updates_exactly_the_scheduled_groups(mode):
     schedule = freeze_opt.train_strategy.asnumpy()
     assert (schedule > 0).any() and schedule[-1] == 0
     _run_and_check(freeze_opt, 10, lambda t: 0.1)  # 10 > 8 steps: the schedule repeats
+
+
+def test_freeze_opt_momentum_with_weight_decay_freezes_exactly(mode):
+    """The Graph-mode Momentum path (no control flow: a frozen group's ApplyMomentum gets a zero gradient, a zero
+    learning rate and a momentum of one) with weight decay: trained groups follow the reference, frozen groups
+    keep their weights and moments bit for bit although the decay term is not zero."""
+    net = dense_stack(6)
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.8, weight_decay=0.01)
+    _, freeze_opt = GradientFreeze(4, 1, 0.3, 12, seed=3).freeze_generate(net, opt)
+    assert freeze_opt.momentum_fast and (freeze_opt.train_strategy.asnumpy() > 0).sum() >= 6
+    _run_and_check(freeze_opt, 12, lambda t: 0.1, momentum=0.8, weight_decay=0.01)
 
 
 def test_freeze_opt_dynamic_lr_follows_global_step(mode):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ms_boost"
 #: packages that are not algorithms: autotune sits beside the face (it resolves plans with AutoBoost and trains
-#: trials through comm; it imports no algorithm, checked below)
-NOT_ALGORITHMS = ("autotune",)
+#: trials through comm; it imports no algorithm, checked below); comm is the communication layer at the bottom
+NOT_ALGORITHMS = ("autotune", "comm")
 #: one package per algorithm, ms_boost/<name>/ (test_every_algorithm_package_registers_its_spec), plus the shared
 #: algorithm pieces
 ALGORITHMS = tuple(f"ms_boost.{p.name}" for p in sorted(PACKAGE.iterdir())
@@ -180,3 +180,35 @@ def test_the_face_imports_no_algorithm():
     """Model asks optimizers and stages through hook protocols (ms_boost.stages): model.py imports no algorithm."""
     edges, _ = graph()
     assert not [m for m in edges["ms_boost.model"] if m.startswith(ALGORITHMS)], sorted(edges["ms_boost.model"])
+
+
+def test_comm_is_the_bottom_and_algorithms_use_its_face():
+    """The communication layer imports nothing of ms_boost outside itself; its status board sits on its collectives
+    (never the reverse); everything else reaches it through the package face ``ms_boost.comm``."""
+    edges, _ = graph()
+    inside = {m for m in edges if m == "ms_boost.comm" or m.startswith("ms_boost.comm.")}
+    assert {"ms_boost.comm.collectives", "ms_boost.comm.status_board"} <= inside, sorted(inside)
+    for name in inside:
+        assert ancestors_of(edges, name) <= inside, (name, sorted(ancestors_of(edges, name) - inside))
+    assert edges["ms_boost.comm.collectives"] == set()
+    assert edges["ms_boost.comm.status_board"] == {"ms_boost.comm.collectives"}
+    for name in sorted(set(edges) - inside):
+        assert not {m for m in edges[name] if m.startswith("ms_boost.comm.")}, name
+    assert "ms_boost.comm" in edges["ms_boost.dim_reduce.handshake"]
+
+
+def test_only_comm_talks_to_mindspore_communication():
+    """No module outside ms_boost/comm/ imports MindSpore's communication modules or its TCP store."""
+    transports = ("mindspore.communication", "mindspore.mint.distributed")
+    found = []
+    for name, path in modules().items():
+        if name == "ms_boost.comm" or name.startswith("ms_boost.comm."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found += [f"{name} imports {t}" for t in targets if t.startswith(transports)]
+    assert found == []

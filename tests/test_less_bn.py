@@ -197,6 +197,29 @@ def test_conversion_is_in_place_and_idempotent():
     assert {p.name for p in net.trainable_params()} == names_after
 
 
+@pytest.mark.parametrize("fn_scale", [None, 1.0, 7.5])
+def test_fn_head_starts_at_the_adacos_scale_unless_told(fn_scale):
+    """The new head's multiplier starts at sqrt(2) ln(C - 1) (AdaCos) for C classes, at fn_scale when given
+    (1.0: upstream's start); through the boost config too."""
+    net = SmallConvNet(num_classes=10)
+    classes = net.fc.out_channels
+    convert_less_bn(net, fn_flag=True, fn_scale=fn_scale)
+    expected = max(1.0, np.sqrt(2.0) * np.log(classes - 1)) if fn_scale is None else fn_scale
+    np.testing.assert_allclose(net.fc.multiplier.asnumpy(), [expected], rtol=1e-6)
+    boost = AutoBoost("O1", {} if fn_scale is None else {"less_bn": {"fn_scale": fn_scale}})
+    other = SmallConvNet(num_classes=10)
+    apply_less_bn_eval(other, boost.less_bn)
+    np.testing.assert_allclose(other.fc.multiplier.asnumpy(), [expected], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), "7", True])
+def test_fn_scale_bad_values_are_clear_errors(bad):
+    with pytest.raises((TypeError, ValueError), match="fn_scale"):
+        AutoBoost("O1", {"less_bn": {"fn_scale": bad}})
+    with pytest.raises(ValueError, match="fn_scale"):
+        convert_less_bn(SmallConvNet(), fn_flag=True, fn_scale=bad)
+
+
 def test_fn_flag_skips_dense_with_activation():
     net = nn.SequentialCell([nn.Flatten(), nn.Dense(12, 3, activation="relu")])
     report = convert_less_bn(net, fn_flag=True)
@@ -229,6 +252,39 @@ def test_common_head_last_fn_matches_numpy(mode, has_bias):
     b = head.bias.asnumpy() if has_bias else 0.0
     np.testing.assert_allclose(out, fn_reference(x, head.weight.asnumpy(), b, 2.5), rtol=1e-5, atol=1e-5)
     assert np.abs(out / 2.5 - b).max() <= 1.0 + 1e-5  # cosine similarities
+
+
+def test_common_head_last_fn_gradients_match_finite_differences(mode):
+    """Gradients of sum(r * head(x)) for x, the weight and the multiplier against central differences of
+    :func:`fn_reference` in float64; a zero feature row stays finite (the norm's floor)."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3, 4)).astype(np.float32)
+    head = CommonHeadLastFN(4, 3, weight_init=Tensor(w), has_bias=False)
+    head.multiplier.set_data(Tensor(np.array([1.5], np.float32)))
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    x[2] = 0.0
+    r = rng.normal(size=(5, 3))
+
+    def objective(xv, wv, mv):
+        return float((r * fn_reference(xv, wv, 0.0, mv)).sum())
+
+    def numeric(values, index):
+        out = np.zeros_like(values[index], np.float64)
+        for pos in np.ndindex(out.shape):
+            hi = [np.array(v, np.float64) for v in values]
+            lo = [np.array(v, np.float64) for v in values]
+            hi[index][pos] += 1e-5
+            lo[index][pos] -= 1e-5
+            out[pos] = (objective(*hi) - objective(*lo)) / 2e-5
+        return out
+
+    loss = lambda xt: (head(xt) * Tensor(r.astype(np.float32))).sum()  # noqa: E731
+    gx, (gw, gm) = ops.grad(loss, grad_position=0, weights=[head.weight, head.multiplier])(Tensor(x))
+    values = [x.astype(np.float64), w.astype(np.float64), np.array([1.5])]
+    np.testing.assert_allclose(gx.asnumpy()[[0, 1, 3, 4]], numeric(values, 0)[[0, 1, 3, 4]], rtol=1e-3, atol=1e-4)
+    assert np.isfinite(gx.asnumpy()[2]).all()
+    np.testing.assert_allclose(gw.asnumpy(), numeric(values, 1), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(gm.asnumpy(), numeric(values, 2), rtol=1e-3, atol=1e-4)
 
 
 def test_common_head_last_fn_output_is_typed_without_waiting_for_the_queue():

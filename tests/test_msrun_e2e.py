@@ -159,12 +159,24 @@ def test_autotune_pick_and_figures_are_identical_on_every_rank(job):
     """Model(boost_level="auto") on 2 Graph-mode ranks with their own shards: one all-reduce of the figures, one
     pick on every rank (tests/workers/autotune_scenario.py); the data-parallel run after it keeps the ranks equal."""
     ranks = scenario(job[1], "autotune")
-    assert int(ranks[0]["ranks"]) == WORKERS and int(ranks[0]["trial_steps"]) == 3
+    assert int(ranks[0]["ranks"]) == WORKERS and int(ranks[0]["trial_steps"]) == 2 * 2 + 2 * 3
     assert int(ranks[0]["pick"]) == int(ranks[1]["pick"])
     np.testing.assert_array_equal(ranks[0]["figures"], ranks[1]["figures"])
-    assert ranks[0]["figures"][:, 0].all()  # both candidates kept, measured
+    assert ranks[0]["figures"][:, 0].all() and ranks[0]["figures"][:, 7].all()  # both kept, progress measured
     for key in (k for k in ranks[0] if k.startswith("w")):
         np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+
+
+@pytest.mark.msrun
+def test_msrun_graph_ranks_roll_back_together(job):
+    """DivergenceRollback (tests/test_divergence.py) on 2 Graph-mode ranks (MCCL): only rank 1's lr spikes, and both
+    ranks roll back at the same step to the same snapshot through the one collective, then finish with finite
+    weights. (It was a 2-worker msrun job of its own.)"""
+    results = scenario(job[1], "divergence")
+    assert results[0]["rollbacks"].tolist() == results[1]["rollbacks"].tolist()
+    (step, restored), = results[0]["rollbacks"].tolist()  # one rollback, to the state before the spiked step 5
+    assert restored == 4 and step in (6, 7)  # (the spiked update shows in the loss of step 6 or 7 on rank 1)
+    assert all(not result["failed"] and result["finite"] for result in results)
 
 
 @pytest.mark.msrun

@@ -285,6 +285,47 @@ def test_step_variants_chosen_on_the_host_match_numpy():
     _graph(run)
 
 
+def test_step_variants_survive_an_evaluation_between_epochs():
+    """Graph mode, ``Model.train`` over two epochs with an evaluation after each (as a time-to-accuracy loop does).
+
+    MindSpore switches the network back to training after the step-begin callbacks at the first step after an
+    evaluation, which reset the train cell's phase: that step compiled and ran the default device-switch graph (a
+    third full compile inside a steady epoch). Now only the two variants are compiled, and the six steps (refreshes
+    at steps 0, 2 and 4) equal numpy's THOR.
+    """
+    from mindspore.train import Callback
+
+    def run():
+        weights, x, y = _mlp_data(seed=5, n=24)
+        net = MLP(*weights)
+        opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
+        model = ConvertModelUtils().convert_to_thor_model(Model(net, ce(), opt, metrics={"acc"}), net, ce(), opt,
+                                                          metrics={"acc"})
+        cell = model.train_network
+        phases = []
+        original = cell.compile
+
+        def compile_spy(*args, **kwargs):
+            phases.append(cell.phase)
+            return original(*args, **kwargs)
+
+        cell.compile = compile_spy
+
+        class EvaluateEachEpoch(Callback):
+            def on_train_epoch_end(self, run_context):
+                model.eval(dataset(x, y, batch_size=8), dataset_sink_mode=False)
+
+        model.train(2, dataset(x, y, batch_size=8), callbacks=[EvaluateEachEpoch()], dataset_sink_mode=False)
+        assert set(phases) == {"train_thor_capture_refresh", "train_thor_plain"}, phases
+        assert cell.phase == "train"
+        batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)] * 2
+        expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 2)
+        for got, want in zip([p.asnumpy() for p in net.trainable_params()], expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+    _graph(run)
+
+
 def _adaptive_run():
     """Six THOR steps (frequency 1) with the adaptive refresh (threshold 0.25) through Model, checked against numpy:
     the parameters and which layers kept their inverses (four of the ten refreshes after the first; every trace

@@ -3,31 +3,33 @@
 Each candidate trains on a deep copy of the network and optimizer (and loss-scale manager), so the user's
 objects keep the starting weights, optimizer state and structure (LessBN converts a network in place; THOR
 replaces the optimizer) whatever the trial does. The plain step (a plan that rewrites nothing) trains the user's
-objects themselves and :meth:`CellTrialRun.restore` writes every Parameter of its train cell back afterwards, so
-its compiled step can serve the run.
+objects themselves. :meth:`CellTrialRun.restore` writes every Parameter of a train cell back to its starting value
+after each use, so the pick's compiled step can serve the run; when that step trained copies,
+:meth:`CellTrialRun.sync_to` writes the trained values back into the user's objects by Parameter name.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-__all__ = ["clone_for_trial", "CellTrialRun", "take_batches", "batch_size_of"]
+__all__ = ["clone_for_trial", "CellTrialRun", "take_batches", "batch_size_of", "count_conv2d"]
 
 #: stateless MindSpore functors the optimizers hold (they cannot be deep-copied; sharing them is safe)
 _SHARED_TYPES = (ops.Map, ops.HyperMap, ops.MultitypeFuncGraph, ops.GradOperation)
 
 
 def clone_for_trial(*objects: Any) -> Tuple[Any, ...]:
-    """Deep copies of ``objects`` made together, so Parameters shared between them stay shared in the copies
-    (the optimizer's Parameters are the copied network's). Names are kept; stateless functors are shared.
+    """Deep copies of ``objects`` made together, so Parameters shared between them stay shared in the copies.
+
+    The optimizer's Parameters are the copied network's. Names are kept; stateless functors are shared.
 
     Raises:
         TypeError: an object cannot be copied (the message names it).
     """
-    memo = {}
+    memo: Dict[int, Any] = {}
     for obj in objects:
         if isinstance(obj, nn.Cell):
             for _, cell in obj.cells_and_names():
@@ -45,32 +47,63 @@ def clone_for_trial(*objects: Any) -> Tuple[Any, ...]:
 class CellTrialRun:
     """A candidate's train cell as the engine's :class:`~ms_boost.autotune.engine.TrialRun`.
 
+    Every Parameter of the cell (weights, BatchNorm statistics, optimizer state, loss scale, boost state) is
+    remembered when it is built, so that :meth:`restore` puts it back.
+
     Args:
         train_cell: the train step (``BoostTrainOneStepCell`` or its loss-scale form); its ``network`` attribute
             is the loss network, used in evaluation mode for the held-out loss.
-        keep_start: remember every Parameter of the cell now (weights, BatchNorm statistics, optimizer state,
-            loss scale, boost state), so that :meth:`restore` puts it back: for a step built on the caller's own
-            objects.
+        network: the (rewritten) network the step trains.
+        optimizer: the (rewritten) optimizer the step updates with.
+        on_originals: whether the step trains the caller's own objects (else copies of them).
     """
 
-    def __init__(self, train_cell: nn.Cell, keep_start: bool = False):
+    def __init__(self, train_cell: nn.Cell, network: Any = None, optimizer: Any = None, on_originals: bool = False):
         self.train_cell = train_cell
+        self.network = network
+        self.optimizer = optimizer
+        self.on_originals = on_originals
         self.loss_network = train_cell.network
-        self._start = [(p, p.asnumpy().copy()) for p in train_cell.get_parameters()] if keep_start else None
+        self._start = [(p, p.asnumpy().copy()) for p in train_cell.get_parameters()]
 
     def restore(self) -> None:
         """Write the remembered starting values back in place (the compiled step keeps using them)."""
-        if self._start is None:
-            raise RuntimeError("CellTrialRun.restore: built without keep_start.")
         for param, value in self._start:
             ops.assign(param, Tensor(value))
         self.train_cell.set_train(True)
 
-    def step(self, *batch):
+    def sync_to(self, *objects: Any) -> int:
+        """Write this step's current Parameter values into the same-named Parameters of ``objects`` (Cells).
+
+        For a step that trained copies: the caller's network and optimizer get the trained values. Parameters of
+        another shape, or that only one side has (BatchNorm that LessBN removed, THOR's statistics), are left.
+
+        Returns:
+            How many Parameters were written.
+        """
+        if self.on_originals:
+            return 0
+        mine = {p.name: p for p in self.train_cell.get_parameters()}
+        seen, written = set(), 0
+        for obj in objects:
+            if not isinstance(obj, nn.Cell):
+                continue
+            for param in obj.get_parameters():
+                source = mine.get(param.name)
+                if id(param) in seen or source is None or source is param or tuple(source.shape) != tuple(param.shape):
+                    continue
+                seen.add(id(param))
+                ops.assign(param, Tensor(source.asnumpy()).astype(param.dtype))
+                written += 1
+        return written
+
+    def step(self, *batch: Any) -> Any:
+        """Train one step on ``batch`` (network in training mode); returns the train cell's output."""
         self.train_cell.set_train(True)
         return self.train_cell(*batch)
 
     def holdout_loss(self, batches: Sequence[tuple]) -> float:
+        """Mean loss over ``batches``, the loss network in evaluation mode, no update."""
         self.loss_network.set_train(False)
         total = 0.0
         for batch in batches:
@@ -91,6 +124,13 @@ def take_batches(dataset: Any, count: int) -> List[Tuple[Tensor, ...]]:
         if len(out) >= count:
             break
     return out
+
+
+def count_conv2d(network: Any) -> int:
+    """``nn.Conv2d`` cells of ``network`` (exactly that type: what the ``cpu_gemm_conv`` rewrite replaces)."""
+    if not isinstance(network, nn.Cell):
+        return 0
+    return sum(1 for _, cell in network.cells_and_names() if type(cell) is nn.Conv2d)  # noqa: E721
 
 
 def batch_size_of(batch: Sequence[Tensor]) -> int:

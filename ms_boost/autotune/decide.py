@@ -1,32 +1,49 @@
 r"""The autotune decision, as pure functions of measured numbers (no MindSpore, no communication).
 
-For each candidate ``c`` the trial records the held-out loss :math:`L_c(s)` at a few step counts ``s``
-(0 included) and the wall time of every training step. From those:
+The trial has two phases (:mod:`ms_boost.autotune.engine`); their numbers feed the rule below.
 
-* **progress per step** (smoothed): the least-squares slope of the held-out loss against the step count,
-  negated, :math:`p_c = -\frac{\sum_i (s_i-\bar s)(L_i-\bar L)}{\sum_i (s_i-\bar s)^2}`, so one noisy
-  measurement moves it far less than an end-point difference would;
-* **steady step time** :math:`t_c`: the mean of the steps after the first (periodic work such as THOR's
-  refresh is included); **compile time** :math:`k_c`: what the first step took beyond :math:`t_c`;
-* **seconds per step over the planned run** of :math:`N` steps, compile amortized:
-  :math:`\tau_c = t_c + k_c / N`;
-* **score** (progress per wall second): :math:`p_c / \tau_c`.
+**Probe** (every candidate the budget pays for, in decreasing order of its speed prior): a few training steps from
+the starting weights, timed. From the step times:
 
-The pick is the candidate with the highest score -- unless a simpler one (earlier in the list) scores within
-``tolerance`` of it, which is then preferred. A candidate that failed, whose losses are not finite, or whose
-held-out loss ended above ``divergence_ratio`` times its start is dropped with the reason. On several ranks
-the figures are averaged over the ranks before deciding (a candidate is kept only if it is kept on every
-rank), so every rank computes the same pick from the same numbers (:func:`pack` / :func:`unpack`).
+* **steady step time** :math:`t_c`: the mean of the steps after the first;
+* **compile time** :math:`k_c`: what the first step took beyond :math:`t_c`.
+
+**Progress** (only where the budget still pays for it, and only to compare plans that compute different
+functions): the held-out loss :math:`L_c(s)` at a few step counts ``s`` (0 included) over a longer window.
+
+* **progress per step** (smoothed): :math:`p_c = -\mathrm{slope}` of the least-squares line of :math:`L_c`
+  against ``s``, so one noisy measurement moves it far less than an end-point difference would;
+* **gain** :math:`g_c`: progress per step relative to O0's: :math:`p_c / p_{O0}` where both were measured
+  (shrunk towards the prior for a short window, :func:`with_gains`), exactly 1 for a plan computing O0's function
+  (``exact_progress``), else the candidate's ``progress_prior``.
+
+**Prediction and pick.** To make the progress the planned run of :math:`N` steps makes with O0, candidate ``c``
+needs :math:`N / g_c` steps, so its run is predicted to take
+
+.. math:: R_c = k_c + \frac{N\, t_c}{g_c},
+
+and its **score** is :math:`g_c / (t_c + k_c / N)` (proportional to :math:`1 / R_c`). The pick is the
+highest score -- unless a simpler candidate (earlier in the candidate list) scores within ``tolerance`` of it,
+which is then preferred. A candidate that failed, whose losses are not finite, or whose held-out loss ended
+above ``divergence_ratio`` times its start is dropped with the reason. The pick's trial compiled the very step
+the run trains with, so its compile is not paid twice.
+
+**Budget** (:func:`trial_waste`, :func:`over_time_budget`): the trial's *waste* is its wall time minus the
+compile of the plan that would be picked now (reused by the run). Before each further probe or progress
+measurement, the trial stops when ``waste + next > budget x R``, with ``R`` the predicted run of the best plan so
+far and ``next`` what one more is expected to cost. On several ranks the figures are averaged over the ranks
+before deciding (a candidate is kept only if it is kept on every rank), so every rank computes the same pick
+from the same numbers (:func:`pack` / :func:`unpack`).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
 __all__ = ["TrialRecord", "Figures", "smoothed_progress", "step_times", "seconds_per_step", "summarize",
-           "split_budget", "time_figures", "over_time_budget", "NO_ESTIMATE", "Pick", "pick", "pack", "unpack",
-           "PACKED_FIELDS"]
+           "with_gains", "PRIOR_STEPS", "predicted_run", "best_run", "trial_waste", "over_time_budget",
+           "NO_ESTIMATE", "Pick", "pick", "pack", "unpack", "PACKED_FIELDS"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +51,8 @@ class TrialRecord:
     """What one candidate's trial measured on this rank.
 
     Attributes:
-        eval_steps: step counts at which the held-out loss was measured (ascending, starting at 0).
+        eval_steps: step counts at which the held-out loss was measured (ascending, starting at 0; empty when
+            only its step time was probed).
         holdout_losses: the held-out loss at each of ``eval_steps``.
         step_seconds: wall seconds of each training step (the first includes compilation).
         error: why the trial stopped early (an exception, a non-finite loss), or None.
@@ -48,14 +66,17 @@ class TrialRecord:
 
 @dataclass(frozen=True)
 class Figures:
-    """A candidate's measured figures, and whether it stays in the choice.
+    """A candidate's figures, and whether it stays in the choice.
 
     Attributes:
         ok: kept (False: dropped, see ``reason``).
-        progress: held-out loss decrease per step (smoothed slope).
+        progress: held-out loss decrease per step (smoothed slope; 0 when not measured).
         step_s: steady seconds per step.
         compile_s: first-step seconds beyond ``step_s``.
-        loss_start, loss_end: held-out loss before the first and after the last step.
+        loss_start: held-out loss before the first step (0 when not measured).
+        loss_end: held-out loss after the last step (0 when not measured).
+        gain: progress per step relative to O0's, as the decision uses it (measured, exact or prior).
+        measured: whether ``progress`` was measured.
         reason: why it was dropped ("" when kept).
     """
 
@@ -65,11 +86,17 @@ class Figures:
     compile_s: float = 0.0
     loss_start: float = 0.0
     loss_end: float = 0.0
+    gain: float = 1.0
+    measured: bool = False
     reason: str = ""
 
 
 def smoothed_progress(steps: Sequence[float], losses: Sequence[float]) -> float:
-    """Loss decrease per step: minus the least-squares slope of ``losses`` over ``steps`` (>= 2 distinct steps)."""
+    """Loss decrease per step: minus the least-squares slope of ``losses`` over ``steps`` (>= 2 distinct steps).
+
+    Raises:
+        ValueError: fewer than 2 pairs, unequal counts, or all steps equal.
+    """
     n = len(steps)
     if n != len(losses) or n < 2:
         raise ValueError(f"smoothed_progress: need >= 2 (step, loss) pairs of equal count, got {n} steps and "
@@ -83,8 +110,13 @@ def smoothed_progress(steps: Sequence[float], losses: Sequence[float]) -> float:
 
 
 def step_times(step_seconds: Sequence[float]) -> Tuple[float, float]:
-    """``(steady_seconds, compile_seconds)``: the mean of the steps after the first, and what the first took
-    beyond it (never negative). Needs >= 2 steps."""
+    """``(steady_seconds, compile_seconds)``: the mean of the steps after the first, and what the first took beyond it.
+
+    The compile is never negative.
+
+    Raises:
+        ValueError: fewer than 2 timed steps.
+    """
     if len(step_seconds) < 2:
         raise ValueError(f"step_times: need >= 2 timed steps, got {len(step_seconds)}.")
     steady = sum(step_seconds[1:]) / (len(step_seconds) - 1)
@@ -96,78 +128,102 @@ def seconds_per_step(step_s: float, compile_s: float, planned_steps: int) -> flo
     return step_s + compile_s / max(1, int(planned_steps))
 
 
-def summarize(record: TrialRecord, divergence_ratio: float) -> Figures:
-    """The :class:`Figures` of one trial on this rank (dropped with a reason when it failed or diverged)."""
+def summarize(record: TrialRecord, divergence_ratio: float, prior: float = 1.0) -> Figures:
+    """The :class:`Figures` of one trial on this rank (dropped with a reason when it failed or diverged).
+
+    Args:
+        record: the trial's measurements (a probe has no held-out losses: its progress stays unmeasured).
+        divergence_ratio: dropped when the held-out loss ends above this multiple of its start.
+        prior: the candidate's progress prior, its ``gain`` until :func:`with_gains` sets the measured one.
+    """
     if record.error:
         return Figures(ok=False, reason=record.error)
+    if len(record.step_seconds) < 2:
+        return Figures(ok=False, reason=f"too few measurements ({len(record.step_seconds)} timed steps)")
+    step_s, compile_s = step_times(record.step_seconds)
     losses = record.holdout_losses
-    if len(losses) < 2 or len(record.step_seconds) < 2:
-        return Figures(ok=False, reason=f"too few measurements ({len(record.step_seconds)} steps, {len(losses)} "
-                                        f"held-out losses)")
+    if not losses:
+        return Figures(ok=True, step_s=step_s, compile_s=compile_s, gain=prior)
+    if len(losses) < 2:
+        return Figures(ok=False, reason=f"too few measurements ({len(losses)} held-out losses)")
     if not all(math.isfinite(v) for v in losses):
         bad = next(s for s, v in zip(record.eval_steps, losses) if not math.isfinite(v))
         return Figures(ok=False, reason=f"diverged: held-out loss not finite at step {bad}")
-    step_s, compile_s = step_times(record.step_seconds)
     figures = Figures(ok=True, progress=smoothed_progress(record.eval_steps, losses), step_s=step_s,
-                      compile_s=compile_s, loss_start=losses[0], loss_end=losses[-1])
+                      compile_s=compile_s, loss_start=losses[0], loss_end=losses[-1], gain=prior, measured=True)
     if losses[-1] > divergence_ratio * losses[0]:
-        return Figures(False, figures.progress, step_s, compile_s, losses[0], losses[-1],
-                       f"diverged: held-out loss rose from {losses[0]:.4g} to {losses[-1]:.4g} (more than "
-                       f"{divergence_ratio:g}x)")
+        return replace(figures, ok=False, reason=f"diverged: held-out loss rose from {losses[0]:.4g} to "
+                                                 f"{losses[-1]:.4g} (more than {divergence_ratio:g}x)")
     return figures
 
 
-def split_budget(budget: float, planned_steps: int, candidates: int, min_steps: int, max_steps: int,
-                 available: int) -> Tuple[int, int]:
-    """How many candidates the budget can try and for how many steps each.
+#: a progress window of this many steps weighs as much as the progress prior (see :func:`with_gains`)
+PRIOR_STEPS = 20
 
-    The candidates together train at most ``floor(budget * planned_steps)`` steps; each gets an equal share,
-    at most ``max_steps`` and at most the ``available`` batches. Candidates are dropped from the end of the
-    list until each share is at least ``min_steps``.
 
-    Returns:
-        ``(kept, steps)``: the first ``kept`` candidates are tried for ``steps`` steps each; ``kept < 2`` means
-        no trial fits (then ``steps`` is 0).
+def with_gains(figures: Sequence[Figures], exact: Sequence[bool], priors: Sequence[float],
+               window: int = 0) -> List[Figures]:
+    r"""``figures`` with the ``gain`` the decision uses: progress per step relative to O0's.
+
+    The reference is the progress measured on a plan computing O0's function (``exact``; all such plans share
+    it). An exact plan's gain is 1. Where the reference was measured and positive, a measured candidate's ratio
+    :math:`m = p_c / p_{ref}` is combined with its prior :math:`q` in log space, weighted by the window's length
+    ``w`` against :data:`PRIOR_STEPS`: :math:`g = \exp(a \ln m + (1 - a) \ln q)`, :math:`a = w / (w + 20)` -- a few
+    early steps say little about a whole run (LessBN and freezing start slower and catch up), a long window
+    decides. A measured ratio <= 0 (no progress) is the gain as it is. An unmeasured candidate keeps its prior;
+    without a positive reference every gain is the prior: measured progress cannot be put on O0's scale.
     """
-    total = int(math.floor(budget * planned_steps + 1e-9))
-    kept = candidates
-    while kept >= 2:
-        steps = min(max_steps, available, total // kept)
-        if steps >= min_steps:
-            return kept, steps
-        kept -= 1
-    return kept, 0
+    refs = [f.progress for f, e in zip(figures, exact) if e and f.ok and f.measured]
+    ref = sum(refs) / len(refs) if refs else 0.0
+    weight = window / (window + PRIOR_STEPS) if window > 0 else 1.0
+    out = []
+    for f, e, prior in zip(figures, exact, priors):
+        if e:
+            gain = 1.0
+        elif f.measured and ref > 0:
+            ratio = f.progress / ref
+            gain = ratio if ratio <= 0 else math.exp(weight * math.log(ratio) + (1 - weight) * math.log(prior))
+        else:
+            gain = float(prior)
+        out.append(replace(f, gain=gain))
+    return out
 
 
-#: the estimated run time when no candidate has been measured yet (never stops the trial)
+def predicted_run(f: Figures, planned_steps: int) -> Optional[float]:
+    r"""Predicted wall seconds of the planned run with this plan, :math:`k + N t / g` (None: dropped or no gain)."""
+    if not f.ok or f.gain <= 0:
+        return None
+    return f.compile_s + planned_steps * f.step_s / f.gain
+
+
+#: the predicted run time when no candidate has been measured yet (never stops the trial)
 NO_ESTIMATE = 1e30
 
 
-def time_figures(done: Sequence[Tuple[float, Figures, bool]], planned_steps: int) -> Tuple[float, float, float]:
-    r"""What the time budget is judged on, from the candidates tried so far.
+def best_run(figures: Sequence[Figures], planned_steps: int) -> Tuple[Optional[int], float]:
+    """``(index, seconds)`` of the smallest :func:`predicted_run` (``(None, NO_ESTIMATE)`` when none)."""
+    runs = [(r, i) for i, f in enumerate(figures) if (r := predicted_run(f, planned_steps)) is not None]
+    if not runs:
+        return None, NO_ESTIMATE
+    seconds, index = min(runs)
+    return index, seconds
 
-    Args:
-        done: ``(trial_seconds, figures, reused)`` of each candidate tried: its wall seconds (build, compile,
-            steps, held-out losses), its figures on this rank, and whether it ran on the caller's own objects
-            so that its compiled step is reused by the run when it is picked (its compile is then no overhead).
-        planned_steps: the planned run's steps.
 
-    Returns:
-        ``(spent, next_cost, estimated_run)``: the trial's overhead so far (wall seconds, minus the compile of a
-        reused candidate), what one more candidate is expected to cost (the dearest trial so far), and the
-        planned run's estimated wall seconds with the cheapest measured plan, :math:`\min_c (k_c + N t_c)`
-        (:data:`NO_ESTIMATE` when nothing was measured).
+def trial_waste(seconds_spent: float, figures: Sequence[Figures], planned_steps: int) -> float:
+    """The trial's overhead so far: its wall seconds minus the compile of the best plan so far.
+
+    That plan's trial compiled the step the run would train with, so its compile is not lost.
     """
-    spent = sum(max(0.0, t - (f.compile_s if reused and f.ok else 0.0)) for t, f, reused in done)
-    next_cost = max((t for t, _, _ in done), default=0.0)
-    runs = [f.compile_s + planned_steps * f.step_s for _, f, _ in done if f.ok]
-    return spent, next_cost, min(runs) if runs else NO_ESTIMATE
+    index, _ = best_run(figures, planned_steps)
+    return max(0.0, seconds_spent - (figures[index].compile_s if index is not None else 0.0))
 
 
-def over_time_budget(spent: float, next_cost: float, estimated_run: float, budget: float) -> bool:
-    """Whether one more candidate would take the trial past ``budget`` times the estimated run:
-    ``spent + next_cost > budget * estimated_run``."""
-    return spent + next_cost > budget * estimated_run
+def over_time_budget(waste: float, next_cost: float, estimated_run: float, budget: float) -> bool:
+    """Whether one more probe or measurement would take the waste past ``budget`` x the run.
+
+    The test is ``waste + next_cost > budget * estimated_run``.
+    """
+    return waste + next_cost > budget * estimated_run
 
 
 @dataclass(frozen=True)
@@ -179,62 +235,73 @@ class Pick:
     measured: bool
 
 
+def _score(f: Figures, planned_steps: int) -> Optional[float]:
+    if not f.ok or f.step_s <= 0:
+        return None
+    return f.gain / seconds_per_step(f.step_s, f.compile_s, planned_steps)
+
+
 def pick(names: Sequence[str], figures: Sequence[Figures], planned_steps: int, tolerance: float,
          fallback: int = 0) -> Pick:
     """Choose among measured candidates (see the module docstring for the rule).
 
     Args:
         names: candidate names, simplest first.
-        figures: their agreed figures.
+        figures: their agreed figures, gains set (:func:`with_gains`).
         planned_steps: the planned run's steps (amortizes compile time).
         tolerance: a simpler candidate within this share of the best score wins.
-        fallback: the index chosen when no candidate made progress.
+        fallback: the index chosen when no candidate can be scored.
     """
-    scores = [f.progress / seconds_per_step(f.step_s, f.compile_s, planned_steps) if f.ok and f.step_s > 0
-              else None for f in figures]
+    scores = [_score(f, planned_steps) for f in figures]
     live = [i for i, s in enumerate(scores) if s is not None and s > 0]
     reasons: List[str] = []
     if not live:
         for f in figures:
             reasons.append(f"dropped: {f.reason}" if not f.ok else "no progress on the held-out batches")
-        reasons[fallback] = (f"fallback: no candidate reduced the held-out loss; {names[fallback]} trains the run"
+        reasons[fallback] = (f"fallback: no candidate could be scored; {names[fallback]} trains the run"
                              + (f" (it was dropped: {figures[fallback].reason})" if not figures[fallback].ok else ""))
         return Pick(fallback, tuple(reasons), measured=False)
-    best = max(scores[i] for i in live)
-    chosen = next(i for i in live if scores[i] >= (1.0 - tolerance) * best)
+    best = max(s for s in scores if s is not None)
+    chosen = next(i for i in live if (scores[i] or 0.0) >= (1.0 - tolerance) * best)
+    chosen_score = scores[chosen] or best
+    best_name = names[max(live, key=lambda j: scores[j] or 0.0)]
     for i, (f, s) in enumerate(zip(figures, scores)):
         if i == chosen:
-            best_name = names[max(live, key=lambda j: scores[j])]
-            reasons.append("picked: best progress per second" if scores[i] == best else
+            reasons.append("picked: best predicted time" if s == best else
                            f"picked: within {tolerance:.0%} of the best ({best_name}) and simpler")
         elif not f.ok:
             reasons.append(f"dropped: {f.reason}")
         elif s is None or s <= 0:
             reasons.append("no progress on the held-out batches")
-        elif i in live and s >= (1.0 - tolerance) * best:
+        elif s >= (1.0 - tolerance) * best:
             reasons.append(f"within {tolerance:.0%} of the best, but {names[chosen]} is simpler")
         else:
-            reasons.append(f"{s / scores[chosen]:.2f}x the pick's progress per second")
+            reasons.append(f"{s / chosen_score:.2f}x the pick's progress per second")
     return Pick(chosen, tuple(reasons), measured=True)
 
 
-PACKED_FIELDS = ("ok", "progress", "step_s", "compile_s", "loss_start", "loss_end")
+PACKED_FIELDS = ("ok", "progress", "step_s", "compile_s", "loss_start", "loss_end", "gain", "measured")
 
 
 def pack(figures: Sequence[Figures]) -> List[float]:
-    """This rank's figures as one flat list (:data:`PACKED_FIELDS` per candidate; a dropped one is all zeros), to
-    be summed over the ranks."""
+    """This rank's figures as one flat list (:data:`PACKED_FIELDS` per candidate; a dropped one all zeros).
+
+    The lists of the ranks are summed by one all-reduce.
+    """
     out: List[float] = []
     for f in figures:
-        out.extend([1.0, f.progress, f.step_s, f.compile_s, f.loss_start, f.loss_end] if f.ok else
-                   [0.0] * len(PACKED_FIELDS))
+        out.extend([1.0, f.progress, f.step_s, f.compile_s, f.loss_start, f.loss_end, f.gain, float(f.measured)]
+                   if f.ok else [0.0] * len(PACKED_FIELDS))
     return out
 
 
 def unpack(summed: Sequence[float], local: Sequence[Figures], ranks: int) -> List[Figures]:
     """The agreed figures from the rank sum of :func:`pack`: kept where every rank kept it, values averaged.
 
-    A candidate dropped on another rank only gets the reason ``"dropped on another rank"``.
+    A candidate dropped on another rank only gets the reason ``"dropped on N other rank(s)"``.
+
+    Raises:
+        ValueError: ``summed`` does not hold :data:`PACKED_FIELDS` for each of ``local``.
     """
     width = len(PACKED_FIELDS)
     if len(summed) != width * len(local):
@@ -245,5 +312,6 @@ def unpack(summed: Sequence[float], local: Sequence[Figures], ranks: int) -> Lis
         if round(row[0]) != ranks:
             out.append(Figures(ok=False, reason=mine.reason or f"dropped on {ranks - round(row[0])} other rank(s)"))
             continue
-        out.append(Figures(True, *(v / ranks for v in row[1:])))
+        progress, step_s, compile_s, start, end, gain = (v / ranks for v in row[1:7])
+        out.append(Figures(True, progress, step_s, compile_s, start, end, gain, round(row[7]) == ranks))
     return out

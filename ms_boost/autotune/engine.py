@@ -1,16 +1,26 @@
-"""The trial: train each candidate for a few steps, measure it, agree over the ranks, pick (:func:`run_trials`).
+"""The trial: probe the candidates, measure progress where it pays, agree over the ranks, pick (:func:`run_trials`).
 
 The engine knows neither networks nor optimizers: the caller gives ``build(boost, on_originals) -> TrialRun`` that
 makes a fresh train step for a resolved plan, starting from the same weights each time (``ms_boost.Model`` and
-:func:`ms_boost.autotune_plan` build it on copies of the network and optimizer; the plain step on the objects
-themselves, restored after its trial). Every candidate trains on the
-same batches in the same order and is measured on the same held-out batches. A candidate that cannot be built,
-raises during its trial or diverges is dropped with a line saying why; the trial itself never ends the run.
+:func:`ms_boost.autotune_plan` build it on copies of the network and optimizer; a plan that rewrites nothing, on
+the objects themselves). Every run is put back at its starting state after each use, and kept until the pick:
+the pick's run -- its step compiled by the trial -- is handed to the real run (``report.trial_run``), so the pick's
+compile is paid once.
 
-Multi-rank: every rank runs the same trials (the plans, the budget and the step counts depend only on values
-every rank shares); the figures are then summed over the ranks by one all-reduce (:mod:`ms_boost.comm`) and
-every rank decides from the same numbers, so all ranks pick the same plan. The time budget's decision before each
-further candidate is taken from numbers maxed over the ranks (one small all-reduce each), for the same reason.
+1. **Probe**, in decreasing order of the candidates' speed priors (:func:`~ms_boost.autotune.candidates.
+   probe_order`): ``probe_steps`` timed steps each (compile and steady step time), while the budget pays for one
+   more (:func:`~ms_boost.autotune.decide.over_time_budget`).
+2. **Progress**, only when the budget still pays for it and a probed plan computes a different function than the
+   probed O0-like one (the reference): the held-out loss over a window of steps, reference first.
+3. **Pick** by predicted run time (:mod:`ms_boost.autotune.decide`).
+
+A candidate that cannot be built, raises during its trial or diverges is dropped with a line saying why; the
+trial itself never ends the run.
+
+Multi-rank: every rank runs the same trials (the order, the budget and the step counts depend only on values
+every rank shares; the time budget's decisions are taken from numbers maxed over the ranks, one small all-reduce
+each). The figures are averaged over the ranks by one all-reduce after the probes and one after the progress
+measurements (:mod:`ms_boost.comm`), and every rank decides from the same numbers, so all ranks pick the same plan.
 """
 from __future__ import annotations
 
@@ -18,24 +28,32 @@ import gc
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor
 
 from ms_boost import comm
-from ms_boost.autotune.candidates import Candidate, TrialContext, candidate_plan, resolve_candidates
+from ms_boost.autotune.candidates import (
+    Candidate,
+    TrialContext,
+    candidate_plan,
+    probe_order,
+    resolve_candidates,
+)
 from ms_boost.autotune.decide import (
     NO_ESTIMATE,
     Figures,
     TrialRecord,
+    best_run,
     over_time_budget,
     pack,
     pick,
-    split_budget,
+    predicted_run,
     summarize,
-    time_figures,
+    trial_waste,
     unpack,
+    with_gains,
 )
 from ms_boost.autotune.options import AutotuneOptions
 from ms_boost.autotune.report import AutotuneReport, CandidateResult
@@ -49,15 +67,20 @@ logger = logging.getLogger("ms_boost")
 class TrialRun(Protocol):
     """One candidate's train step, built fresh from the starting weights.
 
-    Built with ``on_originals`` (see :func:`run_trials`) it trains the caller's own objects and must provide
-    ``restore()`` (back to the starting state) and ``train_cell`` (handed to the run when picked).
+    Attributes:
+        train_cell: the train step (handed to the run when this candidate is picked).
     """
 
-    def step(self, *batch) -> Any:
+    train_cell: Any
+
+    def step(self, *batch: Any) -> Any:
         """Train one step on ``batch``; returns the training loss (a Tensor or a number)."""
 
     def holdout_loss(self, batches: Sequence[tuple]) -> float:
         """Mean loss over the held-out ``batches``, the network in evaluation mode, no update."""
+
+    def restore(self) -> None:
+        """Put every Parameter of the step back at its starting value."""
 
 
 def eval_steps(steps: int, points: int) -> List[int]:
@@ -74,15 +97,17 @@ def _scalar(loss: Any) -> float:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    text = text[0] if text else ""
-    return f"{type(exc).__name__}: {text[:300]}"
+    line = text[0] if text else ""
+    return f"{type(exc).__name__}: {line[:300]}"
 
 
 def _measure(run: TrialRun, batches: Sequence[tuple], holdout: Sequence[tuple], at: Sequence[int],
              wrap: Optional[Callable]) -> TrialRecord:
-    """Train ``run`` on ``batches``, timing each step, measuring the held-out loss at the steps ``at``."""
+    """Train ``run`` on ``batches``, timing each step; the held-out loss at step 0 and the steps ``at`` (if any)."""
     step = wrap(run.step) if wrap is not None else run.step
-    where, losses, seconds = [0], [float(run.holdout_loss(holdout))], []
+    where: List[int] = [0] if at else []
+    losses: List[float] = [float(run.holdout_loss(holdout))] if at else []
+    seconds: List[float] = []
     done = 0
     try:
         for done, batch in enumerate(batches, start=1):
@@ -102,26 +127,22 @@ def _measure(run: TrialRun, batches: Sequence[tuple], holdout: Sequence[tuple], 
 
 
 def agree(figures: Sequence[Figures], ranks: int) -> List[Figures]:
-    """The figures every rank decides from: this rank's on one rank, else the mean over the ranks (one all-reduce
-    of :func:`~ms_boost.autotune.decide.pack`)."""
+    """The figures every rank decides from: this rank's on one rank, else the mean over the ranks.
+
+    One all-reduce of :func:`~ms_boost.autotune.decide.pack`.
+    """
     if ranks <= 1:
         return list(figures)
     summed = comm.AllReduce("sum")(Tensor(np.asarray(pack(figures), np.float32))).asnumpy()
     return unpack(summed.tolist(), figures, ranks)
 
 
-def _time_check(done, ctx: TrialContext, options: AutotuneOptions) -> Optional[str]:
-    """Why no further candidate is tried (the time budget), or None. On several ranks the three figures are
-    maxed over the ranks (one all-reduce) so that every rank decides the same."""
-    spent, next_cost, run = time_figures(done, ctx.planned_steps)
-    if ctx.ranks > 1:
-        agreed = comm.AllReduce("max")(Tensor(np.asarray([spent, next_cost, -min(run, NO_ESTIMATE)], np.float32)))
-        spent, next_cost, run = (float(v) for v in agreed.asnumpy())
-        run = -run
-    if not over_time_budget(spent, next_cost, run, options.budget):
-        return None
-    return (f"not tried: the time budget ({options.budget:g} x the estimated {run:.1f} s run = "
-            f"{options.budget * run:.1f} s) would be passed ({spent:.1f} s spent, about {next_cost:.1f} s more each)")
+def _agreed_max(values: Sequence[float], ranks: int) -> List[float]:
+    """``values`` maxed over the ranks (one all-reduce; as is on one rank)."""
+    if ranks <= 1:
+        return [float(v) for v in values]
+    out = comm.AllReduce("max")(Tensor(np.asarray(values, np.float32))).asnumpy()
+    return [float(v) for v in out]
 
 
 def _say(text: str) -> None:
@@ -129,34 +150,180 @@ def _say(text: str) -> None:
         logger.info("%s", text)
 
 
-def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, options: AutotuneOptions,
-               batches: Sequence[tuple], holdout: Sequence[tuple]) -> AutotuneReport:
-    """Try the candidates of ``options`` and pick one.
+class _Trial:
+    """The state of one trial (one instance per :func:`run_trials` call)."""
 
-    The first tried candidate whose plan enables no algorithm (O0) is built ``on_originals``: on the caller's
-    own network and optimizer, put back at the starting state right after its trial. If it is picked, its
-    compiled step is handed over (``report.train_network``), so the run does not compile it a second time.
-    The other candidates train copies. With ``options.time_budget``, no further candidate is tried once one more
-    would take the trial past ``budget`` times the estimated run (:func:`~ms_boost.autotune.decide.time_figures`).
+    def __init__(self, build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, options: AutotuneOptions,
+                 candidates: List[Candidate], boosts: List[Optional[AutoBoost]], errors: List[Optional[str]]):
+        self.build, self.ctx, self.options = build, ctx, options
+        self.candidates, self.boosts = candidates, boosts
+        self.started = time.perf_counter()
+        n = len(candidates)
+        self.records: List[TrialRecord] = [TrialRecord(error=e) if e else TrialRecord(error="not tried")
+                                           for e in errors]
+        self.figures: List[Figures] = [Figures(False, reason=r.error or "") for r in self.records]
+        self.seconds = [0.0] * n
+        self.runs: Dict[int, TrialRun] = {}
+        self.steps_used = 0
+        self.window = 0  # steps of the progress windows (0: none measured)
+        self.priors = [c.progress_prior for c in candidates]
+        self.exact = [c.exact_progress for c in candidates]
+
+    # -- the budget -------------------------------------------------------------------------------
+    def decided(self) -> List[Figures]:
+        """The figures with their gains, as the decision would read them now."""
+        return with_gains(self.figures, self.exact, self.priors, self.window)
+
+    def over_budget(self, next_cost: float) -> Optional[str]:
+        """Why one more probe or measurement costing about ``next_cost`` s is not paid (the time budget), or None."""
+        if not self.options.time_budget:
+            return None
+        figures = self.decided()
+        spent = time.perf_counter() - self.started
+        waste = trial_waste(spent, figures, self.ctx.planned_steps)
+        run = best_run(figures, self.ctx.planned_steps)[1]
+        waste, next_cost, neg_run = _agreed_max([waste, next_cost, -min(run, NO_ESTIMATE)], self.ctx.ranks)
+        run = -neg_run
+        if not over_time_budget(waste, next_cost, run, self.options.budget):
+            return None
+        return (f"the time budget ({self.options.budget:g} x the predicted {run:.1f} s run = "
+                f"{self.options.budget * run:.1f} s) would be passed ({waste:.1f} s lost so far, about "
+                f"{next_cost:.1f} s more)")
+
+    # -- phase 1 ----------------------------------------------------------------------------------
+    def probe(self, order: Sequence[int], batches: Sequence[tuple], reuse: Optional[int]) -> None:
+        """Probe the candidates of ``order`` while the step and time budgets pay for one more."""
+        budget_steps = int(self.options.budget * self.ctx.planned_steps + 1e-9)
+        steps = min(self.options.probe_steps, len(batches))
+        for n, i in enumerate(order):
+            stop = None
+            if n:
+                if self.steps_used + steps > budget_steps:
+                    stop = (f"the step budget ({budget_steps} steps) is spent ({self.steps_used} used, {steps} per "
+                            f"probe)")
+                else:
+                    stop = self.over_budget(max(self.seconds))  # the dearest probe so far: what one more costs
+            if stop:
+                for j in order[n:]:
+                    self.records[j] = TrialRecord(error=f"not probed: {stop}")
+                    self.figures[j] = Figures(False, reason=f"not probed: {stop}")
+                _say(f"autotune: not probed: {stop}: {[self.candidates[j].name for j in order[n:]]}")
+                return
+            self._probe_one(i, batches[:steps], i == reuse)
+
+    def _probe_one(self, i: int, batches: Sequence[tuple], on_originals: bool) -> None:
+        """Build candidate ``i`` and time its ``batches`` steps; keep its run (at the start) unless it failed."""
+        cand, t0 = self.candidates[i], time.perf_counter()
+        boost = self.boosts[i]
+        assert boost is not None
+        try:
+            run = self.build(boost, on_originals)
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is dropped, never ends the run
+            record = TrialRecord(error=f"failed to build: {_first_line(exc)}")
+        else:
+            try:
+                record = _measure(run, batches, (), (), cand.wrap_step)
+            finally:
+                run.restore()  # back at the start, whatever happened (the caller's own objects too)
+            if not record.error:
+                self.runs[i] = run
+            del run
+        self._record(i, record, len(batches), t0)
+
+    # -- phase 2 ----------------------------------------------------------------------------------
+    def progress(self, order: Sequence[int], batches: Sequence[tuple], holdout: Sequence[tuple]) -> List[str]:
+        """Measure held-out progress of the reference and then the other probed plans while the budget pays.
+
+        Returns:
+            Notes on what was (not) measured and why.
+        """
+        options, n_steps = self.options, self.ctx.planned_steps
+        figures = self.decided()
+        ok = [i for i in order if figures[i].ok]
+        ref = next((i for i in ok if self.exact[i]), None)
+        others = [i for i in ok if not self.exact[i]]
+        if not options.measure_progress or ref is None or not others:
+            return []
+        others.sort(key=lambda i: predicted_run(figures[i], n_steps) or NO_ESTIMATE)
+        budget_steps = int(options.budget * n_steps + 1e-9)
+        window = min(options.max_trial_steps, len(batches), (budget_steps - self.steps_used) // 2)
+        if window < options.min_trial_steps:
+            return [f"progress not measured: the step budget leaves {max(0, budget_steps - self.steps_used)} steps, "
+                    f"fewer than {options.min_trial_steps} each for the reference and one more plan; progress "
+                    f"priors used"]
+        at = eval_steps(window, options.eval_points)
+        self.window = window
+
+        def cost(i: int) -> float:  # steps, held-out losses, and the held-out graph's compile (about a step's)
+            f = figures[i]
+            return window * f.step_s + len(at) * len(holdout) * f.step_s + f.compile_s
+
+        queue = [ref, *others]
+        notes: List[str] = []
+        for n, i in enumerate(queue):
+            if self.steps_used + window > budget_steps:
+                notes.append(f"progress measured for {n} plan(s): the step budget is spent")
+                break
+            stop = self.over_budget(cost(i) + (cost(queue[1]) if n == 0 else 0.0))
+            if stop:
+                notes.append(f"progress measured for {n} plan(s): {stop}")
+                break
+            self._measure_one(i, batches[:window], holdout, at)
+        if not notes:
+            notes.append(f"progress measured for {len(queue)} plan(s) over {window} steps")
+        return notes
+
+    def _measure_one(self, i: int, batches: Sequence[tuple], holdout: Sequence[tuple], at: Sequence[int]) -> None:
+        """Measure candidate ``i``'s held-out progress on its probed run, which is put back at the start after."""
+        cand, run, t0 = self.candidates[i], self.runs[i], time.perf_counter()
+        try:
+            record = _measure(run, batches, holdout, at, cand.wrap_step)
+        finally:
+            run.restore()
+        probe = self.records[i]  # its timed steps continue the probe's (the first one compiled)
+        merged = TrialRecord(record.eval_steps, record.holdout_losses, probe.step_seconds + record.step_seconds,
+                             record.error)
+        self._record(i, merged, len(batches), t0)
+
+    def _record(self, i: int, record: TrialRecord, steps: int, t0: float) -> None:
+        """Keep candidate ``i``'s record and figures after ``steps`` more steps begun at ``t0``; drop it on failure."""
+        self.steps_used += steps
+        self.records[i] = record
+        self.figures[i] = summarize(record, self.options.divergence_ratio, self.priors[i])
+        self.seconds[i] += time.perf_counter() - t0
+        if not self.figures[i].ok:
+            self.runs.pop(i, None)
+            gc.collect()  # a dropped candidate's step is freed now
+            _say(f"autotune: candidate {self.candidates[i].name} dropped: {self.figures[i].reason}")
+
+
+def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, options: AutotuneOptions,
+               batches: Sequence[tuple], holdout: Sequence[tuple], started: Optional[float] = None) -> AutotuneReport:
+    """Try the candidates of ``options`` and pick one (the module docstring gives the phases).
 
     Args:
         build: ``build(boost, on_originals)`` makes a fresh :class:`TrialRun` for a resolved plan, from the
-            starting weights (on the caller's objects when ``on_originals``).
-        ctx: the run (ranks, batch size, planned steps, the user's algorithm sections).
+            starting weights; ``on_originals`` (for the first plan that rewrites nothing) on the caller's own
+            objects, else on copies.
+        ctx: the run (ranks, batch size, planned steps, the user's algorithm sections, the network's layers).
         options: the validated autotune options.
         batches: the trial's training batches, in order (at least as many as a trial may take).
         holdout: the held-out batches progress is measured on.
+        started: ``time.perf_counter()`` when the trial began (e.g. before reading its batches; default: now),
+            from which its wall time is counted.
 
     Returns:
-        The :class:`AutotuneReport` (also saved to ``options.save_path`` by rank 0 when set).
+        The :class:`AutotuneReport` (also saved to ``options.save_path`` by rank 0 when set); its ``trial_run`` is
+        the pick's run, at the starting state, when the trial built it.
 
     Raises:
         BoostConfigError: an unknown candidate name (before anything is trained).
         ValueError: no candidate can run in this setting.
     """
-    started = time.perf_counter()
     candidates: List[Candidate] = resolve_candidates(options.candidates, ctx)
-    plans, records, boosts = [], [], []
+    plans: List[Tuple[str, Dict[str, Any]]] = []
+    boosts: List[Optional[AutoBoost]] = []
+    errors: List[Optional[str]] = []
     for cand in candidates:
         level, config = candidate_plan(cand, ctx)
         plans.append((level, config))
@@ -168,103 +335,84 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
             except (ValueError, TypeError) as exc:
                 reason = f"invalid plan: {_first_line(exc)}"
         boosts.append(boost)
-        records.append(None if reason is None else TrialRecord(error=reason))
+        errors.append(reason)
+    trial = _Trial(build, ctx, options, candidates, boosts, errors)
+    if started is not None:
+        trial.started = started
     runnable = [i for i, b in enumerate(boosts) if b is not None]
     if not runnable:
         raise ValueError("autotune: no candidate can run here: " + "; ".join(
-            f"{c.name}: {r.error}" for c, r in zip(candidates, records)))
-    kept, steps = split_budget(options.budget, ctx.planned_steps, len(runnable), options.min_trial_steps,
-                               options.max_trial_steps, len(batches))
-    notes = []
+            f"{c.name}: {e}" for c, e in zip(candidates, errors)))
+    order = [i for i in probe_order(candidates, ctx) if i in runnable]
     budget_steps = int(options.budget * ctx.planned_steps + 1e-9)
-    for i in runnable[max(kept, 1):]:
-        records[i] = TrialRecord(error=f"not tried: the budget ({budget_steps} steps) gives fewer than "
-                                       f"{options.min_trial_steps} steps each to more candidates")
-    if kept < 2:
-        chosen = runnable[0]
-        notes.append(f"no trial: the budget of {budget_steps} steps (budget {options.budget:g} x "
-                     f"{ctx.planned_steps} planned steps) cannot give 2 candidates {options.min_trial_steps} steps "
-                     f"each; {candidates[chosen].name} trains the run unmeasured")
-        figures = [Figures(False, reason=r.error if r is not None else "not tried") for r in records]
-        reasons = [f"dropped: {f.reason}" for f in figures]
-        reasons[chosen] = "picked unmeasured: first candidate that can run"
-        return _finish(candidates, plans, boosts, figures, reasons, [0.0] * len(candidates), chosen, False, 0,
-                       ctx, options, notes, started)
-    at = eval_steps(steps, options.eval_points)
-    seconds = [0.0] * len(candidates)
-    _say(f"autotune: trying {[candidates[i].name for i in runnable[:kept]]} for {steps} steps each "
-         f"(budget {options.budget:g} of {ctx.planned_steps} planned steps), held-out loss on "
-         f"{len(holdout)} batch(es) at steps {at}")
-    tried = runnable[:kept]
-    reuse = next((i for i in tried if not boosts[i].is_active), None)
-    done, ready = [], None
-    for n, i in enumerate(tried):
-        stop = _time_check(done, ctx, options) if done and options.time_budget else None
-        if stop:
-            for j in tried[n:]:
-                records[j] = TrialRecord(error=stop)
-            _say(f"autotune: {stop}: {[candidates[j].name for j in tried[n:]]}")
-            break
-        cand, t0 = candidates[i], time.perf_counter()
-        try:
-            run = build(boosts[i], i == reuse)
-        except Exception as exc:  # noqa: BLE001 - a failing candidate is dropped, never ends the run
-            records[i] = TrialRecord(error=f"failed to build: {_first_line(exc)}")
-        else:
-            try:
-                records[i] = _measure(run, batches[:steps], holdout, at, cand.wrap_step)
-            finally:
-                if i == reuse:
-                    run.restore()  # the caller's objects are back at the start, whatever happened
-            if i == reuse and not records[i].error:
-                ready = run.train_cell
-            del run
-            gc.collect()
-        seconds[i] = time.perf_counter() - t0
-        done.append((seconds[i], summarize(records[i], options.divergence_ratio), i == reuse))
-        if records[i].error:
-            _say(f"autotune: candidate {cand.name} dropped: {records[i].error}")
-    local = [summarize(r, options.divergence_ratio) for r in records]
-    figures = agree(local, ctx.ranks)
+    if budget_steps < options.probe_steps or len(batches) < 2:
+        chosen = order[0]
+        note = (f"no trial: the budget of {budget_steps} steps (budget {options.budget:g} x {ctx.planned_steps} "
+                f"planned steps) cannot pay for one probe of {options.probe_steps} steps; {candidates[chosen].name} "
+                f"(the highest speed prior) trains the run unmeasured")
+        reasons = [f"dropped: {f.reason}" if errors[i] else "not tried" for i, f in enumerate(trial.figures)]
+        reasons[chosen] = "picked unmeasured: the highest speed prior"
+        return _finish(trial, plans, reasons, chosen, False, [note])
+    reuse = next((i for i in order if not boosts[i].is_active), None)  # type: ignore[union-attr]
+    _say(f"autotune: probing {[candidates[i].name for i in order]} in this order ({options.probe_steps} steps each, "
+         f"budget {options.budget:g} of {ctx.planned_steps} planned steps)")
+    trial.probe(order, batches, reuse)
+    trial.figures = agree(trial.figures, ctx.ranks)  # phase 2 decides from the same numbers on every rank
+    for i in list(trial.runs):
+        if not trial.figures[i].ok:
+            trial.runs.pop(i)
+    notes = trial.progress(order, batches, holdout)
+    figures = with_gains(agree(trial.figures, ctx.ranks), trial.exact, trial.priors, trial.window)
+    trial.figures = figures
     names = [c.name for c in candidates]
-    fallback = _fallback(names, figures, runnable)
-    decision = pick(names, figures, ctx.planned_steps, options.tolerance, fallback=fallback)
+    decision = pick(names, figures, ctx.planned_steps, options.tolerance, fallback=_fallback(names, figures, order))
     if not decision.measured:
         notes.append(decision.reasons[decision.index])
-    return _finish(candidates, plans, boosts, figures, list(decision.reasons), seconds, decision.index,
-                   decision.measured, steps, ctx, options, notes, started,
-                   ready if decision.index == reuse else None)
+    return _finish(trial, plans, list(decision.reasons), decision.index, decision.measured, notes)
 
 
-def _fallback(names: Sequence[str], figures: Sequence[Figures], runnable: Sequence[int]) -> int:
-    """Who trains the run when no candidate made progress: O0 if it ran cleanly, else the first that did, else O0
-    if it could be built, else the first that could."""
-    kept = [i for i, f in enumerate(figures) if f.ok]
+def _fallback(names: Sequence[str], figures: Sequence[Figures], order: Sequence[int]) -> int:
+    """Who trains the run when no candidate can be scored.
+
+    O0 if it ran cleanly, else the first probed that did, else the first in the probe order.
+    """
+    kept = [i for i in order if figures[i].ok]
     o0 = names.index("O0") if "O0" in names else None
     if o0 is not None and o0 in kept:
         return o0
-    if kept:
-        return kept[0]
-    return o0 if o0 is not None and o0 in runnable else runnable[0]
+    return kept[0] if kept else order[0]
 
 
 def plan_dict(boost: AutoBoost) -> Dict[str, Any]:
-    """The resolved plan as a ``boost_config_dict``: every switch (``mode: manual``), ``common``, and the sections of
-    the enabled algorithms (the others would only be noted as unused)."""
+    """The resolved plan as a ``boost_config_dict``.
+
+    Every switch (``mode: manual``), ``common``, and the sections of the enabled algorithms (the others would only
+    be noted as unused).
+    """
     full = boost.to_dict()
     return {key: value for key, value in full.items()
             if key in ("boost", "common") or full["boost"].get(key)}
 
 
-def _finish(candidates, plans, boosts, figures, reasons, seconds, chosen, measured, steps, ctx, options, notes,
-            started, ready=None) -> AutotuneReport:
-    results = tuple(CandidateResult(c.name, c.description, plans[i][0], plans[i][1], figures[i],
-                                    steps if figures[i].ok or (seconds[i] > 0) else 0, seconds[i], reasons[i])
-                    for i, c in enumerate(candidates))
-    boost = boosts[chosen]
-    report = AutotuneReport(results, candidates[chosen].name, boost.level, plan_dict(boost), measured,
-                            ctx.planned_steps, steps, options.budget, time.perf_counter() - started, ctx.ranks,
-                            tuple(notes), train_network=ready)
+def _finish(trial: _Trial, plans: Sequence[Tuple[str, Dict[str, Any]]], reasons: Sequence[str], chosen: int,
+            measured: bool, notes: Sequence[str]) -> AutotuneReport:
+    ctx, options = trial.ctx, trial.options
+    steps = [len(r.step_seconds) for r in trial.records]
+    figures = trial.figures
+    reference = any(e and f.ok and f.measured and f.progress > 0 for e, f in zip(trial.exact, figures))
+    gain_from = ["-" if not f.ok else "exact" if e else "measured" if f.measured and reference else "prior"
+                 for e, f in zip(trial.exact, figures)]
+    results = tuple(CandidateResult(c.name, c.description, plans[i][0], plans[i][1], figures[i], steps[i],
+                                    trial.seconds[i], reasons[i], gain_from[i])
+                    for i, c in enumerate(trial.candidates))
+    boost = trial.boosts[chosen]
+    assert boost is not None
+    run = trial.runs.get(chosen)
+    trial.runs.clear()  # the other candidates' steps are freed
+    gc.collect()
+    report = AutotuneReport(results, trial.candidates[chosen].name, boost.level, plan_dict(boost), measured,
+                            ctx.planned_steps, trial.steps_used, options.budget,
+                            time.perf_counter() - trial.started, ctx.ranks, tuple(notes), trial_run=run)
     _say(report.table())
     if options.save_path and comm.get_rank() == 0:
         report = AutotuneReport(**{**report.__dict__, "saved_to": report.save(options.save_path)})

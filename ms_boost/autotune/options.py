@@ -35,39 +35,46 @@ class AutotuneOptions:
         candidates: names of the plans to try, in order of preference (simplest first); empty: the default
             list for the run (:func:`ms_boost.autotune.candidates.default_candidates`).
         holdout_batches: batches kept out of the trial's training, on which progress is measured (>= 1).
-        eval_points: how many times during a candidate's trial the held-out loss is measured (>= 2; the loss
+        eval_points: how many times during a progress measurement the held-out loss is measured (>= 2; the loss
             before the first step is measured too).
-        min_trial_steps: fewest steps a candidate's trial may have (>= 2); candidates that do not fit the
-            budget at this length are dropped from the end of the list.
-        max_trial_steps: most steps a candidate's trial may have (the trial's batches are kept in memory).
+        probe_steps: steps of each candidate's probe, which measures its compile and step time (>= 2: the first
+            step compiles).
+        min_trial_steps: fewest steps of a progress measurement (>= 2); progress is measured only when the
+            budget gives at least this many to the reference and one more candidate.
+        max_trial_steps: most steps of a progress measurement (the trial's batches are kept in memory).
         tolerance: a simpler candidate (earlier in the list) within this share of the best score is picked
             instead of the best, in [0, 1) (measurement noise should not buy complexity).
         divergence_ratio: a candidate whose held-out loss ends above this multiple of its start is dropped as
             diverged (> 1).
         save_path: where the pick is written as a ``boost_config_dict`` YAML (None: not written).
-        time_budget: also stop trying candidates when one more would take the trial's wall time past ``budget``
-            times the planned run's estimated wall time (compile included; see
-            :func:`~ms_boost.autotune.decide.time_figures`); False: only the step budget bounds the trial.
+        time_budget: also stop when one more probe or progress measurement would take the trial's waste past
+            ``budget`` times the predicted run (:func:`~ms_boost.autotune.decide.over_time_budget`); False: only
+            the step budget bounds the trial.
+        measure_progress: measure held-out progress to compare plans computing different functions when the
+            budget pays for it; False: step times and the candidates' progress priors decide.
     """
 
     budget: float = 0.05
     candidates: Tuple[str, ...] = ()
     holdout_batches: int = 2
     eval_points: int = 4
+    probe_steps: int = 3
     min_trial_steps: int = 4
     max_trial_steps: int = 50
     tolerance: float = 0.02
     divergence_ratio: float = 1.5
     save_path: Optional[str] = None
     time_budget: bool = True
+    measure_progress: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "budget", check_float("autotune.budget", self.budget, low=0.0, high=1.0, low_open=True,
                                          high_open=True))
         set_(self, "candidates", _names(self.candidates))
         set_(self, "holdout_batches", check_int("autotune.holdout_batches", self.holdout_batches, low=1))
         set_(self, "eval_points", check_int("autotune.eval_points", self.eval_points, low=2))
+        set_(self, "probe_steps", check_int("autotune.probe_steps", self.probe_steps, low=2))
         set_(self, "min_trial_steps", check_int("autotune.min_trial_steps", self.min_trial_steps, low=2))
         set_(self, "max_trial_steps", check_int("autotune.max_trial_steps", self.max_trial_steps,
                                                 low=self.min_trial_steps))
@@ -76,6 +83,7 @@ class AutotuneOptions:
                                                    low_open=True))
         set_(self, "save_path", check_optional_path("autotune.save_path", self.save_path))
         set_(self, "time_budget", check_bool("autotune.time_budget", self.time_budget))
+        set_(self, "measure_progress", check_bool("autotune.measure_progress", self.measure_progress))
 
 
 def _names(value: Any) -> Tuple[str, ...]:

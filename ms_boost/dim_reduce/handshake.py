@@ -1,26 +1,20 @@
 """The PCA-matrix handshake of dimension-reduce training: every rank gets its block of PCA rows.
 
 Before stage 2 starts, the first rank of every server (its *root*) loads or computes the PCA matrix
-(:func:`ms_boost.dim_reduce.pca.compute_pca_matrix`) while all ranks exchange a status flag through tiny
-collectives, so every rank leaves together -- with the rows, or with an error naming the rank that failed.
-
-Under ``msrun`` (:func:`ms_boost.comm.status_store_address` finds the scheduler) the flags go through MindSpore's
-TCP key-value store (:func:`ms_boost.comm.status_store`, served by rank 0 on ``MS_SCHED_PORT + 1``, or on
-``MS_BOOST_STORE_PORT``), polled (:func:`ms_boost.comm.poll`) without any blocking collective: every wait is bounded by
-``dim_reduce.timeout`` and a rank that never arrives -- dead, or alive but stuck -- is named in the error.
-Without those variables (e.g. an HCCL rank-table launch) the flags go through tiny AllGathers instead,
-whose wait is bounded by the backend's own collective timeout (see ``docs/dim_reduce.md``).
+(:func:`ms_boost.dim_reduce.pca.compute_pca_matrix`) while every rank waits on a status board
+(:func:`ms_boost.comm.open_status_board`), so every rank leaves together -- with the rows, or with an error
+naming the rank that failed. The board's transport (a TCP store under ``msrun``: bounded by ``dim_reduce.timeout``,
+a rank that never arrives named; else tiny collectives) is chosen by :mod:`ms_boost.comm`; this module makes the
+same calls on either (see ``docs/dim_reduce.md``).
 """
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
-from mindspore import Tensor
 
 from ms_boost import comm
 from ms_boost.dim_reduce.math import local_row_block
@@ -62,47 +56,9 @@ def _devices_per_server(device_number: Optional[int], world: int) -> int:
     return topology.server_size
 
 
-class _PeerFailed(Exception):
-    """Raised inside a root's computation when the status exchange shows another rank failed."""
-
-
-class _StatusExchange:
-    """Status of every rank by one tiny AllGather per call (identity on one process).
-
-    While the server roots prepare the PCA matrix, every rank calls :meth:`exchange` the same number of
-    times: a root once per unit of work (one checkpoint read, one chunk), the others in a loop. Each
-    collective therefore waits for at most one unit of work -- far below any backend timeout -- and all
-    ranks see the same status vector, so they leave the loop on the same call.
-    """
-
-    BUSY, DONE, FAILED = 0.0, 1.0, 2.0
-
-    def __init__(self, roots: Sequence[int]):
-        self.gather = comm.AllGather()
-        self.roots = list(roots)
-
-    def exchange(self, status: float) -> np.ndarray:
-        return self.gather(Tensor(np.array([status], np.float32))).asnumpy().reshape(-1)
-
-    def failed(self, flags: np.ndarray) -> list:
-        return [r for r, f in enumerate(flags) if f == self.FAILED]
-
-    def tick(self) -> None:
-        """A root between two units of work: report busy; stop if a peer failed."""
-        flags = self.exchange(self.BUSY)
-        if self.failed(flags):
-            raise _PeerFailed(self.failed(flags))
-
-    def wait(self, status: float) -> np.ndarray:
-        """Report ``status`` until every root is done or some rank failed; returns the last status vector."""
-        while True:
-            flags = self.exchange(status)
-            if self.failed(flags) or all(flags[r] == self.DONE for r in self.roots):
-                return flags
-
-
-def _root_prepare(target: str, specs, n_components: int, num_weights: int, pca_mat_path, weight_load_dir,
-                  timeout: float, progress, heartbeat) -> None:
+def _root_prepare(target: str, specs: Sequence[ParamSpec], n_components: int, num_weights: int,
+                  pca_mat_path: Optional[str], weight_load_dir: Optional[str], timeout: float,
+                  progress: Optional[Callable[[str], None]], heartbeat: Callable[[], None]) -> None:
     """Server root: check an existing matrix, or compute it from the checkpoints into ``target``."""
     rank = comm.get_rank()
     if pca_mat_path and os.path.isfile(pca_mat_path):
@@ -132,94 +88,11 @@ def _root_prepare(target: str, specs, n_components: int, num_weights: int, pca_m
                        deadline=time.monotonic() + float(timeout), heartbeat=heartbeat)
 
 
-_MIN_CONNECT_SECONDS = 10.0  # starting / reaching the store under load: never less than this
-_CALLS = itertools.count()  # handshakes in this process: a key namespace each, the same on every rank
-
-
-class _StoreStatus:
-    """Per-rank status flags in MindSpore's TCP key-value store; every wait bounded, missing ranks named.
-
-    Keys (a fresh namespace per handshake): ``<ns>/<phase>/<rank>`` is 1 once the rank finished that phase;
-    ``<ns>/fail/<rank>`` is 1 once it failed and ``<ns>/failed`` counts failed ranks (store values are
-    counters, so success and failure never share a key). Reads use ``add(key, 0)``, which never blocks.
-    """
-
-    DONE = 1
-
-    def __init__(self, address: tuple, rank: int, world: int, roots: Sequence[int], timeout: float):
-        self.rank, self.world, self.roots = rank, world, list(roots)
-        self.timeout = float(timeout)
-        self.ns = f"ms_boost/pca_handshake/{next(_CALLS)}"
-        try:
-            self.store = comm.status_store(address, rank, world, max(_MIN_CONNECT_SECONDS, self.timeout))
-        except Exception as exc:  # noqa: BLE001 -- name the rank that serves the store
-            if rank == 0:
-                raise RuntimeError(f"rank 0 cannot serve the PCA handshake store on {address[0]}:{address[1]} "
-                                   f"({exc}); set MS_BOOST_STORE_PORT to a free port.") from None
-            raise TimeoutError(f"rank {rank}: rank 0 did not reach the PCA handshake within dim_reduce.timeout="
-                               f"{self.timeout:g} s (its store {address[0]}:{address[1]} is unreachable: {exc}); "
-                               f"rank 0 is dead or stuck before the handshake.") from None
-
-    def _add(self, key: str, amount: int) -> int:
-        try:
-            return int(self.store.add(f"{self.ns}/{key}", amount))
-        except Exception as exc:  # noqa: BLE001
-            raise RuntimeError(f"rank {self.rank}: the PCA handshake store (served by rank 0) failed: {exc}; "
-                               f"rank 0 has probably stopped (see its error).") from None
-
-    def done(self, phase: str) -> None:
-        self._add(f"{phase}/{self.rank}", self.DONE)
-
-    def report_failure(self) -> None:
-        """Mark this rank failed, if the store still answers (the caller is already raising)."""
-        try:
-            self._add(f"fail/{self.rank}", 1)
-            self._add("failed", 1)
-        except RuntimeError:
-            pass
-
-    def status(self, phase: str, ranks: Sequence[int]) -> Dict[int, int]:
-        return {r: self._add(f"{phase}/{r}", 0) for r in ranks}
-
-    def failed_ranks(self) -> List[int]:
-        if self._add("failed", 0) == 0:
-            return []
-        return [r for r in range(self.world) if self._add(f"fail/{r}", 0)]
-
-    def tick(self) -> None:
-        """A root between two units of work: stop if a peer failed."""
-        failed = self.failed_ranks()
-        if failed:
-            raise _PeerFailed(failed)
-
-    def wait(self, phase: str, ranks: Sequence[int], deadline: float, what: str) -> Dict[int, int]:
-        """Poll until every rank of ``ranks`` has a status in ``phase`` or some rank failed.
-
-        Raises:
-            TimeoutError: ``deadline`` passed; names the ranks that never reached the handshake and those
-                that reached it but have not finished ``what``.
-        """
-        flags: Dict[int, int] = {}
-
-        def settled() -> bool:
-            nonlocal flags
-            flags = self.status(phase, ranks)
-            return all(flags.values()) or bool(self._add("failed", 0))
-
-        if not comm.poll(settled, deadline):  # the deadline passed: name who is missing
-            pending = [r for r, v in flags.items() if not v]
-            arrived = self.status("arrived", pending)
-            absent = [r for r in pending if not arrived[r]]
-            slow = [r for r in pending if arrived[r]]
-            self.report_failure()  # release the others at once
-            parts = []
-            if absent:
-                parts.append(f"rank(s) {absent} never reached the PCA handshake (dead, or alive but stuck)")
-            if slow:
-                parts.append(f"rank(s) {slow} reached it but did not finish {what}")
-            raise TimeoutError(f"rank {self.rank}: {'; '.join(parts)} within dim_reduce.timeout="
-                               f"{self.timeout:g} s; dim_reduce cannot start.")
-        return flags
+def _post(board: comm.StatusBoard, phase: str, error: Optional[BaseException]) -> None:
+    """Post this rank's result of ``phase``; an interrupt (not an ``Exception``) is raised at once, unwaited."""
+    board.post(phase, error is None)
+    if error is not None and not isinstance(error, Exception):
+        raise error
 
 
 def _read_rows(target: str, n_components: int, num_weights: int, rank: int, world: int) -> np.ndarray:
@@ -229,74 +102,32 @@ def _read_rows(target: str, n_components: int, num_weights: int, rank: int, worl
     return rows
 
 
-def _prepare_with_store(address, target, specs, n_components, num_weights, pca_mat_path, weight_load_dir,
-                        timeout, progress, rank, world, per_server) -> np.ndarray:
-    start = time.monotonic()
-    roots = list(range(0, world, per_server))
-    status = _StoreStatus(address, rank, world, roots, timeout)
-    status.done("arrived")
-    if rank in roots:
-        try:
-            _root_prepare(target, specs, n_components, num_weights, pca_mat_path, weight_load_dir, timeout,
-                          progress, status.tick)
-        except _PeerFailed as exc:
-            raise RuntimeError(f"rank {rank}: rank(s) {exc.args[0]} failed during the PCA handshake "
-                               f"(see their error); dim_reduce cannot start.") from None
-        except BaseException:
-            status.report_failure()
-            raise
-        status.done("prepared")
-    else:
-        root = rank - rank % per_server
-        # the root stops at its own deadline (timeout after it arrived); allow a little for its report
-        flags = status.wait("prepared", [root], start + float(timeout) + 2.0,
-                            f"preparing the PCA matrix {target!r}")
-        failed = status.failed_ranks()
-        if flags[root] != status.DONE:
-            raise RuntimeError(f"rank {rank}: the PCA matrix could not be prepared by server root rank(s) "
-                               f"{[root]} (see their error); dim_reduce cannot start.")
-        if failed:
-            raise RuntimeError(f"rank {rank}: rank(s) {failed} failed during the PCA handshake (see their error); "
-                               f"dim_reduce cannot start.")
-    try:
-        rows = _read_rows(target, n_components, num_weights, rank, world)
-    except BaseException as exc:
-        status.report_failure()
-        raise ValueError(f"rank {rank} cannot read the PCA matrix {target!r} prepared by its server's root "
-                         f"rank {rank - rank % per_server}: {exc}") from exc
-    status.done("read")
-    deadline = max(start + float(timeout), time.monotonic() + min(float(timeout), 30.0))
-    flags = status.wait("read", range(world), deadline, f"reading the PCA matrix {target!r}")
-    failed = status.failed_ranks()
-    if failed:
-        raise RuntimeError(f"rank {rank}: rank(s) {failed} failed during the PCA handshake (see their error); "
-                           f"dim_reduce cannot start.")
-    return rows
-
-
 def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_path: Optional[str] = None,
                        weight_load_dir: Optional[str] = None, timeout: float = 1800,
-                       device_number: Optional[int] = None, progress=_stderr_progress) -> np.ndarray:
+                       device_number: Optional[int] = None,
+                       progress: Optional[Callable[[str], None]] = _stderr_progress) -> np.ndarray:
     """Get this rank's block of PCA rows: load ``pca_mat_path`` or compute it from ``weight_load_dir``.
 
-    Protocol (no file polling, no long blocking collective):
+    Protocol (no file polling, no long blocking collective), over a status board (:mod:`ms_boost.comm`):
 
     1. On each server (``device_number`` consecutive ranks) only the first rank -- the *root* -- touches
        the source: it checks ``pca_mat_path`` when that file exists, otherwise it computes the PCA of the
        checkpoints in ``weight_load_dir`` (streaming, :func:`compute_pca_matrix`) into ``pca_mat_path``
        (or ``weight_load_dir/pca_mat.npy``), written under a temporary name and renamed. The root stops
-       with ``TimeoutError`` once ``timeout`` seconds have passed.
-    2. Meanwhile every rank exchanges a status flag with one tiny AllGather per unit of the roots' work
-       (:class:`_StatusExchange`) until every root is done or one failed. On failure every rank raises --
-       the root its own error, the others a ``RuntimeError`` naming it -- so no rank is left waiting in a
-       later collective, and the wait is bounded by the roots' ``timeout``.
-    3. Every rank reads only its own block of rows from the finished file (memory map); one more flag
-       exchange turns any read failure into an error on all ranks.
-    4. Under msrun the flags live in MindSpore's TCP key-value store instead (module docstring): every
-       rank first marks its arrival; each wait is bounded by ``timeout`` (reading: by ``timeout`` from the
-       start, at least ``min(timeout, 30)`` s after this rank's own read), and a ``TimeoutError`` names the
-       ranks that never reached the handshake (dead, or alive but stuck) and those still working. A rank
-       that fails marks itself failed, so the others stop at their next poll.
+       with ``TimeoutError`` once ``timeout`` seconds have passed, and checks the board between two units of
+       its work (one checkpoint read, one chunk), stopping when another rank failed.
+    2. Every root posts ``prepared`` (done or failed) and every rank waits until all roots are done or one
+       failed. On failure every rank raises -- the root its own error, the others a ``RuntimeError`` naming
+       it -- so no rank is left waiting in a later collective.
+    3. Every rank reads only its own block of rows from the finished file (memory map) and posts ``read``;
+       the wait on every rank turns any read failure into an error on all ranks.
+
+    The board's transport decides how a wait is bounded. Under msrun (MindSpore's TCP store) every rank
+    first marks its arrival; each wait is bounded by ``timeout`` (reading: by ``timeout`` from the start, at
+    least ``min(timeout, 30)`` s after this rank's own read), and a ``TimeoutError`` names the ranks that never
+    reached the handshake (dead, or alive but stuck) and those still working; a rank that fails marks itself
+    failed, so the others stop at their next poll. Over collectives (no scheduler address) every wait is a
+    loop of tiny AllGathers, one per unit of the roots' work, bounded by the backend's collective timeout.
 
     Args:
         specs: ``(name, shape)`` of the trainable parameters in network order.
@@ -312,7 +143,8 @@ def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_pa
 
     Raises:
         ValueError: neither source given, bad shapes, too few checkpoints (see :func:`compute_pca_matrix`).
-        TimeoutError: the root ran out of ``timeout``.
+        TimeoutError: the root ran out of ``timeout``; under msrun also a rank that did not arrive or finish in
+            time (named).
         RuntimeError: another rank failed to prepare or read the matrix.
     """
     rank, world = comm.get_rank(), comm.get_size()
@@ -324,37 +156,44 @@ def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_pa
     if pca_mat_path and not str(pca_mat_path).endswith(".npy"):
         raise ValueError(f"dim_reduce.pca_mat_path={pca_mat_path!r} must name a .npy file.")
     target = str(pca_mat_path) if pca_mat_path else os.path.join(str(weight_load_dir), DEFAULT_PCA_FILE_NAME)
-    address = comm.status_store_address() if world > 1 else None
-    if address is not None:
-        return _prepare_with_store(address, target, specs, n_components, num_weights, pca_mat_path,
-                                   weight_load_dir, timeout, progress, rank, world, per_server)
-    status = _StatusExchange(range(0, world, per_server))
-    error = None
-    if rank % per_server == 0:
+    start = time.monotonic()
+    board = comm.open_status_board(comm.Handshake(key="pca_handshake", name="the PCA handshake",
+                                                  timeout=float(timeout), timeout_name="dim_reduce.timeout",
+                                                  outcome="dim_reduce cannot start"))
+    roots = list(range(0, world, per_server))
+    root = rank - rank % per_server
+    error: Optional[BaseException] = None
+    if rank == root:
         try:
             _root_prepare(target, specs, n_components, num_weights, pca_mat_path, weight_load_dir, timeout,
-                          progress, status.tick)
-        except _PeerFailed as exc:  # the exchange that showed it was the last one for every rank
-            raise RuntimeError(f"rank {rank}: rank(s) {exc.args[0]} failed to prepare the PCA matrix "
-                               f"(see their error); dim_reduce cannot start.") from None
-        except Exception as exc:  # noqa: BLE001 -- any failure must reach the other ranks, then re-raise
+                          progress, board.check)
+        except comm.PeerFailed as exc:  # the board's last word for every rank: nobody waits for this one
+            raise RuntimeError(f"rank {rank}: rank(s) {exc.ranks} failed during the PCA handshake (see their "
+                               f"error); dim_reduce cannot start.") from None
+        except BaseException as exc:  # noqa: BLE001 -- any failure must reach the other ranks, then re-raise
             error = exc
-        flags = status.wait(status.FAILED if error is not None else status.DONE)
-    else:
-        flags = status.wait(status.BUSY)
+        _post(board, "prepared", error)
+    # a root stops at its own deadline (timeout after it arrived); allow a little for its report
+    settled = board.wait("prepared", roots, start + float(timeout) + 2.0, f"preparing the PCA matrix {target!r}")
     if error is not None:
         raise error
-    if status.failed(flags):
+    if settled.unfinished:
         raise RuntimeError(f"rank {rank}: the PCA matrix could not be prepared by server root rank(s) "
-                           f"{status.failed(flags)} (see their error); dim_reduce cannot start.")
+                           f"{settled.unfinished} (see their error); dim_reduce cannot start.")
+    if settled.failed:
+        raise RuntimeError(f"rank {rank}: rank(s) {settled.failed} failed during the PCA handshake (see their "
+                           f"error); dim_reduce cannot start.")
     try:
         rows = _read_rows(target, n_components, num_weights, rank, world)
-    except Exception as exc:  # noqa: BLE001 -- reported to every rank first
+    except BaseException as exc:  # noqa: BLE001 -- reported to every rank first
         error = exc
-    failed = status.failed(status.exchange(status.FAILED if error is not None else status.DONE))
+    _post(board, "read", error)
+    deadline = max(start + float(timeout), time.monotonic() + min(float(timeout), 30.0))
+    settled = board.wait("read", range(world), deadline, f"reading the PCA matrix {target!r}")
     if error is not None:
         raise ValueError(f"rank {rank} cannot read the PCA matrix {target!r} prepared by its server's root "
-                         f"rank {rank - rank % per_server}: {error}") from error
-    if failed:
-        raise RuntimeError(f"rank(s) {failed} could not read the PCA matrix {target!r}; dim_reduce cannot start.")
+                         f"rank {root}: {error}") from error
+    if settled.failed:
+        raise RuntimeError(f"rank {rank}: rank(s) {settled.failed} could not read the PCA matrix {target!r} (see "
+                           f"their error); dim_reduce cannot start.")
     return rows

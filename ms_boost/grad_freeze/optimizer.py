@@ -39,6 +39,29 @@ def _take(values, indices):
     return out
 
 
+# Graph mode's Momentum fast path (see FreezeOpt._momentum_atom): a frozen atom's ApplyMomentum runs with a zero
+# gradient, a zero learning rate and a momentum of one, which leaves its weights and moments as they were.
+_apply_momentum = ops.MultitypeFuncGraph("freeze_apply_momentum")
+_times = ops.MultitypeFuncGraph("freeze_times")
+
+
+@_apply_momentum.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _apply_momentum_tensor(kernel, momentum, learning_rate, gradient, weight, moment):
+    return ops.depend(True, kernel(weight, moment, learning_rate, gradient, momentum))
+
+
+@_times.register("Tensor", "Tensor")
+def _times_tensor(factor, value):
+    if value.dtype != factor.dtype:  # decided when compiling: no Cast operator for float32 gradients
+        factor = factor.astype(value.dtype)
+    return value * factor
+
+
+def _momentum_fast_path(inner) -> bool:
+    """Whether ``inner`` runs MindSpore's own ``nn.Momentum`` step (possibly with ms_boost's GC mixin)."""
+    return isinstance(inner, nn.Momentum) and type(inner).construct is nn.Momentum.construct
+
+
 def _flatten_group(group, what: str) -> List[Parameter]:
     if not isinstance(group, (list, tuple)):
         raise TypeError(f"FreezeOpt: each element of train_parameter_groups must be a list of Parameters or of "
@@ -190,6 +213,15 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
             self.learning_rate = inners[0].learning_rate
             self.atom_lrs = ()
         self._inners = tuple(inners)
+        # Graph mode: every inner optimizer is MindSpore's Momentum -> one straight graph without control flow
+        self.momentum_fast = all(not isinstance(o, nn.LARS) and _momentum_fast_path(o) for o in opts)
+        self.always_trained = tuple(bool(v) for v in self._mask.all(axis=0))  # atoms that every train set holds
+        self.atom_step_read = tuple(bool(o.is_group_lr and o.dynamic_lr or o.dynamic_weight_decay) for o in inners)
+        # per train set and atom: 1.0 / 0.0 (trained or not) and the momentum ApplyMomentum gets (its own, or 1.0)
+        momenta = np.array([float(o.momentum.asnumpy()) if self.momentum_fast else 0.0 for o in inners], np.float32)
+        self.train_factor = Tensor(self._mask.astype(np.float32))
+        self.unstack = ops.Unstack(axis=0)
+        self.train_momentum = Tensor(np.where(self._mask, momenta[None, :], np.float32(1.0)).astype(np.float32))
         self._atom_step_cells = {}  # inner optimizer -> its compiled PyNative step (_AtomStep), built on first use
         self._atom_steps_compiled = set()  # inner optimizers whose PyNative step has run (been compiled) once
 
@@ -383,13 +415,59 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
     def construct(self, gradients):
         """Graph-mode step: the groups of this step selected on the device from :attr:`train_strategy`."""
         step = self.global_step
-        row = self.train_mask[self.train_strategy[step % self.period]][0]
+        index = self.train_strategy[step % self.period]
         done = step
-        for a in range(self.n_atoms):
-            if row[a]:
-                done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
+        if self.momentum_fast:
+            factors = self.unstack(self.train_factor[index][0])  # one operator for every atom's scalar
+            momenta = self.unstack(self.train_momentum[index][0])
+            for a in range(self.n_atoms):
+                grads = _take(gradients, self.atom_indices[a])
+                done = ops.depend(done, self._momentum_atom(a, grads, step, factors[a], momenta[a]))
+        else:
+            row = self.train_mask[index][0]
+            for a in range(self.n_atoms):
+                if row[a]:
+                    done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
         done = ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
         return done
+
+    def _momentum_atom(self, a, grads, step, factor, momentum):
+        """Graph mode, Momentum: inner optimizer ``a``'s step written without control flow.
+
+        Its gradients pass through its own weight decay, gradient centralization and loss-scale division, as in
+        ``nn.Momentum``; when the schedule freezes the atom (``factor`` 0.0), its ApplyMomentum runs with the
+        gradient and the learning rate multiplied by zero and a momentum of one, so that ``moment = 1 * moment + 0``
+        and ``weight = weight - 0 * moment`` leave both as they were. A tensor-conditioned ``if`` per atom (the general
+        path) makes MindSpore 2.10 compile a sub-graph per atom and run it through its control-flow runtime: on the
+        zoo's GEMM ResNet-10 (CPU) that made the step 1.3x O0's (``bench/results/o1_parts.md``).
+        """
+        inner = self._inners[a]
+        done = step
+        if self.atom_step_read[a]:  # its own counter drives a per-group dynamic lr or a dynamic weight decay
+            done = ops.assign(self.atom_steps[a], step)
+            grads = ops.depend(grads, done)
+        grads = inner.decay_weight(grads)
+        grads = inner.gradients_centralization(grads)
+        grads = inner.scale_grad(grads)
+        if inner.is_group_lr:
+            lr = inner.get_lr()
+        else:  # one learning rate for every atom: the FreezeOpt's (read once per step by the graph's CSE)
+            lr = self.get_lr()
+        if self.always_trained[a]:
+            momentum = inner.momentum
+        else:  # factor 1.0 or 0.0; momentum: the atom's own, or 1.0 (train_momentum)
+            grads = inner.map_(ops.partial(_times, factor), grads)
+            if inner.is_group_lr:
+                lr = inner.map_(ops.partial(_times, factor), lr)
+            else:
+                lr = lr * factor
+        if inner.is_group_lr:
+            applied = inner.hyper_map_reverse(ops.partial(_apply_momentum, inner.opt, momentum), lr, grads,
+                                              inner.params, inner.moments)
+        else:
+            applied = inner.hyper_map_reverse(ops.partial(_apply_momentum, inner.opt, momentum, lr), grads,
+                                              inner.params, inner.moments)
+        return ops.depend(done, applied)
 
 
 class _AtomStep(nn.Cell):

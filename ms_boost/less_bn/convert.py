@@ -42,7 +42,7 @@ from mindspore import nn
 from mindspore.nn.layer.normalization import _BatchNorm
 from mindspore.ops.primitive import Primitive
 
-from ms_boost.fn_head import CommonHeadLastFN, l2_normalize
+from ms_boost.fn_head import CommonHeadLastFN, default_fn_scale, l2_normalize
 from ms_boost.grad_process import OptimizerProcess, ParameterProcess
 
 logger = logging.getLogger("ms_boost")
@@ -332,12 +332,14 @@ def _prefix(cell: nn.Cell) -> str:
     return name.rsplit(".", 1)[0] if "." in name else ""
 
 
-def convert_less_bn(network: nn.Cell, fn_flag: bool = False) -> LessBNReport:
+def convert_less_bn(network: nn.Cell, fn_flag: bool = False, fn_scale: Optional[float] = None) -> LessBNReport:
     """Convert ``network`` **in place**: remove the redundant BatchNorm layers, optionally add the FN head.
 
     Args:
         network: any Cell tree (a backbone or a loss network around it).
         fn_flag: replace the last Dense layer by :class:`CommonHeadLastFN` (sharing its weight).
+        fn_scale: the new head's starting multiplier; None: :func:`~ms_boost.fn_head.default_fn_scale` of its
+            number of classes (upstream starts at 1.0).
 
     Returns:
         A :class:`LessBNReport`. Converting a converted network again changes nothing.
@@ -349,6 +351,9 @@ def convert_less_bn(network: nn.Cell, fn_flag: bool = False) -> LessBNReport:
         raise TypeError(f"LessBN: network must be a mindspore.nn.Cell, got {type(network).__name__}.")
     if not isinstance(fn_flag, bool):
         raise TypeError(f"LessBN: fn_flag must be a bool, got {fn_flag!r}.")
+    if fn_scale is not None and (isinstance(fn_scale, bool) or not isinstance(fn_scale, (int, float))
+                                 or not 0 < fn_scale < float("inf")):
+        raise ValueError(f"LessBN: fn_scale={fn_scale!r} is not allowed; allowed: None or a number > 0.")
     report = LessBNReport()
     for slot in _bn_slots_to_remove(network):
         report.removed_bn.append(_prefix(slot.cell()))
@@ -367,7 +372,9 @@ def convert_less_bn(network: nn.Cell, fn_flag: bool = False) -> LessBNReport:
             else:
                 slot, layer = dense[-1]
                 weight_name = layer.weight.name
-                head = CommonHeadLastFN(layer.in_channels, layer.out_channels, layer.weight, has_bias=False)
+                scale = default_fn_scale(layer.out_channels) if fn_scale is None else float(fn_scale)
+                head = CommonHeadLastFN(layer.in_channels, layer.out_channels, layer.weight, has_bias=False,
+                                        multiplier_init=scale)
                 _replace(slot, head)
                 prefix = weight_name[:-len("weight")] if weight_name.endswith("weight") else weight_name + "."
                 head.weight.name = weight_name
@@ -387,6 +394,7 @@ class LessBN(nn.Cell):
     Args:
         network: the network (a backbone or a loss network).
         fn_flag: replace the last Dense layer by :class:`CommonHeadLastFN`.
+        fn_scale: its starting multiplier (None: :func:`~ms_boost.fn_head.default_fn_scale`; 1.0 is upstream's).
 
     Attributes:
         report: the :class:`LessBNReport` of the conversion.
@@ -395,9 +403,9 @@ class LessBN(nn.Cell):
         - **\*inputs** -- whatever ``network`` takes.
     """
 
-    def __init__(self, network: nn.Cell, fn_flag: bool = False):
+    def __init__(self, network: nn.Cell, fn_flag: bool = False, fn_scale: Optional[float] = None):
         super().__init__(auto_prefix=False)
-        self.report = convert_less_bn(network, fn_flag)
+        self.report = convert_less_bn(network, fn_flag, fn_scale)
         self.network = network
 
     def construct(self, *inputs):
@@ -419,14 +427,15 @@ def apply_less_bn(network: nn.Cell, optimizer: nn.Optimizer, less_bn_cfg, common
     Args:
         network: the loss network.
         optimizer: the user's optimizer (left untouched; a new one is returned).
-        less_bn_cfg: object with ``fn_flag`` and ``gc_flag``.
+        less_bn_cfg: object with ``fn_flag`` and ``gc_flag`` (and optionally ``fn_scale``).
         common_cfg: object with ``gradient_split_groups``.
 
     Returns:
         ``(LessBN(network), new_optimizer)``.
     """
     existing = {id(p) for p in network.trainable_params()}
-    wrapped = network if isinstance(network, LessBN) else LessBN(network, fn_flag=less_bn_cfg.fn_flag)
+    wrapped = network if isinstance(network, LessBN) else LessBN(network, fn_flag=less_bn_cfg.fn_flag,
+                                                                 fn_scale=getattr(less_bn_cfg, "fn_scale", None))
     process = OptimizerProcess(optimizer)
     # the parameters the user's optimizer trained (minus removed ones) plus those the conversion created
     held = {id(p) for p in optimizer.parameters}
@@ -454,4 +463,4 @@ def apply_less_bn_eval(network: nn.Cell, less_bn_cfg) -> nn.Cell:
     """
     if isinstance(network, LessBN):
         return network
-    return LessBN(network, fn_flag=less_bn_cfg.fn_flag)
+    return LessBN(network, fn_flag=less_bn_cfg.fn_flag, fn_scale=getattr(less_bn_cfg, "fn_scale", None))

@@ -307,6 +307,10 @@ class ThorModelHooks(OptimizerHooks):
         return (f"optimizer: THOR from thor() over {opt.n_layers} THOR layers, factors and inverses refreshed every "
                 f"{opt.frequency} steps")
 
+    def is_first_order(self) -> bool:
+        """THOR is a second-order method (``Model(boost_level="auto")`` refuses it: THOR is one of its candidates)."""
+        return False
+
     def callbacks(self) -> List[Any]:
         """THOR's guard callback."""
         return [self.optimizer.training_guard()]

@@ -60,9 +60,11 @@ class ThorGuard(Callback):
             self._variants.select(getattr(run_context.original_args(), "train_network", None))
 
     def on_train_end(self, run_context):
+        """Back to the default graph (whatever compiles after training, e.g. an evaluation, gets it)."""
         self._variants.restore(getattr(run_context.original_args(), "train_network", None))
 
     def on_train_step_end(self, run_context):
+        """Log new health events; count a non-finite step and stop the run after too many in a row."""
         args = run_context.original_args()
         self._variants.restore(getattr(args, "train_network", None))
         step = int(getattr(args, "cur_step_num", 0))

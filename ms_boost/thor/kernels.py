@@ -17,7 +17,7 @@ __all__ = [
     "pick_direction", "preconditioned_dot", "scale_preconditioned", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
     "cholesky_inverse", "eigen_inverse", "blocks_bad", "job_inverse", "precondition", "trace", "zero_unless",
-    "layer_bad", "MAP", "CONCAT",
+    "direction_sum", "MAP", "CONCAT",
 ]
 
 def dot(x, y):
@@ -57,7 +57,7 @@ job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
 trace = ops.MultitypeFuncGraph("thor_trace")
 zero_unless = ops.MultitypeFuncGraph("thor_zero_unless")
-layer_bad = ops.MultitypeFuncGraph("thor_layer_bad")
+direction_sum = ops.MultitypeFuncGraph("thor_direction_sum")
 MAP = ops.Map()
 CONCAT = ops.Concat(0)
 
@@ -300,10 +300,9 @@ def _zero_unless_tensor(keep, grad):
     return ops.where(keep, grad, ops.zeros_like(grad))
 
 
-@layer_bad.register("Tuple", "Number", "Number")
-def _layer_bad_tuple(directions, weight_index, bias_index):
-    """Whether the update of one THOR layer (its weight, and its bias when preconditioned with it) holds inf/NaN."""
-    ok = thor_math.all_finite(directions[weight_index])
-    if bias_index >= 0:
-        ok = ops.logical_and(ok, thor_math.all_finite(directions[bias_index]))
-    return ops.logical_not(ok)
+@direction_sum.register("Number", "Tensor")
+def _direction_sum_tensor(layer, direction):
+    """Sum of a THOR layer's direction (float32 scalar; inf/NaN in it make it non-finite); 0 for other parameters."""
+    if layer >= 0:
+        return REDUCE_SUM(ops.cast(direction, ms.float32), ())
+    return ops.zeros((), ms.float32)

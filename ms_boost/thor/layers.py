@@ -22,6 +22,8 @@ control flow and Parameters in Graph mode); both only read the layer's Parameter
 """
 from __future__ import annotations
 
+from typing import Tuple, Union
+
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -159,10 +161,11 @@ def _write_output_statistic(spec, scratch, dout, loss_scale):
 
 
 class _CaptureCell(nn.Cell):
-    """Base of the two capture cells: in PyNative mode with a :class:`CaptureGate` they run as plain Python
-    (the flag from the gate, no device-side branch); otherwise as an ordinary Cell (Graph mode: the flag is
-    tested on the device inside the compiled step, unless :attr:`static` fixes it while a step variant is
-    compiled).
+    """Base of the two capture cells.
+
+    In PyNative mode with a :class:`CaptureGate` they run as plain Python (the flag from the gate, no
+    device-side branch); otherwise as an ordinary Cell (Graph mode: the flag is tested on the device inside the
+    compiled step, unless :attr:`static` fixes it while a step variant is compiled).
 
     Attributes:
         static: None: test the flag on the device; True / False: always / never capture (a compile-time
@@ -267,6 +270,8 @@ class ThorLayer(nn.Cell):
             self.matrix_a = Parameter(_zeros(a_shape), name="matrix_a", requires_grad=False)
             self.matrix_g = Parameter(_zeros(g_shape), name="matrix_g", requires_grad=False)
         # insert_child_to_cell: children must not rename the Parameters they share with this layer
+        # False only while the plain step variant compiles: then no capture cell or gradient hook is in the graph
+        self.capturing = True
         self.insert_child_to_cell("a_capture", _InputCapture(self))
         self.insert_child_to_cell("g_capture", _OutputGradientCapture(self))
         self.g_hook = ops.InsertGradientOf(self.g_capture)
@@ -286,15 +291,22 @@ class ThorLayer(nn.Cell):
         self.g_capture.loss_scale = loss_scale
 
     def set_capture_gate(self, gate) -> None:
-        """Let PyNative steps read this layer's capture flag through ``gate`` (a :class:`CaptureGate` holding
-        :attr:`thor_capture`; None: test the flag on every call). The THOR optimizer sets it."""
+        """Let PyNative steps read this layer's capture flag through ``gate``.
+
+        ``gate`` is a :class:`CaptureGate` holding :attr:`thor_capture`; None: test the flag on every call. The
+        THOR optimizer sets it.
+        """
         if gate is not None and not any(f is self.thor_capture for f in gate.flags):
             raise ValueError(f"{self.cls_name}.set_capture_gate: the gate does not hold this layer's thor_capture.")
         self.a_capture.gate = gate
         self.g_capture.gate = gate
 
     def set_static_capture(self, value) -> None:
-        """Compile this layer's capture as always (True), never (False) or flag-tested on the device (None)."""
+        """Compile this layer's capture as always (True), never (False) or flag-tested on the device (None).
+
+        Never: the capture cells and the output-gradient hook are left out of the graph altogether.
+        """
+        self.capturing = value is not False
         self.a_capture.static = value
         self.g_capture.static = value
 
@@ -351,7 +363,8 @@ class DenseThor(ThorLayer):
         self._init_thor((1, a_dim, a_dim), (1, out_channels, out_channels), 1, has_bias, factor_decay)
 
     def construct(self, x):
-        if self.training:
+        """The layer's output; in training, with its capture on, it records A (forward) and G (backward)."""
+        if self.training and self.capturing:
             x = self.a_capture(x)
         x_shape = x.shape
         if len(x_shape) != 2:
@@ -361,13 +374,14 @@ class DenseThor(ThorLayer):
             y = self.bias_add(y, self.bias)
         if len(x_shape) != 2:
             y = y.reshape(x_shape[:-1] + (self.out_channels,))
-        if self.training:
+        if self.training and self.capturing:
             y = self.g_hook(y)
         if self.activation_flag:
             y = self.activation(y)
         return y
 
     def extend_repr(self):
+        """The layer's settings, as ``print(layer)`` shows them."""
         return (f"input_channels={self.in_channels}, output_channels={self.out_channels}, "
                 f"has_bias={self.has_bias}, activation={self.activation}, factor_decay={self.factor_decay}")
 
@@ -407,6 +421,7 @@ class Conv2dThor(ThorLayer):
         if not isinstance(pad_mode, str) or pad_mode.lower() not in ("same", "valid", "pad"):
             raise ValueError(f"{cls}: pad_mode={pad_mode!r} must be one of 'same', 'valid', 'pad'.")
         self.pad_mode = pad_mode.lower()
+        self.padding: Union[int, Tuple[int, ...]]
         if isinstance(padding, int) and not isinstance(padding, bool) and padding >= 0:
             self.padding = padding
         elif isinstance(padding, tuple) and len(padding) == 4 and all(
@@ -446,7 +461,8 @@ class Conv2dThor(ThorLayer):
         self._init_thor((group, a_dim, a_dim), (group, g_dim, g_dim), group, has_bias, factor_decay)
 
     def construct(self, x):
-        if self.training:
+        """The layer's output; in training, with its capture on, it records A (forward) and G (backward)."""
+        if self.training and self.capturing:
             x = self.a_capture(x)
         if self.gemm:
             y = conv2d_gemm(x, self.weight, self.kernel_size, self.stride, self._pads, self.dilation,
@@ -455,11 +471,12 @@ class Conv2dThor(ThorLayer):
             y = self.conv2d(x, self.weight)
         if self.has_bias:
             y = self.bias_add(y, self.bias)
-        if self.training:
+        if self.training and self.capturing:
             y = self.g_hook(y)
         return y
 
     def extend_repr(self):
+        """The layer's settings, as ``print(layer)`` shows them."""
         return (f"input_channels={self.in_channels}, output_channels={self.out_channels}, "
                 f"kernel_size={self.kernel_size}, stride={self.stride}, pad_mode={self.pad_mode}, "
                 f"padding={self.padding}, dilation={self.dilation}, group={self.group}, has_bias={self.has_bias}, "
@@ -510,7 +527,8 @@ class EmbeddingThor(ThorLayer):
         self._init_thor((vocab_size,), (1, embedding_size, embedding_size), 1, False, factor_decay)
 
     def construct(self, ids):
-        if self.training:
+        """The embedding lookup; in training, with its capture on, it records A (forward) and G (backward)."""
+        if self.training and self.capturing:
             ids = self.a_capture(ids)
         out_shape = ids.shape + (self.embedding_size,)
         flat = ids.reshape(-1)
@@ -519,11 +537,12 @@ class EmbeddingThor(ThorLayer):
         else:
             rows = self.gather(self.embedding_table, flat, 0)
         out = rows.reshape(out_shape)
-        if self.training:
+        if self.training and self.capturing:
             out = self.g_hook(out)
         return out
 
     def extend_repr(self):
+        """The layer's settings, as ``print(layer)`` shows them."""
         return (f"vocab_size={self.vocab_size}, embedding_size={self.embedding_size}, "
                 f"use_one_hot={self.use_one_hot}, padding_idx={self.padding_idx}, factor_decay={self.factor_decay}")
 

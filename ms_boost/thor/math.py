@@ -476,8 +476,9 @@ def clip_by_norm(x: Tensor, max_norm: float) -> Tensor:
 
 def momentum_step(weight: Tensor, moment: Tensor, grad: Tensor, lr: Tensor, momentum: Tensor,
                   nesterov: bool) -> Tuple[Tensor, Tensor]:
-    r"""Heavy-ball or Nesterov momentum: :math:`v' = m v + g`, :math:`w' = w - \eta v'` (Nesterov:
-    :math:`w' = w - \eta (g + m v')`).
+    r"""Heavy-ball or Nesterov momentum.
+
+    :math:`v' = m v + g`, :math:`w' = w - \eta v'` (Nesterov: :math:`w' = w - \eta (g + m v')`).
 
     Written out rather than ``ApplyMomentum`` because that kernel ignores ``use_nesterov`` on CPU.
 

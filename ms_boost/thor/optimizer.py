@@ -38,7 +38,7 @@ from mindspore import log as logger
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_boost import comm
-from ms_boost.flat_buffers import flatten_tensors
+from ms_boost.flat_buffers import flat_layout, flatten_tensors, split_flat
 from ms_boost.thor import kernels
 from ms_boost.thor import math as thor_math
 from ms_boost.thor.assignment import LayerFactors, inverse_layout, plan_inversions
@@ -76,7 +76,7 @@ def _default_decay_filter(param) -> bool:
 
 
 class _DampingSchedule(nn.Cell):
-    """Damping :math:`\\lambda_t` of step ``t``: constant, per-step array (last value after its end) or schedule.
+    r"""Damping :math:`\lambda_t` of step ``t``: constant, per-step array (last value after its end) or schedule.
 
     Args:
         damping: float > 0; a sequence / numpy array / 1-D Tensor of floats > 0, one per step; or a
@@ -219,7 +219,13 @@ class THOR(nn.Optimizer, StageHooks):
                                              name="thor_inverted_traces", requires_grad=False)
             self.stable_refreshes = Parameter(Tensor(np.zeros(self.n_layers, np.float32)),
                                               name="thor_stable_refreshes", requires_grad=False)
-        self._layer_numbers = Tensor(np.arange(self.n_layers, dtype=np.float32))
+        # per parameter: the index of the THOR layer it belongs to; n_layers for the others (never blamed)
+        self._param_layer_numbers = Tensor(np.array([float(self.n_layers) if layer < 0 else float(layer)
+                                                     for layer in self.param_layer], np.float32))
+        # a skipped step zeroes the update on the flat buffer its finite check already built (one kernel, not
+        # two per parameter); parameters of another dtype than float32 are zeroed one by one
+        self.flat_skip = all(p.dtype == ms.float32 for p in self._parameters)
+        self.update_layout = flat_layout([p.shape for p in self._parameters])
         self._keep_on_success = Tensor(np.array([1.0, 0.0, 1.0, 0.0], np.float32))
         self._keep_on_skip = Tensor(np.array([1.0, 0.0, 0.0, 1.0], np.float32))
         self._setup_distribution(split_indices, distribute_inverses)
@@ -246,7 +252,14 @@ class THOR(nn.Optimizer, StageHooks):
             logger.warning("thor: the network has no THOR layer with a trainable weight; THOR reduces to Momentum.")
         source = [(-1, -1)] * len(self._parameters)
         kinds, w_index, b_index, trims, groups_of, g_dims, decays, slots = [], [], [], [], [], [], [], []
-        a_inv, g_inv, flags, a_batch, g_batch, a_fac, g_fac, factors = [], [], [], [], [], [], [], []
+        a_inv: list = []
+        g_inv: list = []
+        flags: list = []
+        a_batch: list = []
+        g_batch: list = []
+        a_fac: list = []
+        g_fac: list = []
+        factors: list = []
         for li, (layer, path) in enumerate(zip(layers, paths)):
             weight = layer.embedding_table if layer.kind == "embedding" else layer.weight
             source[index_of[id(weight)]] = (li, 0)
@@ -369,15 +382,21 @@ class THOR(nn.Optimizer, StageHooks):
         return self.frequency
 
     def transient_parameters(self) -> list:
-        """THOR's capture flags, scratch statistics and factors: folded in only by the optimizer step, so an
-        overflow step (whose update is skipped) needs no snapshot/restore of them."""
+        """THOR's capture flags, scratch statistics and factors.
+
+        They are folded in only by the optimizer step, so an overflow step (whose update is skipped) needs no
+        snapshot/restore of them.
+        """
         return thor_state_parameters(self._thor_network)
 
     def bind_loss_scale(self, loss_scale) -> None:
-        """Divide captured output gradients by ``loss_scale`` (a Parameter read during the backward pass, e.g. a
-        dynamic loss scale cell's ``scale_sense``, or a number). Call before the network is compiled."""
+        """Divide captured output gradients by ``loss_scale``.
+
+        ``loss_scale`` is a Parameter read during the backward pass (e.g. a dynamic loss scale cell's
+        ``scale_sense``) or a number. Call before the network is compiled.
+        """
         if isinstance(loss_scale, numbers.Real) and not isinstance(loss_scale, bool):
-            if not np.isfinite(loss_scale) or loss_scale <= 0:
+            if not np.isfinite(float(loss_scale)) or loss_scale <= 0:
                 raise ValueError(f"thor: bind_loss_scale({loss_scale!r}) needs a finite number > 0.")
             ops.assign(self.factor_loss_scale, Tensor(float(loss_scale), ms.float32))
             loss_scale = self.factor_loss_scale
@@ -529,6 +548,7 @@ class THOR(nn.Optimizer, StageHooks):
         return self.a_inverses[job // 2] if job % 2 == 0 else self.g_inverses[job // 2]
 
     def construct(self, gradients):
+        """One THOR step over ``gradients`` (see the module docstring); returns whether the update was applied."""
         params = self._parameters
         moments = self.moments
         gradients = self.scale_grad(gradients)
@@ -553,10 +573,15 @@ class THOR(nn.Optimizer, StageHooks):
                                     self.param_slot, self.param_position)
         nu = ops.ones((), ms.float32)
         new_grads = directions  # before the trust region: a NaN nu would blame every layer
+        # per parameter a scalar that is non-finite when its preconditioned direction is (0 for other parameters):
+        # <F^-1 g, g> with the trust region, else the direction's sum; it names the first bad layer of a skipped step
         if self.kl_clip > 0.0 and self.n_layers > 0:
-            vg_sum = ops.addn(self.hyper_map(kernels.preconditioned_dot, self.param_layer, directions, gradients))
+            summaries = self.hyper_map(kernels.preconditioned_dot, self.param_layer, directions, gradients)
+            vg_sum = ops.addn(summaries)
             nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
             new_grads = self.hyper_map(ops.partial(kernels.scale_preconditioned, nu), self.param_layer, directions)
+        else:
+            summaries = self.hyper_map(kernels.direction_sum, self.param_layer, directions)
         if self.weight_decay > 0.0:
             new_grads = self.hyper_map(ops.partial(kernels.decay, self.weight_decay), self.decay_flags, params,
                                        new_grads)
@@ -564,13 +589,17 @@ class THOR(nn.Optimizer, StageHooks):
             new_grads = self.hyper_map(kernels.clip_to_unit_norm, new_grads)
         # a non-finite update (gradient, preconditioned direction or nu) skips the whole step; one check
         # over all parameters at once (a per-parameter check costs four kernel launches per parameter)
-        finite = thor_math.all_finite(flatten_tensors(new_grads))
+        flat = flatten_tensors(new_grads)
+        finite = thor_math.all_finite(flat)
         # No branch on ``finite`` (a device switch cost about 0.2x a Momentum step): a skipped step runs the same
         # update with learning rate 0, momentum 1 and zero gradients, which leaves every weight and moment bit
         # for bit as it was (v = 1 v + 0, w = w - 0 v); the step counter, flags and health follow ``finite``.
         lr = ops.where(finite, lr, ops.zeros_like(lr))
         momentum = ops.where(finite, self.momentum, ops.ones_like(self.momentum))
-        new_grads = self.hyper_map(ops.partial(kernels.zero_unless, finite), new_grads)
+        if self.flat_skip:
+            new_grads = split_flat(ops.where(finite, flat, ops.zeros_like(flat)), self.update_layout)
+        else:
+            new_grads = self.hyper_map(ops.partial(kernels.zero_unless, finite), new_grads)
         if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
             success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum), params, moments, new_grads)
         else:
@@ -584,7 +613,7 @@ class THOR(nn.Optimizer, StageHooks):
         success = ops.depend(success, self.assignadd(self.global_step,
                                                      self.global_step_increase_tensor * ops.cast(finite, ms.int32)))
         success = ops.depend(success, ops.assign(self.refresh_next, ops.logical_or(self.refresh_next, skipped)))
-        bad = self._first_bad_layer(directions).reshape(1)
+        bad = self._first_bad_layer(summaries).reshape(1)
         # where, not a product with the mask: a NaN nu of a skipped step times 0 stays NaN
         keep = ops.where(finite, self._keep_on_success, self._keep_on_skip)
         kept = ops.where(keep > 0.5, self.step_health, 0.0)
@@ -594,12 +623,16 @@ class THOR(nn.Optimizer, StageHooks):
         done = ops.depend(finite, success)
         return ops.depend(done, ops.assign(self.step_health, (kept + new).astype(ms.float32)))
 
-    def _first_bad_layer(self, directions):
-        """Index (float) of the first THOR layer whose update holds inf/NaN; -1 if none does."""
+    def _first_bad_layer(self, summaries):
+        """Index (float) of the first THOR layer whose update holds inf/NaN; -1 if none does.
+
+        ``summaries``: per parameter a scalar that is non-finite when its preconditioned direction is (one stack
+        and one reduction, not a finite test per layer).
+        """
         if self.n_layers == 0:
             return ops.zeros((), ms.float32) - 1.0
-        bad = ops.stack(kernels.MAP(ops.partial(kernels.layer_bad, directions), self.weight_index, self.bias_index))
-        index = ops.where(bad, self._layer_numbers, float(self.n_layers))
+        values = ops.stack(summaries)
+        index = ops.where(ops.isfinite(values), float(self.n_layers), self._param_layer_numbers)
         first = _REDUCE_MIN(index, ())
         return ops.where(first >= float(self.n_layers), ops.zeros((), ms.float32) - 1.0, first)
 
@@ -628,20 +661,24 @@ class THOR(nn.Optimizer, StageHooks):
         """Make every THOR layer capture its statistics at the next step (diagnostics; changes no update).
 
         The flags are written in place (``set_data`` would give them new memory, and the compiled PyNative step
-        would be compiled again at the next step)."""
+        would be compiled again at the next step).
+        """
         for flag in self.capture_flags:
             ops.assign(flag, Tensor(True, ms.bool_))
         self._capture_gate.clear()
 
     def __call__(self, *args, **kwargs):
-        """PyNative: the whole step runs as one compiled graph -- the step called in Graph mode, the mode
-        restored afterwards -- instead of hundreds of small per-layer operations, and without host round-trips
-        (the refresh and skip decisions are taken on the device). A compiled graph keeps writing to the memory
+        """Run the step; in PyNative mode as one compiled graph.
+
+        PyNative: the step is called in Graph mode, the mode restored afterwards, instead of hundreds of small
+        per-layer operations, and without host round-trips (the refresh and skip decisions are taken on the
+        device). A compiled graph keeps writing to the memory
         its Parameters had when it was compiled, so it is compiled again when a Parameter's data was replaced
         (``set_data``, e.g. a loaded checkpoint). Not when the collectives of a multi-rank run come from a
         stand-in backend (``comm.use_backend``, a test's loopback world), which runs only op by op. Either way
         the step rewrites the capture flags, so the layers' :class:`~ms_boost.thor.layers.CaptureGate` reads
-        them again at the next forward pass."""
+        them again at the next forward pass.
+        """
         try:
             if (self.compile_pynative_step and len(args) == 1 and not kwargs
                     and ms.get_context("mode") == ms.PYNATIVE_MODE):
@@ -680,9 +717,12 @@ _CALL_DEPTH = {"raised_to": 0}
 
 
 def _ensure_call_depth(n_layers: int) -> None:
-    """Raise MindSpore's graph call-depth limit (``mindspore.set_recursion_limit``, default 1000) for THOR's
-    per-layer refresh and preconditioning, which Graph mode unrolls into nested calls (about 10 levels per
-    layer). Only ever raised, never lowered below a value ms_boost set before; logged once per change."""
+    """Raise MindSpore's graph call-depth limit for THOR's layers.
+
+    ``mindspore.set_recursion_limit`` (default 1000): THOR's per-layer refresh and preconditioning unroll into
+    nested calls in Graph mode (about 10 levels per layer). Only ever raised, never lowered below a value
+    ms_boost set before; logged once per change.
+    """
     needed = 1000 + 40 * max(0, n_layers - 12)  # the guarded refresh unrolls more per-layer loops
     if needed > max(1000, _CALL_DEPTH["raised_to"]):
         ms.set_recursion_limit(needed)

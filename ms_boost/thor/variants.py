@@ -68,8 +68,10 @@ class StepVariants:
         return variant
 
     def restore(self, cell: nn.Cell) -> None:
-        """Back to the default graph with device-side switches (for whatever compiles next, e.g. a sink graph);
-        nothing to do when :meth:`select` chose no variant."""
+        """Back to the default graph with device-side switches (for whatever compiles next, e.g. a sink graph).
+
+        Nothing to do when :meth:`select` chose no variant.
+        """
         if self._restore_phase is None:
             return
         self._set(None, None)
@@ -100,6 +102,7 @@ class ThorTrainStep:
         self.variants = StepVariants(optimizer)
 
     def __call__(self, *inputs):
+        """One train step of the wrapped cell, in the variant the host chose; returns the cell's output."""
         self.variants.select(self.cell)
         try:
             return self.cell(*inputs)

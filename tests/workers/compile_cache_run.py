@@ -1,7 +1,8 @@
 """Worker for tests/test_compile_cache.py: one short training of a small MLP through ``ms_boost.Model``.
 
-Usage: ``compile_cache_run.py CACHE_DIR ACCUMULATION_STEPS`` -- Graph mode with MindSpore's compile cache on in
-CACHE_DIR; prints ``WEIGHTS <json list>`` (the last layer's weights after one epoch) and ``CACHE <path>``.
+Usage: ``compile_cache_run.py CACHE_DIR ACCUMULATION_STEPS [ACCUMULATION_STEPS ...]`` -- Graph mode with MindSpore's
+compile cache on in CACHE_DIR, one model per step count, in order; prints ``WEIGHTS <json list>`` per model (the last
+layer's weights after one epoch) and ``CACHE <path>`` (the cache path at the end).
 The test calls :func:`train` in its own process (PyNative, no cache) for the reference.
 """
 import json
@@ -32,6 +33,7 @@ def train(accumulation_steps: int) -> np.ndarray:
 if __name__ == "__main__":
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE, enable_compile_cache=True, compile_cache_path=sys.argv[1])
-    weights = train(int(sys.argv[2]))
-    print("WEIGHTS " + json.dumps(weights.tolist()))
+    for steps in sys.argv[2:]:
+        weights = train(int(steps))
+        print("WEIGHTS " + json.dumps(weights.tolist()), flush=True)
     print("CACHE " + ms.get_context("compile_cache_path"))

@@ -15,6 +15,8 @@ Each scenario saves its arrays under ``<scenario>/``; every rank runs every scen
   mode the ``thor`` model goes on over the poisoned steps (one THOR compilation for both), in PyNative a fresh one.
 * ``autotune``: ``Model(boost_level="auto")`` on rank shards (tests/workers/autotune_scenario.py): one pick on
   every rank.
+* ``divergence``: DivergenceRollback where only rank 1's learning rate spikes (tests/workers/divergence_rollback.py):
+  both ranks roll back together.
 * ``handshake_stuck``: the PCA handshake with rank 1 alive but stuck before it (tests/workers/handshake_stuck.py);
   last, since it ends in an error on every rank.
 """
@@ -114,6 +116,7 @@ def thor_scenario(rank: int, size: int) -> tuple:
 def main() -> None:
     from tests.test_loss_scale import overflow_on_rank_1
     from tests.workers.autotune_scenario import autotune_scenario
+    from tests.workers.divergence_rollback import divergence_scenario
     from tests.workers.handshake_stuck import stuck_scenario
     from tests.workers.thor_nonfinite import nonfinite_scenario
 
@@ -133,6 +136,7 @@ def main() -> None:
                       ("", thor_both),
                       ("thor_nonfinite", lambda: nonfinite_scenario(rank, size)),
                       ("autotune", lambda: autotune_scenario(rank, size)),
+                      ("divergence", lambda: divergence_scenario(rank)),
                       ("handshake_stuck", lambda: stuck_scenario(os.path.join(work_dir, "stage1_stuck"),
                                                                  os.path.join(work_dir, "p_stuck.npy")))):
         results.update({f"{name}/{k}" if name else k: v for k, v in run().items()})

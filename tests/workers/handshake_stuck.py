@@ -2,7 +2,7 @@
 tests/workers/e2e_graph.py (checked by tests/test_msrun_e2e.py::test_a_stuck_rank_is_named_within_the_handshake_...).
 
 Every rank calls ``prepare_pca_matrix`` with ``timeout``; rank ``stuck`` first sleeps ``sleep`` seconds. Each rank
-returns the error it got (or its rows) and the seconds it spent inside the handshake.
+returns the error it got (or its rows) and the seconds it spent inside the handshake; the ranks leave together.
 """
 import time
 
@@ -26,6 +26,10 @@ def stuck_scenario(ckpt_dir: str, pca_path: str, timeout: float = TIMEOUT, stuck
     start = time.monotonic()
     try:
         rows = prepare_pca_matrix(specs, 2, pca_path, ckpt_dir, timeout=timeout, progress=None)
-        return {"error": np.array(""), "elapsed": np.array(time.monotonic() - start), "rows": rows}
+        result = {"error": np.array(""), "elapsed": np.array(time.monotonic() - start), "rows": rows}
     except Exception as exc:  # noqa: BLE001 -- the test reads the message
-        return {"error": np.array(f"{type(exc).__name__}: {exc}"), "elapsed": np.array(time.monotonic() - start)}
+        result = {"error": np.array(f"{type(exc).__name__}: {exc}"), "elapsed": np.array(time.monotonic() - start)}
+    # rank 0 serves the status store: it stays alive until the late rank has had its answer (a store client whose
+    # server process exits under it may crash inside MindSpore, seen once as a SIGSEGV of rank 1 under load)
+    comm.barrier()
+    return result

@@ -1,8 +1,7 @@
-"""Communication layer of ms_boost.
+"""Ranks, groups and collectives: the part of :mod:`ms_boost.comm` that talks to :mod:`mindspore.communication`.
 
-This is the only module that talks to :mod:`mindspore.communication`. It works the same over HCCL
-(Ascend), NCCL (GPU) and MCCL (CPU under ``msrun``): nothing here names a backend, a group literal
-or a device count. When communication has not been initialised (a plain single-process run) every
+It works the same over HCCL (Ascend), NCCL (GPU) and MCCL (CPU under ``msrun``): nothing here names a backend, a
+group literal or a device count. When communication has not been initialised (a plain single-process run) every
 collective is the identity, :func:`get_size` is 1 and :func:`get_rank` is 0, so algorithm code never
 branches on "distributed or not".
 
@@ -14,27 +13,24 @@ Cells (usable inside ``construct`` in PyNative and Graph mode):
 * :class:`GradReducer` -- data-parallel reduction of a tuple of gradients.
 
 Functions (Python side, at build time): :func:`is_initialized`, :func:`get_rank`, :func:`get_size`,
-:func:`world_group`, :func:`create_group`, :func:`server_groups`, :func:`barrier`,
+:func:`world_group`, :func:`create_group`, :func:`server_size`, :func:`server_ranks`, :func:`server_groups`,
+:func:`barrier`,
 :func:`data_parallel_reduce_config`, and :func:`use_backend`, through which tests serve all of the above from
 an in-process loopback world of N simulated ranks (``tests/helpers/loopback.py``).
 """
 from __future__ import annotations
 
 import hashlib
-import importlib
-import os
-import time
-from datetime import timedelta
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.communication import management as _mgmt
 
 __all__ = [
-    "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_ranks", "server_groups",
-    "status_store_address", "status_store", "poll", "barrier", "data_parallel_reduce_config", "use_backend",
-    "uses_stand_in_backend", "AllReduce", "AllGather", "Broadcast", "GradReducer", "collectives_compile",
+    "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_size", "server_ranks",
+    "server_groups", "barrier", "data_parallel_reduce_config", "use_backend", "uses_stand_in_backend", "AllReduce",
+    "AllGather", "Broadcast", "GradReducer", "collectives_compile",
 ]
 
 _CREATED_GROUPS: dict = {}
@@ -308,65 +304,3 @@ def barrier(group: Optional[str] = None) -> None:
     token = Tensor([1.0], ms.float32)
     out = _api(ops).AllReduce(ops.ReduceOp.SUM, group or world_group())(token)
     out.asnumpy()
-
-
-# -- the status store: a key-value store of counters every rank reaches without a blocking collective ----------
-_STORES: Dict[tuple, Any] = {}  # kept open for the life of the process (rank 0 serves it)
-_POLL_SECONDS = 0.05
-
-
-def status_store_address() -> Optional[Tuple[str, int]]:
-    """``(host, port)`` of the status store under ``msrun``, else None (use collectives instead).
-
-    The store is served by rank 0 on the scheduler's port + 1 (``MS_SCHED_HOST`` / ``MS_SCHED_PORT``), or on
-    ``MS_BOOST_STORE_PORT``. This is the one place ms_boost reads the scheduler's environment.
-
-    Raises:
-        ValueError: the port variable is not a port number.
-    """
-    host, port = os.environ.get("MS_SCHED_HOST"), os.environ.get("MS_SCHED_PORT")
-    override = os.environ.get("MS_BOOST_STORE_PORT")
-    if not host or not (port or override):
-        return None
-    text = override or port or ""
-    if not text.isascii() or not text.isdigit() or not 0 < int(text) + (0 if override else 1) < 65536:
-        name = "MS_BOOST_STORE_PORT" if override else "MS_SCHED_PORT"
-        raise ValueError(f"{name}={text!r} is not a port number (ASCII digits, 1..65535).")
-    return host, int(text) + (0 if override else 1)
-
-
-def status_store(address: Tuple[str, int], rank: int, world: int, timeout: float) -> Any:
-    """MindSpore's TCP key-value store at ``address`` (rank 0 serves it), opened once per process.
-
-    Values are counters: ``store.add(key, n)`` adds and returns the new value, ``add(key, 0)`` reads without
-    blocking.
-
-    Args:
-        address: ``(host, port)``, e.g. :func:`status_store_address`.
-        rank: this rank (rank 0 serves the store).
-        world: number of ranks.
-        timeout: seconds to wait for the store (connecting, serving).
-
-    Raises:
-        Exception: MindSpore's error when the store cannot be served or reached (the caller names the rank).
-    """
-    key = (tuple(address), rank == 0)
-    if key not in _STORES:
-        # TCPStore exists in recent MindSpore releases only: looked up when a store is first needed
-        store_class = importlib.import_module("mindspore.mint.distributed").TCPStore
-        _STORES[key] = store_class(address[0], address[1], world_size=world, is_master=rank == 0,
-                                   timeout=timedelta(seconds=float(timeout)), wait_for_workers=False)
-    return _STORES[key]
-
-
-def poll(ready: Callable[[], bool], deadline: float) -> bool:
-    """Call ``ready()`` until it returns True (then True) or ``time.monotonic()`` passes ``deadline`` (then False).
-
-    Sleeps a few milliseconds between calls; the waits of status-store handshakes are built on it.
-    """
-    while True:
-        if ready():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(_POLL_SECONDS)
