@@ -20,9 +20,10 @@ set -euo pipefail
 
 # A launcher started in the background by a script inherits SIGINT ignored, and bash can neither trap nor reset a
 # signal ignored on entry: start it again with SIGINT at its default, so that SIGINT stops the job (start_job).
+# Only a launcher script can be started again: sourced from `bash -c` (no script file; $0 is "bash"), it is not.
 if [ -n "${MS_BOOST_LAUNCHER_SIGINT:-}" ]; then
     unset MS_BOOST_LAUNCHER_SIGINT
-elif [ -r "/proc/$$/status" ] && (( (16#$(awk '/^SigIgn:/ {print $2}' "/proc/$$/status") >> 1) & 1 )) \
+elif [ "${#BASH_SOURCE[@]}" -ge 2 ] && [ "${BASH_SOURCE[-1]}" = "$0" ] && [ -f "$0" ] && [ -r "/proc/$$/status" ] && (( (16#$(awk '/^SigIgn:/ {print $2}' "/proc/$$/status") >> 1) & 1 )) \
         && env --default-signal=INT true 2>/dev/null; then
     exec env --default-signal=INT MS_BOOST_LAUNCHER_SIGINT=1 bash "$0" "$@"
 fi
