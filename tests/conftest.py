@@ -28,6 +28,14 @@ def mode(request):
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _pynative_at_module_start():
+    """Every test file starts in PyNative mode (MindSpore's default), whatever mode the file run before it on the
+    same pytest-xdist worker left behind; a file's own tests and fixtures set another mode as they need."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     ms.set_seed(0)
