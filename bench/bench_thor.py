@@ -259,6 +259,21 @@ def _sync(out) -> None:
     (out[0] if isinstance(out, tuple) else out).asnumpy()
 
 
+def _cpu_line(cpu: dict, with_ms: bool) -> str:
+    """One sentence of per-step CPU times (Momentum, THOR between refreshes and on a refresh, the
+    preconditioning products alone), the amortized ratios and the compile CPU-seconds."""
+    base = cpu["momentum_s"]
+
+    def part(key: str) -> str:
+        ratio = f"{cpu[key] / base:.2f}x"
+        return f"{cpu[key] * 1e3:.1f} ms ({ratio})" if with_ms else ratio
+
+    return (f"Momentum {base * 1e3:.1f} ms, THOR between refreshes {cpu['thor_other_s'] * 1e3:.1f} ms "
+            f"({cpu['thor_other_s'] / base:.2f}x), refresh step {part('thor_refresh_s')}, preconditioning products "
+            f"alone {part('floor_s')}; amortized " + ", ".join(f"{r:.2f}x ({fr})" for fr, r in cpu["ratio"].items())
+            + "; compile " + ", ".join(f"{k} {v:.1f} CPU-s" for k, v in cpu["compile_s"].items()) + ".")
+
+
 def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) -> str:
     lines = ["# THOR vs Momentum", "",
              f"Written by `bench/bench_thor.py`. CPU, 2 cores shared with other jobs, graph mode; times are "
@@ -310,14 +325,8 @@ def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) ->
                        f"refreshes is about {1 + st['floor_s'] / st['momentum_s']:.2f}x Momentum.")
         cpu = st.get("cpu")
         if cpu:
-            switch += (f" CPU time of the process (all threads; steadier than wall time on a shared machine): "
-                       f"Momentum {cpu['momentum_s'] * 1e3:.1f} ms, THOR between refreshes "
-                       f"{cpu['thor_other_s'] * 1e3:.1f} ms ({cpu['thor_other_s'] / cpu['momentum_s']:.2f}x), refresh "
-                       f"step {cpu['thor_refresh_s'] * 1e3:.1f} ms ({cpu['thor_refresh_s'] / cpu['momentum_s']:.2f}x), "
-                       f"preconditioning products alone {cpu['floor_s'] * 1e3:.1f} ms "
-                       f"({cpu['floor_s'] / cpu['momentum_s']:.2f}x); amortized "
-                       + ", ".join(f"{r:.2f}x ({fr})" for fr, r in cpu["ratio"].items())
-                       + "; compile " + ", ".join(f"{k} {v:.1f} CPU-s" for k, v in cpu["compile_s"].items()) + ".")
+            switch += (" CPU time of the process (all threads; steadier than wall time on a shared machine): "
+                       + _cpu_line(cpu, with_ms=True))
         if "compile_s" in st:
             switch += " Compile (first calls less their steps): " + ", ".join(
                 f"{k} {v:.1f} s" for k, v in st["compile_s"].items()) + "."
@@ -333,13 +342,7 @@ def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) ->
                        f"{prev['compile_s']['thor']:.1f} s.")
             pcpu = prev.get("cpu")
             if pcpu:
-                switch += (f" Its CPU time: Momentum {pcpu['momentum_s'] * 1e3:.1f} ms, THOR between refreshes "
-                           f"{pcpu['thor_other_s'] * 1e3:.1f} ms ({pcpu['thor_other_s'] / pcpu['momentum_s']:.2f}x), "
-                           f"refresh step {pcpu['thor_refresh_s'] / pcpu['momentum_s']:.2f}x, preconditioning "
-                           f"products alone {pcpu['floor_s'] / pcpu['momentum_s']:.2f}x; amortized "
-                           + ", ".join(f"{r:.2f}x ({fr})" for fr, r in pcpu["ratio"].items())
-                           + "; compile " + ", ".join(f"{k} {v:.1f} CPU-s" for k, v in pcpu["compile_s"].items())
-                           + ".")
+                switch += " Its CPU time: " + _cpu_line(pcpu, with_ms=False)
         lines += ["", f"## Step time, {mode} mode (fixed batch, Momentum and THOR steps alternating, medians)", "",
                   network + f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
                   f"{st['thor_other_s'] * 1e3:.1f} ms ({st['thor_other_s'] / st['momentum_s']:.2f}x), refresh "
