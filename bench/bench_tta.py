@@ -951,6 +951,15 @@ def _distributed_text(plan: dict) -> str:
             f"`{O2_X2_CONFIG}` so that AdaSum combines the two ranks (each its own server).")
 
 
+def _load_text(payload: dict) -> str:
+    """What the load averages before and after the run say about its times (2 cores: above ~3 others ran)."""
+    loads = [float(v) for v in list(payload.get("load_before", [])[:1]) + list(payload.get("load_after", [])[:1])]
+    if loads and max(loads) <= 3.0:
+        return "nothing else ran on the 2 cores: an idle-machine measurement; each ratio pairs runs of the same seed"
+    return ("the 2 cores were shared with other jobs: absolute times are inflated and noisy; each ratio pairs runs "
+            "of the same seed")
+
+
 def render_page(payload: dict, command: str, load_before: list, seconds: float, name: str = "tta") -> str:
     """Markdown of ``bench/results/tta.md``."""
     from bench.common import page_footer
@@ -974,8 +983,7 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float, 
              "**Ratio**: per seed, the contender's time over the baseline's (same seed), median [min, max] over the "
              "seeds where both reached the target; below 1 the contender is faster.", "",
              f"Load average (1/5/15 min) before the run: {' / '.join(str(v) for v in payload.get('load_before', []))}; "
-             f"after: {' / '.join(str(v) for v in payload.get('load_after', []))} (the 2 cores were shared with other "
-             "jobs: absolute times are inflated and noisy; each ratio pairs runs of the same seed).", ""]
+             f"after: {' / '.join(str(v) for v in payload.get('load_after', []))} ({_load_text(payload)}).", ""]
     lines += ["## Summary: steady time to target / the tuned baseline's (median [min, max] over seeds)", ""]
     lines += readme_table(payload) + [""]
     lines += [f"![{d}]({name}_{d}.png)" for d in plan["datasets"]] + [""]
