@@ -470,14 +470,15 @@ class Plan:
 
 
 QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epochs={"gemm": 4, "conv": 3},
-             image_size=16, baseline_lrs=(0.02, 0.05, 0.1),
+             image_size=16, baseline_lrs=(0.02, 0.05, 0.1, 0.2),
              contenders=("ms_boost O0", "ms_boost O0 + cpu_gemm_conv", "ms_boost O1", "upstream O1 (gc off)", "THOR",
                          AUTO),
              contender_lr_factors=(1.0,), thor_lrs=(0.05,), thor_dampings=(0.03,), width={"gemm": 8, "conv": 8},
              grid_seeds=(0,),
              # the zoo's ResNet is GemmConv2d already (the rewrite leaves it alone); upstream O1 on one network only
              # conv: O0 (the baseline's computation, its slow nn.Conv2d steps) left out to fit 15 min; the baseline
-             # stands in for it in the O1 goal. 40 runs: about 16 min idle, scaled from a run at load 2-27
+             # stands in for it in the O1 goal. 42 runs measured 9.6 min idle (2026-11-26, before 0.2 joined the
+             # baseline's grid: the lr 0.1 it picked was the grid's edge)
              skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",), "conv": ("upstream O1 (gc off)", "ms_boost O0")},
              dim_reduce_nets=("gemm",), dim_reduce_epochs=1,
              # msrun jobs take minutes each on 2 cores: in the quick form only when asked (--contenders)
@@ -951,6 +952,13 @@ def _distributed_text(plan: dict) -> str:
             f"`{O2_X2_CONFIG}` so that AdaSum combines the two ranks (each its own server).")
 
 
+def _edge_text(picked: float, grid: Sequence[float]) -> str:
+    """A warning when the tuned baseline's pick is the grid's largest or smallest value (the grid may be too narrow)."""
+    if len(grid) > 1 and picked in (max(grid), min(grid)):
+        return " (at the grid's edge: a wider grid might tune the baseline better)"
+    return ""
+
+
 def _load_text(payload: dict) -> str:
     """What the load averages before and after the run say about its times (2 cores: above ~3 others ran)."""
     loads = [float(v) for v in list(payload.get("load_before", [])[:1]) + list(payload.get("load_after", [])[:1])]
@@ -993,7 +1001,8 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float, 
         lines += [f"## {key}", "",
                   f"Baseline lr grid {list(plan['baseline_lrs'])}: final accuracy (median over seeds) "
                   + ", ".join(f"{lr}: {np.median(v):.4f}" for lr, v in cell["grids"]["baseline"]["finals"].items())
-                  + f"; picked **{cell['baseline_lr']}**. Target **{cell['target']:.4f}**.", "",
+                  + f"; picked **{cell['baseline_lr']}**{_edge_text(cell['baseline_lr'], plan['baseline_lrs'])}. "
+                  f"Target **{cell['target']:.4f}**.", "",
                   "| contender | reached | epochs to target | time to target (s) | ratio to baseline "
                   "| with compile (s) | ratio with compile | compile (s) | steady epoch (s) | final accuracy |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
