@@ -56,12 +56,13 @@ def data_path(tmp_path_factory) -> str:
                               val_per_class=4, seed=0, verbose=False))
 
 
-# Files in the order pytest-xdist should start them (heaviest first; measured CPU-seconds, see README "Tests").
+# Files in the order pytest-xdist should start them (heaviest first; measured CPU-seconds, docs/testing.md). The
+# two-node job first: most of its wall time is waiting (a killed node's timeout), which other files' CPU fills.
 # With ``--dist loadfile --no-loadscope-reorder`` (pyproject addopts) each worker takes the next whole file when it
 # runs dry, so starting the long files first keeps the workers' finishing times close; files not named here
 # follow in alphabetical order.
 HEAVY_FIRST = [
-    "test_zoo_journey.py", "test_multinode.py", "test_adasum.py", "test_msrun_e2e.py", "test_thor_optimizer.py",
+    "test_multinode.py", "test_zoo_journey.py", "test_adasum.py", "test_msrun_e2e.py", "test_thor_optimizer.py",
     "test_tutorials_dim_reduce.py", "test_scripts.py", "test_gpu_check.py", "test_thor_model.py", "test_tutorials.py",
     "test_tutorials_thor.py", "test_dim_reduce_stage.py", "test_o1_o2.py", "test_thor_robust.py", "test_model.py",
     "test_thor_distributed.py", "test_zoo_journey_inputs.py", "test_zoo_heal.py", "test_less_bn.py",

@@ -1,8 +1,9 @@
 """scripts/run_multinode_train.sh for real: two "nodes" on one host, each a network namespace of its own joined to
 the other by a veth pair (one address each, as two machines have), one launcher call inside each
-(``ip netns exec``). The O2 recipe runs AdaSum across the two servers of 2 ranks each; the job trains, one node's
-msrun is killed (its launcher then kills the workers msrun left), the other node ends with a message naming it, and
-a restart with --resume continues every rank exactly. Plus the launcher's dead-node message on hand-made logs and
+(``ip netns exec``). The O2 recipe runs AdaSum across the two servers, one rank each (cross-node collectives; the
+mean within a server of 2 real ranks is tests/test_adasum.py's 4-rank msrun job): the job trains, one node's msrun
+is killed (its launcher then kills the workers msrun left), the other node ends with a message naming it, and a
+restart with --resume continues every rank exactly. Plus the launcher's dead-node message on hand-made logs and
 the O2 override on the recipes that can run O2 (fast, no namespaces)."""
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 CONFIGS = ROOT / "model_zoo" / "resnet" / "configs"
 O2_RECIPE = CONFIGS / "resnet50_imagenet_boost_o2_adasum.yaml"
-WORKERS, LOCAL = 4, 2  # 2 nodes x 2 ranks; AdaSum combines the 2 servers
+# 2 nodes x 1 rank; AdaSum combines the 2 servers. One rank a node, not 2: every rank and msrun imports MindSpore
+# and compiles, and a second rank a node only repeated what one shows (the two-node job: 4 launches)
+WORKERS, LOCAL = 2, 1
 NODE_TIMEOUT = 10  # MS_NODE_TIMEOUT for the job: how long the scheduler waits for a silent node
 DEAD_NODE_BOUND = 180  # s: the surviving launcher must have ended by then (about NODE_TIMEOUT + 15 s measured)
 EPOCHS = 4  # one step each: epochs 1-2 complete on every rank, node 1 dies after; steps are left to run into it
@@ -245,23 +248,21 @@ def test_two_nodes_train_o2_with_adasum_across_the_servers(crashed):
         text = runs[node_of(rank)].logs()[rank]
         assert [line.split("(global ")[1][0] for line in step_lines(text, rank)][:2] == ["1", "2"], text[-3000:]
     head = runs[0].logs()[0]
-    assert "boost_level O2 | 4 rank(s) on CPU" in head
-    assert ("mean within each server (2 rank(s) per server) -> nn.Conv2d as im2col + GEMM (layers left alone are "
-            "logged) -> optimizer -> AdaSum of the servers' weight deltas "
+    assert f"boost_level O2 | {WORKERS} rank(s) on CPU" in head
+    assert (f"mean within each server ({LOCAL} rank(s) per server) -> nn.Conv2d as im2col + GEMM (layers left alone "
+            "are logged) -> optimizer -> AdaSum of the servers' weight deltas "
             "across 2 servers") in head
     for epoch in (1, 2):
         states = [state(rank_checkpoint(runs[node_of(r)].run_dir, r, epoch)) for r in range(WORKERS)]
         names = sorted(states[0])
         assert all(sorted(s) == names for s in states) and any(n.startswith("adasum") for n in names)
-        for name in names:
-            if name.startswith("moments."):  # momentum follows its own server's mean gradient
-                np.testing.assert_array_equal(states[0][name], states[1][name], err_msg=name)
-                np.testing.assert_array_equal(states[2][name], states[3][name], err_msg=name)
-            elif "moving_" not in name:  # weights, AdaSum state, counters: one value on every rank of both nodes
-                for r in (1, 2, 3):
+        for name in names:  # momentum follows its own server's gradient (below); BatchNorm its own batches
+            if not name.startswith("moments.") and "moving_" not in name:
+                # weights, AdaSum state, counters: one value on every rank of both nodes
+                for r in range(1, WORKERS):
                     np.testing.assert_array_equal(states[0][name], states[r][name], err_msg=f"{name} rank {r}")
         moments = [n for n in names if n.startswith("moments.")]
-        assert any(not np.array_equal(states[0][n], states[2][n]) for n in moments)  # two servers, two means
+        assert moments and any(not np.array_equal(states[0][n], states[LOCAL][n]) for n in moments)  # two servers
 
 
 @pytest.mark.msrun
@@ -275,7 +276,7 @@ def test_a_dead_node_ends_the_other_with_a_message_naming_it(crashed):
     stopped = re.search(r"launcher: msrun ended by signal 9 without stopping what it started: killed (\d+) "
                         r"process\(es\) it left running \(pids [\d ]+\)", runs[1].stderr())
     assert stopped and int(stopped.group(1)) >= LOCAL, runs[1].stderr()[-2000:]  # its workers at least
-    match = re.search(r"launcher: node 1 \(ranks 2-3\) did not respond: the scheduler heard nothing from rank ([23]) "
+    match = re.search(r"launcher: node 1 \(rank 1\) did not respond: the scheduler heard nothing from rank (1) "
                       rf"for MS_NODE_TIMEOUT={NODE_TIMEOUT} s \(noticed at \d\d:\d\d:\d\d\)", err)
     assert match, err[-3000:]
     assert "restart every node with --resume" in err
@@ -304,7 +305,7 @@ def test_restart_resumes_every_rank_of_both_nodes_exactly(crashed, resumed):
     final = [state(rank_checkpoint(resumed[node_of(r)].run_dir, r, EPOCHS)) for r in range(WORKERS)]
     weights = [n for n in final[0] if not n.startswith("moments.") and "moving_" not in n]
     for name in weights:
-        for r in (1, 2, 3):
+        for r in range(1, WORKERS):
             np.testing.assert_array_equal(final[0][name], final[r][name], err_msg=f"{name} rank {r}")
 
 
