@@ -22,6 +22,7 @@ from ms_boost.autotune.candidates import (
     probe_order,
 )
 from ms_boost.autotune.decide import NO_ESTIMATE, Figures, best_left, o0_scale, predicted_run, prior_figures
+from ms_boost.autotune.engine import batches_needed
 from ms_boost.autotune.options import AutotuneOptions
 
 
@@ -218,3 +219,12 @@ def test_no_trial_trains_the_shortest_prior_run(monkeypatch):
     want = _numpy_prior_runs(_conv(40))
     assert probed == [] and report.pick == min(want, key=want.get) and not report.measured
     assert "the shortest run its priors predict" in report.notes[0]
+
+
+def test_the_trial_reads_only_the_batches_its_budget_can_use():
+    opts = AutotuneOptions()  # budget 5%, probes of 3 steps, progress windows of at least 4 steps, 2 held out
+    assert batches_needed(opts, 40) == (0, 1)      # 2 steps: no probe (one batch tells the batch size)
+    assert batches_needed(opts, 138) == (0, 3)     # 6 steps: one probe, no room for two windows of 4
+    assert batches_needed(opts, 220) == (2, 11)    # 11 steps: a probe and two windows of 4
+    assert batches_needed(opts, 5000) == (2, 50)   # at most max_trial_steps
+    assert batches_needed(AutotuneOptions(measure_progress=False), 5000) == (0, 3)

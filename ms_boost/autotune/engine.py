@@ -64,7 +64,7 @@ from ms_boost.autotune.options import AutotuneOptions
 from ms_boost.autotune.report import AutotuneReport, CandidateResult
 from ms_boost.config import AutoBoost
 
-__all__ = ["TrialRun", "run_trials", "eval_steps", "agree", "plan_dict"]
+__all__ = ["TrialRun", "run_trials", "eval_steps", "agree", "plan_dict", "batches_needed"]
 
 logger = logging.getLogger("ms_boost")
 
@@ -91,6 +91,21 @@ class TrialRun(Protocol):
 def eval_steps(steps: int, points: int) -> List[int]:
     """Step counts at which the held-out loss is measured: 0 and ``points`` about evenly spaced up to ``steps``."""
     return sorted({0, *(max(1, round(steps * j / points)) for j in range(1, points + 1))})
+
+
+def batches_needed(options: AutotuneOptions, planned_steps: int) -> Tuple[int, int]:
+    """``(held-out, training)`` batches the trial of a run of ``planned_steps`` can use; the caller reads no more.
+
+    Probes use the first ``probe_steps`` training batches; a progress window needs the held-out batches and up to
+    ``max_trial_steps`` training batches, and is possible only when the step budget leaves ``min_trial_steps`` each
+    to two plans after one probe. Without a trial (the budget pays no probe): one batch (the batch size).
+    """
+    budget_steps = int(options.budget * planned_steps + 1e-9)
+    if budget_steps < options.probe_steps:
+        return 0, 1
+    if not options.measure_progress or (budget_steps - options.probe_steps) // 2 < options.min_trial_steps:
+        return 0, options.probe_steps
+    return options.holdout_batches, min(options.max_trial_steps, max(options.probe_steps, budget_steps))
 
 
 def _scalar(loss: Any) -> float:
@@ -308,7 +323,7 @@ class _Trial:
         ok = [i for i in order if figures[i].ok]
         ref = next((i for i in ok if self.exact[i]), None)
         others = [i for i in ok if not self.exact[i]]
-        if not options.measure_progress or ref is None or not others:
+        if not options.measure_progress or ref is None or not others or not holdout:
             return []
         others.sort(key=lambda i: predicted_run(figures[i], n_steps) or NO_ESTIMATE)
         budget_steps = int(options.budget * n_steps + 1e-9)
