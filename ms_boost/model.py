@@ -154,8 +154,9 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     Each candidate trains copies of ``network`` and ``optimizer`` (and of the loss-scale manager) from their
     current state -- except the plain step (O0), which trains the objects themselves -- on the same first batches
     of ``train_dataset`` in the same order, and is written back to its starting state after each use. The
-    candidates are probed for compile and step time in the order of their speed priors while the budget pays, held-out
-    progress is measured where it pays, and the pick is the plan with the shortest predicted run of ``epochs``
+    candidates are probed for compile and step time, the shortest predicted run first, while a probe is predicted to
+    save time and the budget pays (:func:`ms_boost.autotune.candidates.probe_order`), held-out progress is measured
+    where it pays, and the pick is the plan with the shortest predicted run of ``epochs``
     epochs (:mod:`ms_boost.autotune.decide`). ``report.trial_run`` is the pick's step, compiled by the trial, at the
     starting state. See :mod:`ms_boost.autotune` and ``docs/autotune.md``.
 
