@@ -197,21 +197,30 @@ def test_after_a_probe_the_next_is_the_shortest_run_predicted_on_the_measured_sc
     assert probed == ["O0", "O1"]
 
 
-def test_with_the_time_budget_off_every_default_candidate_is_probed_in_predicted_order(monkeypatch):
+def test_with_the_time_budget_off_every_default_candidate_is_probed_in_the_prior_order(monkeypatch):
     ctx = _conv(1000)
     times = {"O0": (1.0, 0.7), "O0_cpu_gemm_conv": (1.5, 0.1), "O1": (3.5, 0.1), "thor": (9.0, 0.7),
              "grad_accumulation_2": (1.4, 0.7)}
     report, probed = _scripted_trial(monkeypatch, ctx, times, measure_progress=False, time_budget=False)
     cands = default_candidates(ctx)
-    assert sorted(probed) == sorted("thor" if "thor" in c.name else c.name for c in cands)
-    assert probed[0] == "O0_cpu_gemm_conv" and report.pick == "O0_cpu_gemm_conv"
-    # after the first probe: the measured scale (O0's compile 1, step 0.667) orders the rest by predicted run
-    scale = (1.5 / get_candidate("O0_cpu_gemm_conv").compile_prior(ctx), 0.1 / get_candidate("O0_cpu_gemm_conv")
-             .step_prior(ctx))
-    rest = [c for c in cands if c.name != "O0_cpu_gemm_conv"]
-    runs = {c.name: predicted_run(prior_figures(c.compile_prior(ctx), c.step_prior(ctx), c.progress_prior, scale),
-                                  1000) for c in rest}
-    assert probed[1] == min(runs, key=runs.get)
+    want = ["thor" if "thor" in cands[i].name else cands[i].name for i in probe_order(cands, ctx)]
+    assert probed == want and probed[0] == "O0_cpu_gemm_conv" and report.pick == "O0_cpu_gemm_conv"
+
+
+def test_with_the_time_budget_the_next_probe_is_ranked_on_the_measured_scale(monkeypatch, o1_fast):
+    # priors: O0 (1, 1), O1_fast (5, 0.5), accumulation (1.15, 1.3); GEMM ResNet, 1000 steps, a budget that pays
+    ctx = _gemm(1000)
+    names = ("O0", "O1_fast", "grad_accumulation_2")
+    cands = [get_candidate(n) for n in names]
+    assert [names[i] for i in probe_order(cands, ctx)] == ["O0", "O1_fast", "grad_accumulation_2"]
+    times = {"O0": (1.0, 0.1), "O1": (4.0, 0.04), "grad_accumulation_2": (1.1, 0.13)}
+    report, probed = _scripted_trial(monkeypatch, ctx, times, budget=0.3, measure_progress=False, candidates=names)
+    scale = (1.0, 0.1)  # O0 measured: compile 1 s (10 of its steps, not 200), step 0.1 s
+    runs = {n: predicted_run(prior_figures(c.compile_prior(ctx), c.step_prior(ctx), c.progress_prior, scale), 1000)
+            for n, c in zip(names[1:], cands[1:])}
+    assert min(runs, key=runs.get) == "O1_fast" and probed[:2] == ["O0", "O1"]
+    assert report.pick == "O1_fast"
+    assert "no candidate left is predicted to save time" in report.candidate("grad_accumulation_2").reason
 
 
 def test_no_trial_trains_the_shortest_prior_run(monkeypatch):

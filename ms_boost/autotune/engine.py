@@ -252,12 +252,17 @@ class _Trial:
     def next_probe(self, left: Sequence[int], steps: int, budget_steps: int) -> Tuple[int, Optional[str]]:
         """The candidate of ``left`` to probe next, and why it is not probed (None: probe it).
 
-        Before any probe: the first of ``left`` (the prior order). After: the one with the shortest run predicted from
-        its priors and the measured scale; with ``time_budget``, only when that run is shorter than what the best plan
-        so far still needs (it saves time) and the time budget pays for its probe.
+        Before any probe, and without ``time_budget`` (every candidate the step budget pays for is probed, in the
+        prior order, with no collective): the first of ``left``. After a probe, with ``time_budget``: the one with the
+        shortest run predicted from its priors and the measured scale (agreed over the ranks), only when that run is
+        shorter than what the best plan so far still needs (it saves time) and the time budget pays for its probe.
         """
         if not self.probed:
             return left[0], None
+        if not self.options.time_budget:
+            over = self.steps_used + steps > budget_steps
+            return left[0], (f"the step budget ({budget_steps} steps) is spent ({self.steps_used} used, {steps} per "
+                             f"probe)" if over else None)
         state = self.state()
         if state.scale is None:  # every probe so far failed: the prior order, the dearest probe as the cost
             i, cost, run = left[0], state.dearest, None
@@ -269,7 +274,7 @@ class _Trial:
             cost, run = guess.compile_s + steps * guess.step_s + state.overhead, runs[i]
         if self.steps_used + steps > budget_steps:
             return i, f"the step budget ({budget_steps} steps) is spent ({self.steps_used} used, {steps} per probe)"
-        if self.options.time_budget and run is not None and run >= state.left:
+        if run is not None and run >= state.left:
             return i, (f"no candidate left is predicted to save time: the shortest predicted run, "
                        f"{self.candidates[i].name}'s {run:.1f} s, is not below the {state.left:.1f} s {state.best} "
                        f"still needs (its compile is paid)")
