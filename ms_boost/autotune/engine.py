@@ -8,10 +8,11 @@ the pick's run -- its step compiled by the trial -- is handed to the real run (`
 compile is paid once.
 
 1. **Probe**: ``probe_steps`` timed steps each (compile and steady step time). The first probe is the candidate
-   whose priors predict the shortest run (:func:`~ms_boost.autotune.candidates.probe_order`); each next one is
-   the shortest run its priors predict from O0's compile and step time as the probes measured them, probed only
-   while it is predicted to save time (its whole run shorter than what the best plan so far still needs) and the
-   budget pays for it (:func:`~ms_boost.autotune.decide.over_time_budget`).
+   whose priors predict the shortest run (:func:`~ms_boost.autotune.candidates.probe_order`). With the time budget,
+   each next one is the shortest run its priors predict from O0's compile and step time as the probes measured
+   them, probed only while it is predicted to save time (its whole run shorter than what the best plan so far
+   still needs) and the budget pays for it (:func:`~ms_boost.autotune.decide.over_time_budget`); without it, the
+   prior order while the step budget pays.
 2. **Progress**, only when the budget still pays for it and a probed plan computes a different function than the
    probed O0-like one (the reference): the held-out loss over a window of steps, reference first.
 3. **Pick** by predicted run time (:mod:`ms_boost.autotune.decide`).
