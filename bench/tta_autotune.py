@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 AUTO = "ms_boost auto"
-AUTO_TEXT = ("ms_boost.Model(boost_level='auto') with the default options: candidates probed in the order of their "
-             "speed priors while the budget (5% of the predicted run) pays, the pick trained on the step its trial "
-             "compiled; trial time counted in epoch 1")
+AUTO_TEXT = ("ms_boost.Model(boost_level='auto') with the default options: the candidate whose priors predict the "
+             "shortest run probed first, further ones while predicted to save time and the budget (5% of the "
+             "predicted run) pays, the pick trained on the step its trial compiled; trial time counted in epoch 1")
 #: the trial options the benchmark gives (the defaults: what a user gets without choosing)
 AUTOTUNE_OPTIONS: Dict[str, object] = {}
 WITHIN = 0.10  # the goal: time to target within 10% of the best fixed contender's
@@ -248,9 +248,21 @@ def pick_lines(cell: dict) -> List[str]:
         gap = f"{total - fixed_total:+.1f} s over the whole run" if fixed_total is not None else "-"
         reach = (f"to target {mine:.1f} vs {theirs:.1f} s" if mine is not None and theirs is not None else
                  "target not reached by both")
-        out.append(f"seed {seed}: picked {run['autotune_pick']}, against {name} {gap} ({reach}); trial "
+        steps = [median_step(r) for r in (run, cell["curves"][name][seed])]
+        pace = (f"; median step {steps[0] * 1e3:.0f} vs {steps[1] * 1e3:.0f} ms" if None not in steps else "")
+        out.append(f"seed {seed}: picked {run['autotune_pick']}, against {name} {gap} ({reach}{pace}); trial "
                    f"{run.get('trial_seconds', 0):.1f} s of which {run.get('trial_overhead', 0):.1f} s not reused")
     return out
+
+
+def median_step(run: dict) -> Optional[float]:
+    """A run's typical steady step: the median over its epochs of each epoch's median step time (None: not recorded).
+
+    Two runs of the same plan train the same computation, so where their median steps differ, the machine's load
+    differed (the benchmark's noise), not the plan.
+    """
+    medians = [epoch[0] for epoch in run.get("slowest_steps") or [] if epoch]
+    return float(np.median(medians)) if medians else None
 
 
 def summary_table(payload: dict) -> List[str]:

@@ -42,6 +42,7 @@ from ms_boost.autotune import (
     run_trials,
     take_batches,
 )
+from ms_boost.autotune.engine import batches_needed
 from ms_boost.autotune.options import AUTO_LEVEL, split_auto_config
 from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_settings, scope_compile_cache
 from ms_boost.config import AutoBoost, resolve
@@ -153,8 +154,9 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     Each candidate trains copies of ``network`` and ``optimizer`` (and of the loss-scale manager) from their
     current state -- except the plain step (O0), which trains the objects themselves -- on the same first batches
     of ``train_dataset`` in the same order, and is written back to its starting state after each use. The
-    candidates are probed for compile and step time in the order of their speed priors while the budget pays, held-out
-    progress is measured where it pays, and the pick is the plan with the shortest predicted run of ``epochs``
+    candidates are probed for compile and step time, the shortest predicted run first, while a probe is predicted to
+    save time and the budget pays (:func:`ms_boost.autotune.candidates.probe_order`), held-out progress is measured
+    where it pays, and the pick is the plan with the shortest predicted run of ``epochs``
     epochs (:mod:`ms_boost.autotune.decide`). ``report.trial_run`` is the pick's step, compiled by the trial, at the
     starting state. See :mod:`ms_boost.autotune` and ``docs/autotune.md``.
 
@@ -186,12 +188,11 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
         raise ValueError(f"autotune: epochs={epochs!r} must be an int >= 1.")
     per_epoch = int(train_dataset.get_dataset_size()) if steps_per_epoch is None else int(steps_per_epoch)
     started = time.perf_counter()  # reading the trial's batches is part of its cost
-    budget_steps = int(options.budget * per_epoch * epochs + 1e-9)  # no trial trains more steps than this
-    batches = take_batches(train_dataset, options.holdout_batches +
-                           min(options.max_trial_steps, max(options.probe_steps, budget_steps)))
+    held, steps = batches_needed(options, per_epoch * epochs)  # only what the budget lets the trial use
+    batches = take_batches(train_dataset, held + steps)
     if not batches:
         raise ValueError("autotune: the training data set yields no batch.")
-    holdout, trial = batches[:options.holdout_batches], batches[options.holdout_batches:]
+    holdout, trial = batches[:held], batches[held:]
     ctx = TrialContext(ranks=_data_parallel_ranks(), batch_size=batch_size_of(batches[0]),
                        planned_steps=per_epoch * epochs, user_sections=sections,
                        device=str(ms.get_context("device_target")), conv2d_layers=count_conv2d(network))

@@ -86,3 +86,19 @@ def test_the_median_counts_a_seed_that_never_reached_the_target_as_infinitely_sl
     cell = {"target": 0.9, "curves": {"ms_boost O0 + cpu_gemm_conv": lucky, "ms_boost O0": steady, AUTO: auto}}
     assert autotune_goals(cell)[0] == ("time to target (compile and trial included) 8.5 s against the best fixed "
                                        "contender (ms_boost O0) 8.0 s: 1.06x, within 10%: **met**")
+
+
+def test_the_pick_line_states_both_runs_median_step_the_loads_mark():
+    from bench.tta_autotune import median_step, pick_lines
+
+    # per epoch: [median step, three slowest]; the run's pace is the median of the epochs' medians
+    slow = [[0.052, 0.07, 0.17, 0.29], [0.043, 0.06, 0.08, 0.13], [0.052, 0.38, 1.66, 1.84]]
+    fast = [[0.016, 0.03, 0.04, 13.4], [0.018, 0.02, 0.02, 0.03], [0.023, 0.05, 0.06, 0.06]]
+    assert median_step({"slowest_steps": slow}) == 0.052 and median_step({"slowest_steps": fast}) == 0.018
+    assert median_step({}) is None
+    o0 = {"2": _run([0.5, 0.9, 0.95], [14.3, 0.8, 1.4], slowest_steps=fast)}
+    auto = {"2": _run([0.5, 0.9, 0.95], [14.8, 2.0, 6.2], slowest_steps=slow, trial_seconds=12.0,
+                      trial_overhead=0.9, autotune_pick="O0")}
+    cell = {"target": 0.94, "curves": {"ms_boost O0": o0, AUTO: auto}}
+    assert pick_lines(cell) == ["seed 2: picked O0, against ms_boost O0 +6.5 s over the whole run (to target 23.0 vs "
+                                "16.5 s; median step 52 vs 18 ms); trial 12.0 s of which 0.9 s not reused"]

@@ -18,15 +18,18 @@ name                  plan
 ``thor_d0.3_f5``      THOR, damping 0.3, refreshed every 5 steps
 ====================  ==============================================================================
 
-Each candidate carries two **priors**, what the trial expects of it before measuring (from the
-time-to-accuracy measurements, ``bench/results/tta.md``; ``docs/autotune.md`` gives the table):
+Each candidate carries **priors**, what the trial expects of it before measuring, as multiples of ``O0``'s figures
+(from the time-to-accuracy measurements, ``bench/results/tta.md``, and ``bench/autotune_priors.py``;
+``docs/autotune.md`` gives the table):
 
-* ``speed_prior(ctx)``: the expected speed-up of the planned run over ``O0`` (> 1: faster). The trial probes the
-  candidates in decreasing order of it, so a short run whose budget pays for one probe probes the likeliest
-  winner (on CPU with ``nn.Conv2d`` layers: ``O1``, which computes them as im2col + GEMM);
+* ``compile_prior(ctx)`` and ``step_prior(ctx)``: its compile and its steady step time over ``O0``'s;
 * ``progress_prior``: the expected held-out loss decrease per step relative to ``O0``, used until the trial
   measures it; ``exact_progress`` marks a plan that computes exactly ``O0``'s function (``O0_cpu_gemm_conv``),
   whose progress is ``O0``'s by construction and is never measured.
+
+With the context's guess of ``O0``'s compile in ``O0`` steps (:attr:`TrialContext.compile_steps`) they predict each
+plan's run before anything is measured (:func:`prior_run`): the trial probes the shortest predicted run first
+(:func:`probe_order`), so a plan that is cheap to compile and saves much per step comes first even in a short run.
 
 :func:`register_candidate` adds a plan of the user's (or a test's) under a new name.
 """
@@ -40,7 +43,7 @@ from ms_boost.validation import BoostConfigError, short_repr
 
 __all__ = ["Candidate", "TrialContext", "SMALL_BATCH", "register_candidate", "unregister_candidate",
            "candidate_names", "get_candidate", "default_candidates", "resolve_candidates", "candidate_plan",
-           "probe_order"]
+           "probe_order", "prior_run", "COMPILE_STEPS", "COMPILE_STEPS_SLOW_CONV"]
 
 #: per-rank batch sizes up to this count as small: gradient accumulation joins the default list
 SMALL_BATCH = 32
@@ -71,9 +74,24 @@ class TrialContext:
         """Whether the network has ``nn.Conv2d`` layers on CPU (slow there; ``cpu_gemm_conv`` replaces them)."""
         return self.device == "CPU" and self.conv2d_layers > 0
 
+    @property
+    def compile_steps(self) -> float:
+        """The guess of ``O0``'s compile time in ``O0`` steady steps, before anything is measured.
 
-def _no_prior(ctx: TrialContext) -> float:
-    """The speed prior of a plan nothing is known about: as fast as O0."""
+        It scales the candidates' compile priors against their step priors for the first probe only (later probes
+        are ordered by the measured times). ``nn.Conv2d`` on CPU steps slowly (:data:`COMPILE_STEPS_SLOW_CONV`),
+        other networks compile for the time of hundreds of steps (:data:`COMPILE_STEPS`).
+        """
+        return COMPILE_STEPS_SLOW_CONV if self.slow_convolutions else COMPILE_STEPS
+
+
+#: O0's compile in O0 steady steps, nn.Conv2d on CPU (a slow step) and otherwise (bench/autotune_priors.py)
+COMPILE_STEPS_SLOW_CONV = 10.0
+COMPILE_STEPS = 200.0
+
+
+def _same_as_o0(ctx: TrialContext) -> float:
+    """The prior of a plan nothing is known about: O0's compile and step time."""
     del ctx
     return 1.0
 
@@ -92,8 +110,8 @@ class Candidate:
             with that reason).
         in_default: ``context -> bool``: whether the default list tries it.
         wrap_step: instrumentation only (tests, profiling): ``step -> step`` wrapping the trial's train step.
-        speed_prior: ``context -> float``: the expected speed-up of the planned run over O0 (> 1 faster); the
-            trial probes candidates in decreasing order of it (default 1).
+        compile_prior: ``context -> float``: its compile time over O0's (default 1).
+        step_prior: ``context -> float``: its steady step time over O0's (default 1).
         progress_prior: expected held-out loss decrease per step relative to O0, used while unmeasured (> 0).
         exact_progress: the plan computes O0's function exactly (only faster or slower): its progress per step
             is O0's by construction and the trial never measures it.
@@ -106,7 +124,8 @@ class Candidate:
     unavailable: Callable[[TrialContext], Optional[str]] = lambda ctx: None
     in_default: Callable[[TrialContext], bool] = lambda ctx: True
     wrap_step: Optional[Callable[[Callable], Callable]] = None
-    speed_prior: Callable[[TrialContext], float] = _no_prior
+    compile_prior: Callable[[TrialContext], float] = _same_as_o0
+    step_prior: Callable[[TrialContext], float] = _same_as_o0
     progress_prior: float = 1.0
     exact_progress: bool = False
 
@@ -132,13 +151,18 @@ def _needs_conv2d(ctx: TrialContext) -> Optional[str]:
     return None if ctx.conv2d_layers > 0 else "cpu_gemm_conv rewrites nn.Conv2d layers; the network has none"
 
 
-def _thor(damping: float, frequency: int, speed: float) -> Candidate:
+def _by_conv(slow_conv: float, other: float) -> Callable[[TrialContext], float]:
+    """A prior that depends on whether the network has ``nn.Conv2d`` layers on CPU."""
+    return lambda ctx: slow_conv if ctx.slow_convolutions else other
+
+
+def _thor(damping: float, frequency: int) -> Candidate:
     def sections(ctx: TrialContext) -> Dict[str, Any]:
         return {"boost": {"mode": "manual", "thor": True},
                 "thor": {"damping": damping, "frequency": frequency, "batch_size": int(ctx.batch_size)}}
     return Candidate(f"thor_d{damping:g}_f{frequency}", "O0", sections,
                      f"THOR, damping {damping:g}, refreshed every {frequency} steps",
-                     speed_prior=lambda ctx: speed, progress_prior=1.5)
+                     compile_prior=_by_conv(*THOR_COMPILE), step_prior=_by_conv(*THOR_STEP), progress_prior=1.5)
 
 
 def _accumulation(steps: int) -> Candidate:
@@ -146,28 +170,38 @@ def _accumulation(steps: int) -> Candidate:
         return {"boost": {"mode": "manual", "grad_accumulation": True},
                 "grad_accumulation": {"grad_accumulation_step": steps}}
     return Candidate(f"grad_accumulation_{steps}", "O0", sections, f"one update per {steps} batches",
-                     in_default=lambda ctx: ctx.batch_size <= SMALL_BATCH, speed_prior=lambda ctx: 0.9,
+                     in_default=lambda ctx: ctx.batch_size <= SMALL_BATCH,
+                     compile_prior=_by_conv(*ACCUMULATION_COMPILE), step_prior=_by_conv(*ACCUMULATION_STEP),
                      progress_prior=0.6)
 
 
-# The speed priors (expected speed-up of the run over O0) read the time-to-accuracy page (bench/results/tta.md, CPU):
-# with nn.Conv2d layers, O0 + cpu_gemm_conv trained a steady epoch ~3.5x faster than O0 and O1 (which includes it
-# on CPU) ~10x faster, 2x with its compile; on the GEMM ResNet O1's steady epoch was 1.9x O0's; THOR reached the
-# target in 0.8x the baseline's time on the conv network and 5x on the GEMM ResNet.
+# The priors, as multiples of O0's compile and steady step time: (nn.Conv2d on CPU, other networks). Measured on CPU,
+# digits at 16 px, batch 32, the time-to-accuracy page's conv net and GEMM ResNet-10 (docs/autotune.md gives the
+# figures): the steady step from the median steps of the page's idle runs (bench/results/tta.md, tta_autotune.md), the
+# compile from their first steps and from the probes of bench/autotune_priors.py. With nn.Conv2d layers, O0 +
+# cpu_gemm_conv and O1 (which includes the rewrite on CPU) step about 6x faster than O0 (O1 no faster than the rewrite
+# alone); O1 compiles LessBN's and freezing's larger graph; THOR compiles its factor and inverse graphs, and on GEMM
+# convolutions steps 2.4x slower (its refreshes included).
+GEMM_CONV_COMPILE, GEMM_CONV_STEP = 1.5, 0.15
+O1_COMPILE, O1_STEP = (3.5, 1.4), (0.15, 1.1)
+ACCUMULATION_COMPILE, ACCUMULATION_STEP = (1.4, 1.15), (1.0, 1.3)
+THOR_COMPILE, THOR_STEP = (8.5, 5.5), (1.0, 2.4)
+
 _BUILTIN: Tuple[Candidate, ...] = (
     Candidate("O0", "O0", lambda ctx: {}, "no boost algorithm", exact_progress=True),
     Candidate("O0_cpu_gemm_conv", "O0", lambda ctx: {"boost": {"mode": "manual", "cpu_gemm_conv": True}},
               "O0 with nn.Conv2d as im2col + GEMM (CPU)", unavailable=_needs_conv2d,
-              in_default=lambda ctx: ctx.slow_convolutions,
-              speed_prior=lambda ctx: 3.0 if ctx.slow_convolutions else 1.0, exact_progress=True),
-    Candidate("O1", "O1", _freeze_schedule, "LessBN + gradient freezing",
-              speed_prior=lambda ctx: 4.0 if ctx.slow_convolutions else 0.7, progress_prior=0.9),
+              in_default=lambda ctx: ctx.slow_convolutions, compile_prior=_by_conv(GEMM_CONV_COMPILE, 1.0),
+              step_prior=_by_conv(GEMM_CONV_STEP, 1.0), exact_progress=True),
+    Candidate("O1", "O1", _freeze_schedule, "LessBN + gradient freezing", compile_prior=_by_conv(*O1_COMPILE),
+              step_prior=_by_conv(*O1_STEP), progress_prior=0.9),
     Candidate("O2", "O2", _o2_sections, "O1 + AdaSum across ranks", unavailable=_needs_ranks,
-              in_default=lambda ctx: ctx.ranks > 1, speed_prior=lambda ctx: 1.0, progress_prior=0.9),
+              in_default=lambda ctx: ctx.ranks > 1, compile_prior=_by_conv(*O1_COMPILE), step_prior=_by_conv(*O1_STEP),
+              progress_prior=0.9),
     _accumulation(2),
-    _thor(0.03, 5, 0.7),
-    _thor(0.03, 20, 0.8),
-    _thor(0.3, 5, 0.6),
+    _thor(0.03, 5),
+    _thor(0.03, 20),
+    _thor(0.3, 5),
 )
 _BUILTIN_NAMES = frozenset(c.name for c in _BUILTIN)
 _REGISTRY: Dict[str, Candidate] = {c.name: c for c in _BUILTIN}
@@ -220,10 +254,23 @@ def default_candidates(ctx: TrialContext) -> List[Candidate]:
     return [c for c in _BUILTIN if c.in_default(ctx)]
 
 
+def prior_run(candidate: Candidate, ctx: TrialContext, compile_o0: Optional[float] = None,
+              step_o0: float = 1.0) -> float:
+    r"""The run ``candidate`` is predicted to take from its priors: :math:`\kappa K + N \tau T / q`.
+
+    ``K`` and ``T`` are O0's compile and steady step time: by default (nothing measured yet) ``T`` is the unit and
+    ``K`` is :attr:`TrialContext.compile_steps` of it, so the result is in O0 steps; ``kappa``, ``tau`` and ``q`` are
+    the candidate's compile, step and progress priors, ``N`` the planned steps.
+    """
+    compile_o0 = ctx.compile_steps * step_o0 if compile_o0 is None else compile_o0
+    kappa, tau = float(candidate.compile_prior(ctx)), float(candidate.step_prior(ctx))
+    return kappa * compile_o0 + ctx.planned_steps * tau * step_o0 / candidate.progress_prior
+
+
 def probe_order(candidates: Sequence[Candidate], ctx: TrialContext) -> List[int]:
-    """Indices of ``candidates`` in the order the trial probes them: decreasing speed prior, list order on ties."""
-    priors = [float(c.speed_prior(ctx)) for c in candidates]
-    return sorted(range(len(candidates)), key=lambda i: (-priors[i], i))
+    """Indices of ``candidates`` in increasing :func:`prior_run` (list order on ties): the first is probed first."""
+    runs = [prior_run(c, ctx) for c in candidates]
+    return sorted(range(len(candidates)), key=lambda i: (runs[i], i))
 
 
 def resolve_candidates(names: Sequence[str], ctx: TrialContext) -> List[Candidate]:

@@ -2,8 +2,9 @@ r"""The autotune decision, as pure functions of measured numbers (no MindSpore, 
 
 The trial has two phases (:mod:`ms_boost.autotune.engine`); their numbers feed the rule below.
 
-**Probe** (every candidate the budget pays for, in decreasing order of its speed prior): a few training steps from
-the starting weights, timed. From the step times:
+**Probe** (the candidate whose priors predict the shortest run first, then the shortest run predicted from O0's
+times as the probes measured them, :func:`o0_scale`, while it is predicted to save time and the budget pays): a few
+training steps from the starting weights, timed. From the step times:
 
 * **steady step time** :math:`t_c`: the mean of the steps after the first;
 * **compile time** :math:`k_c`: what the first step took beyond :math:`t_c`.
@@ -31,7 +32,9 @@ the run trains with, so its compile is not paid twice.
 **Budget** (:func:`trial_waste`, :func:`over_time_budget`): the trial's *waste* is its wall time minus the
 compile of the plan that would be picked now (reused by the run). Before each further probe or progress
 measurement, the trial stops when ``waste + next > budget x R``, with ``R`` the predicted run of the best plan so
-far and ``next`` what one more is expected to cost. On several ranks the figures are averaged over the ranks
+far and ``next`` what one more is expected to cost. A further probe is also made only when the candidate's whole
+predicted run is shorter than what the best plan so far still needs once its compile is paid (:func:`best_left`):
+otherwise it cannot save time, whatever the budget. On several ranks the figures are averaged over the ranks
 before deciding (a candidate is kept only if it is kept on every rank), so every rank computes the same pick
 from the same numbers (:func:`pack` / :func:`unpack`).
 """
@@ -42,7 +45,8 @@ from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
 __all__ = ["TrialRecord", "Figures", "smoothed_progress", "step_times", "seconds_per_step", "summarize",
-           "with_gains", "PRIOR_STEPS", "predicted_run", "best_run", "trial_waste", "over_time_budget",
+           "with_gains", "PRIOR_STEPS", "predicted_run", "best_run", "best_left", "o0_scale", "prior_figures",
+           "trial_waste", "over_time_budget",
            "NO_ESTIMATE", "Pick", "pick", "pack", "unpack", "PACKED_FIELDS"]
 
 
@@ -207,6 +211,37 @@ def best_run(figures: Sequence[Figures], planned_steps: int) -> Tuple[Optional[i
         return None, NO_ESTIMATE
     seconds, index = min(runs)
     return index, seconds
+
+
+def o0_scale(figures: Sequence[Figures], compile_priors: Sequence[float],
+             step_priors: Sequence[float]) -> Optional[Tuple[float, float]]:
+    r"""O0's compile and steady step time as the probes so far measured them: ``(K, T)`` or None (none probed).
+
+    Each probed candidate ``c`` (kept, with a step time) says :math:`K = k_c / \kappa_c` and :math:`T = t_c / \tau_c`
+    through its compile and step priors; the estimate is the mean over them. Scaled by a candidate's priors it
+    predicts that candidate's figures before it is probed (:func:`prior_figures`).
+    """
+    pairs = [(f.compile_s / kappa, f.step_s / tau) for f, kappa, tau in zip(figures, compile_priors, step_priors)
+             if f.ok and f.step_s > 0 and kappa > 0 and tau > 0]
+    if not pairs:
+        return None
+    return sum(k for k, _ in pairs) / len(pairs), sum(t for _, t in pairs) / len(pairs)
+
+
+def prior_figures(compile_prior: float, step_prior: float, progress_prior: float,
+                  scale: Tuple[float, float]) -> Figures:
+    """The figures a candidate is predicted to measure: its priors times O0's ``(compile, step)`` ``scale``."""
+    return Figures(ok=True, compile_s=compile_prior * scale[0], step_s=step_prior * scale[1], gain=progress_prior)
+
+
+def best_left(figures: Sequence[Figures], planned_steps: int) -> float:
+    """What the best plan so far still needs once its compile is paid: its predicted run minus its compile.
+
+    A probe of another plan saves time only when that plan's whole predicted run (its compile included) is shorter:
+    the best plan's step is already compiled. :data:`NO_ESTIMATE` when nothing is scored.
+    """
+    index, seconds = best_run(figures, planned_steps)
+    return NO_ESTIMATE if index is None else seconds - figures[index].compile_s
 
 
 def trial_waste(seconds_spent: float, figures: Sequence[Figures], planned_steps: int) -> float:

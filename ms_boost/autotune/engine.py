@@ -7,9 +7,12 @@ the objects themselves). Every run is put back at its starting state after each 
 the pick's run -- its step compiled by the trial -- is handed to the real run (``report.trial_run``), so the pick's
 compile is paid once.
 
-1. **Probe**, in decreasing order of the candidates' speed priors (:func:`~ms_boost.autotune.candidates.
-   probe_order`): ``probe_steps`` timed steps each (compile and steady step time), while the budget pays for one
-   more (:func:`~ms_boost.autotune.decide.over_time_budget`).
+1. **Probe**: ``probe_steps`` timed steps each (compile and steady step time). The first probe is the candidate
+   whose priors predict the shortest run (:func:`~ms_boost.autotune.candidates.probe_order`). With the time budget,
+   each next one is the shortest run its priors predict from O0's compile and step time as the probes measured
+   them, probed only while it is predicted to save time (its whole run shorter than what the best plan so far
+   still needs) and the budget pays for it (:func:`~ms_boost.autotune.decide.over_time_budget`); without it, the
+   prior order while the step budget pays.
 2. **Progress**, only when the budget still pays for it and a probed plan computes a different function than the
    probed O0-like one (the reference): the held-out loss over a window of steps, reference first.
 3. **Pick** by predicted run time (:mod:`ms_boost.autotune.decide`).
@@ -28,7 +31,7 @@ import gc
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor
@@ -45,11 +48,14 @@ from ms_boost.autotune.decide import (
     NO_ESTIMATE,
     Figures,
     TrialRecord,
+    best_left,
     best_run,
+    o0_scale,
     over_time_budget,
     pack,
     pick,
     predicted_run,
+    prior_figures,
     summarize,
     trial_waste,
     unpack,
@@ -59,7 +65,7 @@ from ms_boost.autotune.options import AutotuneOptions
 from ms_boost.autotune.report import AutotuneReport, CandidateResult
 from ms_boost.config import AutoBoost
 
-__all__ = ["TrialRun", "run_trials", "eval_steps", "agree", "plan_dict"]
+__all__ = ["TrialRun", "run_trials", "eval_steps", "agree", "plan_dict", "batches_needed"]
 
 logger = logging.getLogger("ms_boost")
 
@@ -86,6 +92,21 @@ class TrialRun(Protocol):
 def eval_steps(steps: int, points: int) -> List[int]:
     """Step counts at which the held-out loss is measured: 0 and ``points`` about evenly spaced up to ``steps``."""
     return sorted({0, *(max(1, round(steps * j / points)) for j in range(1, points + 1))})
+
+
+def batches_needed(options: AutotuneOptions, planned_steps: int) -> Tuple[int, int]:
+    """``(held-out, training)`` batches the trial of a run of ``planned_steps`` can use; the caller reads no more.
+
+    Probes use the first ``probe_steps`` training batches; a progress window needs the held-out batches and up to
+    ``max_trial_steps`` training batches, and is possible only when the step budget leaves ``min_trial_steps`` each
+    to two plans after one probe. Without a trial (the budget pays no probe): one batch (the batch size).
+    """
+    budget_steps = int(options.budget * planned_steps + 1e-9)
+    if budget_steps < options.probe_steps:
+        return 0, 1
+    if not options.measure_progress or (budget_steps - options.probe_steps) // 2 < options.min_trial_steps:
+        return 0, options.probe_steps
+    return options.holdout_batches, min(options.max_trial_steps, max(options.probe_steps, budget_steps))
 
 
 def _scalar(loss: Any) -> float:
@@ -150,6 +171,28 @@ def _say(text: str) -> None:
         logger.info("%s", text)
 
 
+class _State(NamedTuple):
+    """What the trial's next decision reads (:meth:`_Trial.state`), the same on every rank.
+
+    Attributes:
+        waste: the trial's loss so far (its wall time minus the best plan's compile).
+        run: the best plan's predicted run (:data:`NO_ESTIMATE`: none scored).
+        left: what the best plan still needs once its compile is paid (:func:`best_left`).
+        scale: O0's ``(compile, step)`` seconds as the probes measured them (:func:`o0_scale`), or None.
+        overhead: the most seconds a probe took beyond its steps (building, copying, restoring).
+        dearest: the most seconds one candidate's trial took so far.
+        best: the best plan's name ("" when none), for the log.
+    """
+
+    waste: float
+    run: float
+    left: float
+    scale: Optional[Tuple[float, float]]
+    overhead: float
+    dearest: float
+    best: str
+
+
 class _Trial:
     """The state of one trial (one instance per :func:`run_trials` call)."""
 
@@ -167,49 +210,93 @@ class _Trial:
         self.steps_used = 0
         self.window = 0  # steps of the progress windows (0: none measured)
         self.priors = [c.progress_prior for c in candidates]
+        self.compile_priors = [float(c.compile_prior(ctx)) for c in candidates]
+        self.step_priors = [float(c.step_prior(ctx)) for c in candidates]
         self.exact = [c.exact_progress for c in candidates]
+        self.probed: List[int] = []  # in the order probed (the same on every rank)
 
     # -- the budget -------------------------------------------------------------------------------
     def decided(self) -> List[Figures]:
         """The figures with their gains, as the decision would read them now."""
         return with_gains(self.figures, self.exact, self.priors, self.window)
 
-    def over_budget(self, next_cost: float) -> Optional[str]:
+    def state(self) -> _State:
+        """The numbers the next decision reads, maxed over the ranks (one small all-reduce) so all ranks agree."""
+        figures, n_steps = self.decided(), self.ctx.planned_steps
+        waste = trial_waste(time.perf_counter() - self.started, figures, n_steps)
+        scale = o0_scale(self.figures, self.compile_priors, self.step_priors) or (-1.0, -1.0)
+        overhead = max([self.seconds[i] - sum(self.records[i].step_seconds) for i in self.probed] or [0.0])
+        dearest = max(self.seconds)
+        values = [waste, -min(best_run(figures, n_steps)[1], NO_ESTIMATE), best_left(figures, n_steps), *scale,
+                  max(0.0, overhead), dearest]
+        waste, neg_run, left, compile_o0, step_o0, overhead, dearest = _agreed_max(values, self.ctx.ranks)
+        best = best_run(figures, n_steps)[0]
+        return _State(waste, -neg_run, left, (compile_o0, step_o0) if step_o0 > 0 else None, overhead, dearest,
+                      self.candidates[best].name if best is not None else "")
+
+    def over_budget(self, next_cost: float, state: Optional[_State] = None) -> Optional[str]:
         """Why one more probe or measurement costing about ``next_cost`` s is not paid (the time budget), or None."""
         if not self.options.time_budget:
             return None
-        figures = self.decided()
-        spent = time.perf_counter() - self.started
-        waste = trial_waste(spent, figures, self.ctx.planned_steps)
-        run = best_run(figures, self.ctx.planned_steps)[1]
-        waste, next_cost, neg_run = _agreed_max([waste, next_cost, -min(run, NO_ESTIMATE)], self.ctx.ranks)
-        run = -neg_run
-        if not over_time_budget(waste, next_cost, run, self.options.budget):
+        state = state or self.state()
+        if not over_time_budget(state.waste, next_cost, state.run, self.options.budget):
             return None
-        return (f"the time budget ({self.options.budget:g} x the predicted {run:.1f} s run = "
-                f"{self.options.budget * run:.1f} s) would be passed ({waste:.1f} s lost so far, about "
+        return (f"the time budget ({self.options.budget:g} x the predicted {state.run:.1f} s run = "
+                f"{self.options.budget * state.run:.1f} s) would be passed ({state.waste:.1f} s lost so far, about "
                 f"{next_cost:.1f} s more)")
 
     # -- phase 1 ----------------------------------------------------------------------------------
+    def predicted(self, i: int, scale: Tuple[float, float]) -> Figures:
+        """Candidate ``i``'s figures as its priors predict them from O0's measured ``(compile, step)`` ``scale``."""
+        return prior_figures(self.compile_priors[i], self.step_priors[i], self.priors[i], scale)
+
+    def next_probe(self, left: Sequence[int], steps: int, budget_steps: int) -> Tuple[int, Optional[str]]:
+        """The candidate of ``left`` to probe next, and why it is not probed (None: probe it).
+
+        Before any probe, and without ``time_budget`` (every candidate the step budget pays for is probed, in the
+        prior order, with no collective): the first of ``left``. After a probe, with ``time_budget``: the one with the
+        shortest run predicted from its priors and the measured scale (agreed over the ranks), only when that run is
+        shorter than what the best plan so far still needs (it saves time) and the time budget pays for its probe.
+        """
+        if not self.probed:
+            return left[0], None
+        if not self.options.time_budget:
+            over = self.steps_used + steps > budget_steps
+            return left[0], (f"the step budget ({budget_steps} steps) is spent ({self.steps_used} used, {steps} per "
+                             f"probe)" if over else None)
+        state = self.state()
+        if state.scale is None:  # every probe so far failed: the prior order, the dearest probe as the cost
+            i, cost, run = left[0], state.dearest, None
+        else:
+            n_steps = self.ctx.planned_steps
+            runs = {j: predicted_run(self.predicted(j, state.scale), n_steps) or NO_ESTIMATE for j in left}
+            i = min(left, key=lambda j: (runs[j], left.index(j)))
+            guess = self.predicted(i, state.scale)
+            cost, run = guess.compile_s + steps * guess.step_s + state.overhead, runs[i]
+        if self.steps_used + steps > budget_steps:
+            return i, f"the step budget ({budget_steps} steps) is spent ({self.steps_used} used, {steps} per probe)"
+        if run is not None and run >= state.left:
+            return i, (f"no candidate left is predicted to save time: the shortest predicted run, "
+                       f"{self.candidates[i].name}'s {run:.1f} s, is not below the {state.left:.1f} s {state.best} "
+                       f"still needs (its compile is paid)")
+        return i, self.over_budget(cost, state)
+
     def probe(self, order: Sequence[int], batches: Sequence[tuple], reuse: Optional[int]) -> None:
-        """Probe the candidates of ``order`` while the step and time budgets pay for one more."""
+        """Probe the candidates of ``order`` (the prior order) while one more pays; :meth:`next_probe` picks each."""
         budget_steps = int(self.options.budget * self.ctx.planned_steps + 1e-9)
         steps = min(self.options.probe_steps, len(batches))
-        for n, i in enumerate(order):
-            stop = None
-            if n:
-                if self.steps_used + steps > budget_steps:
-                    stop = (f"the step budget ({budget_steps} steps) is spent ({self.steps_used} used, {steps} per "
-                            f"probe)")
-                else:
-                    stop = self.over_budget(max(self.seconds))  # the dearest probe so far: what one more costs
+        left = list(order)
+        while left:
+            i, stop = self.next_probe(left, steps, budget_steps)
             if stop:
-                for j in order[n:]:
+                for j in left:
                     self.records[j] = TrialRecord(error=f"not probed: {stop}")
                     self.figures[j] = Figures(False, reason=f"not probed: {stop}")
-                _say(f"autotune: not probed: {stop}: {[self.candidates[j].name for j in order[n:]]}")
+                _say(f"autotune: not probed: {stop}: {[self.candidates[j].name for j in left]}")
                 return
+            left.remove(i)
             self._probe_one(i, batches[:steps], i == reuse)
+            self.probed.append(i)
 
     def _probe_one(self, i: int, batches: Sequence[tuple], on_originals: bool) -> None:
         """Build candidate ``i`` and time its ``batches`` steps; keep its run (at the start) unless it failed."""
@@ -242,7 +329,7 @@ class _Trial:
         ok = [i for i in order if figures[i].ok]
         ref = next((i for i in ok if self.exact[i]), None)
         others = [i for i in ok if not self.exact[i]]
-        if not options.measure_progress or ref is None or not others:
+        if not options.measure_progress or ref is None or not others or not holdout:
             return []
         others.sort(key=lambda i: predicted_run(figures[i], n_steps) or NO_ESTIMATE)
         budget_steps = int(options.budget * n_steps + 1e-9)
@@ -349,13 +436,14 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
         chosen = order[0]
         note = (f"no trial: the budget of {budget_steps} steps (budget {options.budget:g} x {ctx.planned_steps} "
                 f"planned steps) cannot pay for one probe of {options.probe_steps} steps; {candidates[chosen].name} "
-                f"(the highest speed prior) trains the run unmeasured")
+                f"(the shortest run its priors predict) trains the run unmeasured")
         reasons = [f"dropped: {f.reason}" if errors[i] else "not tried" for i, f in enumerate(trial.figures)]
-        reasons[chosen] = "picked unmeasured: the highest speed prior"
+        reasons[chosen] = "picked unmeasured: the shortest run its priors predict"
         return _finish(trial, plans, reasons, chosen, False, [note])
     reuse = next((i for i in order if not boosts[i].is_active), None)  # type: ignore[union-attr]
-    _say(f"autotune: probing {[candidates[i].name for i in order]} in this order ({options.probe_steps} steps each, "
-         f"budget {options.budget:g} of {ctx.planned_steps} planned steps)")
+    _say(f"autotune: prior order {[candidates[i].name for i in order]} (the shortest predicted run first; after a "
+         f"probe, by the measured times): {options.probe_steps} steps each, budget {options.budget:g} of "
+         f"{ctx.planned_steps} planned steps")
     trial.probe(order, batches, reuse)
     trial.figures = agree(trial.figures, ctx.ranks)  # phase 2 decides from the same numbers on every rank
     for i in list(trial.runs):
@@ -408,8 +496,9 @@ def _finish(trial: _Trial, plans: Sequence[Tuple[str, Dict[str, Any]]], reasons:
     boost = trial.boosts[chosen]
     assert boost is not None
     run = trial.runs.get(chosen)
-    trial.runs.clear()  # the other candidates' steps are freed
-    gc.collect()
+    if set(trial.runs) - {chosen}:  # the other candidates' steps are freed (a collection costs 0.1-0.3 s: only then)
+        trial.runs.clear()
+        gc.collect()
     report = AutotuneReport(results, trial.candidates[chosen].name, boost.level, plan_dict(boost), measured,
                             ctx.planned_steps, trial.steps_used, options.budget,
                             time.perf_counter() - trial.started, ctx.ranks, tuple(notes), trial_run=run)

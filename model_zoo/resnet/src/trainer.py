@@ -48,7 +48,7 @@ from model_zoo.resnet.src.run_state import (
     schedule_parameter_names,
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
-from ms_boost import AutoBoost, Model, autotune_plan, comm
+from ms_boost import AutoBoost, Model, comm
 from ms_boost.autotune.options import AUTO_LEVEL
 from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.dim_reduce.pca import write_weight_manifest
@@ -258,27 +258,28 @@ def concrete_plan(cfg: Config, plan: Path) -> Config:
 
 
 def autotune_recipe(cfg: Config, run: RunInfo, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer, dataset: ds.Dataset,
-                    steps_per_epoch: int) -> Config:
+                    steps_per_epoch: int) -> Tuple[Config, Optional[Model]]:
     """``boost_level: auto``: the recipe with the plan a measured trial picks (or the saved one, see
-    :func:`saved_plan`), so checkpoints, the manifest and ``--resume`` see a concrete plan. The trial trains copies:
-    ``net`` and ``opt`` keep their starting state. The trial's options are the ``autotune`` section (its ``plan``
-    aside); the pick is written to ``<output_path>/autotune.yaml``."""
+    :func:`saved_plan`), so checkpoints, the manifest and ``--resume`` see a concrete plan; and the Model that trains
+    it (None with a saved plan: :func:`build_model` builds it).
+
+    The trial is ``ms_boost.Model(boost_level="auto").autotune``: the Model trains the pick on the very step the trial
+    compiled (one compile of the pick, not two), on copies of ``net`` and ``opt`` when the pick rewrites them (their
+    values are written back into ``net`` and ``opt`` when training ends). The trial's options are the ``autotune``
+    section (its ``plan`` aside); the pick is written to ``<output_path>/autotune.yaml``."""
     plan = saved_plan(cfg)
     if plan is not None:
         _say(run, f"autotune: no trial, training the saved plan {str(plan)!r}")
-        return concrete_plan(cfg, plan)
+        return concrete_plan(cfg, plan), None
     total_steps = steps_per_epoch * int(cfg.epoch_size)
     sections = boost_config_dict(cfg, total_steps) or {}
     options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
     options["save_path"] = str(Path(os.path.expanduser(str(cfg.output_path))) / AUTOTUNE_FILE)
     sections["autotune"] = options
-    amp: Dict[str, Any] = {"keep_batchnorm_fp32": bool(cfg.keep_batchnorm_fp32)}
-    lsm = loss_scale_manager(cfg)
-    if lsm is not None:
-        amp["loss_scale_manager"] = lsm
-    report = autotune_plan(net, loss, opt, dataset, int(cfg.epoch_size), sections, amp_level=cfg.amp_level,
-                           steps_per_epoch=steps_per_epoch, **amp)
-    return cfg.replace(boost_level=report.level, boost_config_dict=report.boost_config_dict)
+    model = Model(net, loss_fn=loss, optimizer=opt, metrics=set(EVAL_METRICS), boost_level=AUTO_LEVEL,
+                  boost_config_dict=sections, **_model_kwargs(cfg))
+    report = model.autotune(dataset, int(cfg.epoch_size), steps_per_epoch=steps_per_epoch)
+    return cfg.replace(boost_level=report.level, boost_config_dict=report.boost_config_dict), model
 
 
 def _eval_boost(cfg: Config) -> AutoBoost:
@@ -455,12 +456,18 @@ def boost_config_dict(cfg: Config, total_steps: int, for_structure: bool = False
     return result
 
 
-def build_model(cfg: Config, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer, total_steps: int) -> Model:
-    """``ms_boost.Model`` with the recipe's amp level, loss scale and boost level (THOR-converted for THOR)."""
+def _model_kwargs(cfg: Config) -> Dict[str, Any]:
+    """The recipe's amp level, BatchNorm precision and loss scale as ``Model`` arguments."""
     lsm = loss_scale_manager(cfg)
     kwargs: Dict[str, Any] = {"amp_level": cfg.amp_level, "keep_batchnorm_fp32": bool(cfg.keep_batchnorm_fp32)}
     if lsm is not None:
         kwargs["loss_scale_manager"] = lsm
+    return kwargs
+
+
+def build_model(cfg: Config, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer, total_steps: int) -> Model:
+    """``ms_boost.Model`` with the recipe's amp level, loss scale and boost level (THOR-converted for THOR)."""
+    kwargs = _model_kwargs(cfg)
     model = Model(net, loss_fn=loss, optimizer=opt, metrics=set(EVAL_METRICS), boost_level=cfg.boost_level,
                   boost_config_dict=boost_config_dict(cfg, total_steps), **kwargs)
     if cfg.optimizer == "THOR":
@@ -660,9 +667,13 @@ def train(cfg: Config) -> Dict[str, Any]:
     net = build_network(cfg)
     loss = build_loss(cfg)
     opt = build_optimizer(cfg, net, steps_per_epoch)
-    if cfg.boost_level == AUTO_LEVEL:
-        cfg = autotune_recipe(cfg, run, net, loss, opt, dataset, steps_per_epoch)
-    model = build_model(cfg, net, loss, opt, total_steps)
+    model = None
+    if cfg.boost_level == AUTO_LEVEL:  # the Model of the trial trains the pick on the step the trial compiled
+        cfg, model = autotune_recipe(cfg, run, net, loss, opt, dataset, steps_per_epoch)
+    if model is None:
+        model = build_model(cfg, net, loss, opt, total_steps)
+    else:  # the pick may train copies of net (rewritten): the callbacks that read the weights read those
+        net = model.predict_network
     step_offset, resumed = resume_state(cfg, model, steps_per_epoch)
     initial_epoch = step_offset // steps_per_epoch
     if step_offset:

@@ -1,0 +1,239 @@
+"""The autotune probe order and the probes' budget, on constructed trials with a scripted clock.
+
+The prior order is checked against a numpy re-statement of the rule (``kappa K + N tau T / q``, O0's compile
+``K`` a context-given number of O0 steps ``T``). The engine's probe loop runs on fake train steps that advance a fake
+``perf_counter`` by a scripted compile and step time, so what is probed, in which order, why the rest is not, and what
+is picked are exact, whatever the machine's load (no MindSpore graph is built).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+
+from ms_boost.autotune import engine, register_candidate, unregister_candidate
+from ms_boost.autotune.candidates import (
+    TrialContext,
+    default_candidates,
+    get_candidate,
+    prior_run,
+    probe_order,
+)
+from ms_boost.autotune.decide import NO_ESTIMATE, Figures, best_left, o0_scale, predicted_run, prior_figures
+from ms_boost.autotune.engine import batches_needed
+from ms_boost.autotune.options import AutotuneOptions
+
+
+def _conv(steps: int) -> TrialContext:
+    """A network with nn.Conv2d layers on CPU, batch 32 (the time-to-accuracy page's conv cells)."""
+    return TrialContext(ranks=1, batch_size=32, planned_steps=steps, device="CPU", conv2d_layers=3)
+
+
+def _gemm(steps: int) -> TrialContext:
+    return TrialContext(ranks=1, batch_size=32, planned_steps=steps, device="CPU", conv2d_layers=0)
+
+
+def _numpy_prior_runs(ctx: TrialContext) -> Dict[str, float]:
+    """kappa K + N tau T / q with T = 1 and K = ctx.compile_steps, for the default candidates (numpy)."""
+    cands = default_candidates(ctx)
+    kappa = np.array([c.compile_prior(ctx) for c in cands], np.float64)
+    tau = np.array([c.step_prior(ctx) for c in cands], np.float64)
+    q = np.array([c.progress_prior for c in cands], np.float64)
+    runs = kappa * ctx.compile_steps + ctx.planned_steps * tau / q
+    return {c.name: float(r) for c, r in zip(cands, runs)}
+
+
+# ------------------------------------------------------------------------------------- the prior order, pure
+@pytest.mark.parametrize("ctx", [_conv(4), _conv(94), _conv(138), _conv(5000), _gemm(138), _gemm(100000)])
+def test_probe_order_is_the_increasing_prior_run(ctx):
+    cands = default_candidates(ctx)
+    want = _numpy_prior_runs(ctx)
+    assert {c.name: prior_run(c, ctx) for c in cands} == pytest.approx(want, rel=1e-12)
+    order = [cands[i].name for i in probe_order(cands, ctx)]
+    assert [want[n] for n in order] == sorted(want.values())
+
+
+def test_a_cheap_large_win_is_probed_first_in_a_short_conv_run_and_o0_in_a_tiny_one():
+    # the time-to-accuracy page's conv cells: 94 and 138 planned steps; the GEMM rewrite compiles a little more
+    # than O0 and steps several times faster; O1 compiles far more for about the same step
+    for steps in (94, 138):
+        ctx = _conv(steps)
+        cands = default_candidates(ctx)
+        assert cands[probe_order(cands, ctx)[0]].name == "O0_cpu_gemm_conv"
+    tiny = _conv(4)  # a run of 4 steps cannot pay back a larger compile
+    cands = default_candidates(tiny)
+    assert cands[probe_order(cands, tiny)[0]].name == "O0"
+    gemm = _gemm(138)  # no nn.Conv2d: O0 compiles least and no plan steps faster
+    cands = default_candidates(gemm)
+    assert cands[probe_order(cands, gemm)[0]].name == "O0"
+    assert "O0_cpu_gemm_conv" not in [c.name for c in cands]
+
+
+def test_o0_scale_prior_figures_and_what_the_best_still_needs():
+    figs = [Figures(True, step_s=0.03, compile_s=4.0), Figures(False, reason="x"), Figures(True, step_s=0.6)]
+    # each kept probe says K = k / kappa and T = t / tau; the estimate is their mean
+    assert o0_scale(figs, [2.0, 1.0, 1.0], [0.1, 1.0, 1.0]) == pytest.approx((np.mean([2.0, 0.0]),
+                                                                               np.mean([0.3, 0.6])))
+    assert o0_scale([Figures(False, reason="x")], [1.0], [1.0]) is None
+    guess = prior_figures(3.0, 0.2, 0.9, (2.0, 0.5))
+    assert (guess.compile_s, guess.step_s, guess.gain, guess.ok) == (6.0, 0.1, 0.9, True)
+    assert predicted_run(guess, 90) == pytest.approx(6.0 + 90 * 0.1 / 0.9)
+    best = [Figures(True, step_s=0.03, compile_s=4.0, gain=1.0), Figures(True, step_s=0.5, compile_s=1.0, gain=1.0)]
+    assert best_left(best, 100) == pytest.approx(100 * 0.03)  # the first: 7 s against 51 s, minus its 4 s compile
+    assert best_left([Figures(False, reason="x")], 100) == NO_ESTIMATE
+
+
+# ------------------------------------------------------------------------------------- the probe loop, scripted
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _FakeRun:
+    """A train step whose first call takes ``compile_s + step_s`` seconds of the fake clock, the others ``step_s``."""
+
+    def __init__(self, clock: _Clock, compile_s: float, step_s: float, log: List[str], name: str):
+        self.clock, self.compile_s, self.step_s, self.calls = clock, compile_s, step_s, 0
+        self.log, self.name = log, name
+        self.train_cell = object()
+        self.on_originals = False
+
+    def step(self, *batch):
+        self.clock.now += self.step_s + (self.compile_s if self.calls == 0 else 0.0)
+        self.calls += 1
+        return 1.0
+
+    def holdout_loss(self, batches) -> float:
+        return 2.0 - 0.01 * self.calls
+
+    def restore(self) -> None:
+        self.clock.now += 0.01  # writing the Parameters back
+
+
+def _plan_name(boost) -> str:
+    if boost.enabled("less_bn"):
+        return "O1"
+    if boost.enabled("cpu_gemm_conv"):
+        return "O0_cpu_gemm_conv"
+    if boost.enabled("thor"):
+        return "thor"
+    if boost.enabled("grad_accumulation"):
+        return "grad_accumulation_2"
+    return "O0"
+
+
+def _scripted_trial(monkeypatch, ctx: TrialContext, times: Dict[str, Tuple[float, float]], **options):
+    """Run the engine on fake steps: ``times[name] = (compile_s, step_s)``; returns (report, names in probe order)."""
+    clock, log = _Clock(), []
+    monkeypatch.setattr(engine, "time", clock)
+
+    def build(boost, on_originals):
+        name = _plan_name(boost)
+        log.append(name)
+        compile_s, step_s = times[name]
+        return _FakeRun(clock, compile_s, step_s, log, name)
+
+    batches = [(np.zeros(1),)] * 60
+    report = engine.run_trials(build, ctx, AutotuneOptions(**options), batches, batches[:2])
+    return report, log
+
+
+def test_a_short_conv_run_probes_the_gemm_rewrite_first_and_picks_it(monkeypatch):
+    # mnist5k/conv's shape: 94 steps, O0 (nn.Conv2d) slow, the GEMM rewrite cheap and fast, O1 a dearer compile
+    times = {"O0": (3.0, 0.4), "O0_cpu_gemm_conv": (4.0, 0.03), "O1": (9.0, 0.03), "thor": (30.0, 0.4),
+             "grad_accumulation_2": (4.0, 0.4)}
+    report, probed = _scripted_trial(monkeypatch, _conv(94), times)
+    assert probed == ["O0_cpu_gemm_conv"] and report.pick == "O0_cpu_gemm_conv"
+    assert report.candidate("O1").reason.startswith("dropped: not probed: the step budget (4 steps)")
+    # a larger budget pays the steps: the time budget decides, and no plan left is predicted to save time
+    report, probed = _scripted_trial(monkeypatch, _conv(94), times, budget=0.5)
+    assert probed == ["O0_cpu_gemm_conv"] and report.pick == "O0_cpu_gemm_conv"
+    assert "no candidate left is predicted to save time" in report.candidate("O1").reason
+    assert report.candidate("O0_cpu_gemm_conv").figures.compile_s == pytest.approx(4.0)
+
+
+@pytest.fixture()
+def o1_fast():
+    """O1's plan with priors of a plan that steps twice as fast as O0 after a compile 5x O0's (test only)."""
+    cand = replace(get_candidate("O1"), name="O1_fast", compile_prior=lambda ctx: 5.0, step_prior=lambda ctx: 0.5)
+    register_candidate(cand)
+    yield cand
+    unregister_candidate(cand.name)
+
+
+@pytest.mark.parametrize("o0_times, budget, probed_second, why", [
+    ((1.0, 0.1), 0.1, True, ""),                # O0 compiles in 10 of its steps: O1_fast's 5x is cheap
+    ((20.0, 0.1), 0.1, False, "no candidate left is predicted to save time"),  # in 200: its 5x is dear
+    ((1.0, 0.1), 0.05, False, "the time budget (0.05 x the predicted 101.0 s run"),  # saves, but over 5%
+])
+def test_after_a_probe_the_next_is_the_shortest_run_predicted_on_the_measured_scale_if_it_saves_and_pays(
+        monkeypatch, o1_fast, o0_times, budget, probed_second, why):
+    ctx = _gemm(1000)
+    o0 = get_candidate("O0")
+    assert probe_order([o0, o1_fast], ctx) == [0, 1]  # on the guessed scale (200 steps of compile) O0 comes first
+    scale = (o0_times[0] / o0.compile_prior(ctx), o0_times[1] / o0.step_prior(ctx))
+    guess = prior_figures(5.0, 0.5, o1_fast.progress_prior, scale)
+    saves = predicted_run(guess, 1000) < 1000 * o0_times[1]  # below what O0 still needs once compiled
+    # its probe: compile, 3 steps and the restore; the waste so far: O0's 3 steps and restore
+    pays = 3 * o0_times[1] + 0.01 + guess.compile_s + 3 * guess.step_s + 0.01 <= budget * (o0_times[0] + 100.0)
+    assert (saves and pays) is probed_second
+    times = {"O0": o0_times, "O1": (4.0, 0.04)}
+    report, probed = _scripted_trial(monkeypatch, ctx, times, budget=budget, measure_progress=False,
+                                     candidates=("O0", "O1_fast"))
+    assert probed == (["O0", "O1"] if probed_second else ["O0"])
+    if probed_second:  # measured: 4 + 1000 x 0.04 / 0.9 s against O0's 1 + 100 s
+        assert report.pick == "O1_fast" and report.candidate("O1_fast").run_seconds(1000) == \
+            pytest.approx(4.0 + 1000 * 0.04 / o1_fast.progress_prior, rel=1e-9)
+    else:
+        assert report.pick == "O0" and report.candidate("O1_fast").reason.startswith(f"dropped: not probed: {why}")
+    # time_budget off: whatever the scale, every candidate the step budget pays for is probed
+    _, probed = _scripted_trial(monkeypatch, ctx, times, budget=budget, measure_progress=False, time_budget=False,
+                                candidates=("O0", "O1_fast"))
+    assert probed == ["O0", "O1"]
+
+
+def test_with_the_time_budget_off_every_default_candidate_is_probed_in_the_prior_order(monkeypatch):
+    ctx = _conv(1000)
+    times = {"O0": (1.0, 0.7), "O0_cpu_gemm_conv": (1.5, 0.1), "O1": (3.5, 0.1), "thor": (9.0, 0.7),
+             "grad_accumulation_2": (1.4, 0.7)}
+    report, probed = _scripted_trial(monkeypatch, ctx, times, measure_progress=False, time_budget=False)
+    cands = default_candidates(ctx)
+    want = ["thor" if "thor" in cands[i].name else cands[i].name for i in probe_order(cands, ctx)]
+    assert probed == want and probed[0] == "O0_cpu_gemm_conv" and report.pick == "O0_cpu_gemm_conv"
+
+
+def test_with_the_time_budget_the_next_probe_is_ranked_on_the_measured_scale(monkeypatch, o1_fast):
+    # priors: O0 (1, 1), O1_fast (5, 0.5), accumulation (1.15, 1.3); GEMM ResNet, 1000 steps, a budget that pays
+    ctx = _gemm(1000)
+    names = ("O0", "O1_fast", "grad_accumulation_2")
+    cands = [get_candidate(n) for n in names]
+    assert [names[i] for i in probe_order(cands, ctx)] == ["O0", "O1_fast", "grad_accumulation_2"]
+    times = {"O0": (1.0, 0.1), "O1": (4.0, 0.04), "grad_accumulation_2": (1.1, 0.13)}
+    report, probed = _scripted_trial(monkeypatch, ctx, times, budget=0.3, measure_progress=False, candidates=names)
+    scale = (1.0, 0.1)  # O0 measured: compile 1 s (10 of its steps, not 200), step 0.1 s
+    runs = {n: predicted_run(prior_figures(c.compile_prior(ctx), c.step_prior(ctx), c.progress_prior, scale), 1000)
+            for n, c in zip(names[1:], cands[1:])}
+    assert min(runs, key=runs.get) == "O1_fast" and probed[:2] == ["O0", "O1"]
+    assert report.pick == "O1_fast"
+    assert "no candidate left is predicted to save time" in report.candidate("grad_accumulation_2").reason
+
+
+def test_no_trial_trains_the_shortest_prior_run(monkeypatch):
+    report, probed = _scripted_trial(monkeypatch, _conv(40), {})  # 5% of 40 steps: 2, below one probe's 3
+    want = _numpy_prior_runs(_conv(40))
+    assert probed == [] and report.pick == min(want, key=want.get) and not report.measured
+    assert "the shortest run its priors predict" in report.notes[0]
+
+
+def test_the_trial_reads_only_the_batches_its_budget_can_use():
+    opts = AutotuneOptions()  # budget 5%, probes of 3 steps, progress windows of at least 4 steps, 2 held out
+    assert batches_needed(opts, 40) == (0, 1)      # 2 steps: no probe (one batch tells the batch size)
+    assert batches_needed(opts, 138) == (0, 3)     # 6 steps: one probe, no room for two windows of 4
+    assert batches_needed(opts, 220) == (2, 11)    # 11 steps: a probe and two windows of 4
+    assert batches_needed(opts, 5000) == (2, 50)   # at most max_trial_steps
+    assert batches_needed(AutotuneOptions(measure_progress=False), 5000) == (0, 3)
