@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -103,6 +103,10 @@ class _DampingSchedule(nn.Cell):
             values = np.array(_rule("damping", damping), np.float32).reshape(-1)
         self.values = Parameter(Tensor(values), name="thor_damping_values", requires_grad=False)
         self.last = values.size - 1
+
+    def adjustable_values(self) -> Optional[Tuple[Parameter, ...]]:
+        """The Parameter of per-step values (a constant is one value), to be scaled in place; None for a schedule."""
+        return None if self.schedule is not None else (self.values,)
 
     def construct(self, step):
         if self.schedule is not None:
@@ -376,6 +380,13 @@ class THOR(nn.Optimizer, StageHooks):
     def thor_layers(self) -> tuple:
         """The THOR layers this optimizer preconditions, in network order."""
         return self._thor_layers
+
+    def damping_parameters(self) -> Optional[Tuple[Parameter, ...]]:
+        """The Parameter holding the damping values, which a divergence rollback scales in place.
+
+        One value for a constant damping, one per step for an array; None for a ``LearningRateSchedule`` damping.
+        """
+        return self.damping.adjustable_values()
 
     def get_frequency(self) -> int:
         """Refresh interval of factors and inverses (upstream API)."""
