@@ -576,12 +576,7 @@ class THOR(nn.Optimizer, StageHooks):
         lr = self.get_lr()
         # Per-parameter work is mapped with HyperMap over tuples: a Python loop over ResNet-50's 161
         # parameters unrolls into nested calls deeper than Graph mode's call-depth limit.
-        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients), self.layer_embedding,
-                                        self.weight_index, self.bias_index, self.layer_groups, self.g_dims,
-                                        self.a_inverses, self.g_inverses)
-        # per parameter: its preconditioned direction (THOR layers) or its gradient, picked by a static map
-        directions = self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
-                                    self.param_slot, self.param_position)
+        directions = self.directions(gradients)
         nu = ops.ones((), ms.float32)
         new_grads = directions  # before the trust region: a NaN nu would blame every layer
         # per parameter a scalar that is non-finite when its preconditioned direction is (0 for other parameters):
@@ -633,6 +628,14 @@ class THOR(nn.Optimizer, StageHooks):
                           ops.cast(skipped, ms.float32).reshape(1)))
         done = ops.depend(finite, success)
         return ops.depend(done, ops.assign(self.step_health, (kept + new).astype(ms.float32)))
+
+    def directions(self, gradients):
+        """Per parameter: its THOR-preconditioned direction (parameters of THOR layers) or its gradient."""
+        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients), self.layer_embedding,
+                                     self.weight_index, self.bias_index, self.layer_groups, self.g_dims,
+                                     self.a_inverses, self.g_inverses)
+        return self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
+                              self.param_slot, self.param_position)
 
     def _first_bad_layer(self, summaries):
         """Index (float) of the first THOR layer whose update holds inf/NaN; -1 if none does.
