@@ -12,6 +12,10 @@ Two measurements, written to ``bench/results/thor.md`` and ``thor.json``:
   ``t_other + (t_refresh - t_other) / F``; ratio to the Momentum step. The step-time network is set apart
   (``--time_blocks``, ``--time_width``; default the zoo's ResNet-18 at width 16). Compile times: the first
   call (THOR's variants: the first two calls, which compile the refresh and the plain variant).
+  ``--time_adaptive 0.1 0.3`` and ``--time_block_sizes 64 32`` time more THOR configurations in the same
+  alternation (the adaptive refresh with how many layer refreshes kept their inverses; other block sizes);
+  ``--time_batches 20`` cycles through the training set's batches instead of one fixed batch (every
+  configuration gets the same batch at a step), which the adaptive refresh needs to see its factors change.
 
 Usage::
 
@@ -29,7 +33,7 @@ from pathlib import Path
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,7 +41,7 @@ from bench.common import RESULTS, environment, write_results  # noqa: E402
 from model_zoo.resnet.src.resnet import BasicBlock, ResNet  # noqa: E402
 from model_zoo.resnet.src.synthetic_data import render_image  # noqa: E402
 from ms_boost import Model  # noqa: E402
-from ms_boost.thor import ConvertModelUtils, kernels, thor  # noqa: E402
+from ms_boost.thor import ConvertModelUtils, thor  # noqa: E402
 from ms_boost.thor.variants import ThorTrainStep  # noqa: E402
 
 
@@ -50,10 +54,7 @@ class PreconditionFloor(nn.Cell):
         self.opt = opt
 
     def construct(self, *gradients):
-        opt = self.opt
-        out = kernels.MAP(ops.partial(kernels.precondition, gradients), opt.layer_embedding, opt.weight_index,
-                          opt.bias_index, opt.layer_groups, opt.g_dims, opt.a_inverses, opt.g_inverses)
-        return kernels.MAP(kernels.field_0, out)  # the weight directions
+        return self.opt.directions(gradients)
 
 
 def make_images(num_classes: int, per_class: int, size: int, split: int, seed: int):
@@ -84,11 +85,14 @@ def build(kind: str, args, seed: int, steps_per_epoch: int, blocks=(1, 1, 1, 1),
         return net, opt, Model(net, loss, opt, metrics={"acc"})
     parts = kind.split("_")
     frequency = int(parts[1])
-    threshold = float(parts[2][1:]) if len(parts) > 2 else None  # thor_10_a0.1: adaptive refresh, threshold 0.1
+    # thor_10_a0.1: adaptive refresh, threshold 0.1; thor_10_b64: block size 64
+    options = {part[0]: float(part[1:]) for part in parts[2:]}
+    threshold = options.get("a")
+    block_size = int(options.get("b", args.block_size))
     lr = Tensor(cosine(args.thor_lr, total))
     damping = Tensor(np.geomspace(args.damping, args.damping * 0.1, total).astype(np.float32))
     opt = thor(net, lr, damping, 0.9, args.weight_decay, frequency=frequency,
-               decay_filter=lambda p: p.ndim > 1, refresh_threshold=threshold)
+               decay_filter=lambda p: p.ndim > 1, refresh_threshold=threshold, block_size=block_size)
     model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt, metrics={"acc"}), net, loss, opt,
                                                       metrics={"acc"})
     return net, opt, model
@@ -162,16 +166,26 @@ def step_time(args, data) -> dict:
     the arithmetic a THOR step adds between refreshes), timed in the same alternation.
     """
     (xt, yt), _ = data
-    x, y = Tensor(xt[:args.batch]), Tensor(yt[:args.batch])
+    n_batches = max(1, min(getattr(args, "time_batches", 1), len(xt) // args.batch))
+    batches = [(Tensor(xt[k * args.batch:(k + 1) * args.batch]), Tensor(yt[k * args.batch:(k + 1) * args.batch]))
+               for k in range(n_batches)]
+    x, y = batches[0]
     graph = ms.get_context("mode") == ms.GRAPH_MODE
-    kinds = ["momentum", "thor"] + (["thor_switch"] if graph and not getattr(args, "skip_switch", False) else [])
-    calls, compile_s, compile_cpu = {}, {}, {}
+    # more THOR configurations timed alongside: the adaptive refresh (thor_a<threshold>), other block sizes
+    adaptive = ([f"thor_a{t:g}" for t in getattr(args, "time_adaptive", [])]
+                + [f"thor_b{b}" for b in getattr(args, "time_block_sizes", [])])
+    kinds = (["momentum", "thor"] + adaptive
+             + (["thor_switch"] if graph and not getattr(args, "skip_switch", False) else []))
+    calls, compile_s, compile_cpu, opts = {}, {}, {}, {}
     for kind in kinds:
-        _, opt, model = build("momentum" if kind == "momentum" else f"thor_{args.time_frequency}", args, 0, 1000,
-                              args.time_blocks, args.time_width)
+        built = "momentum" if kind == "momentum" else f"thor_{args.time_frequency}"
+        if kind in adaptive:
+            built += kind[len("thor"):]  # thor_10_a0.1
+        _, opt, model = build(built, args, 0, 1000, args.time_blocks, args.time_width)
+        opts[kind] = opt
         cell = model.train_network
         cell.set_train()
-        call = ThorTrainStep(cell, opt) if kind == "thor" else cell
+        call = ThorTrainStep(cell, opt) if kind == "thor" or kind in adaptive else cell
         start, cpu = time.perf_counter(), time.process_time()
         _sync(call(x, y))  # compile (and THOR's first refresh)
         first, first_cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -193,8 +207,10 @@ def step_time(args, data) -> dict:
     # also the process's CPU time (all its threads): on a machine shared with other jobs the wall time of a step
     # mostly measures the waits for a core; the CPU time it used is far steadier
     cpu_times = {kind: ([], []) for kind in timed}
+    kept_before = {kind: _kept_refreshes(opts[kind]) for kind in adaptive}
     f = args.time_frequency
     for step in range(2, args.timed_steps + 2):
+        x, y = batches[step % n_batches]  # every kind gets the same batch at a step
         for kind in timed:
             start, cpu = time.perf_counter(), time.process_time()
             _sync(calls[kind](x, y))
@@ -206,6 +222,8 @@ def step_time(args, data) -> dict:
     out = {"momentum_s": t_m, "compile_s": {}, "samples": {"momentum": momentum},
            "floor_s": statistics.median(times["floor"][1])}
     for kind in kinds[1:]:
+        if kind in adaptive:
+            continue
         refresh, other = times[kind]
         t_r, t_o = statistics.median(refresh), statistics.median(other)
         ordered, r_iter, o_iter = [], iter(refresh), iter(other)
@@ -229,7 +247,7 @@ def step_time(args, data) -> dict:
     out["compile_s"]["thor_plain_variant"] = compile_s["thor"][1] - out["thor_other_s"]
     if "thor_switch" in kinds:
         out["compile_s"]["thor_switch"] = compile_s["thor_switch"][0] - out["switch_refresh_s"]
-    med = {kind: tuple(statistics.median(s) if s else float("nan") for s in cpu_times[kind]) for kind in timed}
+    med = {kind: _medians(cpu_times[kind]) for kind in timed}
     c_m, (c_r, c_o) = med["momentum"][1], med["thor"]
     out["cpu"] = {"momentum_s": c_m, "floor_s": med["floor"][1], "thor_refresh_s": c_r, "thor_other_s": c_o,
                   "ratio": {fr: (c_o + (c_r - c_o) / fr) / c_m for fr in args.frequency},
@@ -238,7 +256,30 @@ def step_time(args, data) -> dict:
                                 "thor_plain_variant": compile_cpu["thor"][1] - c_o}}
     if "thor_switch" in kinds:
         out["cpu"].update({"switch_other_s": med["thor_switch"][1], "switch_refresh_s": med["thor_switch"][0]})
+    out["batches"] = n_batches
+    if adaptive:  # per threshold: refresh steps with the trace rule, and how many layer refreshes kept their inverses
+        out["adaptive"] = {}
+        refreshes = sum(1 for step in range(2, args.timed_steps + 2) if step % f == 0)
+        for kind in adaptive:
+            (t_r, t_o), (a_r, a_o) = med[kind], _medians(times[kind])
+            out["adaptive"][kind] = {
+                "refresh_s": a_r, "other_s": a_o, "cpu_refresh_s": t_r, "cpu_other_s": t_o,
+                "cpu_ratio": {fr: (t_o + (t_r - t_o) / fr) / c_m for fr in args.frequency},
+                "cpu_ratio_vs_fixed": {fr: (t_o + (t_r - t_o) / fr) / (c_o + (c_r - c_o) / fr)
+                                       for fr in args.frequency},
+                "kept": _kept_refreshes(opts[kind]) - kept_before[kind],
+                "layer_refreshes": refreshes * opts[kind].n_layers,
+                "compile_cpu_s": [compile_cpu[kind][0] - t_r, compile_cpu[kind][1] - t_o]}
     return out
+
+
+def _medians(pair) -> tuple:
+    return tuple(statistics.median(s) if s else float("nan") for s in pair)
+
+
+def _kept_refreshes(opt) -> int:
+    """Layer refreshes at which THOR's trace rule kept a layer's inverses, so far."""
+    return sum(opt.health().get("stable_refreshes", {}).values())
 
 
 def combine_runs(runs: list) -> dict:
@@ -343,7 +384,8 @@ def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) ->
             pcpu = prev.get("cpu")
             if pcpu:
                 switch += " Its CPU time: " + _cpu_line(pcpu, with_ms=False)
-        lines += ["", f"## Step time, {mode} mode (fixed batch, Momentum and THOR steps alternating, medians)", "",
+        batch = "fixed batch" if st.get("batches", 1) == 1 else f"{st['batches']} batches in turn"
+        lines += ["", f"## Step time, {mode} mode ({batch}, Momentum and THOR steps alternating, medians)", "",
                   network + f"Momentum step {st['momentum_s'] * 1e3:.1f} ms; THOR step without refresh "
                   f"{st['thor_other_s'] * 1e3:.1f} ms ({st['thor_other_s'] / st['momentum_s']:.2f}x), refresh "
                   f"step {st['thor_refresh_s'] * 1e3:.1f} ms ({st['thor_refresh_s'] / st['momentum_s']:.2f}x) "
@@ -363,8 +405,36 @@ def markdown(args, conv: dict, steps: dict, env: dict, adaptive: dict = None) ->
             if "switch_ratio" in st:
                 row += f" {st['switch_ratio'][f]:.2f}x |"
             lines.append(row)
+        lines += _adaptive_step_lines(st, args)
     lines += ["", f"Environment: `{env}`"]
     return "\n".join(lines)
+
+
+def _adaptive_step_lines(st: dict, args) -> list:
+    """The step-time table of THOR with the adaptive refresh (CPU time), when it was timed."""
+    adaptive = st.get("adaptive")
+    if not adaptive:
+        return []
+    fr = next(iter(st["cpu"]["ratio"]))  # the first reported frequency (a str key once read back from thor.json)
+    batches = st.get("batches", 1)
+    data = "one fixed batch" if batches == 1 else f"{batches} batches of the training set in turn (all kinds alike)"
+    lines = ["", f"Other THOR configurations in the same alternation ({data}, frequency {args.time_frequency}; CPU "
+             f"time per step, medians; block size {getattr(args, 'block_size', 128)} unless named; *kept*: layer "
+             "refreshes at which the adaptive refresh's trace rule kept the inverses, of all layer refreshes of the "
+             "timed steps):", "",
+             f"| THOR | kept | between refreshes | refresh step | amortized ({fr}) vs Momentum | vs fixed frequency |",
+             "|---|---|---|---|---|---|",
+             f"| fixed frequency, all layers | - | {st['cpu']['thor_other_s'] / st['cpu']['momentum_s']:.2f}x | "
+             f"{st['cpu']['thor_refresh_s'] / st['cpu']['momentum_s']:.2f}x | {st['cpu']['ratio'][fr]:.2f}x | 1.00x |"]
+    base = st["cpu"]["momentum_s"]
+    for kind, a in adaptive.items():
+        name = (f"adaptive refresh, threshold {kind[len('thor_a'):]}" if kind.startswith("thor_a")
+                else f"block size {kind[len('thor_b'):]}")
+        kept = f"{a['kept']} / {a['layer_refreshes']}" if kind.startswith("thor_a") else "-"
+        lines.append(f"| {name} | {kept} | "
+                     f"{a['cpu_other_s'] / base:.2f}x | {a['cpu_refresh_s'] / base:.2f}x | "
+                     f"{a['cpu_ratio'][fr]:.2f}x | {a['cpu_ratio_vs_fixed'][fr]:.2f}x |")
+    return lines
 
 
 def _adaptive_lines(args, adaptive) -> list:
@@ -422,6 +492,13 @@ def main(argv=None) -> None:
                         help="basic blocks per stage of the step-time network (2 2 2 2: ResNet-18)")
     parser.add_argument("--time_width", type=int, default=16, help="base width of the step-time network")
     parser.add_argument("--timed_steps", type=int, default=60)
+    parser.add_argument("--time_batches", type=int, default=1,
+                        help="batches of the training set the step-time loop cycles through (1: a fixed batch)")
+    parser.add_argument("--time_adaptive", type=float, nargs="*", default=[],
+                        help="adaptive-refresh thresholds timed in the step-time alternation too")
+    parser.add_argument("--time_block_sizes", type=int, nargs="*", default=[],
+                        help="other THOR block sizes timed in the step-time alternation too")
+    parser.add_argument("--block_size", type=int, default=128, help="THOR block size (convergence and timing)")
     parser.add_argument("--skip_switch", action="store_true",
                         help="time THOR with its host-chosen step variants only (not the device-switch graph too)")
     parser.add_argument("--modes", nargs="+", default=["graph", "pynative"], help="execution modes timed")

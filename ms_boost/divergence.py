@@ -49,7 +49,7 @@ from ms_boost.stages import learning_rate_parameters as optimizer_learning_rates
 from ms_boost.stages import optimizer_hooks
 
 __all__ = ["DIVERGENCE_ACTIONS", "DivergencePolicy", "LossSpikeDetector", "DivergenceRollback", "first_non_finite",
-           "learning_rates_of", "dampings_of", "callback_mark"]
+           "learning_rates_of", "dampings_of", "fixed_dampings", "callback_mark"]
 
 DIVERGENCE_ACTIONS = ("stop", "rollback")
 
@@ -189,16 +189,20 @@ def learning_rates_of(network: nn.Cell) -> List[Parameter]:
 
 
 def dampings_of(network: nn.Cell) -> List[Parameter]:
-    """The optimizers' schedules other than the learning rates: THOR's damping values.
+    """The Parameters holding the optimizers' dampings (THOR's, given as a float or a per-step array).
 
-    Asked through :meth:`ms_boost.stages.OptimizerHooks.schedule_parameters`: THOR's damping as a float or a
-    per-step array; none for other optimizers or a ``LearningRateSchedule`` damping.
+    Asked through :meth:`ms_boost.stages.OptimizerHooks.damping_parameters`; none for other optimizers or a
+    ``LearningRateSchedule`` damping (see :func:`fixed_dampings`).
     """
-    rates = {p.name for p in learning_rates_of(network)}
     found: Dict[str, Parameter] = {}
     for optimizer in _optimizers(network):
-        found.update((p.name, p) for p in optimizer_hooks(optimizer).schedule_parameters() if p.name not in rates)
+        found.update((p.name, p) for p in optimizer_hooks(optimizer).damping_parameters() or ())
     return list(found.values())
+
+
+def fixed_dampings(network: nn.Cell) -> bool:
+    """Whether an optimizer of ``network`` has a damping no Parameter holds (a ``LearningRateSchedule``)."""
+    return any(optimizer_hooks(optimizer).damping_parameters() is None for optimizer in _optimizers(network))
 
 
 def callback_mark(params, key: str) -> Any:
@@ -295,9 +299,7 @@ class DivergenceRollback(Callback):
             raise ValueError(f"{names.get('lr_factor', 'lr_factor')}={self.policy.lr_factor} cannot be applied: the "
                              f"optimizer's learning rate is a LearningRateSchedule (no Parameter to lower); give "
                              f"the learning rate as a float or a per-step array, or set it to 1.")
-        if self.policy.action == "rollback" and self.policy.damping_factor > 1 and any(
-                getattr(getattr(cell, "damping", None), "schedule", None) is not None
-                for _, cell in self.network.cells_and_names()):
+        if self.policy.action == "rollback" and self.policy.damping_factor > 1 and fixed_dampings(self.network):
             raise ValueError(f"{names.get('damping_factor', 'damping_factor')}={self.policy.damping_factor} cannot "
                              f"be applied: THOR's damping is a LearningRateSchedule (no Parameter to raise); give "
                              f"it as a float or a per-step array, or set the factor to 1.")

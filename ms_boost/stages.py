@@ -204,6 +204,14 @@ class OptimizerHooks:
         """
         return ()
 
+    def damping_parameters(self) -> Optional[Sequence[Parameter]]:
+        """The Parameters holding the optimizer's damping, which a divergence rollback may raise.
+
+        ``()`` when the optimizer has no damping (the default); None when it has one that no Parameter holds
+        (THOR given a ``LearningRateSchedule`` damping), so it cannot be raised.
+        """
+        return ()
+
     def optimizer_name(self) -> str:
         """The optimizer's class name, for messages."""
         return type(self).__name__

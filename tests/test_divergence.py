@@ -241,3 +241,31 @@ def test_thor_rollback_restores_its_inverses_and_raises_the_damping():
 # Graph mode under a real 2-worker msrun job (only rank 1's lr spikes, both ranks roll back together): the
 # ``divergence`` scenario of the one Graph-mode msrun job:
 # tests/test_msrun_e2e.py::test_msrun_graph_ranks_roll_back_together
+
+
+def test_thor_damping_hook_names_what_a_rollback_can_raise():
+    """THOR says through its optimizer hooks which Parameter holds its damping (an array: the per-step values, a
+    float: one value); a LearningRateSchedule damping has none, and a rollback that should raise it is refused
+    before the first step."""
+    from ms_boost.divergence import dampings_of, fixed_dampings
+    from ms_boost.stages import optimizer_hooks
+    from ms_boost.thor import ConvertModelUtils, thor
+
+    damping = np.array([0.3, 0.2, 0.1], np.float32)
+    net = make_net(3)
+    (values,) = optimizer_hooks(thor(net, 0.01, ms.Tensor(damping), 0.9)).damping_parameters()
+    np.testing.assert_array_equal(values.asnumpy(), damping)
+    (value,) = optimizer_hooks(thor(make_net(3), 0.01, 0.03, 0.9)).damping_parameters()
+    np.testing.assert_allclose(value.asnumpy(), [0.03], rtol=1e-7)
+    assert optimizer_hooks(nn.Momentum(net.trainable_params(), 0.01, 0.9)).damping_parameters() == ()
+
+    x, y = learnable_data(32)
+    net = make_net(3)
+    opt = thor(net, 0.01, nn.CosineDecayLR(0.01, 0.05, 8), 0.9)
+    assert optimizer_hooks(opt).damping_parameters() is None
+    ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = ConvertModelUtils().convert_to_thor_model(Model(net, ce, opt), net, ce, opt)
+    assert fixed_dampings(model.train_network) and dampings_of(model.train_network) == []
+    with pytest.raises(ValueError, match=r"damping_factor=2.0 cannot be applied: THOR's damping is a "
+                                         r"LearningRateSchedule"):
+        model.train(1, dataset(x, y), callbacks=[DivergenceRollback(POLICY)], dataset_sink_mode=False)

@@ -323,6 +323,10 @@ class ThorModelHooks(OptimizerHooks):
         """The learning-rate Parameters and the damping schedule's."""
         return (*learning_rate_parameters(self.optimizer), *self.optimizer.damping.get_parameters())
 
+    def damping_parameters(self) -> Optional[Sequence[Parameter]]:
+        """THOR's damping values (None for a ``LearningRateSchedule`` damping: no Parameter to raise)."""
+        return self.optimizer.damping_parameters()
+
     def optimizer_name(self) -> str:
         """The optimizer's class name."""
         return type(self.optimizer).__name__

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 from mindspore.train.callback import Callback
@@ -11,11 +12,21 @@ from ms_boost.thor.variants import StepVariants
 
 _log = logging.getLogger("ms_boost")
 
-__all__ = ["ThorGuard", "ThorNonFiniteError"]
+__all__ = ["ThorGuard", "ThorNonFiniteError", "runs_sunk"]
 
 
 class ThorNonFiniteError(RuntimeError):
     """Training stopped: the loss (or THOR's update) stayed non-finite for too many consecutive steps."""
+
+
+def runs_sunk(cb_params) -> bool:
+    """Whether MindSpore runs the training steps sunk, without returning to Python between them.
+
+    ``dataset_sink_mode=True`` on another target than CPU. MindSpore 2.10's ``Model.train`` trains a CPU run
+    asked to sink step by step (``Model._train``: "The CPU cannot support dataset sink mode currently"), so
+    there the host still chooses each step's variant.
+    """
+    return bool(getattr(cb_params, "dataset_sink_mode", False)) and ms.get_context("device_target") != "CPU"
 
 
 class ThorGuard(Callback):
@@ -32,8 +43,9 @@ class ThorGuard(Callback):
       :class:`ThorNonFiniteError` naming the step and the first layer (network order) whose weights,
       input statistics or output-gradient statistics hold inf/NaN.
 
-    Before every step of a Graph-mode run without dataset sink it also picks the compiled step variant
-    (:class:`~ms_boost.thor.variants.StepVariants`: capturing/refresh or plain, instead of device-side switches).
+    Before every step of a Graph-mode run that MindSpore runs step by step it also picks the compiled step
+    variant (:class:`~ms_boost.thor.variants.StepVariants`: capturing/refresh or plain, instead of device-side
+    switches): every run without dataset sink, and on CPU a run with it too (:func:`runs_sunk`).
 
     Args:
         optimizer: the :class:`~ms_boost.thor.optimizer.THOR` optimizer.
@@ -51,8 +63,7 @@ class ThorGuard(Callback):
     def on_train_begin(self, run_context):
         """Start from the optimizer's counters as they are: earlier skips or rejections are not this run's."""
         self._seen = self.optimizer.health()
-        # dataset sink: MindSpore runs the steps without returning here, the device-side switches decide
-        self._choose = not getattr(run_context.original_args(), "dataset_sink_mode", False)
+        self._choose = not runs_sunk(run_context.original_args())
 
     def on_train_step_begin(self, run_context):
         """Run the compiled variant of this step (capturing/refresh or plain) when the host can choose."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -103,6 +103,10 @@ class _DampingSchedule(nn.Cell):
             values = np.array(_rule("damping", damping), np.float32).reshape(-1)
         self.values = Parameter(Tensor(values), name="thor_damping_values", requires_grad=False)
         self.last = values.size - 1
+
+    def adjustable_values(self) -> Optional[Tuple[Parameter, ...]]:
+        """The Parameter of per-step values (a constant is one value), to be scaled in place; None for a schedule."""
+        return None if self.schedule is not None else (self.values,)
 
     def construct(self, step):
         if self.schedule is not None:
@@ -377,6 +381,13 @@ class THOR(nn.Optimizer, StageHooks):
         """The THOR layers this optimizer preconditions, in network order."""
         return self._thor_layers
 
+    def damping_parameters(self) -> Optional[Tuple[Parameter, ...]]:
+        """The Parameter holding the damping values, which a divergence rollback scales in place.
+
+        One value for a constant damping, one per step for an array; None for a ``LearningRateSchedule`` damping.
+        """
+        return self.damping.adjustable_values()
+
     def get_frequency(self) -> int:
         """Refresh interval of factors and inverses (upstream API)."""
         return self.frequency
@@ -565,12 +576,7 @@ class THOR(nn.Optimizer, StageHooks):
         lr = self.get_lr()
         # Per-parameter work is mapped with HyperMap over tuples: a Python loop over ResNet-50's 161
         # parameters unrolls into nested calls deeper than Graph mode's call-depth limit.
-        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients), self.layer_embedding,
-                                        self.weight_index, self.bias_index, self.layer_groups, self.g_dims,
-                                        self.a_inverses, self.g_inverses)
-        # per parameter: its preconditioned direction (THOR layers) or its gradient, picked by a static map
-        directions = self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
-                                    self.param_slot, self.param_position)
+        directions = self.directions(gradients)
         nu = ops.ones((), ms.float32)
         new_grads = directions  # before the trust region: a NaN nu would blame every layer
         # per parameter a scalar that is non-finite when its preconditioned direction is (0 for other parameters):
@@ -622,6 +628,14 @@ class THOR(nn.Optimizer, StageHooks):
                           ops.cast(skipped, ms.float32).reshape(1)))
         done = ops.depend(finite, success)
         return ops.depend(done, ops.assign(self.step_health, (kept + new).astype(ms.float32)))
+
+    def directions(self, gradients):
+        """Per parameter: its THOR-preconditioned direction (parameters of THOR layers) or its gradient."""
+        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients), self.layer_embedding,
+                                     self.weight_index, self.bias_index, self.layer_groups, self.g_dims,
+                                     self.a_inverses, self.g_inverses)
+        return self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
+                              self.param_slot, self.param_position)
 
     def _first_bad_layer(self, summaries):
         """Index (float) of the first THOR layer whose update holds inf/NaN; -1 if none does.

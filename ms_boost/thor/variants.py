@@ -14,9 +14,10 @@ first step, a step after a skipped one), so it can run a graph compiled for exac
 
 A variant is the train cell compiled under its own ``phase`` (MindSpore keeps one graph per phase, as
 upstream's THOR model does with ``train0`` / ``train1``), with the layers' and the optimizer's static modes
-set while it compiles; each variant is compiled on its first use. Anything else -- dataset sink mode, where
-MindSpore runs the steps without returning to Python, PyNative mode, a direct call of the train cell --
-runs the default graph with the device-side switches. Both give the same numbers.
+set while it compiles; each variant is compiled on its first use. Anything else -- dataset sink mode on GPU or
+Ascend, where MindSpore runs the steps without returning to Python (on CPU MindSpore 2.10 trains a sink run step
+by step, and the variants are chosen there too: :func:`ms_boost.thor.guard.runs_sunk`), PyNative mode, a direct
+call of the train cell -- runs the default graph with the device-side switches. Both give the same numbers.
 """
 from __future__ import annotations
 
