@@ -7,6 +7,7 @@ from typing import ClassVar, Dict
 from ms_boost.grad_freeze.cell import apply_grad_freeze
 from ms_boost.grad_freeze.schedule import SCHEDULE_RULES
 from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section
+from ms_boost.validation import check_bool
 
 __all__ = ["GradFreezeConfig", "SPEC"]
 
@@ -24,6 +25,10 @@ class GradFreezeConfig(Section):
         freeze_p: share of steps on which every group trains, in [0, 1] (0.7: something is frozen on 30%).
         total_steps: the schedule's length; every group trains again before it ends (int64).
         seed: seed of the schedule (ms_boost addition; upstream used unseeded numpy randomness).
+        graph_variants: Graph mode, steps called from Python (ms_boost addition): each train set runs a graph
+            compiled for it on its first step, whose backward pass computes only that set's weight gradients
+            (as upstream's per-group networks and as PyNative mode here); off: one graph computes every gradient
+            and masks the frozen groups' updates (one compile in all). Dataset sink mode always runs that one graph.
     """
 
     param_groups: int = 10
@@ -31,9 +36,10 @@ class GradFreezeConfig(Section):
     freeze_p: float = 0.7
     total_steps: int = 65536
     seed: int = 0
+    graph_variants: bool = True
 
     SECTION: ClassVar[str] = "grad_freeze"
-    RULES: ClassVar[Dict[str, Rule]] = SCHEDULE_RULES
+    RULES: ClassVar[Dict[str, Rule]] = {**SCHEDULE_RULES, "graph_variants": check_bool}
 
 
 def _rewrite_train(network, optimizer, cfg: GradFreezeConfig, ctx: BuildContext):
