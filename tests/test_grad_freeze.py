@@ -297,11 +297,48 @@ def test_apply_grad_freeze_with_config_and_update_stage(mode):
         changed = [not np.array_equal(b, p.asnumpy()) for b, p in zip(before, params)]
         frozen = int(freeze_opt.train_strategy.asnumpy()[t])
         assert changed == [i // 2 >= frozen for i in range(len(params))], t
-    assert boost.grad_freeze.graph_variants and freeze_opt.graph_variants
-    off = AutoBoost("O1", {"grad_freeze": {"graph_variants": False}})
-    assert not apply_grad_freeze(net, nn.Momentum(net.trainable_params(), 0.1, 0.9), off.grad_freeze)[1].graph_variants
+    # graph_variants: None (auto) by default, the section's value otherwise
+    assert boost.grad_freeze.graph_variants is None and freeze_opt.graph_variants is None
+    for value in (True, False):
+        cfg = AutoBoost("O1", {"grad_freeze": {"graph_variants": value}}).grad_freeze
+        assert apply_grad_freeze(net, nn.Momentum(net.trainable_params(), 0.1, 0.9), cfg)[1].graph_variants is value
     with pytest.raises(TypeError, match="grad_freeze.graph_variants"):
         AutoBoost("O1", {"grad_freeze": {"graph_variants": "yes"}})
+
+
+def test_auto_graph_variants_follow_the_run_length():
+    """Auto: a graph per train set from runs of AUTO_VARIANTS_MIN_STEPS optimizer steps; the run's length comes from
+    Model.train's callback (epochs x an epoch's steps), else the schedule's length stands for it; True/False decide."""
+    from types import SimpleNamespace
+
+    from ms_boost.grad_freeze.optimizer import AUTO_VARIANTS_MIN_STEPS
+
+    net = dense_stack(3)
+    long_run = GradientFreeze(3, 1, 0.4, AUTO_VARIANTS_MIN_STEPS, seed=2)
+    _, freeze_opt = long_run.freeze_generate(net, nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    assert freeze_opt.graph_variants is None and freeze_opt.uses_graph_variants()
+    (callback,) = freeze_opt.callbacks()
+    run = SimpleNamespace(original_args=lambda: SimpleNamespace(epoch_num=3, batch_num=7))
+    callback.on_train_begin(run)
+    assert freeze_opt.planned_steps == 21 and not freeze_opt.uses_graph_variants()
+    callback.on_train_begin(SimpleNamespace(original_args=lambda: SimpleNamespace(
+        epoch_num=AUTO_VARIANTS_MIN_STEPS // 100, batch_num=100)))
+    assert freeze_opt.uses_graph_variants()
+    freeze_opt.graph_variants = False
+    assert not freeze_opt.uses_graph_variants()
+    _, short = GradientFreeze(3, 1, 0.4, AUTO_VARIANTS_MIN_STEPS - 1, seed=2).freeze_generate(
+        net, nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    assert not short.uses_graph_variants()
+    short.graph_variants = True
+    assert short.uses_graph_variants()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:  # the plan names the set of the coming step; off, there is none
+        assert short.plan_graph_step() == ("freeze_set0", None)
+        short.end_step()
+        short.graph_variants = False
+        assert short.plan_graph_step() is None
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 def test_freeze_cell_trains_one_group_each(mode):

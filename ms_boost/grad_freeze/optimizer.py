@@ -15,21 +15,27 @@ schedule entry: it computes all gradients and masks the frozen groups' updates.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.train import Callback
 
 from ms_boost.grad_freeze.schedule import MAX_TOTAL_STEPS, FreezeSchedule, _ArraySchedule
 from ms_boost.grad_process import OptimizerProcess, optimizer_params
 from ms_boost.stages import OptimizerHooks, StageHooks, runs_as_python
 
-__all__ = ["FreezeOpt", "DEVICE_TABLE_MAX"]
+__all__ = ["FreezeOpt", "DEVICE_TABLE_MAX", "AUTO_VARIANTS_MIN_STEPS"]
 
 #: Entries of the schedule table FreezeOpt keeps on the device for Graph mode (4 MB of int32).
 DEVICE_TABLE_MAX = 2 ** 20
+#: ``graph_variants=None`` (auto): one graph per train set from runs of this many optimizer steps. On the zoo's GEMM
+#: ResNet-10 (CPU, ``bench/results/o1_parts.md``) the nine extra graphs of the default schedule cost about 30 s of
+#: CPU to compile and save about 0.1 of a 17 ms step against the masked graph: they pay after 14,000-21,000 steps;
+#: larger networks compile in fewer of their (longer) steps, so they pay sooner.
+AUTO_VARIANTS_MIN_STEPS = 20_000
 
 
 def _take(values, indices):
@@ -119,8 +125,9 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         train_strategy: int32 Tensor, the schedule's first ``min(len(schedule), DEVICE_TABLE_MAX)`` entries.
         loss_scale: ``opt``'s static ``loss_scale`` (every inner optimizer divides the gradients by it).
         opts: the inner optimizers, one per set of parameters always trained together.
-        graph_variants: whether :meth:`plan_graph_step` chooses a graph per train set (True; the ``grad_freeze``
-            section's ``graph_variants`` sets it).
+        graph_variants: whether :meth:`plan_graph_step` chooses a graph per train set: True, False, or None (auto,
+            the default: see :meth:`uses_graph_variants`); the ``grad_freeze`` section's ``graph_variants`` sets it.
+        planned_steps: the run's optimizer steps, set by ``ms_boost.Model.train`` (None until then).
 
     Inputs:
         - **gradients** (tuple[Tensor]) - one per element of :attr:`parameters`.
@@ -231,7 +238,8 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
             self.stack = ops.Stack(axis=0)
         # Graph mode: the train set a host-chosen step variant was compiled for (None: the generic graph, which
         # selects the set on the device); see plan_graph_step
-        self.graph_variants = True
+        self.graph_variants: Optional[bool] = None
+        self.planned_steps: Optional[int] = None  # the run's length when Model.train told it (auto variants)
         self._static_set = None
         self._atom_step_cells = {}  # inner optimizer -> its compiled PyNative step (_AtomStep), built on first use
         self._atom_steps_compiled = set()  # inner optimizers whose PyNative step has run (been compiled) once
@@ -368,12 +376,28 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
 
         Returns:
             ``(variant name, gradients read)``: the name keys the compiled graph (the train cell's phase); the
-            second item is :meth:`plan_step`'s (None: all). None when :attr:`graph_variants` is off.
+            second item is :meth:`plan_step`'s (None: all). None when :meth:`uses_graph_variants` says no.
         """
-        if not self.graph_variants or runs_as_python():
+        if runs_as_python() or not self.uses_graph_variants():
             return None
         self._static_set = self._schedule_position()
         return f"freeze_set{self._static_set}", self._needed[self._static_set]
+
+    def uses_graph_variants(self) -> bool:
+        """Whether :meth:`plan_graph_step` chooses a graph per train set.
+
+        :attr:`graph_variants` True or False decides; None (auto): when the run is at least
+        :data:`AUTO_VARIANTS_MIN_STEPS` optimizer steps long (:attr:`planned_steps`, which ``ms_boost.Model.train``
+        sets; without it the schedule's length stands for the run's), so that the extra compiles pay.
+        """
+        if self.graph_variants is not None:
+            return bool(self.graph_variants)
+        planned = self.period if self.planned_steps is None else self.planned_steps
+        return planned >= AUTO_VARIANTS_MIN_STEPS
+
+    def callbacks(self) -> List[Any]:
+        """:class:`~ms_boost.stages.OptimizerHooks`: a callback telling this optimizer the run's length."""
+        return [_RunLength(self)]
 
     def end_step(self) -> None:
         """Forget the train set :meth:`plan_step` or :meth:`plan_graph_step` chose (called after the step)."""
@@ -519,6 +543,24 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
             applied = inner.hyper_map_reverse(ops.partial(_apply_momentum, inner.opt, momentum, lr), grads,
                                               inner.params, inner.moments)
         return ops.depend(done, applied)
+
+
+class _RunLength(Callback):
+    """Sets :attr:`FreezeOpt.planned_steps` when ``Model.train`` begins (the epochs it trains x an epoch's steps)."""
+
+    def __init__(self, freeze_opt: FreezeOpt):
+        super().__init__()
+        self.freeze_opt = freeze_opt
+
+    def on_train_begin(self, run_context):
+        """Record the run's length."""
+        args = run_context.original_args()
+        # MindSpore sets epoch_num to the epochs this call trains (after initial_epoch), batch_num to an epoch's steps;
+        # its callback parameters raise KeyError for a name they lack
+        try:
+            self.freeze_opt.planned_steps = int(args.epoch_num) * int(args.batch_num)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            self.freeze_opt.planned_steps = None
 
 
 class _AtomStep(nn.Cell):
