@@ -2,9 +2,12 @@
 
 Contenders (``ms_boost.Model``, same weights and batches, built in one process and timed interleaved so that
 the shared CPU's drift hits each alike): O0, an identical O0 twin (the noise floor), O1, O1 with gradient
-centralization off, with the FN head off too, LessBN alone, gradient freezing alone, and cpu_gemm_conv alone
-(a no-op on this network: its convolutions are the zoo's ``GemmConv2d`` already), and LessBN's three parts apart
-(BatchNorm removal, FN head, gradient centralization). Reported per contender: the warm-up epoch (compile included)
+centralization off, with the FN head off too (these with freezing's graph per train set, ``grad_freeze.graph_variants``
+on, as the default chooses for long runs), O1 and gradient freezing alone with freezing's one masked graph
+(``graph_variants`` off, what the default runs on short runs), LessBN alone, gradient freezing alone, and
+cpu_gemm_conv alone (a no-op on this network: its convolutions are the zoo's ``GemmConv2d`` already), and LessBN's
+three parts apart
+(BatchNorm removal, FN head, gradient centralization). Reported per contender: the warm-up (compiles included)
 in wall and in process CPU seconds, the median step over the timed epochs, and the median of the paired per-repeat
 ratios to O0, in wall time and in process CPU time. Each repeat starts at the next contender (the order rotates), so
 that no contender always runs first. On the shared 2-core machine the CPU time of the process is the steadier
@@ -12,7 +15,8 @@ measure: other jobs stretch the wall time of a compile or a step, not the work i
 
 Usage::
 
-    python bench/bench_o1_parts.py [--repeats 13] [--steps 10] [--width 8] [--image_size 16] [--notes FILE]
+    python bench/bench_o1_parts.py [--repeats 13] [--steps 10] [--warmup_steps 100] [--width 8] [--image_size 16]
+                                   [--notes FILE]
 """
 from __future__ import annotations
 
@@ -33,18 +37,23 @@ from bench.common import load_average, page_footer, paired_ratio, random_batches
 from ms_boost import Model  # noqa: E402
 
 MANUAL = {"mode": "manual", "less_bn": False, "grad_freeze": False, "cpu_gemm_conv": False}
+# freezing's graph per train set, as the default (auto) chooses for runs of 20,000 steps and more; this run is short
+PER_SET = {"graph_variants": True}
 CONTENDERS = {
     "O0": ("O0", None),
     "O0 (twin)": ("O0", None),
-    "O1": ("O1", None),
-    "O1, gc off": ("O1", {"less_bn": {"gc_flag": False}}),
-    "O1, gc and FN head off": ("O1", {"less_bn": {"gc_flag": False, "fn_flag": False}}),
+    "O1": ("O1", {"grad_freeze": PER_SET}),
+    "O1, gc off": ("O1", {"grad_freeze": PER_SET, "less_bn": {"gc_flag": False}}),
+    "O1, gc and FN head off": ("O1", {"grad_freeze": PER_SET, "less_bn": {"gc_flag": False, "fn_flag": False}}),
     "LessBN alone (gc, FN head)": ("O1", {"boost": {**MANUAL, "less_bn": True}}),
     "LessBN: BatchNorm removal only": ("O1", {"boost": {**MANUAL, "less_bn": True},
                                               "less_bn": {"gc_flag": False, "fn_flag": False}}),
     "LessBN: + FN head": ("O1", {"boost": {**MANUAL, "less_bn": True}, "less_bn": {"gc_flag": False}}),
     "LessBN: + gc": ("O1", {"boost": {**MANUAL, "less_bn": True}, "less_bn": {"fn_flag": False}}),
-    "gradient freezing alone": ("O1", {"boost": {**MANUAL, "grad_freeze": True}}),
+    "gradient freezing alone": ("O1", {"boost": {**MANUAL, "grad_freeze": True}, "grad_freeze": PER_SET}),
+    "gradient freezing alone, one masked graph": ("O1", {"boost": {**MANUAL, "grad_freeze": True},
+                                                         "grad_freeze": {"graph_variants": False}}),
+    "O1, one masked freezing graph": ("O1", {"grad_freeze": {"graph_variants": False}}),
     "cpu_gemm_conv alone": ("O1", {"boost": {**MANUAL, "cpu_gemm_conv": True}}),
 }
 
@@ -63,10 +72,10 @@ def build(level, cfg, x, y, args):
     return model, data
 
 
-def epoch_seconds(model, data) -> tuple:
-    """Wall and process CPU seconds of one epoch."""
+def epoch_seconds(model, data, epochs: int = 1) -> tuple:
+    """Wall and process CPU seconds of ``epochs`` epochs."""
     start, cpu = time.perf_counter(), time.process_time()
-    model.train(1, data, dataset_sink_mode=False)
+    model.train(epochs, data, dataset_sink_mode=False)
     return time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -74,6 +83,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=13)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup_steps", type=int, default=100,
+                        help="steps before the timed repeats (whole epochs): every graph a contender compiles (the "
+                             "default freezing schedule reaches its 10 train sets by step 87) is compiled in them")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--image_size", type=int, default=16)
@@ -83,11 +95,12 @@ def main(argv=None) -> int:
     load_before = load_average()
     x, y = random_batches(args.steps, args.batch, size=args.image_size)
     built, warm = {}, {}
+    warm_epochs = max(1, -(-args.warmup_steps // args.steps))
     for name, (level, cfg) in CONTENDERS.items():
         model, data = build(level, cfg, x, y, args)
-        warm[name] = epoch_seconds(model, data)
+        warm[name] = epoch_seconds(model, data, warm_epochs)
         built[name] = (model, data)
-        print(f"[o1_parts] {name}: warm-up epoch {warm[name][0]:.1f} s (CPU {warm[name][1]:.1f} s)", flush=True)
+        print(f"[o1_parts] {name}: warm-up {warm[name][0]:.1f} s (CPU {warm[name][1]:.1f} s)", flush=True)
     times = {name: [] for name in built}
     cpu = {name: [] for name in built}
     names = list(built)
@@ -97,21 +110,26 @@ def main(argv=None) -> int:
             times[name].append(wall / args.steps)
             cpu[name].append(used / args.steps)
         print(f"[o1_parts] repeat {r + 1}/{args.repeats}", flush=True)
+    warm_steps = warm_epochs * args.steps
     rows = {name: {"warmup_s": warm[name][0], "warmup_cpu_s": warm[name][1],
                    "step_ms": 1e3 * float(np.median(t)), "step_cpu_ms": 1e3 * float(np.median(cpu[name])),
+                   # the warm-up's CPU time beyond its steps at the steady step's CPU time: compiles, first runs
+                   "compile_cpu_s": warm[name][1] - warm_steps * float(np.median(cpu[name])),
                    "ratio_to_o0": paired_ratio(times, name, "O0"), "cpu_ratio_to_o0": paired_ratio(cpu, name, "O0")}
             for name, t in times.items()}
     lines = ["# Where an O1 step's time goes (zoo GEMM ResNet-10, Graph mode, CPU)", "",
              f"Written by `bench/bench_o1_parts.py`: ResNet-10 width {args.width} on the GEMM convolutions, "
              f"{args.image_size} px, batch {args.batch}, Momentum; {args.steps} steps an epoch, {args.repeats} "
-             "repeats after a warm-up epoch (compile included) per contender, the order rotating each repeat; all in "
-             "one process. Ratios pair each repeat's epoch with O0's.", "",
-             "| contender | warm-up epoch, wall (s) | warm-up epoch, CPU (s) | median step, wall (ms) | "
+             f"repeats after a warm-up of {warm_steps} steps (every compile included) per contender, the order "
+             "rotating each repeat; all in one process. Ratios pair each repeat's epoch with O0's. *Compile, CPU* is "
+             "the warm-up's CPU time minus its steps at the contender's median step CPU time.", "",
+             "| contender | warm-up, wall (s) | warm-up, CPU (s) | compile, CPU (s) | median step, wall (ms) | "
              "step / O0 step, wall (median [IQR]) | step / O0 step, CPU (median [IQR]) |",
-             "|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         q, c = r["ratio_to_o0"], r["cpu_ratio_to_o0"]
-        lines.append(f"| {name} | {r['warmup_s']:.1f} | {r['warmup_cpu_s']:.1f} | {r['step_ms']:.1f} | "
+        lines.append(f"| {name} | {r['warmup_s']:.1f} | {r['warmup_cpu_s']:.1f} | {r['compile_cpu_s']:.1f} | "
+                     f"{r['step_ms']:.1f} | "
                      f"{q['median']:.2f} [{q['quartiles'][0]:.2f}, {q['quartiles'][1]:.2f}] | "
                      f"{c['median']:.2f} [{c['quartiles'][0]:.2f}, {c['quartiles'][1]:.2f}] |")
     if args.notes:

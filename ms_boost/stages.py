@@ -64,6 +64,17 @@ class StageHooks:
         """
         return None
 
+    def plan_graph_step(self) -> Optional[Tuple[str, Optional[Tuple[bool, ...]]]]:
+        """Called by the train cell before each step it runs in Graph mode from Python (not in dataset sink mode).
+
+        Returns:
+            None to run the train cell's default graph; else ``(name, gradients read)``: the step compiles (on the
+            name's first use) and runs a graph of its own, keyed by ``name``, in which the update may rely on the
+            decision it made now (a constant of that graph) and reads only the gradients marked (as
+            :meth:`plan_step`; None: all). :meth:`end_step` follows the step.
+        """
+        return None
+
     def end_step(self) -> None:
         """Called by the train cell after the step (also when an overflow skipped the update): forget the plan."""
 
@@ -110,6 +121,10 @@ class OptimizerUpdate(UpdateStage):
     def plan_step(self) -> Optional[Tuple[bool, ...]]:
         """The optimizer's plan for this step when it offers the hooks, else None."""
         return self.optimizer.plan_step() if isinstance(self.optimizer, StageHooks) else None
+
+    def plan_graph_step(self) -> Optional[Tuple[str, Optional[Tuple[bool, ...]]]]:
+        """The optimizer's Graph-mode plan for this step when it offers the hooks, else None."""
+        return self.optimizer.plan_graph_step() if isinstance(self.optimizer, StageHooks) else None
 
     def end_step(self) -> None:
         """Forward the end of the step to the optimizer when it offers the hooks."""

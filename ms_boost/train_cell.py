@@ -49,6 +49,31 @@ def build_reducer(boost: AutoBoost, weights, topology: Optional[Topology] = None
     return pipeline.build_reducer(boost, weights, pipeline.build_context(boost, topology))
 
 
+# Per-tensor steps mapped over tuples with HyperMap (a Python loop would unroll one call per tensor).
+_copy_into = ops.MultitypeFuncGraph("copy_into")
+_zeros = ops.MultitypeFuncGraph("zeros")
+_hyper_map = ops.HyperMap()
+
+
+@_copy_into.register("Tensor", "Tensor")
+def _copy_tensor(dst, src):
+    return ops.assign(dst, src)
+
+
+@_zeros.register("Tensor")
+def _zeros_tensor(weight):
+    return ops.zeros_like(weight)
+
+
+def _span(mask):
+    """``(lo, hi)`` when the True entries of ``mask`` are exactly ``lo .. hi-1`` (at least one), else None."""
+    if mask is None or not any(mask):
+        return None
+    lo = mask.index(True)
+    hi = len(mask) - mask[::-1].index(True)
+    return (lo, hi) if all(mask[lo:hi]) else None
+
+
 class _ScaledLoss(nn.Cell):
     """``(sens * loss, loss)`` of the loss network.
 
@@ -98,22 +123,40 @@ class BoostTrainOneStepCell(nn.Cell):
         self.update = pipeline.build_update(self.boost, network, optimizer, self.weights, ctx)
         # PyNative: the gradients the outermost stage says this step's update reads (None: all), see __call__
         self._grad_mask = None
+        self._grad_span = None  # (lo, hi) when the marked weights are exactly weights[lo:hi] (set with _grad_mask)
         # upstream's flags, fixed by the plan (read by check_*_enable and by subclasses written against upstream)
         self.enable_adasum = bool(self.boost.boost_config.get("adasum") and self.topology.data_parallel
                                   and self.topology.num_servers > 1)
         self.enable_dim_reduce = bool(self.boost.boost_config.get("dim_reduce"))
 
     def __call__(self, *args, **kwargs):
-        """Run the step; in PyNative mode, ask the update chain first which gradients this step reads."""
-        # PyNative only: ask the update chain which gradients this step reads before the forward pass, so that
-        # loss_and_grads differentiates only those weights (Graph mode compiles one step for every case).
-        if not (isinstance(self.update, StageHooks) and runs_as_python()):
+        """Run the step; ask the update chain first which gradients this step reads.
+
+        PyNative: ``loss_and_grads`` then differentiates only those weights. Graph mode: when the chain names a
+        variant (:meth:`~ms_boost.stages.StageHooks.plan_graph_step`, e.g. gradient freezing's train set), the
+        step runs the graph compiled for it under its own phase (compiled on its first use), in which
+        ``loss_and_grads`` differentiates only those weights.
+        """
+        if not isinstance(self.update, StageHooks):
             return super().__call__(*args, **kwargs)
-        self._grad_mask = self.update.plan_step()
+        phase = None
+        if runs_as_python():
+            self._grad_mask = self.update.plan_step()
+        else:
+            plan = self.update.plan_graph_step()
+            if plan is None:
+                return super().__call__(*args, **kwargs)
+            name, self._grad_mask = plan
+            phase = self.phase
+            self.phase = f"{phase}_{name}"
+        self._grad_span = _span(self._grad_mask)
         try:
             return super().__call__(*args, **kwargs)
         finally:
+            if phase is not None:
+                self.phase = phase
             self._grad_mask = None
+            self._grad_span = None
             self.update.end_step()
 
     def stage_hooks(self):
@@ -134,15 +177,33 @@ class BoostTrainOneStepCell(nn.Cell):
         return loss, grads
 
     def _loss_and_planned_grads(self, inputs, sens):
-        """PyNative: :meth:`loss_and_grads` differentiating only the weights ``_grad_mask`` marks.
+        """:meth:`loss_and_grads` differentiating only the weights ``_grad_mask`` marks (PyNative, or a Graph variant).
 
         The other gradients are zeros the update does not read (the reducer and loss scaler see the usual tuple).
         """
+        if self._grad_span is not None:  # one slice (freezing's train sets): no per-weight loop to compile
+            lo, hi = self._grad_span
+            (_, loss), part = ops.value_and_grad(self.scaled_loss, None, self.weights[lo:hi], has_aux=True)(inputs,
+                                                                                                           sens)
+            if lo > 0:
+                part = _hyper_map(_zeros, self.weights[:lo]) + part
+            if hi < len(self.weights):
+                part = part + _hyper_map(_zeros, self.weights[hi:])
+            return loss, part
         mask = self._grad_mask
-        wanted = [w for w, keep in zip(self.weights, mask) if keep]
+        wanted = ()
+        for i in range(len(mask)):  # unrolled in Graph mode (mask is a constant of the step's variant)
+            if mask[i]:
+                wanted = wanted + (self.weights[i],)
         (_, loss), part = ops.value_and_grad(self.scaled_loss, None, wanted, has_aux=True)(inputs, sens)
-        part = iter(part)
-        grads = tuple(next(part) if keep else ops.zeros_like(w) for w, keep in zip(self.weights, mask))
+        grads = ()
+        taken = 0
+        for i in range(len(mask)):
+            if mask[i]:
+                grads = grads + (part[taken],)
+                taken = taken + 1
+            else:
+                grads = grads + (ops.zeros_like(self.weights[i]),)
         return loss, grads
 
     def construct(self, *inputs):
@@ -187,16 +248,6 @@ class BoostTrainOneStepCell(nn.Cell):
         return ops.depend(loss, self.update(loss, grads))
 
 
-# Buffer snapshot/restore mapped over tuples with HyperMap (a Python loop would unroll one call per tensor).
-_copy_into = ops.MultitypeFuncGraph("copy_into")
-
-
-@_copy_into.register("Tensor", "Tensor")
-def _copy_tensor(dst, src):
-    return ops.assign(dst, src)
-
-
-_hyper_map = ops.HyperMap()
 
 
 class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):

@@ -198,6 +198,22 @@ def test_freeze_opt_momentum_with_weight_decay_freezes_exactly(mode):
     _run_and_check(freeze_opt, 12, lambda t: 0.1, momentum=0.8, weight_decay=0.01)
 
 
+def test_freeze_opt_momentum_is_read_live_and_the_fast_path_tables_exist_only_where_used(mode):
+    """Every inner optimizer's momentum changed after the FreezeOpt was built (as a callback writing the momentum
+    Parameters does): groups that some steps freeze and the group that always trains both step with the new value
+    (numpy reference), and frozen ones stay put. Graph mode's factor table belongs to its Momentum fast path only."""
+    net = dense_stack(6)
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    _, freeze_opt = GradientFreeze(3, 1, 0.4, 8, seed=2).freeze_generate(net, opt)
+    assert freeze_opt.momentum_fast and freeze_opt.train_factor.shape == (3, 3)
+    assert freeze_opt.always_trained == (False, False, True)
+    for inner in freeze_opt.opts:
+        inner.momentum.set_data(Tensor(0.5, ms.float32))
+    _run_and_check(freeze_opt, 10, lambda t: 0.1, momentum=0.5)
+    _, sgd = GradientFreeze(3, 1, 0.4, 8, seed=2).freeze_generate(net, nn.SGD(net.trainable_params(), 0.1))
+    assert not sgd.momentum_fast and not hasattr(sgd, "train_factor") and not hasattr(sgd, "unstack")
+
+
 def test_freeze_opt_dynamic_lr_follows_global_step(mode):
     net = dense_stack(4)
     lrs = [0.1, 0.1, 0.05, 0.05, 0.02, 0.02, 0.01, 0.01]
@@ -281,6 +297,48 @@ def test_apply_grad_freeze_with_config_and_update_stage(mode):
         changed = [not np.array_equal(b, p.asnumpy()) for b, p in zip(before, params)]
         frozen = int(freeze_opt.train_strategy.asnumpy()[t])
         assert changed == [i // 2 >= frozen for i in range(len(params))], t
+    # graph_variants: None (auto) by default, the section's value otherwise
+    assert boost.grad_freeze.graph_variants is None and freeze_opt.graph_variants is None
+    for value in (True, False):
+        cfg = AutoBoost("O1", {"grad_freeze": {"graph_variants": value}}).grad_freeze
+        assert apply_grad_freeze(net, nn.Momentum(net.trainable_params(), 0.1, 0.9), cfg)[1].graph_variants is value
+    with pytest.raises(TypeError, match="grad_freeze.graph_variants"):
+        AutoBoost("O1", {"grad_freeze": {"graph_variants": "yes"}})
+
+
+def test_auto_graph_variants_follow_the_run_length():
+    """Auto: a graph per train set from runs of AUTO_VARIANTS_MIN_STEPS optimizer steps; the run's length comes from
+    Model.train's callback (epochs x an epoch's steps), else the schedule's length stands for it; True/False decide."""
+    from types import SimpleNamespace
+
+    from ms_boost.grad_freeze.optimizer import AUTO_VARIANTS_MIN_STEPS
+
+    net = dense_stack(3)
+    long_run = GradientFreeze(3, 1, 0.4, AUTO_VARIANTS_MIN_STEPS, seed=2)
+    _, freeze_opt = long_run.freeze_generate(net, nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    assert freeze_opt.graph_variants is None and freeze_opt.uses_graph_variants()
+    (callback,) = freeze_opt.callbacks()
+    run = SimpleNamespace(original_args=lambda: SimpleNamespace(epoch_num=3, batch_num=7))
+    callback.on_train_begin(run)
+    assert freeze_opt.planned_steps == 21 and not freeze_opt.uses_graph_variants()
+    callback.on_train_begin(SimpleNamespace(original_args=lambda: SimpleNamespace(
+        epoch_num=AUTO_VARIANTS_MIN_STEPS // 100, batch_num=100)))
+    assert freeze_opt.uses_graph_variants()
+    freeze_opt.graph_variants = False
+    assert not freeze_opt.uses_graph_variants()
+    _, short = GradientFreeze(3, 1, 0.4, AUTO_VARIANTS_MIN_STEPS - 1, seed=2).freeze_generate(
+        net, nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    assert not short.uses_graph_variants()
+    short.graph_variants = True
+    assert short.uses_graph_variants()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:  # the plan names the set of the coming step; off, there is none
+        assert short.plan_graph_step() == ("freeze_set0", None)
+        short.end_step()
+        short.graph_variants = False
+        assert short.plan_graph_step() is None
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 def test_freeze_cell_trains_one_group_each(mode):
@@ -527,6 +585,56 @@ def test_train_cell_differentiates_only_the_scheduled_group(mode, scaled, monkey
                                        err_msg=f"step {t} layer {k}")
     if mode == "pynative":
         assert counted == [2 * (4 - schedule[t % 8]) for t in range(10)]
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "loss_scale"])
+def test_graph_variants_equal_the_masked_graph_one_graph_per_train_set(scaled, monkeypatch):
+    """Graph mode: the train cell runs, per step, the graph compiled for the step's train set (its phase names the
+    set; one graph per set the schedule reached, the default phase back after each step); the weights and moments
+    equal those of the one masked graph (variants off) after every step, Momentum with weight decay, and with a
+    loss scale. Checkpoint-style writes of global_step move the position of the next step in both."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        rng = np.random.default_rng(4)
+        batches = [(rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=(5, 3)).astype(np.float32))
+                   for _ in range(10)]
+        runs = {}
+        for variants in (True, False):
+            net = dense_stack(4)
+            loss_net = nn.WithLossCell(net, nn.MSELoss())
+            opt = nn.Momentum(net.trainable_params(), 0.1, 0.9, weight_decay=0.01)
+            _, freeze_opt = GradientFreeze(4, 1, 0.4, 8, seed=2).freeze_generate(loss_net, opt)
+            freeze_opt.graph_variants = variants
+            if scaled:
+                cell = BoostTrainOneStepWithLossScaleCell(loss_net, freeze_opt, Tensor(8.0, ms.float32))
+            else:
+                cell = BoostTrainOneStepCell(loss_net, freeze_opt)
+            base = cell.phase
+            phases = []
+            real_compile = cell.compile
+
+            def recording(*args, _cell=cell, _real=real_compile, _phases=phases, **kwargs):
+                _phases.append(_cell.phase)
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(cell, "compile", recording)
+            states = []
+            for t, (x, y) in enumerate(batches):
+                if t == 8:  # as a resumed checkpoint: the next step is the schedule's step 3
+                    ops.assign(freeze_opt.global_step, Tensor([3], ms.int32))
+                cell(Tensor(x), Tensor(y))
+                assert cell.phase == base
+                states.append([p.asnumpy().copy() for p in freeze_opt.get_parameters()])
+            runs[variants] = (states, phases, [int(v) for v in freeze_opt.train_strategy.asnumpy()])
+        (on, on_phases, schedule), (off, off_phases, _) = runs[True], runs[False]
+        positions = list(range(8)) + [3, 4]
+        assert on_phases == [f"{base}_freeze_set{schedule[t]}" for t in positions] and set(off_phases) == {base}
+        assert len(set(schedule)) >= 3
+        for t, (a, b) in enumerate(zip(on, off)):
+            for u, v in zip(a, b):
+                np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7, err_msg=f"step {t}")
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 class _FailingMomentum(nn.Momentum):

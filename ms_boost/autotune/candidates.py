@@ -131,9 +131,19 @@ class Candidate:
 
 
 def _freeze_schedule(ctx: TrialContext) -> Dict[str, Any]:
-    """Gradient freezing's schedule over the planned run (unless the user set its length)."""
+    """Gradient freezing's schedule over the planned run (unless the user set its length), in one graph.
+
+    Unless the user chose, Graph mode runs freezing's one masked graph (``graph_variants`` off): with a graph per
+    train set, the trial's few steps would each compile the graph of a set not seen before, so it would measure
+    compiles, not the steps the run repeats.
+    """
     user = ctx.user_sections.get("grad_freeze") or {}
-    return {} if "total_steps" in user else {"grad_freeze": {"total_steps": max(1, int(ctx.planned_steps))}}
+    out: Dict[str, Any] = {}
+    if "total_steps" not in user:
+        out["total_steps"] = max(1, int(ctx.planned_steps))
+    if "graph_variants" not in user:
+        out["graph_variants"] = False
+    return {"grad_freeze": out} if out else {}
 
 
 def _o2_sections(ctx: TrialContext) -> Dict[str, Any]:

@@ -185,11 +185,14 @@ def apply_grad_freeze(network: nn.Cell, optimizer: nn.Optimizer, grad_freeze_cfg
     Args:
         network: the (loss) network.
         optimizer: the optimizer (after LessBN's rebuild when that runs first).
-        grad_freeze_cfg: object with ``param_groups``, ``freeze_type``, ``freeze_p``, ``total_steps``, ``seed``.
+        grad_freeze_cfg: object with ``param_groups``, ``freeze_type``, ``freeze_p``, ``total_steps``, ``seed`` and
+            optionally ``graph_variants`` (default None: auto).
 
     Returns:
         ``(network, FreezeOpt)``.
     """
     freezer = GradientFreeze(grad_freeze_cfg.param_groups, grad_freeze_cfg.freeze_type, grad_freeze_cfg.freeze_p,
                              grad_freeze_cfg.total_steps, seed=grad_freeze_cfg.seed)
-    return freezer.freeze_generate(network, optimizer)
+    network, freeze_opt = freezer.freeze_generate(network, optimizer)
+    freeze_opt.graph_variants = getattr(grad_freeze_cfg, "graph_variants", None)
+    return network, freeze_opt

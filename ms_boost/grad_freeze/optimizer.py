@@ -8,27 +8,34 @@ learning rate stays in step even for groups that were frozen).
 
 In PyNative mode the boost train cells ask :meth:`FreezeOpt.plan_step` before the forward pass and differentiate
 only the weights of the step's train group: the frozen layers' weight gradients, and the backward pass below the
-lowest trained layer, are never computed (as upstream's per-group train cells do). In Graph mode one compiled
-step serves every schedule entry, so all gradients are computed and the frozen groups' are left unused: the
-saving there is in the update only.
+lowest trained layer, are never computed (as upstream's per-group train cells do). In Graph mode they ask
+:meth:`FreezeOpt.plan_graph_step` and run a graph compiled for the step's train set (one per set, each compiled on
+its set's first step) that does the same. Where no host decides (dataset sink mode), one compiled step serves every
+schedule entry: it computes all gradients and masks the frozen groups' updates.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.train import Callback
 
 from ms_boost.grad_freeze.schedule import MAX_TOTAL_STEPS, FreezeSchedule, _ArraySchedule
 from ms_boost.grad_process import OptimizerProcess, optimizer_params
 from ms_boost.stages import OptimizerHooks, StageHooks, runs_as_python
 
-__all__ = ["FreezeOpt", "DEVICE_TABLE_MAX"]
+__all__ = ["FreezeOpt", "DEVICE_TABLE_MAX", "AUTO_VARIANTS_MIN_STEPS"]
 
 #: Entries of the schedule table FreezeOpt keeps on the device for Graph mode (4 MB of int32).
 DEVICE_TABLE_MAX = 2 ** 20
+#: ``graph_variants=None`` (auto): one graph per train set from runs of this many optimizer steps. On the zoo's GEMM
+#: ResNet-10 (CPU, ``bench/results/o1_parts.md``) the nine extra graphs of the default schedule cost about 30 s of
+#: CPU to compile and save about 0.1 of a 17 ms step against the masked graph: they pay after 14,000-21,000 steps;
+#: larger networks compile in fewer of their (longer) steps, so they pay sooner.
+AUTO_VARIANTS_MIN_STEPS = 20_000
 
 
 def _take(values, indices):
@@ -106,7 +113,8 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
     :meth:`host_step`); Graph mode selects them on the device from the table :attr:`train_strategy`.
     In PyNative mode the boost train cells ask :meth:`plan_step` before the forward pass and differentiate
     only the weights of the step's train group: the frozen layers' weight gradients, and the backward pass
-    below the lowest trained layer, are never computed (as upstream's per-group train cells do).
+    below the lowest trained layer, are never computed (as upstream's per-group train cells do). In Graph mode
+    they ask :meth:`plan_graph_step` and do the same in a graph compiled for the step's train set.
 
     Attributes:
         parameters: every parameter of ``opt``, in ``opt``'s order (the gradients' order).
@@ -117,6 +125,9 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         train_strategy: int32 Tensor, the schedule's first ``min(len(schedule), DEVICE_TABLE_MAX)`` entries.
         loss_scale: ``opt``'s static ``loss_scale`` (every inner optimizer divides the gradients by it).
         opts: the inner optimizers, one per set of parameters always trained together.
+        graph_variants: whether :meth:`plan_graph_step` chooses a graph per train set: True, False, or None (auto,
+            the default: see :meth:`uses_graph_variants`); the ``grad_freeze`` section's ``graph_variants`` sets it.
+        planned_steps: the run's optimizer steps, set by ``ms_boost.Model.train`` (None until then).
 
     Inputs:
         - **gradients** (tuple[Tensor]) - one per element of :attr:`parameters`.
@@ -194,6 +205,10 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
             # the gradients go to the inner optimizer in its own parameter order
             order.append(tuple(position[id(p)] for p in new.parameters))
         self.atom_indices = tuple(order)
+        # an atom's gradients as one slice of the tuple when its indices are consecutive (Graph mode then compiles
+        # one node, not a loop growing a tuple; freezing's groups are runs of consecutive layers)
+        self.atom_spans = tuple((ix[0], ix[-1] + 1) if ix == tuple(range(ix[0], ix[-1] + 1)) else None
+                                for ix in order)
         self.opts = nn.CellList(opts, auto_prefix=False)
         inners = [o.opt if isinstance(o, nn.LARS) else o for o in opts]
 
@@ -217,11 +232,15 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         self.momentum_fast = all(not isinstance(o, nn.LARS) and _momentum_fast_path(o) for o in opts)
         self.always_trained = tuple(bool(v) for v in self._mask.all(axis=0))  # atoms that every train set holds
         self.atom_step_read = tuple(bool(o.is_group_lr and o.dynamic_lr or o.dynamic_weight_decay) for o in inners)
-        # per train set and atom: 1.0 / 0.0 (trained or not) and the momentum ApplyMomentum gets (its own, or 1.0)
-        momenta = np.array([float(o.momentum.asnumpy()) if self.momentum_fast else 0.0 for o in inners], np.float32)
-        self.train_factor = Tensor(self._mask.astype(np.float32))
-        self.unstack = ops.Unstack(axis=0)
-        self.train_momentum = Tensor(np.where(self._mask, momenta[None, :], np.float32(1.0)).astype(np.float32))
+        if self.momentum_fast:  # per train set and atom: 1.0 / 0.0, trained or not (read by the fast path only)
+            self.train_factor = Tensor(self._mask.astype(np.float32))
+            self.unstack = ops.Unstack(axis=0)
+            self.stack = ops.Stack(axis=0)
+        # Graph mode: the train set a host-chosen step variant was compiled for (None: the generic graph, which
+        # selects the set on the device); see plan_graph_step
+        self.graph_variants: Optional[bool] = None
+        self.planned_steps: Optional[int] = None  # the run's length when Model.train told it (auto variants)
+        self._static_set = None
         self._atom_step_cells = {}  # inner optimizer -> its compiled PyNative step (_AtomStep), built on first use
         self._atom_steps_compiled = set()  # inner optimizers whose PyNative step has run (been compiled) once
 
@@ -345,14 +364,50 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         self._planned = self._schedule_position()
         return self._needed[self._planned]
 
+    def plan_graph_step(self):
+        """Choose this step's compiled variant now (Graph mode, a step called from Python).
+
+        One read of :attr:`global_step`, as :meth:`plan_step`. The step then compiles (once per train set, on the
+        set's first step) and runs a graph made for that set: its backward pass computes only the set's weight
+        gradients (none below the lowest trained layer) and its update launches only the set's optimizers, with
+        nothing masked. The generic graph (:meth:`construct` selecting the set on the device) computes every
+        gradient and masks the frozen groups' updates; it still runs where no host decides (dataset sink mode,
+        a stage that does not forward the plan, :attr:`graph_variants` off).
+
+        Returns:
+            ``(variant name, gradients read)``: the name keys the compiled graph (the train cell's phase); the
+            second item is :meth:`plan_step`'s (None: all). None when :meth:`uses_graph_variants` says no.
+        """
+        if runs_as_python() or not self.uses_graph_variants():
+            return None
+        self._static_set = self._schedule_position()
+        return f"freeze_set{self._static_set}", self._needed[self._static_set]
+
+    def uses_graph_variants(self) -> bool:
+        """Whether :meth:`plan_graph_step` chooses a graph per train set.
+
+        :attr:`graph_variants` True or False decides; None (auto): when the run is at least
+        :data:`AUTO_VARIANTS_MIN_STEPS` optimizer steps long (:attr:`planned_steps`, which ``ms_boost.Model.train``
+        sets; without it the schedule's length stands for the run's), so that the extra compiles pay.
+        """
+        if self.graph_variants is not None:
+            return bool(self.graph_variants)
+        planned = self.period if self.planned_steps is None else self.planned_steps
+        return planned >= AUTO_VARIANTS_MIN_STEPS
+
+    def callbacks(self) -> List[Any]:
+        """:class:`~ms_boost.stages.OptimizerHooks`: a callback telling this optimizer the run's length."""
+        return [_RunLength(self)]
+
     def end_step(self) -> None:
-        """Forget the train set :meth:`plan_step` chose (the train cell calls this after the step)."""
+        """Forget the train set :meth:`plan_step` or :meth:`plan_graph_step` chose (called after the step)."""
         self._planned = None
+        self._static_set = None
 
     def __call__(self, *args, **kwargs):
         """Apply this step's groups: on the host in PyNative mode, from the device table in Graph mode."""
         if not runs_as_python():
-            if not self.table_complete:
+            if not self.table_complete and self._static_set is None:
                 raise ValueError(f"FreezeOpt: a schedule of {self.period} steps (grad_freeze.total_steps) runs only in "
                                  f"PYNATIVE_MODE; GRAPH_MODE keeps the schedule on the device and allows at most "
                                  f"{DEVICE_TABLE_MAX} steps.")
@@ -415,23 +470,42 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
     def construct(self, gradients):
         """Graph-mode step: the groups of this step selected on the device from :attr:`train_strategy`."""
         step = self.global_step
-        index = self.train_strategy[step % self.period]
         done = step
+        if self._static_set is not None:  # a host-chosen variant: exactly this set's atoms, nothing frozen to mask
+            for a in self.group_atoms[self._static_set]:
+                grads = self._atom_gradients(gradients, a)
+                if self.momentum_fast:
+                    done = ops.depend(done, self._momentum_atom(a, grads, step))
+                else:
+                    done = ops.depend(done, self._apply_atom(a, grads, step))
+            return ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
+        index = self.train_strategy[step % self.period]
         if self.momentum_fast:
-            factors = self.unstack(self.train_factor[index][0])  # one operator for every atom's scalar
-            momenta = self.unstack(self.train_momentum[index][0])
+            row = self.train_factor[index][0]
+            factors = self.unstack(row)  # one operator for every atom's scalar
+            live = ()  # the momentum each ApplyMomentum gets, read live: the atom's own (factor 1) or 1.0
+            for inner in self._inners:
+                live = live + (inner.momentum,)
+            momenta = self.unstack(self.stack(live) * row + (1.0 - row))
             for a in range(self.n_atoms):
-                grads = _take(gradients, self.atom_indices[a])
+                grads = self._atom_gradients(gradients, a)
                 done = ops.depend(done, self._momentum_atom(a, grads, step, factors[a], momenta[a]))
         else:
             row = self.train_mask[index][0]
             for a in range(self.n_atoms):
                 if row[a]:
-                    done = ops.depend(done, self._apply_atom(a, _take(gradients, self.atom_indices[a]), step))
+                    done = ops.depend(done, self._apply_atom(a, self._atom_gradients(gradients, a), step))
         done = ops.depend(done, ops.assign_add(self.global_step, ops.ones_like(step)))
         return done
 
-    def _momentum_atom(self, a, grads, step, factor, momentum):
+    def _atom_gradients(self, gradients, a):
+        """The gradients of inner optimizer ``a``, in its parameter order (Graph mode)."""
+        span = self.atom_spans[a]
+        if span is None:
+            return _take(gradients, self.atom_indices[a])
+        return gradients[span[0]:span[1]]
+
+    def _momentum_atom(self, a, grads, step, factor=None, momentum=None):
         """Graph mode, Momentum: inner optimizer ``a``'s step written without control flow.
 
         Its gradients pass through its own weight decay, gradient centralization and loss-scale division, as in
@@ -439,7 +513,8 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         gradient and the learning rate multiplied by zero and a momentum of one, so that ``moment = 1 * moment + 0``
         and ``weight = weight - 0 * moment`` leave both as they were. A tensor-conditioned ``if`` per atom (the general
         path) makes MindSpore 2.10 compile a sub-graph per atom and run it through its control-flow runtime: on the
-        zoo's GEMM ResNet-10 (CPU) that made the step 1.3x O0's (``bench/results/o1_parts.md``).
+        zoo's GEMM ResNet-10 (CPU) that made the step 1.3x O0's (``bench/results/o1_parts.md``). ``factor`` None: the
+        atom trains at this step (a host-chosen variant, :meth:`plan_graph_step`), nothing is masked.
         """
         inner = self._inners[a]
         done = step
@@ -453,9 +528,9 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
             lr = inner.get_lr()
         else:  # one learning rate for every atom: the FreezeOpt's (read once per step by the graph's CSE)
             lr = self.get_lr()
-        if self.always_trained[a]:
+        if factor is None or self.always_trained[a]:  # trained at this step: its own momentum, nothing to mask
             momentum = inner.momentum
-        else:  # factor 1.0 or 0.0; momentum: the atom's own, or 1.0 (train_momentum)
+        else:  # factor 1.0 or 0.0; momentum: the atom's own (read live), or 1.0
             grads = inner.map_(ops.partial(_times, factor), grads)
             if inner.is_group_lr:
                 lr = inner.map_(ops.partial(_times, factor), lr)
@@ -468,6 +543,24 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
             applied = inner.hyper_map_reverse(ops.partial(_apply_momentum, inner.opt, momentum, lr), grads,
                                               inner.params, inner.moments)
         return ops.depend(done, applied)
+
+
+class _RunLength(Callback):
+    """Sets :attr:`FreezeOpt.planned_steps` when ``Model.train`` begins (the epochs it trains x an epoch's steps)."""
+
+    def __init__(self, freeze_opt: FreezeOpt):
+        super().__init__()
+        self.freeze_opt = freeze_opt
+
+    def on_train_begin(self, run_context):
+        """Record the run's length."""
+        args = run_context.original_args()
+        # MindSpore sets epoch_num to the epochs this call trains (after initial_epoch), batch_num to an epoch's steps;
+        # its callback parameters raise KeyError for a name they lack
+        try:
+            self.freeze_opt.planned_steps = int(args.epoch_num) * int(args.batch_num)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            self.freeze_opt.planned_steps = None
 
 
 class _AtomStep(nn.Cell):

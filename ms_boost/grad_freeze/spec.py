@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Dict
+from typing import ClassVar, Dict, Optional
 
 from ms_boost.grad_freeze.cell import apply_grad_freeze
 from ms_boost.grad_freeze.schedule import SCHEDULE_RULES
-from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section
+from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section, optional_rule
+from ms_boost.validation import check_bool
 
 __all__ = ["GradFreezeConfig", "SPEC"]
 
@@ -24,6 +25,12 @@ class GradFreezeConfig(Section):
         freeze_p: share of steps on which every group trains, in [0, 1] (0.7: something is frozen on 30%).
         total_steps: the schedule's length; every group trains again before it ends (int64).
         seed: seed of the schedule (ms_boost addition; upstream used unseeded numpy randomness).
+        graph_variants: Graph mode, steps called from Python (ms_boost addition): True, each train set runs a
+            graph compiled for it on its first step, whose backward pass computes only that set's weight gradients
+            (as upstream's per-group networks and as PyNative mode here); False, one graph computes every gradient
+            and masks the frozen groups' updates (one compile in all); None (default, auto): per-set graphs for runs
+            of at least ``AUTO_VARIANTS_MIN_STEPS`` (20,000) steps, where their compiles pay. Dataset sink mode
+            always runs the one graph.
     """
 
     param_groups: int = 10
@@ -31,9 +38,10 @@ class GradFreezeConfig(Section):
     freeze_p: float = 0.7
     total_steps: int = 65536
     seed: int = 0
+    graph_variants: Optional[bool] = None
 
     SECTION: ClassVar[str] = "grad_freeze"
-    RULES: ClassVar[Dict[str, Rule]] = SCHEDULE_RULES
+    RULES: ClassVar[Dict[str, Rule]] = {**SCHEDULE_RULES, "graph_variants": optional_rule(check_bool)}
 
 
 def _rewrite_train(network, optimizer, cfg: GradFreezeConfig, ctx: BuildContext):
