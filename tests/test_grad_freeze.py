@@ -308,7 +308,8 @@ def test_apply_grad_freeze_with_config_and_update_stage(mode):
 
 def test_auto_graph_variants_follow_the_run_length():
     """Auto: a graph per train set from runs of AUTO_VARIANTS_MIN_STEPS optimizer steps; the run's length comes from
-    Model.train's callback (epochs x an epoch's steps), else the schedule's length stands for it; True/False decide."""
+    Model.train's callback (epochs x an epoch's steps); unknown (a cell stepped without that Model), the one masked
+    graph, whatever the schedule's length; True/False decide."""
     from types import SimpleNamespace
 
     from ms_boost.grad_freeze.optimizer import AUTO_VARIANTS_MIN_STEPS
@@ -316,7 +317,7 @@ def test_auto_graph_variants_follow_the_run_length():
     net = dense_stack(3)
     long_run = GradientFreeze(3, 1, 0.4, AUTO_VARIANTS_MIN_STEPS, seed=2)
     _, freeze_opt = long_run.freeze_generate(net, nn.Momentum(net.trainable_params(), 0.1, 0.9))
-    assert freeze_opt.graph_variants is None and freeze_opt.uses_graph_variants()
+    assert freeze_opt.graph_variants is None and not freeze_opt.uses_graph_variants()  # run length unknown
     (callback,) = freeze_opt.callbacks()
     run = SimpleNamespace(original_args=lambda: SimpleNamespace(epoch_num=3, batch_num=7))
     callback.on_train_begin(run)
@@ -328,6 +329,7 @@ def test_auto_graph_variants_follow_the_run_length():
     assert not freeze_opt.uses_graph_variants()
     _, short = GradientFreeze(3, 1, 0.4, AUTO_VARIANTS_MIN_STEPS - 1, seed=2).freeze_generate(
         net, nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    short.planned_steps = AUTO_VARIANTS_MIN_STEPS - 1
     assert not short.uses_graph_variants()
     short.graph_variants = True
     assert short.uses_graph_variants()

@@ -386,14 +386,14 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
     def uses_graph_variants(self) -> bool:
         """Whether :meth:`plan_graph_step` chooses a graph per train set.
 
-        :attr:`graph_variants` True or False decides; None (auto): when the run is at least
+        :attr:`graph_variants` True or False decides; None (auto): when the run is known to be at least
         :data:`AUTO_VARIANTS_MIN_STEPS` optimizer steps long (:attr:`planned_steps`, which ``ms_boost.Model.train``
-        sets; without it the schedule's length stands for the run's), so that the extra compiles pay.
+        sets), so that the extra compiles pay. A train cell stepped without that Model does not know its run's
+        length (the schedule's ``total_steps`` is often just the default): it keeps the one masked graph.
         """
         if self.graph_variants is not None:
             return bool(self.graph_variants)
-        planned = self.period if self.planned_steps is None else self.planned_steps
-        return planned >= AUTO_VARIANTS_MIN_STEPS
+        return self.planned_steps is not None and self.planned_steps >= AUTO_VARIANTS_MIN_STEPS
 
     def callbacks(self) -> List[Any]:
         """:class:`~ms_boost.stages.OptimizerHooks`: a callback telling this optimizer the run's length."""

@@ -29,7 +29,7 @@ class GradFreezeConfig(Section):
             graph compiled for it on its first step, whose backward pass computes only that set's weight gradients
             (as upstream's per-group networks and as PyNative mode here); False, one graph computes every gradient
             and masks the frozen groups' updates (one compile in all); None (default, auto): per-set graphs for runs
-            of at least ``AUTO_VARIANTS_MIN_STEPS`` (20,000) steps, where their compiles pay. Dataset sink mode
+            ``ms_boost.Model`` knows to be at least ``AUTO_VARIANTS_MIN_STEPS`` (20,000) steps. Dataset sink mode
             always runs the one graph.
     """
 
