@@ -10,6 +10,12 @@ import time
 # Measured side by side under the same load: tests/test_thor_optimizer.py + test_thor_math.py +
 # test_dim_reduce_pca.py 72.5 -> 68.9 CPU-s (-5%); OMP_NUM_THREADS=1 (MindSpore's OpenMP kernels) changed nothing.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# MindSpore launches kernels synchronously (set before MindSpore loads, inherited like the line above): with the
+# asynchronous launch a thread that waits for the launch queue (``asnumpy``, a collective's result) spins, so a
+# rank waiting for another rank at a collective burns a whole core for as long as it waits (measured: a rank
+# waiting 15 s at a barrier used 14.8 CPU-s, 0.09 with this), and on two shared cores that is CPU the other
+# ranks and test workers lose. Results do not change; only the order of host and kernel work.
+os.environ.setdefault("MS_DEV_LAUNCH_BLOCKING", "1")
 
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,7 +1,11 @@
 """Tests of ms_boost.less_bn: BatchNorm reduction, the FN head, apply_less_bn / apply_less_bn_eval."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -12,6 +16,8 @@ from ms_boost.config import AutoBoost
 from ms_boost.grad_process import CentralizedGradients
 from ms_boost.less_bn import CommonHeadLastFN, LessBN, apply_less_bn, apply_less_bn_eval, convert_less_bn
 from tests.helpers.nets import SmallConvNet, learnable_data
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------------------------------------- networks
@@ -287,10 +293,8 @@ def test_common_head_last_fn_gradients_match_finite_differences(mode):
     np.testing.assert_allclose(gm.asnumpy(), numeric(values, 2), rtol=1e-3, atol=1e-4)
 
 
-def test_common_head_last_fn_output_is_typed_without_waiting_for_the_queue():
-    """PyNative: the head's output type is known when it is launched. (A product with a transposed view
-    made the loss's ``ops.typeof`` input check wait until the whole forward pass had executed, which
-    serialised the rest of every training step.)"""
+def _typed_and_drained() -> tuple:
+    """Seconds until the head's output is typed, and until the queue drained (PyNative, asynchronous launch)."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     conv = nn.Conv2d(16, 16, 3, pad_mode="same", has_bias=False)
     x = Tensor(np.random.default_rng(0).normal(size=(8, 16, 32, 32)).astype(np.float32))
@@ -310,6 +314,21 @@ def test_common_head_last_fn_output_is_typed_without_waiting_for_the_queue():
     typed = time.perf_counter() - start
     out.asnumpy()
     drained = time.perf_counter() - start
+    return typed, drained
+
+
+def test_common_head_last_fn_output_is_typed_without_waiting_for_the_queue():
+    """PyNative: the head's output type is known when it is launched. (A product with a transposed view
+    made the loss's ``ops.typeof`` input check wait until the whole forward pass had executed, which
+    serialised the rest of every training step.) In a process of its own with MindSpore's asynchronous launch
+    (the default; the test processes launch synchronously, tests/conftest.py)."""
+    code = "from tests.test_less_bn import _typed_and_drained; print('TIMES', *_typed_and_drained())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, MS_DEV_LAUNCH_BLOCKING="0", GLOG_v="3",
+                                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    times = next(line for line in proc.stdout.splitlines() if line.startswith("TIMES "))
+    typed, drained = map(float, times.split()[1:])
     assert typed < 0.5 * drained, f"typeof waited {typed:.3f} s of the {drained:.3f} s the queue took"
 
 

@@ -18,18 +18,31 @@ N_COMPONENT = 4
 IMAGE = ("--image_size", 16)
 
 
+def _stage(ranks: list, name: str) -> list:
+    """Each rank's values of one stage of the job (``run_stages.py`` keeps them as ``<stage>.<key>``)."""
+    return [{key[len(name) + 1:]: value for key, value in res.items() if key.startswith(name + ".")}
+            for res in ranks]
+
+
 @pytest.fixture(scope="module")
-def stage1(data_path, tmp_path_factory):
-    """Stage 1 under msrun in its own folder (stage 2 runs there too, as the tutorial's scripts do)."""
+def stages(data_path, tmp_path_factory):
+    """Stage 1, then stage 2 in the same folder (as the tutorial's scripts do), both as written, in one msrun job
+    (``tests/tutorials/run_stages.py``: one MindSpore start and one ``init()`` per rank for both stages, the
+    ranks meeting at a barrier between them). Stage 2 (``pca_mat_path`` None) computes the PCA from
+    ``weight_load_dir="./checkpoint_stage_1/checkpoint_pca"`` and loads stage 1's last checkpoint."""
     workdir = tmp_path_factory.mktemp("dim_reduce")
-    ranks = run_distributed("dim_reduce_stage1.py", "--data_path", data_path, *NET, *IMAGE, "--epochs",
-                            STAGE1_EPOCHS, cwd=workdir)
-    return workdir, ranks
+    ranks = run_distributed(
+        "run_stages.py",
+        "stage1", "dim_reduce_stage1.py", "--data_path", data_path, *NET, *IMAGE, "--epochs", STAGE1_EPOCHS, "--",
+        "stage2", "dim_reduce_stage2.py", "--data_path", data_path, *NET, *IMAGE, "--pretrained_weight_path",
+        f"./checkpoint_stage_1/resnet-{STAGE1_EPOCHS}_{{stage1.step_size}}.ckpt", "--n_component", N_COMPONENT,
+        "--epochs", STAGE2_EPOCHS, cwd=workdir)
+    return workdir, _stage(ranks, "stage1"), _stage(ranks, "stage2")
 
 
 @pytest.mark.msrun
-def test_dim_reduce_stage1(stage1):
-    workdir, ranks = stage1
+def test_dim_reduce_stage1(stages):
+    workdir, ranks, _ = stages
     for rank, res in enumerate(ranks):
         check_losses(res["losses"], f"stage 1 rank {rank}")
     # data parallel: both ranks hold the same weights
@@ -64,14 +77,9 @@ def _check_stage2(workdir: Path, ranks: list, stage1_ranks: list, what: str) -> 
 
 
 @pytest.mark.msrun
-def test_dim_reduce_stage2_computes_pca(stage1, data_path):
+def test_dim_reduce_stage2_computes_pca(stages):
     """pca_mat_path None: the PCA is computed from weight_load_dir="./checkpoint_stage_1/checkpoint_pca"."""
-    workdir, stage1_ranks = stage1
-    step_size = int(stage1_ranks[0]["step_size"])
-    ranks = run_distributed("dim_reduce_stage2.py", "--data_path", data_path, *NET, *IMAGE,
-                            "--pretrained_weight_path",
-                            f"./checkpoint_stage_1/resnet-{STAGE1_EPOCHS}_{step_size}.ckpt",
-                            "--n_component", N_COMPONENT, "--epochs", STAGE2_EPOCHS, cwd=workdir)
+    workdir, stage1_ranks, ranks = stages
     _check_stage2(workdir, ranks, stage1_ranks, "stage 2 (PCA computed)")
     written = list((workdir / "checkpoint_stage_1" / "checkpoint_pca").glob("*.npy"))
     assert written, "the computed PCA matrix was not saved next to the checkpoints"
