@@ -307,12 +307,14 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         """The learning rate of the current step (the first inner optimizer's, at this step)."""
         if self.sync_lr:
             return self.learning_rate
-        inner = self._inners[0]
+        # not synced: self.learning_rate is the first inner optimizer's own (a registered sub-cell or Parameters);
+        # reading it through the plain tuple self._inners made MindSpore 2.10's compile fail ("Specializer should
+        # not be null") when a FreezeOpt was compiled after many other graphs in one process
         if self.is_group_lr:
             if self.dynamic_lr:
-                return tuple(lr(self.global_step).reshape(()) for lr in inner.learning_rate)
-            return inner.learning_rate
-        return inner.learning_rate(self.global_step).reshape(())
+                return tuple(lr(self.global_step).reshape(()) for lr in self.learning_rate)
+            return self.learning_rate
+        return self.learning_rate(self.global_step).reshape(())
 
     def trained_atoms(self, step: int) -> np.ndarray:
         """Which inner optimizers run at ``step`` (bool per element of :attr:`opts`); Python side."""
