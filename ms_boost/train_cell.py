@@ -248,8 +248,6 @@ class BoostTrainOneStepCell(nn.Cell):
         return ops.depend(loss, self.update(loss, grads))
 
 
-
-
 class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
     """One boosted training step with loss scaling and overflow skipping.
 

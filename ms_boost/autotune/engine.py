@@ -94,6 +94,11 @@ def eval_steps(steps: int, points: int) -> List[int]:
     return sorted({0, *(max(1, round(steps * j / points)) for j in range(1, points + 1))})
 
 
+def budget_steps(options: AutotuneOptions, planned_steps: int) -> int:
+    """The most training steps a trial of a run of ``planned_steps`` may take (``budget`` x the run)."""
+    return int(options.budget * planned_steps + 1e-9)
+
+
 def batches_needed(options: AutotuneOptions, planned_steps: int) -> Tuple[int, int]:
     """``(held-out, training)`` batches the trial of a run of ``planned_steps`` can use; the caller reads no more.
 
@@ -101,12 +106,12 @@ def batches_needed(options: AutotuneOptions, planned_steps: int) -> Tuple[int, i
     ``max_trial_steps`` training batches, and is possible only when the step budget leaves ``min_trial_steps`` each
     to two plans after one probe. Without a trial (the budget pays no probe): one batch (the batch size).
     """
-    budget_steps = int(options.budget * planned_steps + 1e-9)
-    if budget_steps < options.probe_steps:
+    steps = budget_steps(options, planned_steps)
+    if steps < options.probe_steps:
         return 0, 1
-    if not options.measure_progress or (budget_steps - options.probe_steps) // 2 < options.min_trial_steps:
+    if not options.measure_progress or (steps - options.probe_steps) // 2 < options.min_trial_steps:
         return 0, options.probe_steps
-    return options.holdout_batches, min(options.max_trial_steps, max(options.probe_steps, budget_steps))
+    return options.holdout_batches, min(options.max_trial_steps, max(options.probe_steps, steps))
 
 
 def _scalar(loss: Any) -> float:
@@ -250,7 +255,7 @@ class _Trial:
         """Candidate ``i``'s figures as its priors predict them from O0's measured ``(compile, step)`` ``scale``."""
         return prior_figures(self.compile_priors[i], self.step_priors[i], self.priors[i], scale)
 
-    def next_probe(self, left: Sequence[int], steps: int, budget_steps: int) -> Tuple[int, Optional[str]]:
+    def next_probe(self, left: Sequence[int], steps: int, allowed: int) -> Tuple[int, Optional[str]]:
         """The candidate of ``left`` to probe next, and why it is not probed (None: probe it).
 
         Before any probe, and without ``time_budget`` (every candidate the step budget pays for is probed, in the
@@ -261,8 +266,8 @@ class _Trial:
         if not self.probed:
             return left[0], None
         if not self.options.time_budget:
-            over = self.steps_used + steps > budget_steps
-            return left[0], (f"the step budget ({budget_steps} steps) is spent ({self.steps_used} used, {steps} per "
+            over = self.steps_used + steps > allowed
+            return left[0], (f"the step budget ({allowed} steps) is spent ({self.steps_used} used, {steps} per "
                              f"probe)" if over else None)
         state = self.state()
         if state.scale is None:  # every probe so far failed: the prior order, the dearest probe as the cost
@@ -273,8 +278,8 @@ class _Trial:
             i = min(left, key=lambda j: (runs[j], left.index(j)))
             guess = self.predicted(i, state.scale)
             cost, run = guess.compile_s + steps * guess.step_s + state.overhead, runs[i]
-        if self.steps_used + steps > budget_steps:
-            return i, f"the step budget ({budget_steps} steps) is spent ({self.steps_used} used, {steps} per probe)"
+        if self.steps_used + steps > allowed:
+            return i, f"the step budget ({allowed} steps) is spent ({self.steps_used} used, {steps} per probe)"
         if run is not None and run >= state.left:
             return i, (f"no candidate left is predicted to save time: the shortest predicted run, "
                        f"{self.candidates[i].name}'s {run:.1f} s, is not below the {state.left:.1f} s {state.best} "
@@ -283,11 +288,11 @@ class _Trial:
 
     def probe(self, order: Sequence[int], batches: Sequence[tuple], reuse: Optional[int]) -> None:
         """Probe the candidates of ``order`` (the prior order) while one more pays; :meth:`next_probe` picks each."""
-        budget_steps = int(self.options.budget * self.ctx.planned_steps + 1e-9)
+        allowed = budget_steps(self.options, self.ctx.planned_steps)
         steps = min(self.options.probe_steps, len(batches))
         left = list(order)
         while left:
-            i, stop = self.next_probe(left, steps, budget_steps)
+            i, stop = self.next_probe(left, steps, allowed)
             if stop:
                 for j in left:
                     self.records[j] = TrialRecord(error=f"not probed: {stop}")
@@ -332,10 +337,10 @@ class _Trial:
         if not options.measure_progress or ref is None or not others or not holdout:
             return []
         others.sort(key=lambda i: predicted_run(figures[i], n_steps) or NO_ESTIMATE)
-        budget_steps = int(options.budget * n_steps + 1e-9)
-        window = min(options.max_trial_steps, len(batches), (budget_steps - self.steps_used) // 2)
+        allowed = budget_steps(options, n_steps)
+        window = min(options.max_trial_steps, len(batches), (allowed - self.steps_used) // 2)
         if window < options.min_trial_steps:
-            return [f"progress not measured: the step budget leaves {max(0, budget_steps - self.steps_used)} steps, "
+            return [f"progress not measured: the step budget leaves {max(0, allowed - self.steps_used)} steps, "
                     f"fewer than {options.min_trial_steps} each for the reference and one more plan; progress "
                     f"priors used"]
         at = eval_steps(window, options.eval_points)
@@ -348,7 +353,7 @@ class _Trial:
         queue = [ref, *others]
         notes: List[str] = []
         for n, i in enumerate(queue):
-            if self.steps_used + window > budget_steps:
+            if self.steps_used + window > allowed:
                 notes.append(f"progress measured for {n} plan(s): the step budget is spent")
                 break
             stop = self.over_budget(cost(i) + (cost(queue[1]) if n == 0 else 0.0))
@@ -431,10 +436,10 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
         raise ValueError("autotune: no candidate can run here: " + "; ".join(
             f"{c.name}: {e}" for c, e in zip(candidates, errors)))
     order = [i for i in probe_order(candidates, ctx) if i in runnable]
-    budget_steps = int(options.budget * ctx.planned_steps + 1e-9)
-    if budget_steps < options.probe_steps or len(batches) < 2:
+    allowed = budget_steps(options, ctx.planned_steps)
+    if allowed < options.probe_steps or len(batches) < 2:
         chosen = order[0]
-        note = (f"no trial: the budget of {budget_steps} steps (budget {options.budget:g} x {ctx.planned_steps} "
+        note = (f"no trial: the budget of {allowed} steps (budget {options.budget:g} x {ctx.planned_steps} "
                 f"planned steps) cannot pay for one probe of {options.probe_steps} steps; {candidates[chosen].name} "
                 f"(the shortest run its priors predict) trains the run unmeasured")
         reasons = [f"dropped: {f.reason}" if errors[i] else "not tried" for i, f in enumerate(trial.figures)]
