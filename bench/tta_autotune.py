@@ -250,9 +250,54 @@ def pick_lines(cell: dict) -> List[str]:
                  "target not reached by both")
         steps = [median_step(r) for r in (run, cell["curves"][name][seed])]
         pace = (f"; median step {steps[0] * 1e3:.0f} vs {steps[1] * 1e3:.0f} ms" if None not in steps else "")
+        parts = gap_parts(run, cell["curves"][name][seed])
+        split = (f"; the gap: the compile (trial {run.get('trial_seconds', 0):.1f} s vs its first step "
+                 f"{parts[3]:.1f} s) {parts[0]:+.1f} s, the rest of epoch 1 {parts[1]:+.1f} s, later epochs "
+                 f"{parts[2]:+.1f} s" if parts else "")
         out.append(f"seed {seed}: picked {run['autotune_pick']}, against {name} {gap} ({reach}{pace}); trial "
-                   f"{run.get('trial_seconds', 0):.1f} s of which {run.get('trial_overhead', 0):.1f} s not reused")
+                   f"{run.get('trial_seconds', 0):.1f} s of which {run.get('trial_overhead', 0):.1f} s not reused"
+                   f"{split}")
     return out
+
+
+def gap_parts(auto: dict, fixed: dict) -> Optional[Tuple[float, float, float, float]]:
+    """Where auto's whole-run gap to its pick's fixed run goes (paired, same plan and seed).
+
+    Returns ``(compile, rest of epoch 1, later epochs, fixed compile)`` in seconds, or None when a figure is
+    missing: ``compile`` is auto's trial (which compiles the pick's step and probes it) minus the fixed run's first
+    step (its compile: the slowest step of its epoch 1); ``rest of epoch 1`` is auto's epoch 1 after the trial
+    minus the fixed run's epoch 1 after its first step; ``later epochs`` the difference of the other epochs.
+    They add up to the whole-run gap.
+    """
+    trial = auto.get("trial_seconds")
+    slow = fixed.get("slowest_steps") or []
+    if trial is None or not slow or not slow[0] or not auto.get("epoch_seconds") or not fixed.get("epoch_seconds"):
+        return None
+    first = float(slow[0][-1])
+    mine, theirs = auto["epoch_seconds"], fixed["epoch_seconds"]
+    return (float(trial) - first, (mine[0] - float(trial)) - (theirs[0] - first),
+            float(np.sum(mine[1:]) - np.sum(theirs[1:])), first)
+
+
+def gap_summary(payload: dict) -> List[str]:
+    """One line: medians and ranges, over every cell and seed, of the three parts of :func:`gap_parts`."""
+    parts = []
+    for cell in payload["cells"].values():
+        for seed, run in (cell["curves"].get(AUTO) or {}).items():
+            name = PICK_CONTENDER.get(run.get("autotune_pick") or "")
+            fixed = (cell["curves"].get(name) or {}).get(seed) if name else None
+            got = gap_parts(run, fixed) if fixed and not run.get("error") and not fixed.get("error") else None
+            if got:
+                parts.append(got[:3])
+    if not parts:
+        return []
+    cols = np.asarray(parts, np.float64)
+    text = ", ".join(f"{label} {np.median(cols[:, j]):+.2f} s [{cols[:, j].min():+.2f}, {cols[:, j].max():+.2f}]"
+                     for j, label in enumerate(("the compile (trial minus the fixed run's first step)",
+                                                "the rest of epoch 1", "later epochs")))
+    return [f"**Where auto's gap to its pick's fixed run goes** (paired, {len(parts)} seeds; median [min, max]): "
+            f"{text}. The trial holds the pick's compile, which varies from run to run by itself; the rest of epoch "
+            "1 is the run after the trial.", ""]
 
 
 def median_step(run: dict) -> Optional[float]:
@@ -346,6 +391,7 @@ def render_standalone(payload: dict) -> str:
         lines += [f"**Partial run**: not measured: {', '.join(missing) or 'none'}; fewer seeds than planned: "
                   f"{', '.join(short) or 'none'} (the runner writes the page after every seed).", ""]
     lines += summary_table(payload) + [""]
+    lines += gap_summary(payload)
     lines += autotune_section(payload)
     for key, cell in cells.items():
         picked = pick_lines(cell)

@@ -2,6 +2,8 @@
 checked against the rules computed by hand here. Nothing is timed."""
 from __future__ import annotations
 
+import pytest
+
 from bench.tta_autotune import AUTO, autotune_goals, autotune_section, wall_to_target
 
 
@@ -101,4 +103,31 @@ def test_the_pick_line_states_both_runs_median_step_the_loads_mark():
                       trial_overhead=0.9, autotune_pick="O0")}
     cell = {"target": 0.94, "curves": {"ms_boost O0": o0, AUTO: auto}}
     assert pick_lines(cell) == ["seed 2: picked O0, against ms_boost O0 +6.5 s over the whole run (to target 23.0 vs "
-                                "16.5 s; median step 52 vs 18 ms); trial 12.0 s of which 0.9 s not reused"]
+                                "16.5 s; median step 52 vs 18 ms); trial 12.0 s of which 0.9 s not reused; the gap: "
+                                "the compile (trial 12.0 s vs its first step 13.4 s) -1.4 s, the rest of epoch 1 "
+                                "+1.9 s, later epochs +6.0 s"]
+
+
+def test_the_gap_splits_into_compile_rest_of_epoch_one_and_later_epochs_which_add_up():
+    from bench.tta_autotune import gap_parts, gap_summary
+
+    # the fixed run: epoch 1 of 3.0 s whose slowest step (its compile) took 2.5 s, then 0.6 + 0.5 s
+    fixed = _run([0.5, 0.9, 0.95], [3.0, 0.6, 0.5], slowest_steps=[[0.012, 0.02, 0.03, 2.5], [0.012] * 4,
+                                                                   [0.012] * 4])
+    # auto: its epoch 1 holds the 3.3 s trial and 0.6 s of steps, then 0.7 + 0.4 s
+    auto = _run([0.5, 0.9, 0.95], [3.9, 0.7, 0.4], trial_seconds=3.3, trial_overhead=0.1, autotune_pick="O0")
+    compile_, rest, later, first = gap_parts(auto, fixed)
+    assert (first, compile_, rest, later) == pytest.approx((2.5, 0.8, 0.1, 0.0))
+    assert compile_ + rest + later == pytest.approx(sum(auto["epoch_seconds"]) - sum(fixed["epoch_seconds"]))
+    assert gap_parts(auto, _run([0.95], [3.0])) is None  # no step times recorded
+    assert gap_parts(_run([0.95], [3.0]), fixed) is None  # not an autotuned run
+    # over two cells: medians and ranges of each part
+    other = _run([0.95], [2.0, 1.0], trial_seconds=1.0, autotune_pick="O0")
+    other_fixed = _run([0.95], [2.4, 1.2], slowest_steps=[[0.01, 1.5]])  # compile -0.5, rest +0.1, later -0.2
+    payload = {"cells": {"a/gemm": {"curves": {"ms_boost O0": {"0": fixed}, AUTO: {"0": auto}}},
+                         "b/gemm": {"curves": {"ms_boost O0": {"0": other_fixed}, AUTO: {"0": other}}}}}
+    line = gap_summary(payload)[0]
+    assert "(paired, 2 seeds; median [min, max])" in line
+    assert ("the compile (trial minus the fixed run's first step) +0.15 s [-0.50, +0.80], the rest of epoch 1 "
+            "+0.10 s [+0.10, +0.10], later epochs -0.10 s [-0.20, +0.00]") in line
+    assert gap_summary({"cells": {}}) == []
