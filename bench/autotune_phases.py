@@ -1,0 +1,234 @@
+"""Where an autotuned run's time goes against the same plan's fixed run: per phase, wall and CPU seconds.
+
+One cell of the autotune page (default generated/gemm, whose pick is O0), seed by seed: a fixed ``ms_boost O0`` run
+and a ``boost_level="auto"`` run, each in its own process, alternating (paired: each pair shares the machine's
+conditions). Each run trains the cell's planned epochs (the trial plans for all of them) but stops after epoch 1.
+Phases, each with its wall seconds and the process's CPU seconds (all threads):
+
+* ``model``: building the Model (the fixed run builds its train step here);
+* ``trial`` (auto): reading the trial's batches, building the step, the probe's first step (its compile), the probe's
+  other steps, putting the weights back (``restore``), the rest (the report, the eval network);
+* ``step 1`` (the fixed run's compile), ``steps 2-3`` and the rest of epoch 1, split into the time inside the
+  steps and the gaps between them (waiting for data and callbacks).
+
+``python bench/autotune_phases.py [--cell generated/gemm] [--seeds 0,1,2]`` writes
+``bench/results/autotune_phases.{json,md}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TAG = "PHASES "
+CONTENDERS = ("ms_boost O0", "ms_boost auto")
+
+
+def _clock() -> Tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def thread_cpu() -> Dict[str, float]:
+    """CPU seconds of each live thread of this process, by ``name:tid`` (Linux ``/proc``; empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: Dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[f"{name}:{tid}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def measure(contender: str, dataset: str, net_name: str, epochs: int, seed: int) -> Dict[str, List[float]]:
+    """One run of ``contender`` (in this process): ``{phase: [wall, cpu]}``, epoch 1 only."""
+    import mindspore as ms
+    import mindspore.dataset as ds
+    from mindspore.train import Callback
+
+    import ms_boost.autotune.cells as cells
+    import ms_boost.model as ms_model
+    from bench.bench_tta import RunSpec, _model, build_network
+    from bench.tta_autotune import data_root
+    from model_zoo.resnet.src.dataset import class_folders, create_dataset
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(seed)
+    np.random.seed(seed)
+    ds.config.set_seed(seed)
+    root = data_root(dataset)
+    train = create_dataset(root / "train", do_train=True, batch_size=32, image_size=16, num_parallel_workers=2,
+                           crop_scale=(0.6, 1.0), seed=seed, hflip=False)
+    spec = RunSpec(dataset=dataset, net=net_name, contender=contender, lr=0.1, seed=seed, epochs=epochs,
+                   image_size=16, width=8)
+    net = build_network(spec, len(class_folders(root / "train")))
+    phases: Dict[str, List[float]] = {}
+
+    def add(name: str, start: Tuple[float, float]) -> None:
+        wall, cpu = _clock()
+        got = phases.setdefault(name, [0.0, 0.0])
+        got[0] += wall - start[0]
+        got[1] += cpu - start[1]
+
+    def timed(owner, attr: str, name: str) -> None:
+        inner = getattr(owner, attr)
+
+        def wrapper(*args, **kwargs):
+            start = _clock()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                add(name, start)
+        setattr(owner, attr, wrapper)
+
+    start = _clock()
+    model = _model(spec, net, train.get_dataset_size())
+    add("model", start)
+    trial_steps: List[int] = []
+    step_inner, restore_inner = cells.CellTrialRun.step, cells.CellTrialRun.restore
+
+    def step(self, *batch):
+        begin = _clock()
+        try:
+            return step_inner(self, *batch)
+        finally:
+            trial_steps.append(1)
+            add("trial: probe step 1 (compile)" if len(trial_steps) == 1 else "trial: probe steps 2+", begin)
+
+    def restore(self):
+        begin = _clock()
+        try:
+            restore_inner(self)
+        finally:
+            add("trial: restore", begin)
+
+    cells.CellTrialRun.step, cells.CellTrialRun.restore = step, restore
+    timed(ms_model, "take_batches", "trial: read batches")
+    timed(ms_model, "_build", "trial: build steps")
+    if contender == "ms_boost auto":
+        timed(model, "autotune", "trial (all)")
+
+    class Phases(Callback):
+        def on_train_epoch_begin(self, run_context):
+            self.steps = 0
+            self.threads = thread_cpu()
+            self.last = _clock()
+
+        def on_train_step_begin(self, run_context):
+            add("epoch 1: gaps (data, callbacks)", self.last)
+            self.begin = _clock()
+
+        def on_train_step_end(self, run_context):
+            self.steps += 1
+            add("epoch 1: step 1" if self.steps == 1 else "epoch 1: steps 2-3" if self.steps <= 3 else
+                "epoch 1: steps 4+", self.begin)
+            self.last = _clock()
+
+        def on_train_epoch_end(self, run_context):
+            add("epoch 1: gaps (data, callbacks)", self.last)
+            now = thread_cpu()  # epoch 1's CPU by thread name (the same name summed), threads alive at its end
+            for key, cpu in now.items():
+                used = cpu - self.threads.get(key, 0.0)
+                if used > 0:
+                    threads[key.split(":")[0]] = threads.get(key.split(":")[0], 0.0) + used
+            run_context.request_stop()
+
+    threads: Dict[str, float] = {}
+    model.train(epochs, train, callbacks=[Phases()], dataset_sink_mode=False)
+    for name, cpu in threads.items():
+        phases[f"epoch 1, thread {name}"] = [0.0, cpu]
+    if "trial (all)" in phases:
+        named = [v for k, v in phases.items() if k.startswith("trial: ")]
+        phases["trial: the rest"] = [phases["trial (all)"][j] - sum(v[j] for v in named) for j in (0, 1)]
+    report = getattr(model, "autotune_report", None)
+    if report is not None:
+        phases["pick: " + report.pick] = [0.0, 0.0]
+    return phases
+
+
+def render(payload: dict) -> str:
+    """The page: per phase, median [min, max] over the seeds of wall and CPU seconds, fixed and auto side by side."""
+    from bench.common import page_footer
+
+    runs = payload["runs"]
+    names: List[str] = []
+    for contender in CONTENDERS:
+        for run in runs[contender].values():
+            names += [n for n in run if n not in names and not n.startswith("pick: ")]
+    order = sorted(names, key=lambda n: (not n.startswith("model"), not n.startswith("trial"), n))
+
+    def cell(contender: str, name: str, j: int) -> str:
+        if j == 0 and ", thread " in name:  # per-thread rows hold CPU only
+            return "-"
+        vals = [run[name][j] for run in runs[contender].values() if name in run]
+        return f"{np.median(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}]" if vals else "-"
+
+    picks = sorted({n[6:] for run in runs["ms_boost auto"].values() for n in run if n.startswith("pick: ")})
+    lines = ["# Autotune: where the time of an autotuned run goes, per phase", "",
+             f"Written by `python bench/autotune_phases.py --cell {payload['cell']}` ({payload['epochs']} planned "
+             f"epochs, epoch 1 measured; seeds {', '.join(str(s) for s in payload['seeds'])}; auto picked "
+             f"{', '.join(picks)}). Each seed: the fixed run, then the autotuned one, each in its own process "
+             "(paired). Median [min, max] over the seeds; CPU is the process's CPU time over all its threads, which "
+             "the machine's other jobs disturb less than wall time; the thread rows split epoch 1's CPU by thread "
+             "name (the data pipeline's threads run under the name `python`, with the main thread).", "",
+             f"Load average (1/5/15 min) before: {payload['load_before']}; after: {payload['load_after']}.", "",
+             "| phase | O0 wall s | O0 CPU s | auto wall s | auto CPU s |", "|---|---|---|---|---|"]
+    for name in order:
+        lines.append(f"| {name} | {cell(CONTENDERS[0], name, 0)} | {cell(CONTENDERS[0], name, 1)} | "
+                     f"{cell(CONTENDERS[1], name, 0)} | {cell(CONTENDERS[1], name, 1)} |")
+    return "\n".join(lines + page_footer(f"python bench/autotune_phases.py --cell {payload['cell']}",
+                                         payload["load_before"]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="per-phase wall and CPU time, fixed O0 against auto")
+    parser.add_argument("--cell", default="generated/gemm")
+    parser.add_argument("--epochs", type=int, default=3, help="planned epochs (the trial plans for them)")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    dataset, net_name = args.cell.split("/")
+    if args.worker:
+        contender, seed = json.loads(args.worker)
+        print(TAG + json.dumps(measure(contender, dataset, net_name, args.epochs, seed)), flush=True)
+        return 0
+    from bench.common import load_average, write_results
+
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    payload = {"cell": args.cell, "epochs": args.epochs, "seeds": seeds, "load_before": load_average(),
+               "runs": {c: {} for c in CONTENDERS}}
+    env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(ROOT))
+    for seed in seeds:
+        for contender in CONTENDERS:
+            out = subprocess.run([sys.executable, __file__, f"--cell={args.cell}", f"--epochs={args.epochs}",
+                                  f"--worker={json.dumps([contender, seed])}"], env=env, capture_output=True,
+                                 text=True, check=True).stdout
+            line = next(x for x in out.splitlines() if x.startswith(TAG))
+            payload["runs"][contender][str(seed)] = json.loads(line[len(TAG):])
+            print(f"[phases] {contender} seed {seed} done", flush=True)
+    payload["load_after"] = load_average()
+    page = render(payload)
+    write_results("autotune_phases", payload, page)
+    print(page)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
