@@ -237,3 +237,53 @@ def test_the_trial_reads_only_the_batches_its_budget_can_use():
     assert batches_needed(opts, 220) == (2, 11)    # 11 steps: a probe and two windows of 4
     assert batches_needed(opts, 5000) == (2, 50)   # at most max_trial_steps
     assert batches_needed(AutotuneOptions(measure_progress=False), 5000) == (0, 3)
+
+
+class _FakeLearner(_FakeRun):
+    """A fake step whose held-out loss falls by ``rate`` per step (the progress a window measures)."""
+
+    rate = 0.01
+
+    def holdout_loss(self, batches) -> float:
+        return 2.0 - self.rate * self.calls
+
+
+@pytest.mark.parametrize("ratio", [2.0, 20.0])
+def test_a_short_conv_run_measures_o1_only_when_asked_and_picks_it_only_past_the_break_even_gain(monkeypatch, ratio):
+    # digits/conv's shape: 138 steps, the rewrite cheap to compile and fast, O1 a dearer compile for about its step
+    ctx, n = _conv(138), 138
+    times = {"O0": (0.65, 0.05), "O0_cpu_gemm_conv": (1.0, 0.009), "O1": (1.5, 0.0085), "thor": (6.0, 0.05),
+             "grad_accumulation_2": (1.0, 0.05)}
+    report, probed = _scripted_trial(monkeypatch, ctx, times)  # the defaults: one probe, the rewrite
+    assert probed == ["O0_cpu_gemm_conv"] and report.pick == "O0_cpu_gemm_conv"
+    assert "no candidate left is predicted to save time" in report.candidate("O1").reason
+    # a larger budget alone does not probe O1: its predicted run exceeds what the rewrite still needs
+    report, probed = _scripted_trial(monkeypatch, ctx, times, budget=0.5)
+    assert probed == ["O0_cpu_gemm_conv"]
+
+    # time budget off, the two plans named, 15% of the run: both probed and O1's progress measured on a window
+    clock, log = _Clock(), []
+    monkeypatch.setattr(engine, "time", clock)
+
+    def build(boost, on_originals):
+        name = _plan_name(boost)
+        log.append(name)
+        run = _FakeLearner(clock, *times[name], log, name)
+        run.rate = 0.01 * (ratio if name == "O1" else 1.0)
+        return run
+
+    batches = [(np.zeros(1),)] * 60
+    options = AutotuneOptions(budget=0.15, time_budget=False, candidates=("O0_cpu_gemm_conv", "O1"))
+    report = engine.run_trials(build, ctx, options, batches, batches[:2])
+    assert log == ["O0_cpu_gemm_conv", "O1"]
+    o1 = report.candidate("O1")
+    assert o1.gain_from == "measured"
+    # numpy: the window is (20 steps - 2 probes x 3) // 2 = 7; gain = ratio^a 0.9^(1-a), a = 7 / 27
+    a = 7 / (7 + 20)
+    gain = float(np.exp(a * np.log(ratio) + (1 - a) * np.log(0.9)))
+    assert o1.figures.gain == pytest.approx(gain, rel=1e-6)
+    runs = {"O0_cpu_gemm_conv": 1.0 + n * 0.009, "O1": 1.5 + n * 0.0085 / gain}
+    assert report.candidate("O1").run_seconds(n) == pytest.approx(runs["O1"], rel=1e-6)
+    # O1 wins only when its measured gain makes its run shorter (by more than the 2% tolerance): 20x, not 2x
+    assert report.pick == ("O1" if ratio == 20.0 else "O0_cpu_gemm_conv")
+    assert (runs["O1"] < runs["O0_cpu_gemm_conv"] / 1.02) is (ratio == 20.0)
