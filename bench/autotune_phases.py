@@ -1,7 +1,8 @@
 """Where an autotuned run's time goes against the same plan's fixed run: per phase, wall and CPU seconds.
 
-One cell of the autotune page (default generated/gemm, whose pick is O0), seed by seed: a fixed ``ms_boost O0`` run
-and a ``boost_level="auto"`` run, each in its own process, alternating (paired: each pair shares the machine's
+One cell of the autotune page (default generated/gemm, whose pick is O0), seed by seed: the fixed run of the plan auto
+picks (``--fixed``, default ``ms_boost O0``; ``"ms_boost O0 + cpu_gemm_conv"`` on a conv cell) and a
+``boost_level="auto"`` run, each in its own process, alternating (paired: each pair shares the machine's
 conditions). Each run trains the cell's planned epochs (the trial plans for all of them) but stops after epoch 1.
 Phases, each with its wall seconds and the process's CPU seconds (all threads):
 
@@ -11,7 +12,7 @@ Phases, each with its wall seconds and the process's CPU seconds (all threads):
 * ``step 1`` (the fixed run's compile), ``steps 2-3`` and the rest of epoch 1, split into the time inside the
   steps and the gaps between them (waiting for data and callbacks).
 
-``python bench/autotune_phases.py [--cell generated/gemm] [--seeds 0,1,2]`` writes
+``python bench/autotune_phases.py [--cell generated/gemm] [--fixed "ms_boost O0"] [--seeds 0,1,2]`` writes
 ``bench/results/autotune_phases.{json,md}``.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 import numpy as np
 
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TAG = "PHASES "
-CONTENDERS = ("ms_boost O0", "ms_boost auto")
+AUTO = "ms_boost auto"
 
 
 def _clock() -> Tuple[float, float]:
@@ -101,7 +102,7 @@ def measure(contender: str, dataset: str, net_name: str, epochs: int, seed: int)
     start = _clock()
     model = _model(spec, net, train.get_dataset_size())
     add("model", start)
-    trial_steps: List[int] = []
+    stepped: Set[int] = set()  # the trial runs that stepped already (each one's first step compiles)
     step_inner, restore_inner = cells.CellTrialRun.step, cells.CellTrialRun.restore
 
     def step(self, *batch):
@@ -109,8 +110,8 @@ def measure(contender: str, dataset: str, net_name: str, epochs: int, seed: int)
         try:
             return step_inner(self, *batch)
         finally:
-            trial_steps.append(1)
-            add("trial: probe step 1 (compile)" if len(trial_steps) == 1 else "trial: probe steps 2+", begin)
+            add("trial: probe steps 2+" if id(self) in stepped else "trial: probe step 1 (compile)", begin)
+            stepped.add(id(self))
 
     def restore(self):
         begin = _clock()
@@ -122,7 +123,7 @@ def measure(contender: str, dataset: str, net_name: str, epochs: int, seed: int)
     cells.CellTrialRun.step, cells.CellTrialRun.restore = step, restore
     timed(ms_model, "take_batches", "trial: read batches")
     timed(ms_model, "_build", "trial: build steps")
-    if contender == "ms_boost auto":
+    if contender == AUTO:
         timed(model, "autotune", "trial (all)")
 
     class Phases(Callback):
@@ -168,8 +169,10 @@ def render(payload: dict) -> str:
     from bench.common import page_footer
 
     runs = payload["runs"]
+    fixed = payload.get("fixed", "ms_boost O0")
+    contenders = (fixed, AUTO)
     names: List[str] = []
-    for contender in CONTENDERS:
+    for contender in contenders:
         for run in runs[contender].values():
             names += [n for n in run if n not in names and not n.startswith("pick: ")]
     order = sorted(names, key=lambda n: (not n.startswith("model"), not n.startswith("trial"), n))
@@ -180,7 +183,7 @@ def render(payload: dict) -> str:
         vals = [run[name][j] for run in runs[contender].values() if name in run]
         return f"{np.median(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}]" if vals else "-"
 
-    picks = sorted({n[6:] for run in runs["ms_boost auto"].values() for n in run if n.startswith("pick: ")})
+    picks = sorted({n[6:] for run in runs[AUTO].values() for n in run if n.startswith("pick: ")})
     lines = ["# Autotune: where the time of an autotuned run goes, per phase", "",
              f"Written by `python bench/autotune_phases.py --cell {payload['cell']}` ({payload['epochs']} planned "
              f"epochs, epoch 1 measured; seeds {', '.join(str(s) for s in payload['seeds'])}; auto picked "
@@ -189,10 +192,10 @@ def render(payload: dict) -> str:
              "the machine's other jobs disturb less than wall time; the thread rows split epoch 1's CPU by thread "
              "name (the data pipeline's threads run under the name `python`, with the main thread).", "",
              f"Load average (1/5/15 min) before: {payload['load_before']}; after: {payload['load_after']}.", "",
-             "| phase | O0 wall s | O0 CPU s | auto wall s | auto CPU s |", "|---|---|---|---|---|"]
+             f"| phase | {fixed} wall s | {fixed} CPU s | auto wall s | auto CPU s |", "|---|---|---|---|---|"]
     for name in order:
-        lines.append(f"| {name} | {cell(CONTENDERS[0], name, 0)} | {cell(CONTENDERS[0], name, 1)} | "
-                     f"{cell(CONTENDERS[1], name, 0)} | {cell(CONTENDERS[1], name, 1)} |")
+        lines.append(f"| {name} | {cell(fixed, name, 0)} | {cell(fixed, name, 1)} | {cell(AUTO, name, 0)} | "
+                     f"{cell(AUTO, name, 1)} |")
     return "\n".join(lines + page_footer(f"python bench/autotune_phases.py --cell {payload['cell']}",
                                          payload["load_before"]))
 
@@ -201,6 +204,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="per-phase wall and CPU time, fixed O0 against auto")
     parser.add_argument("--cell", default="generated/gemm")
     parser.add_argument("--epochs", type=int, default=3, help="planned epochs (the trial plans for them)")
+    parser.add_argument("--fixed", default="ms_boost O0", help="the fixed contender of the plan auto picks")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -213,10 +217,10 @@ def main(argv=None) -> int:
 
     seeds = [int(s) for s in args.seeds.split(",") if s]
     payload = {"cell": args.cell, "epochs": args.epochs, "seeds": seeds, "load_before": load_average(),
-               "runs": {c: {} for c in CONTENDERS}}
+               "fixed": args.fixed, "runs": {c: {} for c in (args.fixed, AUTO)}}
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(ROOT))
     for seed in seeds:
-        for contender in CONTENDERS:
+        for contender in (args.fixed, AUTO):
             out = subprocess.run([sys.executable, __file__, f"--cell={args.cell}", f"--epochs={args.epochs}",
                                   f"--worker={json.dumps([contender, seed])}"], env=env, capture_output=True,
                                  text=True, check=True).stdout

@@ -131,3 +131,24 @@ def test_the_gap_splits_into_compile_rest_of_epoch_one_and_later_epochs_which_ad
     assert ("the compile (trial minus the fixed run's first step) +0.15 s [-0.50, +0.80], the rest of epoch 1 "
             "+0.10 s [+0.10, +0.10], later epochs -0.10 s [-0.20, +0.00]") in line
     assert gap_summary({"cells": {}}) == []
+
+
+def test_the_phases_page_gives_each_phase_median_and_range_over_the_seeds_per_contender():
+    from bench.autotune_phases import render
+
+    fixed = {"0": {"model": [0.2, 0.1], "epoch 1: step 1": [3.0, 2.5], "epoch 1, thread python": [0.0, 2.7]},
+             "1": {"model": [0.4, 0.3], "epoch 1: step 1": [5.0, 2.9], "epoch 1, thread python": [0.0, 3.1]}}
+    auto = {"0": {"model": [0.1, 0.1], "trial: probe step 1 (compile)": [2.8, 2.4], "pick: O0": [0.0, 0.0]},
+            "1": {"model": [0.1, 0.1], "trial: probe step 1 (compile)": [3.2, 2.6], "pick: O0": [0.0, 0.0]}}
+    page = render({"cell": "generated/gemm", "epochs": 3, "seeds": [0, 1], "load_before": [1.0, 1.0, 1.0],
+                   "load_after": [1.0, 1.0, 1.0], "fixed": "ms_boost O0", "runs": {"ms_boost O0": fixed,
+                                                                                  AUTO: auto}})
+    rows = {line.split(" | ")[0][2:]: line for line in page.splitlines() if line.startswith("| ")}
+    assert rows["model"] == "| model | 0.300 [0.200, 0.400] | 0.200 [0.100, 0.300] | 0.100 [0.100, 0.100] | " \
+                            "0.100 [0.100, 0.100] |"
+    assert rows["trial: probe step 1 (compile)"].endswith("| - | - | 3.000 [2.800, 3.200] | 2.500 [2.400, 2.600] |")
+    assert rows["epoch 1, thread python"] == "| epoch 1, thread python | - | 2.900 [2.700, 3.100] | - | - |"
+    assert "auto picked O0" in page and "pick: O0" not in rows
+    # the model row first, then the trial's, then epoch 1's
+    names = [n for n in rows if n not in ("phase", "---")]
+    assert names.index("model") < names.index("trial: probe step 1 (compile)") < names.index("epoch 1: step 1")
