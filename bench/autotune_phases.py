@@ -13,7 +13,7 @@ Phases, each with its wall seconds and the process's CPU seconds (all threads):
   steps and the gaps between them (waiting for data and callbacks).
 
 ``python bench/autotune_phases.py [--cell generated/gemm] [--fixed "ms_boost O0"] [--seeds 0,1,2]`` writes
-``bench/results/autotune_phases.{json,md}``.
+``bench/results/autotune_phases.{json,md}`` (``--out`` another stem).
 """
 from __future__ import annotations
 
@@ -185,9 +185,10 @@ def render(payload: dict) -> str:
 
     picks = sorted({n[6:] for run in runs[AUTO].values() for n in run if n.startswith("pick: ")})
     lines = ["# Autotune: where the time of an autotuned run goes, per phase", "",
-             f"Written by `python bench/autotune_phases.py --cell {payload['cell']}` ({payload['epochs']} planned "
-             f"epochs, epoch 1 measured; seeds {', '.join(str(s) for s in payload['seeds'])}; auto picked "
-             f"{', '.join(picks)}). Each seed: the fixed run, then the autotuned one, each in its own process "
+             f"Written by `python bench/autotune_phases.py --cell {payload['cell']} --fixed '{fixed}'` "
+             f"({payload['epochs']} planned epochs, epoch 1 measured; seeds "
+             f"{', '.join(str(s) for s in payload['seeds'])}; auto picked {', '.join(picks)}). "
+             "Each seed: the fixed run, then the autotuned one, each in its own process "
              "(paired). Median [min, max] over the seeds; CPU is the process's CPU time over all its threads, which "
              "the machine's other jobs disturb less than wall time; the thread rows split epoch 1's CPU by thread "
              "name (the data pipeline's threads run under the name `python`, with the main thread).", "",
@@ -206,6 +207,7 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=3, help="planned epochs (the trial plans for them)")
     parser.add_argument("--fixed", default="ms_boost O0", help="the fixed contender of the plan auto picks")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--out", default="autotune_phases", help="results stem (bench/results/<out>.{json,md})")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     dataset, net_name = args.cell.split("/")
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
             print(f"[phases] {contender} seed {seed} done", flush=True)
     payload["load_after"] = load_average()
     page = render(payload)
-    write_results("autotune_phases", payload, page)
+    write_results(args.out, payload, page)
     print(page)
     return 0
 
