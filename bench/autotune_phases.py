@@ -185,8 +185,8 @@ def render(payload: dict) -> str:
 
     picks = sorted({n[6:] for run in runs[AUTO].values() for n in run if n.startswith("pick: ")})
     lines = ["# Autotune: where the time of an autotuned run goes, per phase", "",
-             f"Written by `python bench/autotune_phases.py --cell {payload['cell']} --fixed '{fixed}'` "
-             f"({payload['epochs']} planned epochs, epoch 1 measured; seeds "
+             f"Written by `python bench/autotune_phases.py --cell {payload['cell']} --epochs {payload['epochs']} "
+             f"--fixed '{fixed}'` ({payload['epochs']} planned epochs, epoch 1 measured; seeds "
              f"{', '.join(str(s) for s in payload['seeds'])}; auto picked {', '.join(picks)}). "
              "Each seed: the fixed run, then the autotuned one, each in its own process "
              "(paired). Median [min, max] over the seeds; CPU is the process's CPU time over all its threads, which "
@@ -197,8 +197,9 @@ def render(payload: dict) -> str:
     for name in order:
         lines.append(f"| {name} | {cell(fixed, name, 0)} | {cell(fixed, name, 1)} | {cell(AUTO, name, 0)} | "
                      f"{cell(AUTO, name, 1)} |")
-    return "\n".join(lines + page_footer(f"python bench/autotune_phases.py --cell {payload['cell']}",
-                                         payload["load_before"]))
+    command = (f"python bench/autotune_phases.py --cell {payload['cell']} --epochs {payload['epochs']} "
+               f"--fixed '{fixed}'")
+    return "\n".join(lines + page_footer(command, payload["load_before"]))
 
 
 def main(argv=None) -> int:
