@@ -145,16 +145,15 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         stages = self.stage_hooks()
         if not stages:
             return super().__call__(*args, **kwargs)
-        name = None
-        if runs_as_python():
-            self._grad_mask = self.update.plan_step()  # stages[0] is self.update (the chain starts there)
-        else:
-            plan = plan_graph_variant(stages)
-            if plan is None:
-                return super().__call__(*args, **kwargs)
-            name, self._grad_mask = plan
-        self._grad_span = _span(self._grad_mask)
-        try:
+        try:  # end_step also when planning fails half-way (a stage may have set constants for its variant)
+            name = None
+            if runs_as_python():
+                self._grad_mask = self.update.plan_step()  # stages[0] is self.update (the chain starts there)
+            else:
+                plan = plan_graph_variant(stages)
+                if plan is not None:
+                    name, self._grad_mask = plan
+            self._grad_span = _span(self._grad_mask)
             if name is None:
                 return super().__call__(*args, **kwargs)
             with phase_suffix(self, name):

@@ -8,6 +8,7 @@ here the composition rules, and a user stage composed with THOR in one train cel
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -103,5 +104,32 @@ def test_a_user_stage_and_thor_compose_one_variant_per_step():
         assert float(stage.seen.asnumpy()) == 12.0 and stage.ended == 3
         assert cell.phase == "train" and opt.static_refresh is None and stage.static is None
         assert_equals_numpy_thor(net, weights, x, y, steps=3)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+class _Narrowing(UpdateStage):
+    """A stage that names the gradients it reads wherever it sits (wrong when it is not the outermost)."""
+
+    def plan_graph_step(self, outermost):
+        return "narrow", (True,)
+
+    def construct(self, loss, grads, *inputs):
+        return self.inner(loss, grads, *inputs)
+
+
+def test_a_plan_that_fails_half_way_still_ends_the_step_of_every_stage():
+    """Graph mode: the second stage of the chain narrows the gradients, so planning fails after the first stage set
+    its variant's constant; the error names the stage, nothing is compiled, and every stage was told the end of the
+    step (the first one's constant is reset, the cell is in its default phase)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        net = nn.Dense(3, 2)
+        cell = BoostTrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+        cell.update = stage = _ParityStage(_Narrowing(cell.update))
+        phases = record_phases(cell)
+        with pytest.raises(ValueError, match="_Narrowing.plan_graph_step"):
+            cell(Tensor(np.ones((4, 3), np.float32)), Tensor(np.zeros((4, 2), np.float32)))
+        assert phases == [] and stage.ended == 1 and stage.static is None and cell.phase == "train"
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
