@@ -24,6 +24,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -42,7 +43,6 @@ from model_zoo.resnet.src.resnet import BasicBlock, ResNet  # noqa: E402
 from model_zoo.resnet.src.synthetic_data import render_image  # noqa: E402
 from ms_boost import Model  # noqa: E402
 from ms_boost.thor import ConvertModelUtils, thor  # noqa: E402
-from ms_boost.thor.variants import ThorTrainStep  # noqa: E402
 
 
 class PreconditionFloor(nn.Cell):
@@ -160,8 +160,8 @@ def step_time(args, data) -> dict:
     THOR's steps are split into refresh steps (every ``--time_frequency``-th) and the others; the amortized
     THOR step for a frequency F is ``t_other + (t_refresh - t_other) / F`` (medians), compared with the median
     Momentum step measured in the same alternation (so both see the same machine load). In Graph mode THOR runs
-    twice, from the same weights: with its step variants chosen on the host (``ThorTrainStep``, what
-    ``Model.train`` does) and with the device-side switches (the train cell called directly: the previous step;
+    twice, from the same weights: with its step variants chosen on the host (the train cell called directly, as
+    ``Model.train`` calls it) and with the device-side switches (``nn.Cell.__call__`` of it: the previous step;
     ``--skip_switch`` leaves it out). *floor*: THOR's preconditioning products alone (:class:`PreconditionFloor`,
     the arithmetic a THOR step adds between refreshes), timed in the same alternation.
     """
@@ -185,7 +185,9 @@ def step_time(args, data) -> dict:
         opts[kind] = opt
         cell = model.train_network
         cell.set_train()
-        call = ThorTrainStep(cell, opt) if kind == "thor" or kind in adaptive else cell
+        # ms_boost's train cell chooses THOR's step variant itself (its stage hook); "thor_switch" calls it without
+        # that choice (nn.Cell's own call): the default graph with the device-side switches
+        call = functools.partial(nn.Cell.__call__, cell) if kind == "thor_switch" else cell
         start, cpu = time.perf_counter(), time.process_time()
         _sync(call(x, y))  # compile (and THOR's first refresh)
         first, first_cpu = time.perf_counter() - start, time.process_time() - cpu

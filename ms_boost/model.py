@@ -373,20 +373,6 @@ class Model(_MsModel):
         return report
 
     # -- training ------------------------------------------------------------------------------
-    def _check_network_mode(self, network, is_train):
-        """Switch ``network`` to training or evaluation as MindSpore does; a training phase chosen for the step stays.
-
-        MindSpore switches the network back to training (``set_train``, which resets its ``phase`` to ``"train"``)
-        *after* the step-begin callbacks, at the first step after an evaluation. A callback that chose the compiled
-        graph of the step by its phase (THOR's step variants) would be overruled there, and that step would compile
-        and run the default graph instead; the chosen phase is put back.
-        """
-        chosen = network.phase if is_train and isinstance(network, nn.Cell) else None
-        network = super()._check_network_mode(network, is_train)
-        if chosen is not None and chosen != network.phase and chosen.startswith(f"{network.phase}_"):
-            network.phase = chosen
-        return network
-
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
         """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
 

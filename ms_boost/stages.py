@@ -18,6 +18,9 @@ Hooks (:class:`StageHooks`): what the loss-scale train cell asks every stage, in
 * :meth:`StageHooks.plan_step` / :meth:`StageHooks.end_step` -- (PyNative only) before the forward pass, which
   gradients this step's update reads, so the train cell differentiates only those weights (gradient freezing:
   the frozen layers' weight gradients, and the backward pass below the lowest trained layer, are never run).
+* :meth:`StageHooks.plan_graph_step` -- (Graph mode, a step called from Python) every stage's part of the compiled
+  step variant the host chooses for this step; :func:`plan_graph_variant` composes them into one name (the train
+  cell's phase): gradient freezing's train set, THOR's capture/refresh, or both.
 
 Optimizer hooks (:class:`OptimizerHooks`, :func:`optimizer_hooks`): what ``Model`` and the train cells ask the
 optimizer -- the network to train, ``frequency=``, a plan note, callbacks, its own loss scale -- so ``Model``
@@ -25,6 +28,7 @@ imports no algorithm and tests no type.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -32,7 +36,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 __all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients",
-           "OptimizerHooks", "register_optimizer_hooks", "optimizer_hooks", "learning_rate_parameters"]
+           "plan_graph_variant", "phase_suffix", "PlansStepVariants", "OptimizerHooks", "register_optimizer_hooks",
+           "optimizer_hooks", "learning_rate_parameters"]
 
 
 def runs_as_python() -> bool:
@@ -64,15 +69,24 @@ class StageHooks:
         """
         return None
 
-    def plan_graph_step(self) -> Optional[Tuple[str, Optional[Tuple[bool, ...]]]]:
-        """Called by the train cell before each step it runs in Graph mode from Python (not in dataset sink mode).
+    def plan_graph_step(self, outermost: bool) -> Optional[Tuple[str, Optional[Tuple[bool, ...]]]]:
+        """Called by the train cell on every stage, before each step it runs in Graph mode from Python.
+
+        (Not in dataset sink mode on GPU/Ascend: MindSpore then runs the steps without calling the train cell from
+        Python, and the default graph, with every decision on the device, runs.)
+
+        Args:
+            outermost: whether this stage gets the train cell's gradients itself (the first stage of the chain);
+                a stage further in gets what the stages before it pass on, so it may not narrow them.
 
         Returns:
-            None to run the train cell's default graph; else ``(name, gradients read)``: the step compiles (on the
-            name's first use) and runs a graph of its own, keyed by ``name``, in which the update may rely on the
-            decision it made now (a constant of that graph) and reads only the gradients marked (as
-            :meth:`plan_step`; None: all). :meth:`end_step` follows the step.
+            None when nothing of this stage is decided on the host for this step; else ``(part, gradients read)``:
+            ``part`` is this stage's share of the step variant's name, a decision the stage made now and may rely on
+            as a constant of the graph compiled for that name (:func:`plan_graph_variant` joins the parts; each name
+            is compiled on its first use); the gradients read are as :meth:`plan_step`'s (None: all), and only
+            the outermost stage may name some. :meth:`end_step` follows the step.
         """
+        del outermost
         return None
 
     def end_step(self) -> None:
@@ -122,9 +136,9 @@ class OptimizerUpdate(UpdateStage):
         """The optimizer's plan for this step when it offers the hooks, else None."""
         return self.optimizer.plan_step() if isinstance(self.optimizer, StageHooks) else None
 
-    def plan_graph_step(self) -> Optional[Tuple[str, Optional[Tuple[bool, ...]]]]:
-        """The optimizer's Graph-mode plan for this step when it offers the hooks, else None."""
-        return self.optimizer.plan_graph_step() if isinstance(self.optimizer, StageHooks) else None
+    def plan_graph_step(self, outermost: bool) -> Optional[Tuple[str, Optional[Tuple[bool, ...]]]]:
+        """The optimizer's part of this Graph-mode step's variant when it offers the hooks, else None."""
+        return self.optimizer.plan_graph_step(outermost) if isinstance(self.optimizer, StageHooks) else None
 
     def end_step(self) -> None:
         """Forward the end of the step to the optimizer when it offers the hooks."""
@@ -162,6 +176,57 @@ def stage_chain(stage: Optional[nn.Cell]) -> Iterator[nn.Cell]:
     while stage is not None:
         yield stage
         stage = stage.inner if isinstance(stage, UpdateStage) else None
+
+
+def plan_graph_variant(stages: Sequence[StageHooks]) -> Optional[Tuple[str, Optional[Tuple[bool, ...]]]]:
+    """This Graph-mode step's compiled variant: ``(name, gradients read)``, or None for the default graph.
+
+    Asks :meth:`StageHooks.plan_graph_step` of every stage, the first one as the outermost; the name joins the
+    answering stages' parts with ``_`` in chain order (e.g. ``freeze_set2``, ``thor_plain``), the gradients read are
+    the outermost stage's answer (None: all). Every stage asked gets :meth:`StageHooks.end_step` after the step.
+
+    Args:
+        stages: the stages of the update chain that offer hooks, outermost first (for a train cell that walks no
+            chain, the optimizer alone).
+
+    Raises:
+        ValueError: a stage other than the outermost named the gradients it reads.
+    """
+    parts, reads = [], None
+    for i, stage in enumerate(stages):
+        plan = stage.plan_graph_step(i == 0)
+        if plan is None:
+            continue
+        part, mask = plan
+        if mask is not None:
+            if i:
+                raise ValueError(f"{type(stage).__name__}.plan_graph_step(outermost=False) named the gradients it "
+                                 f"reads; only the outermost stage may (the others get what it passes on).")
+            reads = mask
+        parts.append(part)
+    return ("_".join(parts), reads) if parts else None
+
+
+@contextlib.contextmanager
+def phase_suffix(cell: nn.Cell, name: str) -> Iterator[None]:
+    """Run ``cell`` under the phase ``<its phase>_<name>`` inside the block (a compiled variant), then put it back.
+
+    MindSpore keeps one compiled graph per phase: the variant is compiled on the name's first use.
+    """
+    phase = cell.phase
+    cell.phase = f"{phase}_{name}"
+    try:
+        yield
+    finally:
+        cell.phase = phase
+
+
+class PlansStepVariants:
+    """A train cell that asks its update stages for the step variant itself before each step (ms_boost's own).
+
+    A wrapper that would choose the variant for a train cell of another kind (``ThorTrainStep``) leaves it to one
+    of these.
+    """
 
 
 class OptimizerHooks:

@@ -26,8 +26,11 @@ from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import forward_non_finite, make_loss_scaler
 from ms_boost.stages import (
     OptimizerUpdate,
+    PlansStepVariants,
     StageHooks,
     optimizer_hooks,
+    phase_suffix,
+    plan_graph_variant,
     runs_as_python,
     scale_gradients,
     stage_chain,
@@ -90,7 +93,7 @@ class _ScaledLoss(nn.Cell):
         return loss * sens, loss
 
 
-class BoostTrainOneStepCell(nn.Cell):
+class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
     """One boosted training step without loss scaling.
 
     Args:
@@ -130,34 +133,36 @@ class BoostTrainOneStepCell(nn.Cell):
         self.enable_dim_reduce = bool(self.boost.boost_config.get("dim_reduce"))
 
     def __call__(self, *args, **kwargs):
-        """Run the step; ask the update chain first which gradients this step reads.
+        """Run the step; ask the update chain first which gradients this step reads and which variant it runs.
 
-        PyNative: ``loss_and_grads`` then differentiates only those weights. Graph mode: when the chain names a
-        variant (:meth:`~ms_boost.stages.StageHooks.plan_graph_step`, e.g. gradient freezing's train set), the
-        step runs the graph compiled for it under its own phase (compiled on its first use), in which
-        ``loss_and_grads`` differentiates only those weights.
+        PyNative: the outermost stage's :meth:`~ms_boost.stages.StageHooks.plan_step`; ``loss_and_grads`` then
+        differentiates only those weights. Graph mode: every stage's part of the step's variant
+        (:func:`~ms_boost.stages.plan_graph_variant`: gradient freezing's train set, THOR's capture/refresh); when
+        one answers, the step runs the graph compiled for that variant under the phase ``<phase>_<name>``
+        (compiled on its first use), in which ``loss_and_grads`` differentiates only the weights the outermost
+        stage reads. Either way every stage is told :meth:`~ms_boost.stages.StageHooks.end_step` after the step.
         """
-        if not isinstance(self.update, StageHooks):
+        stages = self.stage_hooks()
+        if not stages:
             return super().__call__(*args, **kwargs)
-        phase = None
-        if runs_as_python():
-            self._grad_mask = self.update.plan_step()
-        else:
-            plan = self.update.plan_graph_step()
-            if plan is None:
+        try:  # end_step also when planning fails half-way (a stage may have set constants for its variant)
+            name = None
+            if runs_as_python():
+                self._grad_mask = self.update.plan_step()  # stages[0] is self.update (the chain starts there)
+            else:
+                plan = plan_graph_variant(stages)
+                if plan is not None:
+                    name, self._grad_mask = plan
+            self._grad_span = _span(self._grad_mask)
+            if name is None:
                 return super().__call__(*args, **kwargs)
-            name, self._grad_mask = plan
-            phase = self.phase
-            self.phase = f"{phase}_{name}"
-        self._grad_span = _span(self._grad_mask)
-        try:
-            return super().__call__(*args, **kwargs)
+            with phase_suffix(self, name):
+                return super().__call__(*args, **kwargs)
         finally:
-            if phase is not None:
-                self.phase = phase
             self._grad_mask = None
             self._grad_span = None
-            self.update.end_step()
+            for stage in stages:
+                stage.end_step()
 
     def stage_hooks(self):
         """The stages of the update chain that offer hooks (:class:`~ms_boost.stages.StageHooks`)."""

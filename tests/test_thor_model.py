@@ -247,54 +247,108 @@ def test_model_refuses_a_thor_optimizer_on_a_network_without_its_layers_and_freq
     Model(nn.WithLossCell(opt.thor_network, ce()), optimizer=opt)
 
 
-def test_step_variants_chosen_on_the_host_match_numpy():
-    """Graph mode, a train cell called through ``ThorTrainStep`` (what ``Model.train`` does through ThorGuard): the
-    host picks the capturing/refresh variant at steps 0 and 2 and the plain one at step 1 (frequency 2), each its
-    own compiled graph (phase), and the three steps equal numpy's THOR; a plain step writes no statistics; the
-    train cell and the layers are left in the default (device-switch) mode afterwards."""
+def record_phases(cell):
+    """The list of ``cell.phase`` at each of its ``compile`` calls (MindSpore asks at every Graph-mode call, then finds
+    the phase's graph or compiles it): one entry per step, one graph per distinct entry."""
+    phases = []
+    original = cell.compile
+
+    def compile_spy(*args, **kwargs):
+        phases.append(cell.phase)
+        return original(*args, **kwargs)
+
+    cell.compile = compile_spy
+    return phases
+
+
+def assert_equals_numpy_thor(net, weights, x, y, steps):
+    """``net``'s weights equal numpy's THOR (lr 0.05, damping 0.05, momentum 0.9, frequency 2) after ``steps`` steps
+    on the batches of 8 of ``x``, ``y`` in order (repeated)."""
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, len(x), 8)]
+    batches = (batches * steps)[:steps]
+    expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 2)
+    for got, want in zip([p.asnumpy() for p in net.trainable_params()], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["boost_cell", "mindspore_cell_wrapped"])
+def test_step_variants_chosen_on_the_host_match_numpy(kind):
+    """Graph mode, a loop calling the train cell itself: ms_boost's ``BoostTrainOneStepCell`` directly (its update
+    chain's THOR stage hook chooses the variant), or MindSpore's ``nn.TrainOneStepCell`` through the compatibility
+    wrapper ``ThorTrainStep`` (the same hook). The host picks the capturing/refresh variant at steps 0 and 2 and the
+    plain one at step 1 (frequency 2), each its own compiled graph (phase, two compiles in all), and the three steps
+    equal numpy's THOR; a plain step writes no statistics; the train cell and the layers are left in the default
+    (device-switch) mode afterwards."""
+    from ms_boost import BoostTrainOneStepCell
     from ms_boost.thor.variants import ThorTrainStep
 
     def run():
         weights, x, y = _mlp_data(seed=4, n=24)
         net = MLP(*weights)
         opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
-        cell = nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, ce()), opt).set_train()
-        step = ThorTrainStep(cell, opt)
-        chosen, phases, scratch = [], [], []
-        original = cell.compile
-
-        def compile_spy(*args, **kwargs):
-            phases.append(cell.phase)
-            return original(*args, **kwargs)
-
-        cell.compile = compile_spy
+        loss_net = nn.WithLossCell(opt.thor_network, ce())
+        if kind == "boost_cell":
+            cell = BoostTrainOneStepCell(loss_net, opt).set_train()
+            step = cell
+        else:
+            cell = nn.TrainOneStepCell(loss_net, opt).set_train()
+            step = ThorTrainStep(cell, opt)
+        chosen, scratch = [], []
+        phases = record_phases(cell)
         for i in range(3):
-            chosen.append(step.variants.decide())
+            chosen.append(opt.next_step_variant())
             step(Tensor(x[8 * i:8 * i + 8]), Tensor(y[8 * i:8 * i + 8]))
             scratch.append(opt.thor_layers[0].matrix_a_batch.asnumpy().copy())
         assert chosen == [(True, True), (False, False), (True, True)]
-        assert set(phases) == {"train_thor_capture_refresh", "train_thor_plain"}
+        # compile is asked at every call (MindSpore then finds the phase's graph): one phase per step, two graphs
+        assert phases == ["train_thor_capture_refresh", "train_thor_plain", "train_thor_capture_refresh"], phases
         np.testing.assert_array_equal(scratch[0], scratch[1])  # the plain step captured nothing
         assert not np.array_equal(scratch[1], scratch[2])
         assert cell.phase == "train" and opt.static_refresh is None
         assert all(layer.a_capture.static is None and layer.g_capture.static is None for layer in opt.thor_layers)
-        batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]
-        expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 2)
-        for got, want in zip([p.asnumpy() for p in net.trainable_params()], expected):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert_equals_numpy_thor(net, weights, x, y, steps=3)
 
     _graph(run)
+
+
+def test_thor_train_step_leaves_the_choice_to_an_ms_boost_train_cell():
+    """Graph mode: ``ThorTrainStep`` around ms_boost's train cell is a pass-through (the cell chooses the variant
+    itself, once: the phase is not suffixed twice), and in PyNative mode no variant is chosen (no suffix, no static
+    mode; the capture flags are read on the host there)."""
+    from ms_boost import BoostTrainOneStepCell
+    from ms_boost.thor.variants import ThorTrainStep
+
+    weights, x, y = _mlp_data(seed=4, n=8)
+    net = MLP(*weights)
+    opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
+    cell = BoostTrainOneStepCell(nn.WithLossCell(opt.thor_network, ce()), opt).set_train()
+    seen = []
+
+    def spy(*args, **kwargs):  # records the phase and the modes the step runs under, runs nothing
+        seen.append((cell.phase, opt.static_refresh, opt.thor_layers[0].a_capture.static))
+        return Tensor(0.0)
+
+    cell.compile_and_run = spy
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        ThorTrainStep(cell, opt)(Tensor(x), Tensor(y))
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert seen == [("train_thor_capture_refresh", None, True)]
+    assert cell.phase == "train" and opt.static_refresh is None and opt.thor_layers[0].a_capture.static is None
+    assert opt.plan_graph_step(True) is None  # PyNative: nothing to choose
 
 
 @pytest.mark.parametrize("sink", [False, True])
 def test_step_variants_survive_an_evaluation_between_epochs(sink):
     """Graph mode, ``Model.train`` over two epochs with an evaluation after each (as a time-to-accuracy loop does).
 
-    MindSpore switches the network back to training after the step-begin callbacks at the first step after an
-    evaluation, which reset the train cell's phase: that step compiled and ran the default device-switch graph (a
-    third full compile inside a steady epoch). Now only the two variants are compiled, and the six steps (refreshes
-    at steps 0, 2 and 4) equal numpy's THOR. With ``dataset_sink_mode=True`` too: on CPU MindSpore trains such a
-    run step by step, so the host chooses the variants there as well.
+    MindSpore switches the network back to training (``set_train`` resets the train cell's phase) after the
+    step-begin callbacks at the first step after an evaluation; a variant chosen by a callback was overruled there
+    (the default device-switch graph compiled: a third full compile inside a steady epoch). The train cell chooses
+    the variant itself when it is called, after that reset: only the two variants are compiled, and the six steps
+    (refreshes at steps 0, 2 and 4) equal numpy's THOR. With ``dataset_sink_mode=True`` too: on CPU MindSpore
+    trains such a run step by step, calling the train cell, so the variants run there as well.
     """
     from mindspore.train import Callback
 
@@ -305,26 +359,16 @@ def test_step_variants_survive_an_evaluation_between_epochs(sink):
         model = ConvertModelUtils().convert_to_thor_model(Model(net, ce(), opt, metrics={"acc"}), net, ce(), opt,
                                                           metrics={"acc"})
         cell = model.train_network
-        phases = []
-        original = cell.compile
-
-        def compile_spy(*args, **kwargs):
-            phases.append(cell.phase)
-            return original(*args, **kwargs)
-
-        cell.compile = compile_spy
+        phases = record_phases(cell)
 
         class EvaluateEachEpoch(Callback):
             def on_train_epoch_end(self, run_context):
                 model.eval(dataset(x, y, batch_size=8), dataset_sink_mode=False)
 
         model.train(2, dataset(x, y, batch_size=8), callbacks=[EvaluateEachEpoch()], dataset_sink_mode=sink)
-        assert set(phases) == {"train_thor_capture_refresh", "train_thor_plain"}, phases
+        assert phases == ["train_thor_capture_refresh", "train_thor_plain"] * 3, phases  # one per step, two graphs
         assert cell.phase == "train"
-        batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)] * 2
-        expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 2)
-        for got, want in zip([p.asnumpy() for p in net.trainable_params()], expected):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert_equals_numpy_thor(net, weights, x, y, steps=6)
 
     _graph(run)
 

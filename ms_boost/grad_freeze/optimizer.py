@@ -366,7 +366,7 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         self._planned = self._schedule_position()
         return self._needed[self._planned]
 
-    def plan_graph_step(self):
+    def plan_graph_step(self, outermost: bool):
         """Choose this step's compiled variant now (Graph mode, a step called from Python).
 
         One read of :attr:`global_step`, as :meth:`plan_step`. The step then compiles (once per train set, on the
@@ -374,13 +374,18 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         gradients (none below the lowest trained layer) and its update launches only the set's optimizers, with
         nothing masked. The generic graph (:meth:`construct` selecting the set on the device) computes every
         gradient and masks the frozen groups' updates; it still runs where no host decides (dataset sink mode,
-        a stage that does not forward the plan, :attr:`graph_variants` off).
+        a stage before this optimizer's in the chain (``outermost`` False: it may read every gradient),
+        :attr:`graph_variants` off).
+
+        Args:
+            outermost: whether this optimizer's stage is the first of the train cell's update chain.
 
         Returns:
-            ``(variant name, gradients read)``: the name keys the compiled graph (the train cell's phase); the
-            second item is :meth:`plan_step`'s (None: all). None when :meth:`uses_graph_variants` says no.
+            ``(variant name part, gradients read)``: the name part keys the compiled graph (with the other stages'
+            parts, the train cell's phase); the second item is :meth:`plan_step`'s (None: all). None when
+            ``outermost`` is False or :meth:`uses_graph_variants` says no.
         """
-        if runs_as_python() or not self.uses_graph_variants():
+        if runs_as_python() or not outermost or not self.uses_graph_variants():
             return None
         self._static_set = self._schedule_position()
         return f"freeze_set{self._static_set}", self._needed[self._static_set]

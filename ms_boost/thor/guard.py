@@ -3,30 +3,17 @@ from __future__ import annotations
 
 import logging
 
-import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 from mindspore.train.callback import Callback
 
-from ms_boost.thor.variants import StepVariants
-
 _log = logging.getLogger("ms_boost")
 
-__all__ = ["ThorGuard", "ThorNonFiniteError", "runs_sunk"]
+__all__ = ["ThorGuard", "ThorNonFiniteError"]
 
 
 class ThorNonFiniteError(RuntimeError):
     """Training stopped: the loss (or THOR's update) stayed non-finite for too many consecutive steps."""
-
-
-def runs_sunk(cb_params) -> bool:
-    """Whether MindSpore runs the training steps sunk, without returning to Python between them.
-
-    ``dataset_sink_mode=True`` on another target than CPU. MindSpore 2.10's ``Model.train`` trains a CPU run
-    asked to sink step by step (``Model._train``: "The CPU cannot support dataset sink mode currently"), so
-    there the host still chooses each step's variant.
-    """
-    return bool(getattr(cb_params, "dataset_sink_mode", False)) and ms.get_context("device_target") != "CPU"
 
 
 class ThorGuard(Callback):
@@ -43,9 +30,8 @@ class ThorGuard(Callback):
       :class:`ThorNonFiniteError` naming the step and the first layer (network order) whose weights,
       input statistics or output-gradient statistics hold inf/NaN.
 
-    Before every step of a Graph-mode run that MindSpore runs step by step it also picks the compiled step
-    variant (:class:`~ms_boost.thor.variants.StepVariants`: capturing/refresh or plain, instead of device-side
-    switches): every run without dataset sink, and on CPU a run with it too (:func:`runs_sunk`).
+    (The compiled step variant, capturing/refresh or plain, is chosen by the train cell itself before every step:
+    THOR's stage hook, :class:`~ms_boost.thor.variants.ThorStepVariants`.)
 
     Args:
         optimizer: the :class:`~ms_boost.thor.optimizer.THOR` optimizer.
@@ -57,27 +43,15 @@ class ThorGuard(Callback):
         self.streak = 0
         self.first_step = None
         self._seen = None
-        self._variants = StepVariants(optimizer)
-        self._choose = False
 
     def on_train_begin(self, run_context):
         """Start from the optimizer's counters as they are: earlier skips or rejections are not this run's."""
+        del run_context
         self._seen = self.optimizer.health()
-        self._choose = not runs_sunk(run_context.original_args())
-
-    def on_train_step_begin(self, run_context):
-        """Run the compiled variant of this step (capturing/refresh or plain) when the host can choose."""
-        if self._choose:
-            self._variants.select(getattr(run_context.original_args(), "train_network", None))
-
-    def on_train_end(self, run_context):
-        """Back to the default graph (whatever compiles after training, e.g. an evaluation, gets it)."""
-        self._variants.restore(getattr(run_context.original_args(), "train_network", None))
 
     def on_train_step_end(self, run_context):
         """Log new health events; count a non-finite step and stop the run after too many in a row."""
         args = run_context.original_args()
-        self._variants.restore(getattr(args, "train_network", None))
         step = int(getattr(args, "cur_step_num", 0))
         outputs = args.net_outputs
         loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs

@@ -169,7 +169,7 @@ class _CaptureCell(nn.Cell):
 
     Attributes:
         static: None: test the flag on the device; True / False: always / never capture (a compile-time
-            constant, set by :class:`~ms_boost.thor.variants.StepVariants` while it compiles a step variant).
+            constant, set by :class:`~ms_boost.thor.variants.ThorStepVariants` while it compiles a step variant).
     """
 
     def __init__(self, layer: ThorLayer):

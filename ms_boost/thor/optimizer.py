@@ -45,8 +45,8 @@ from ms_boost.thor.assignment import LayerFactors, inverse_layout, plan_inversio
 from ms_boost.thor.guard import ThorGuard, ThorNonFiniteError
 from ms_boost.thor.layers import CaptureGate, ThorLayer, thor_state_parameters
 from ms_boost.thor.rules import check as _rule
+from ms_boost.thor.variants import ThorStepVariants
 from ms_boost.topology import Topology
-from ms_boost.update import StageHooks
 from ms_boost.validation import check_bool, check_int
 
 _log = logging.getLogger("ms_boost")
@@ -115,7 +115,7 @@ class _DampingSchedule(nn.Cell):
         return ops.gather(self.values, index, 0)
 
 
-class THOR(nn.Optimizer, StageHooks):
+class THOR(nn.Optimizer, ThorStepVariants):
     r"""Second-order optimizer THOR over the THOR layers of ``net`` (see the module docstring for the step).
 
     Build it with :func:`thor`, which converts the network first. ``net`` must already contain

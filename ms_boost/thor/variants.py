@@ -12,100 +12,107 @@ first step, a step after a skipped one), so it can run a graph compiled for exac
 * *plain* variant: nothing is captured or refreshed, no capture or refresh switch -- the step between
   refreshes.
 
-A variant is the train cell compiled under its own ``phase`` (MindSpore keeps one graph per phase, as
-upstream's THOR model does with ``train0`` / ``train1``), with the layers' and the optimizer's static modes
-set while it compiles; each variant is compiled on its first use. Anything else -- dataset sink mode on GPU or
-Ascend, where MindSpore runs the steps without returning to Python (on CPU MindSpore 2.10 trains a sink run step
-by step, and the variants are chosen there too: :func:`ms_boost.thor.guard.runs_sunk`), PyNative mode, a direct
-call of the train cell -- runs the default graph with the device-side switches. Both give the same numbers.
+The choice is THOR's stage hook (:class:`ThorStepVariants`, which the THOR optimizer inherits): ms_boost's train
+cell asks every stage of its update chain for its part of the step's variant before each Graph-mode step it
+runs from Python (:func:`ms_boost.stages.plan_graph_variant`) and compiles the step under its own ``phase``
+(MindSpore keeps one graph per phase, as upstream's THOR model does with ``train0`` / ``train1``), with the
+layers' and the optimizer's static modes set while it compiles; each variant is compiled on its first use, and
+the modes are reset after the step (:meth:`ThorStepVariants.end_step`). That covers a direct call of the train
+cell, ``ms_boost.Model.train`` (with or without evaluations between epochs) and a CPU run asked to sink (MindSpore
+2.10 trains it step by step). Where MindSpore runs the steps without returning to Python (dataset sink mode on GPU
+or Ascend), and in PyNative mode, the default graph with the device-side switches runs. Both give the same numbers.
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
-import mindspore as ms
 from mindspore import nn
 
-__all__ = ["StepVariants", "ThorTrainStep"]
+from ms_boost.stages import PlansStepVariants, StageHooks, phase_suffix, plan_graph_variant, runs_as_python
+
+__all__ = ["ThorStepVariants", "ThorTrainStep"]
 
 Variant = Tuple[bool, bool]  # (capture, refresh)
 
 
-class StepVariants:
-    """Host-side choice of THOR's step variant for one optimizer.
+class ThorStepVariants(StageHooks):
+    """THOR's stage hook choosing the compiled step variant on the host (a mixin of the THOR optimizer).
 
-    Args:
-        optimizer: the :class:`~ms_boost.thor.optimizer.THOR` optimizer the train cell steps.
+    Reads the optimizer's ``capture_flags``, ``thor_initialised``, ``refresh_next``, ``global_step``, ``frequency``,
+    and sets its ``thor_layers``' static capture and its ``static_refresh`` while a variant runs.
     """
 
-    def __init__(self, optimizer: nn.Optimizer):
-        self.optimizer = optimizer
-        self._restore_phase: Optional[str] = None
+    _planned_variant: Optional[str] = None  # the variant chosen for the running step (None: none chosen)
 
-    def decide(self) -> Variant:
+    def next_step_variant(self) -> Variant:
         """``(capture, refresh)`` of the next step from the optimizer's state (four scalar reads).
 
         The first layer's capture flag stands for all of them: the optimizer and ``request_capture`` write them
         together, and a checkpoint saves them together. Flags set by hand to different values are not seen:
-        then call the train cell directly (device-side switches).
+        then train in PyNative mode, or through a train cell of MindSpore's (device-side switches).
         """
-        opt = self.optimizer
-        capture = bool(opt.capture_flags[0].asnumpy()) if len(opt.capture_flags) else False
-        refresh = (not bool(opt.thor_initialised.asnumpy()) or bool(opt.refresh_next.asnumpy())
-                   or int(opt.global_step.asnumpy().reshape(-1)[0]) % opt.frequency == 0)
+        capture = bool(self.capture_flags[0].asnumpy()) if len(self.capture_flags) else False
+        refresh = (not bool(self.thor_initialised.asnumpy()) or bool(self.refresh_next.asnumpy())
+                   or int(self.global_step.asnumpy().reshape(-1)[0]) % self.frequency == 0)
         return capture, refresh
 
-    def select(self, cell: nn.Cell) -> Optional[Variant]:
-        """Make the next call of the train cell ``cell`` run the variant of the next step (Graph mode only).
+    def plan_graph_step(self, outermost: bool) -> Optional[Tuple[str, None]]:
+        """:class:`~ms_boost.stages.StageHooks`: this step's variant, ``thor_capture_refresh`` / ``thor_plain`` / ...
 
-        Call :meth:`restore` after the step. Returns the variant, or None when the default graph runs.
+        Sets the layers' and the optimizer's static modes for it (they are constants of the variant's graph).
+        Wherever THOR sits in the chain: it reads every gradient it gets. None in PyNative mode (the capture flags
+        are read on the host there anyway).
         """
-        if ms.get_context("mode") != ms.GRAPH_MODE or not isinstance(cell, nn.Cell):
+        del outermost
+        if runs_as_python():
             return None
-        capture, refresh = variant = self.decide()
-        self._set(capture, refresh)
-        self._restore_phase = cell.phase
-        cell.phase = f"{cell.phase}_thor_{'capture' if capture else 'plain'}{'_refresh' if refresh else ''}"
-        return variant
+        capture, refresh = self.next_step_variant()
+        self._set_static_modes(capture, refresh)
+        self._planned_variant = f"thor_{'capture' if capture else 'plain'}{'_refresh' if refresh else ''}"
+        return self._planned_variant, None
 
-    def restore(self, cell: nn.Cell) -> None:
-        """Back to the default graph with device-side switches (for whatever compiles next, e.g. a sink graph).
+    def end_step(self) -> None:
+        """:class:`~ms_boost.stages.StageHooks`: back to the default graph's modes (device-side switches).
 
-        Nothing to do when :meth:`select` chose no variant.
+        Whatever compiles next without a choice (an evaluation, a sink graph) gets the default graph.
         """
-        if self._restore_phase is None:
-            return
-        self._set(None, None)
-        if isinstance(cell, nn.Cell):
-            cell.phase = self._restore_phase
-        self._restore_phase = None
+        if self._planned_variant is not None:
+            self._set_static_modes(None, None)
+            self._planned_variant = None
 
-    def _set(self, capture: Optional[bool], refresh: Optional[bool]) -> None:
-        for layer in self.optimizer.thor_layers:
+    def _set_static_modes(self, capture: Optional[bool], refresh: Optional[bool]) -> None:
+        for layer in self.thor_layers:
             layer.set_static_capture(capture)
         # a refresh stays a device condition (see THOR.construct); a step without refresh compiles it out
-        self.optimizer.static_refresh = None if refresh is None or refresh else False
+        self.static_refresh = None if refresh is None or refresh else False
 
 
 class ThorTrainStep:
-    """Call a THOR train cell with the step variant chosen on the host (for loops that call the cell directly).
+    """Kept for compatibility: one THOR train step in the variant the host chooses, for any train cell.
 
-    ``ms_boost.Model.train`` does this itself (through :class:`~ms_boost.thor.guard.ThorGuard`); a custom loop
-    wraps its train cell: ``step = ThorTrainStep(train_cell, opt)``, then ``loss = step(x, y)``.
+    ms_boost's train cells (``BoostTrainOneStepCell``, ``build_train_network``'s, ``Model``'s) choose the variant
+    themselves through THOR's stage hook: call them directly (wrapping one changes nothing). A train cell of another
+    kind (MindSpore's ``nn.TrainOneStepCell``) asks no stage; this wrapper asks the THOR optimizer's hook for it:
+    ``step = ThorTrainStep(train_cell, opt)``, then ``loss = step(x, y)``.
 
     Args:
-        cell: the train cell (``TrainOneStepCell`` or ms_boost's train cells) holding ``optimizer``.
+        cell: the train cell holding ``optimizer``.
         optimizer: its THOR optimizer.
     """
 
-    def __init__(self, cell: nn.Cell, optimizer: nn.Optimizer):
+    def __init__(self, cell: nn.Cell, optimizer: ThorStepVariants):
         self.cell = cell
-        self.variants = StepVariants(optimizer)
+        self.optimizer = optimizer
 
     def __call__(self, *inputs):
         """One train step of the wrapped cell, in the variant the host chose; returns the cell's output."""
-        self.variants.select(self.cell)
-        try:
+        if isinstance(self.cell, PlansStepVariants):
             return self.cell(*inputs)
+        plan = plan_graph_variant((self.optimizer,))
+        if plan is None:
+            return self.cell(*inputs)
+        try:
+            with phase_suffix(self.cell, plan[0]):
+                return self.cell(*inputs)
         finally:
-            self.variants.restore(self.cell)
+            self.optimizer.end_step()
