@@ -64,10 +64,12 @@ def centralize_gradient(grad: Tensor) -> Tensor:
     Returns:
         The centred gradient, same shape and dtype.
     """
-    rank = len(grad.shape)
-    if rank < 2:
+    shape = grad.shape
+    if len(shape) < 2:
         return grad
-    return grad - grad.mean(axis=tuple(range(1, rank)), keep_dims=True)
+    rows = grad.reshape(shape[0], -1) if len(shape) > 2 else grad
+    centred = rows - rows.mean(axis=1, keep_dims=True)
+    return centred.reshape(shape) if len(shape) > 2 else centred
 
 
 _centralize_where_flagged = C.MultitypeFuncGraph("ms_boost_centralize_where_flagged")
