@@ -7,7 +7,10 @@ on, as the default chooses for long runs), O1 and gradient freezing alone with f
 (``graph_variants`` off, what the default runs on short runs), LessBN alone, gradient freezing alone, and
 cpu_gemm_conv alone (a no-op on this network: its convolutions are the zoo's ``GemmConv2d`` already), and LessBN's
 three parts apart
-(BatchNorm removal, FN head, gradient centralization). Reported per contender: the warm-up (compiles included)
+(BatchNorm removal, FN head, gradient centralization), and O1 and LessBN's BatchNorm removal + gradient
+centralization with gradient centralization's previous form (a mean over axes 1..3 of the 4-D gradient; ms_boost's
+takes it over the gradient seen as a ``(C_out, n)`` matrix), paired with the same contenders in ms_boost's form.
+Reported per contender: the warm-up (compiles included)
 in wall and in process CPU seconds, the median step over the timed epochs, and the median of the paired per-repeat
 ratios to O0, in wall time and in process CPU time. Each repeat starts at the next contender (the order rotates), so
 that no contender always runs first. On the shared 2-core machine the CPU time of the process is the steadier

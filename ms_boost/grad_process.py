@@ -58,6 +58,11 @@ def centralize_gradient(grad: Tensor) -> Tensor:
     with the mean kept broadcastable over axis 0 (output channels). A gradient of rank < 2 (a bias,
     a BatchNorm scale) is returned unchanged: GC is defined for weight matrices and kernels only.
 
+    The gradient is seen as a ``(C_out, n)`` matrix and its mean taken over axis 1: one ``ReduceMean`` and one
+    ``Sub`` per weight. The same mean taken over axes ``1..r-1`` of the kernel as it is cost 1.5x as much CPU
+    time (MindSpore's CPU reduce over several axes; ``bench/results/gc_forms.md``, which also has a fused form
+    over all kernels at once, measured slower).
+
     Args:
         grad: gradient of shape ``(C_out, ...)``.
 
