@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -37,6 +38,10 @@ class Run:
     pages: Sequence[str] = field(default_factory=tuple)
     what: str = ""
 
+
+#: bench_o1_parts.py's contenders that compare gradient centralization's forms (O0 runs with any --only)
+GC_PARTS = ("O1", "O1, gc as a 4-D mean (previous)", "O1, gc off", "LessBN: + gc",
+            "LessBN: + gc as a 4-D mean (previous)", "LessBN: BatchNorm removal only")
 
 #: The report, in running order. One line per benchmark run; other helpers add theirs here.
 REGISTRY: List[Run] = [
@@ -66,6 +71,16 @@ REGISTRY: List[Run] = [
         ("thor.md",), "THOR vs Momentum"),
     Run("o1_parts", "bench_o1_parts.py", ("--notes", "bench/results/o1_parts_notes.md"), None, ("o1_parts.md",),
         "where an O1 step's time goes against O0 (zoo GEMM ResNet, Graph mode), each O1 part switched off"),
+    Run("o1_parts_gc", "bench_o1_parts.py", ("--repeats", "25", "--page", "o1_parts_gc", "--only", *GC_PARTS), None,
+        ("o1_parts_gc.md",), "O1 and LessBN with gradient centralization's form against its previous form (Graph)"),
+    Run("o1_parts_gc_pynative", "bench_o1_parts.py", ("--mode", "pynative", "--repeats", "15", "--page",
+                                                       "o1_parts_gc_pynative", "--only", *GC_PARTS), None,
+        ("o1_parts_gc_pynative.md",), "the same in PyNative mode"),
+    Run("gc_forms", "bench_gc_forms.py", (), ("--rounds", "10"), ("gc_forms.md",),
+        "gradient centralization written several ways (incl. one fused flat-buffer form): CPU time of the 12 "
+        "ResNet-10 kernels"),
+    Run("gc_forms_threads1", "bench_gc_forms.py", ("--threads", "1"), None, ("gc_forms_threads1.md",),
+        "the same with one MindSpore kernel thread (no thread-pool cost: the operations' own work)"),
     Run("tta", "bench_tta.py", (), ("--quick",), ("tta.md",),
         "time to accuracy on real data (digits, MNIST-5k): boost and THOR against a tuned Momentum baseline"),
     Run("tta_autotune", "tta_autotune.py", ("--full",), (), ("tta_autotune.md",),
@@ -184,7 +199,7 @@ def write_summary(folder: Path, status: Sequence[dict], quick: bool, pngs: Seque
     for run in REGISTRY:
         for page in run.pages:
             if (folder / page).exists():
-                lines.append(f"- [{page}]({page}): {run.what} (`python bench/{run.script} {' '.join(run.full)}`)")
+                lines.append(f"- [{page}]({page}): {run.what} (`python bench/{run.script} {shlex.join(run.full)}`)")
     load_end = _load()
     lines += ["", "## Machine", "",
               f"- {env['cpu_count']} CPUs ({env['cpu_model']}), {env['memory_gib']} GiB, {env['os']}; MindSpore "

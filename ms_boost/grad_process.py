@@ -58,16 +58,23 @@ def centralize_gradient(grad: Tensor) -> Tensor:
     with the mean kept broadcastable over axis 0 (output channels). A gradient of rank < 2 (a bias,
     a BatchNorm scale) is returned unchanged: GC is defined for weight matrices and kernels only.
 
+    The gradient is seen as a ``(C_out, n)`` matrix and its mean taken over axis 1: one ``ReduceMean`` and one
+    ``Sub`` per weight. The same mean taken over axes ``1..r-1`` of the kernel as it is cost 1.5x as much CPU
+    time (MindSpore's CPU reduce over several axes; ``bench/results/gc_forms.md``, which also has a fused form
+    over all kernels at once, measured slower).
+
     Args:
         grad: gradient of shape ``(C_out, ...)``.
 
     Returns:
         The centred gradient, same shape and dtype.
     """
-    rank = len(grad.shape)
-    if rank < 2:
+    shape = grad.shape
+    if len(shape) < 2:
         return grad
-    return grad - grad.mean(axis=tuple(range(1, rank)), keep_dims=True)
+    rows = grad.reshape(shape[0], -1) if len(shape) > 2 else grad
+    centred = rows - rows.mean(axis=1, keep_dims=True)
+    return centred.reshape(shape) if len(shape) > 2 else centred
 
 
 _centralize_where_flagged = C.MultitypeFuncGraph("ms_boost_centralize_where_flagged")

@@ -5,7 +5,10 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
+from mindspore.ops import composite as C
 
+import ms_boost.grad_process as grad_process
+from ms_boost import Model
 from ms_boost.grad_process import (
     CentralizedGradients,
     OptimizerProcess,
@@ -13,6 +16,8 @@ from ms_boost.grad_process import (
     centralize_gradient,
     with_gradient_centralization,
 )
+from tests.helpers.nets import dataset, learnable_data
+from tests.test_less_bn import TinyResNet
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -111,6 +116,52 @@ def test_gc_momentum_steps_match_numpy(mode):
             if GC_EXPECTED[p.name]:  # invariant: a centralised update has zero mean per output channel
                 step = (before[p.name] - p.asnumpy()).reshape(p.shape[0], -1)
                 assert np.abs(step.mean(axis=1)).max() < 1e-5 * max(1.0, np.abs(step).max())
+
+
+# Gradient centralization written the straightforward way (a mean over axes 1..r-1 of the gradient as it is, a
+# broadcast subtraction: the form ms_boost used before its cheaper 2-D one), and a control that does nothing.
+_reference_gc = C.MultitypeFuncGraph("test_reference_gc")
+_no_gc = C.MultitypeFuncGraph("test_no_gc")
+
+
+@_reference_gc.register("Bool", "Tensor")
+def _reference_gc_one(flag, grad):
+    if flag:
+        return grad - grad.mean(axis=tuple(range(1, len(grad.shape))), keep_dims=True)
+    return grad
+
+
+@_no_gc.register("Bool", "Tensor")
+def _no_gc_one(flag, grad):  # pylint: disable=unused-argument
+    return grad
+
+
+def _o1_weights(monkeypatch, form) -> dict:
+    """TinyResNet's weights after 3 O1 steps (LessBN with GC, frozen groups) with GC computed by ``form``."""
+    if form is not None:
+        monkeypatch.setattr(grad_process, "_centralize_where_flagged", form)
+    ms.set_seed(0)
+    net = TinyResNet()
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.Momentum(net.trainable_params(), 0.05, 0.9), boost_level="O1",
+                  boost_config_dict={"grad_freeze": {"total_steps": 3}})
+    x, y = learnable_data(48, size=10)
+    model.train(1, dataset(x, y), dataset_sink_mode=False)
+    monkeypatch.undo()
+    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+
+
+def test_o1_training_numbers_equal_the_reference_gc(mode, monkeypatch):
+    """O1 training with ms_boost's GC gives the reference form's weights up to round-off (FreezeOpt's groups,
+    LessBN's groups and flags included); the control without GC shows the comparison can fail."""
+    ours = _o1_weights(monkeypatch, None)
+    reference = _o1_weights(monkeypatch, _reference_gc)
+    control = _o1_weights(monkeypatch, _no_gc)
+    assert ours.keys() == reference.keys()
+    for name, value in ours.items():
+        np.testing.assert_allclose(value, reference[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    centred = [name for name in ours if name.endswith("conv1.weight")]
+    assert centred and all(np.abs(ours[name] - control[name]).max() > 1e-4 for name in centred)
 
 
 def test_gc_keeps_user_group_settings():
