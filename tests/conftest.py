@@ -72,18 +72,19 @@ def data_path(tmp_path_factory) -> str:
 
 
 # Files in the order pytest-xdist should start them (heaviest first; measured CPU-seconds, docs/testing.md). The
-# two-node job first: most of its wall time is waiting (a killed node's timeout), which other files' CPU fills.
+# two-node job first: most of its wall time is waiting (a killed node's timeout), which other files' CPU fills; the
+# files holding msrun jobs next (their ranks wait for each other), then by CPU-seconds.
 # With ``--dist loadfile --no-loadscope-reorder`` (pyproject addopts) each worker takes the next whole file when it
 # runs dry, so starting the long files first keeps the workers' finishing times close; files not named here
 # follow in alphabetical order.
 HEAVY_FIRST = [
-    "test_multinode.py", "test_zoo_journey.py", "test_adasum.py", "test_msrun_e2e.py", "test_thor_optimizer.py",
-    "test_tutorials_dim_reduce.py", "test_scripts.py", "test_gpu_check.py", "test_thor_model.py", "test_tutorials.py",
-    "test_tutorials_thor.py", "test_dim_reduce_stage.py", "test_o1_o2.py", "test_thor_robust.py", "test_model.py",
-    "test_thor_distributed.py", "test_zoo_journey_inputs.py", "test_zoo_heal.py", "test_less_bn.py",
-    "test_divergence.py", "test_zoo_components.py", "test_thor_layers.py", "test_loss_scale.py", "test_resume.py",
-    "test_grad_freeze.py", "test_dim_reduce_msrun.py", "test_zoo_recipes.py", "test_zoo_export.py",
-    "test_grad_accumulation.py",
+    "test_multinode.py", "test_zoo_journey.py", "test_adasum.py", "test_msrun_e2e.py", "test_thor_model.py",
+    "test_scripts.py", "test_tutorials.py", "test_tutorials_thor.py", "test_tutorials_dim_reduce.py",
+    "test_thor_optimizer.py", "test_thor_robust.py", "test_gpu_check.py", "test_zoo_journey_inputs.py",
+    "test_less_bn.py", "test_dim_reduce_stage.py", "test_model.py", "test_zoo_heal.py", "test_o1_o2.py",
+    "test_thor_distributed.py", "test_divergence.py", "test_zoo_components.py", "test_thor_layers.py",
+    "test_loss_scale.py", "test_resume.py", "test_grad_freeze.py", "test_dim_reduce_msrun.py", "test_zoo_recipes.py",
+    "test_zoo_export.py", "test_grad_accumulation.py",
 ]
 
 
