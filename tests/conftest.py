@@ -3,7 +3,16 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import time
+
+# pytest caches each test module's assertion-rewritten code in tests/__pycache__ (git-ignored) unless bytecode writing
+# is off, as it is where the environment sets PYTHONDONTWRITEBYTECODE=1 (this machine does): then every pytest-xdist
+# worker rewrites all ~70 test files again on every run. Measured: collecting the suite in one process takes 4.3-4.7
+# CPU-s with the cache, 7.0-9.3 without (three workers: ~10 CPU-s a run). Only this process (the test modules and
+# what they import); subprocesses keep the environment's setting (compiling ms_boost and model_zoo in an msrun rank
+# measured under 0.1 CPU-s).
+sys.dont_write_bytecode = False
 
 # One OpenBLAS thread per process (numpy's BLAS; set before numpy loads, inherited by the pytest-xdist workers,
 # msrun ranks and scripts): the suite runs three workers on two cores, where a second BLAS thread only spins.
@@ -63,18 +72,19 @@ def data_path(tmp_path_factory) -> str:
 
 
 # Files in the order pytest-xdist should start them (heaviest first; measured CPU-seconds, docs/testing.md). The
-# two-node job first: most of its wall time is waiting (a killed node's timeout), which other files' CPU fills.
+# two-node job first: most of its wall time is waiting (a killed node's timeout), which other files' CPU fills; the
+# files holding msrun jobs next (their ranks wait for each other), then by CPU-seconds.
 # With ``--dist loadfile --no-loadscope-reorder`` (pyproject addopts) each worker takes the next whole file when it
 # runs dry, so starting the long files first keeps the workers' finishing times close; files not named here
 # follow in alphabetical order.
 HEAVY_FIRST = [
-    "test_multinode.py", "test_zoo_journey.py", "test_adasum.py", "test_msrun_e2e.py", "test_thor_optimizer.py",
-    "test_tutorials_dim_reduce.py", "test_scripts.py", "test_gpu_check.py", "test_thor_model.py", "test_tutorials.py",
-    "test_tutorials_thor.py", "test_dim_reduce_stage.py", "test_o1_o2.py", "test_thor_robust.py", "test_model.py",
-    "test_thor_distributed.py", "test_zoo_journey_inputs.py", "test_zoo_heal.py", "test_less_bn.py",
-    "test_divergence.py", "test_zoo_components.py", "test_thor_layers.py", "test_loss_scale.py", "test_resume.py",
-    "test_grad_freeze.py", "test_dim_reduce_msrun.py", "test_zoo_recipes.py", "test_zoo_export.py",
-    "test_grad_accumulation.py",
+    "test_multinode.py", "test_zoo_journey.py", "test_adasum.py", "test_msrun_e2e.py", "test_thor_model.py",
+    "test_scripts.py", "test_tutorials.py", "test_tutorials_thor.py", "test_tutorials_dim_reduce.py",
+    "test_thor_optimizer.py", "test_thor_robust.py", "test_gpu_check.py", "test_zoo_journey_inputs.py",
+    "test_less_bn.py", "test_dim_reduce_stage.py", "test_model.py", "test_zoo_heal.py", "test_o1_o2.py",
+    "test_thor_distributed.py", "test_divergence.py", "test_zoo_components.py", "test_thor_layers.py",
+    "test_loss_scale.py", "test_resume.py", "test_grad_freeze.py", "test_dim_reduce_msrun.py", "test_zoo_recipes.py",
+    "test_zoo_export.py", "test_grad_accumulation.py",
 ]
 
 
@@ -88,7 +98,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_protocol(item, nextitem):
     """With ``MS_BOOST_CPU_REPORT=<file>``, append one line per test to ``<file>.<worker>``: CPU-seconds of this
     process (all its threads) and of its finished child processes (msrun jobs, scripts) during the test's setup,
-    call and teardown, then wall seconds. CPU time does not depend on how loaded the machine is, wall time does."""
+    call and teardown, then wall seconds and the test's end (seconds since the epoch, for the workers' timeline).
+    CPU time does not depend on how loaded the machine is, wall time does."""
     target = os.environ.get("MS_BOOST_CPU_REPORT")
     if not target:
         yield
@@ -100,4 +111,4 @@ def pytest_runtest_protocol(item, nextitem):
     kids = children.ru_utime + children.ru_stime - start[1].ru_utime - start[1].ru_stime
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(f"{target}.{worker}", "a", encoding="utf-8") as out:
-        out.write(f"{own:.2f}\t{kids:.2f}\t{time.perf_counter() - start[2]:.2f}\t{item.nodeid}\n")
+        out.write(f"{own:.2f}\t{kids:.2f}\t{time.perf_counter() - start[2]:.2f}\t{time.time():.1f}\t{item.nodeid}\n")

@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 from model_zoo.resnet.src.real_data import ensure_digits, read_folder, split_indices
+
+
+def load_digits():
+    """scikit-learn's bundled digits, the independent reference. Imported when a test needs it, not at collection:
+    importing scikit-learn costs ~1.3 CPU-s, in every pytest-xdist worker that collects this file."""
+    from sklearn.datasets import load_digits as bundled_digits
+
+    return bundled_digits()
 
 
 def test_digits_folder_is_a_stratified_seeded_rendering_of_the_bundled_set(tmp_path):

@@ -1,7 +1,8 @@
 """Summarise the per-test CPU lines written with ``MS_BOOST_CPU_REPORT=<file>`` (see tests/conftest.py).
 
 Usage: ``python -m tests.helpers.cpu_report <file> [N]`` prints the CPU-seconds per xdist worker and per test
-file, and the N (default 25) tests that used the most CPU (own process + child processes).
+file, the N (default 25) tests that used the most CPU (own process + child processes), and each worker's
+timeline: the files it ran in order, with the second (from the first test's start) at which each one ended.
 """
 from __future__ import annotations
 
@@ -10,16 +11,44 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def main(argv: list) -> None:
-    base, top = Path(argv[0]), int(argv[1]) if len(argv) > 1 else 25
+def _read(base: Path) -> list:
+    """Rows ``(worker, own, kids, wall, end, nodeid)``; ``end`` is None in files written before it was logged."""
     rows = []
     for path in sorted(base.parent.glob(base.name + ".*")):
         worker = path.name[len(base.name) + 1:]
+        if worker != "main" and not worker.startswith("gw"):  # not a worker's file (a log beside them)
+            continue
         for line in path.read_text(encoding="utf-8").splitlines():
-            own, kids, wall, nodeid = line.split("\t", 3)
-            rows.append((worker, float(own), float(kids), float(wall), nodeid))
+            fields = line.split("\t")
+            own, kids, wall = (float(v) for v in fields[:3])
+            end = float(fields[3]) if len(fields) > 4 else None
+            rows.append((worker, own, kids, wall, end, fields[-1]))
+    return rows
+
+
+def _timeline(rows: list) -> None:
+    """Per worker, the files in the order run and when each ended (seconds after the earliest test began)."""
+    timed = [r for r in rows if r[4] is not None]
+    if not timed:
+        return
+    origin = min(end - wall for _w, _o, _k, wall, end, _n in timed)
+    print("timeline per worker (file: CPU-s, ended at s):")
+    for worker in sorted({r[0] for r in timed}):
+        files: dict = {}
+        for _w, own, kids, _wall, end, nodeid in (r for r in timed if r[0] == worker):
+            name = nodeid.split("::")[0].rsplit("/", 1)[-1]
+            cpu, _last = files.get(name, (0.0, 0.0))
+            files[name] = (cpu + own + kids, end - origin)
+        ended = max(last for _cpu, last in files.values())
+        print(f"  worker {worker}, done at {ended:.0f} s: " +
+              ", ".join(f"{name[5:-3]} {cpu:.0f}@{last:.0f}" for name, (cpu, last) in files.items()))
+
+
+def main(argv: list) -> None:
+    base, top = Path(argv[0]), int(argv[1]) if len(argv) > 1 else 25
+    rows = _read(base)
     per_worker, per_file = defaultdict(float), defaultdict(lambda: [0.0, 0.0])
-    for worker, own, kids, wall, nodeid in rows:
+    for worker, own, kids, wall, _end, nodeid in rows:
         per_worker[worker] += own + kids
         per_file[nodeid.split("::")[0]][0] += own + kids
         per_file[nodeid.split("::")[0]][1] += wall
@@ -30,8 +59,9 @@ def main(argv: list) -> None:
     for name, (cpu, wall) in sorted(per_file.items(), key=lambda kv: -kv[1][0]):
         print(f"  {cpu:7.1f} {wall:7.1f}  {name}")
     print(f"{top} tests with the most CPU (own + children, wall):")
-    for _worker, own, kids, wall, nodeid in sorted(rows, key=lambda r: -(r[1] + r[2]))[:top]:
+    for _worker, own, kids, wall, _end, nodeid in sorted(rows, key=lambda r: -(r[1] + r[2]))[:top]:
         print(f"  {own + kids:7.1f} ({own:.1f} + {kids:.1f}) {wall:7.1f}  {nodeid}")
+    _timeline(rows)
 
 
 if __name__ == "__main__":
