@@ -193,6 +193,7 @@ def test_argument_errors():
         (dict(use_nesterov=1), TypeError, "use_nesterov"),
         (dict(split_indices=[3, 1]), ValueError, "split_indices"),
         (dict(split_indices="0"), TypeError, "split_indices"),
+        (dict(block_size=0), ValueError, "thor.block_size=0"),
     ]
     for kwargs, error, word in cases:
         args = dict(learning_rate=0.1, damping=0.1, momentum=0.9)
@@ -242,7 +243,8 @@ def test_conv_groups_bias_batchnorm_embedding_and_frozen_bias_step(mode):
     ids = Tensor(np.array([[1, 2, 2], [0, 6, 1], [3, 3, 3], [1, 5, 0]], np.int32))
     y = Tensor(rng.integers(0, 3, 4).astype(np.int32))
     damping, lr = 0.1, 0.05
-    opt = thor(net, lr, damping, 0.0, frequency=3, kl_clip=None)  # reference without trust region
+    # reference without trust region; block size 128: every factor here is whole (the reference reads them so)
+    opt = thor(net, lr, damping, 0.0, frequency=3, kl_clip=None, block_size=128)
     names = [p.name for p in opt.parameters]
     assert "fc_e.bias" not in names and "emb.embedding_table" in names
     loss_net = _LossOfTwoInputs(opt.thor_network)

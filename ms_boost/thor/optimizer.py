@@ -180,8 +180,8 @@ class THOR(nn.Optimizer, StageHooks):
             "enable_clip_grad": _rule("enable_clip_grad", enable_clip_grad),
             "kl_clip": _rule("kl_clip", kl_clip) or 0.0,  # None or 0: trust region off
             "refresh_threshold": _rule("refresh_threshold", refresh_threshold) or 0.0,  # None or 0: every layer
+            "block_size": _rule("block_size", block_size),
             # arguments the section does not hold, checked by the same checkers under the same names
-            "block_size": check_int("thor.block_size", block_size, low=1),
             "pi_damping": check_bool("thor.pi_damping", pi_damping),
             "max_nonfinite_steps": check_int("thor.max_nonfinite_steps", max_nonfinite_steps, low=0),
         }
