@@ -74,11 +74,14 @@ CONTENDERS = {
     "ms_boost O1": "ms_boost.Model(boost_level='O1') (LessBN, gradient freezing, and cpu_gemm_conv on CPU)",
     "upstream O1 (gc off)": "mindspore.train.Model(boost_level='O1', gc_flag off)",
     "THOR": "thor(...) + ConvertModelUtils().convert_to_thor_model",
+    "THOR block 64": "the same THOR with thor(..., block_size=64) (the block-size comparison; on request)",
     "data parallel x2": "mindspore.train.Model, msrun 2 workers, mean all-reduce",
     "ms_boost O2 x2": "ms_boost.Model(boost_level='O2'), msrun 2 workers (AdaSum)",
     AUTO: AUTO_TEXT,  # bench/tta_autotune.py
 }
 DISTRIBUTED = ("data parallel x2", "ms_boost O2 x2")
+#: THOR contenders -> their ``block_size`` (None: thor()'s default); each runs THOR's lr x damping grid
+THOR_BLOCK_SIZES = {"THOR": None, "THOR block 64": 64}
 #: the DimReduce comparison (per seed), judged on final accuracy after the same stage-2 steps, not time to target
 DIM_REDUCE_RUNS = {
     "stage 1 + SGD annealed": "the tuned baseline's own run (Momentum, cosine to zero): its first epochs are stage 1, "
@@ -241,12 +244,13 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
         config = tutorial_boost_dict(spec.n_component, str(work / "pca_mat.npy"), str(work / "trajectory"))
         return ms_boost.Model(net, loss_fn=loss, optimizer=nn.SGD(net.trainable_params(), learning_rate=1),
                               metrics=metrics, boost_level="O1", boost_config_dict=config)
-    if name == "THOR":
+    if name in THOR_BLOCK_SIZES:
         from ms_boost.thor import ConvertModelUtils, thor
 
         damping = Tensor(np.full(spec.epochs * steps_per_epoch, spec.damping, np.float32))
+        block = {"block_size": THOR_BLOCK_SIZES[name]} if THOR_BLOCK_SIZES[name] else {}
         opt = thor(net, lr, damping, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=spec.batch,
-                   frequency=spec.frequency)
+                   frequency=spec.frequency, **block)
         model = ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics)
         return ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
                                                          metrics=metrics, amp_level="O0")
@@ -483,7 +487,8 @@ QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epoch
              skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",), "conv": ("upstream O1 (gc off)", "ms_boost O0")},
              dim_reduce_nets=("gemm",), dim_reduce_epochs=1,
              # msrun jobs take minutes each on 2 cores: in the quick form only when asked (--contenders)
-             on_request=DISTRIBUTED, distributed_batch=128, distributed_epochs={"gemm": 8, "conv": 6},
+             on_request=DISTRIBUTED + ("THOR block 64",), distributed_batch=128,
+             distributed_epochs={"gemm": 8, "conv": 6},
              distributed_lr_factors=(1.0, 4.0))
 FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 2),
             epochs={"gemm": 10, "conv": 6}, image_size=32, baseline_lrs=(0.02, 0.05, 0.1, 0.2),
@@ -492,7 +497,7 @@ FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 
             skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",)},
             contender_lr_factors=(0.5, 1.0, 2.0), thor_lrs=(0.02, 0.05, 0.1), thor_dampings=(0.03, 0.1),
             width={"gemm": 16, "conv": 16}, grid_seeds=(0,), distributed_epochs={"gemm": 20, "conv": 12},
-            dim_reduce_nets=("gemm", "conv"))
+            dim_reduce_nets=("gemm", "conv"), on_request=("THOR block 64",))
 #: every code path once (``--smoke``): 2 epochs, one seed, one value per grid; its numbers mean nothing
 SMOKE = Plan(datasets=("digits",), nets=("gemm",), seeds=(0,), epochs={"gemm": 2, "conv": 2}, image_size=16,
              baseline_lrs=(0.1,), contenders=("ms_boost O0", "ms_boost O1", "upstream O1 (gc off)", "THOR",
@@ -676,14 +681,14 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph", partial: Optional[Pa
             for contender in plan.contenders:
                 if contender in plan.skip.get(net, ()):
                     continue
-                if contender == "THOR":
+                if contender in THOR_BLOCK_SIZES:
                     picks = []
                     for damping in plan.thor_dampings:
-                        lr, runs = runner.grid("THOR", plan.thor_lrs, damping=damping)
+                        lr, runs = runner.grid(contender, plan.thor_lrs, damping=damping)
                         picks.append((float(np.median([r["accuracy"][-1] if r["accuracy"] else 0 for r in
                                                        runs.values()])), lr, damping, runs))
                     _, lr, damping, runs = max(picks, key=lambda p: p[0])
-                    cell["grids"]["THOR picked"] = {"lr": lr, "damping": damping}
+                    cell["grids"][f"{contender} picked"] = {"lr": lr, "damping": damping}
                 else:
                     distributed = contender in DISTRIBUTED
                     factors = plan.distributed_lr_factors if distributed else plan.contender_lr_factors

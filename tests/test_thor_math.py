@@ -121,6 +121,50 @@ def test_factor_formulas_against_numpy():
     np.testing.assert_allclose(freq, np.bincount(ids.ravel(), minlength=7) / 6)
 
 
+def np_diagonal_blocks(f, block):
+    """Diagonal ``block``-sized blocks of a full ``(d, d)`` factor, the last completed with the identity."""
+    d = f.shape[0]
+    nb = -(-d // block)
+    padded = np.eye(nb * block)
+    padded[:d, :d] = f
+    return np.stack([padded[i * block:(i + 1) * block, i * block:(i + 1) * block] for i in range(nb)])
+
+
+@pytest.mark.parametrize("dim,block", [(11, 4), (12, 4), (9, 8), (5, 8), (8, 8)])
+def test_block_factors_are_the_diagonal_blocks_of_the_full_factor(dim, block):
+    """The capture computes only the diagonal blocks a block-diagonal inverse uses: they equal the blocks cut
+    from the whole factor, both by numpy and by the full-factor path (input_factor / output_factor, then
+    diagonal_blocks), which THOR ran before; up to the block size the factor is stored whole. Traces and
+    pi-damping of the stored blocks equal those of the full factor."""
+    rng = np.random.default_rng(dim * block)
+    rows = rng.standard_normal((2, 13, dim)).astype(np.float32)
+    full_a = np.einsum("grd,gre->gde", rows.astype(np.float64), rows) / 13
+    full_g = 6 * np.einsum("grd,gre->gde", rows.astype(np.float64), rows)
+    a = tm.block_input_factor(Tensor(rows), block).asnumpy()
+    g = tm.block_output_factor(Tensor(rows * 4.0), 6, Tensor(4.0), block).asnumpy()
+    if dim <= block:
+        assert a.shape == (2, dim, dim)
+        np.testing.assert_allclose(a, full_a, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g, full_g, rtol=1e-5, atol=1e-5)
+    else:
+        nb = -(-dim // block)
+        assert a.shape == g.shape == (2, nb, block, block)
+        for i in range(2):
+            np.testing.assert_allclose(a[i], np_diagonal_blocks(full_a[i], block), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(g[i], np_diagonal_blocks(full_g[i], block), rtol=1e-5, atol=1e-5)
+        old = tm.diagonal_blocks(tm.input_factor(Tensor(rows)), block).asnumpy()
+        np.testing.assert_allclose(a, old, rtol=1e-5, atol=1e-6)
+        old_g = tm.diagonal_blocks(tm.output_factor(Tensor(rows * 4.0), 6, Tensor(4.0)), block).asnumpy()
+        np.testing.assert_allclose(g, old_g, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tm.factor_trace(Tensor(a), dim).asnumpy(), np.trace(full_a, axis1=1, axis2=2),
+                               rtol=1e-5)
+    g_small = tm.block_output_factor(Tensor(rows[:, :, :3]), 6, Tensor(1.0), block)
+    pi = tm.pi_damping(Tensor(a), g_small, a_dim=dim).asnumpy()
+    want = np.sqrt((np.trace(full_a, axis1=1, axis2=2) / dim)
+                   / (np.trace(6 * np.einsum("grd,gre->gde", rows[:, :, :3], rows[:, :, :3]), axis1=1, axis2=2) / 3))
+    np.testing.assert_allclose(pi, want, rtol=1e-5)
+
+
 def test_running_average():
     old, new = Tensor(np.full((2, 2), 4.0, np.float32)), Tensor(np.full((2, 2), 2.0, np.float32))
     np.testing.assert_allclose(tm.running_average(old, new, 0.75, Tensor(True)).asnumpy(), 0.75 * 4 + 0.25 * 2)

@@ -17,7 +17,7 @@ from ms_boost import Model
 from ms_boost.thor import THOR, ConvertModelUtils, thor
 from ms_boost.thor.optimizer import DEFAULT_KL_CLIP
 from tests.helpers.nets import MLP, dataset, learnable_data, make_net
-from tests.test_thor_optimizer import _mlp_data
+from tests.test_thor_optimizer import _mlp_data, np_damped_inverse
 
 
 def ce():
@@ -25,7 +25,7 @@ def ce():
 
 
 def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl_clip, frequency, threshold=None,
-                        stable=None):
+                        stable=None, block=None):
     r"""THOR steps (float64, moments from 0) of x -> Dense -> tanh -> ... -> Dense -> mean softmax CE.
 
     ``params``: ``[W1, b1, W2, b2, ...]``; ``batches``: ``[(x, y), ...]``, one step each. Factors
@@ -37,6 +37,8 @@ def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl
     ``threshold`` (adaptive refresh, the THOR paper's trace rule): at a refresh a layer is inverted again only when
     :math:`|\operatorname{tr}F/\operatorname{tr}F_{last} - 1|` exceeds it for its A or its G (``F_last``: the
     factor at its last inversion); the other layers keep their inverses, counted in the list ``stable``.
+    ``block``: factors wider than this are inverted block by block (their diagonal blocks; the traces stay those
+    of the whole factors).
     """
     params = [np.asarray(p, np.float64) for p in params]
     moments = [np.zeros_like(p) for p in params]
@@ -69,9 +71,8 @@ def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl
                     stable.append((step, i))
                     continue
                 last_traces[i] = traces
-                shift = np.sqrt(damping)
-                inverses[i] = (np.linalg.inv(fa + shift * np.eye(len(fa))),
-                               np.linalg.inv(fg + shift * np.eye(len(fg))))
+                inverses[i] = (np_damped_inverse(fa, damping, block or len(fa)),
+                               np_damped_inverse(fg, damping, block or len(fg)))
         directions = [g_inv @ g @ a_inv for g, (a_inv, g_inv) in zip(grads, inverses)]
         vg = sum((v * g).sum() for v, g in zip(directions, grads))
         nu = min(1.0, np.sqrt(kl_clip / (lr ** 2 * abs(vg)))) if kl_clip else 1.0
@@ -124,9 +125,11 @@ def test_boost_config_turns_thor_on():
     lr = Tensor(np.full(8, 0.02, np.float32))
     user_opt = nn.Momentum(net.trainable_params(), lr, 0.8, weight_decay=1e-4)
     model = Model(net, ce(), user_opt, boost_config_dict={"boost": {"mode": "manual", "thor": True},
-                                                          "thor": {"damping": 0.05, "frequency": 2}})
+                                                          "thor": {"damping": 0.05, "frequency": 2,
+                                                                   "block_size": 8}})
     opt = model.train_network.optimizer
-    assert isinstance(opt, THOR) and opt.get_frequency() == 2
+    assert isinstance(opt, THOR) and opt.get_frequency() == 2 and opt.block_size == 8
+    assert all(layer.block_size == 8 for layer in opt.thor_layers)
     assert abs(float(opt.momentum.asnumpy()) - 0.8) < 1e-6 and abs(opt.weight_decay - 1e-4) < 1e-9
     assert opt.learning_rate is user_opt.learning_rate
     assert [p.name for p in opt.parameters] == [p.name for p in user_opt.parameters]
@@ -373,18 +376,20 @@ def test_step_variants_survive_an_evaluation_between_epochs(sink):
     _graph(run)
 
 
-def _adaptive_run():
+def _adaptive_run(block=None):
     """Six THOR steps (frequency 1) with the adaptive refresh (threshold 0.25) through Model, checked against numpy:
     the parameters and which layers kept their inverses (four of the ten refreshes after the first; every trace
-    ratio of the reference run is at least 0.02 away from the threshold, so float32 decides as float64 does)."""
+    ratio of the reference run is at least 0.02 away from the threshold, so float32 decides as float64 does).
+    ``block``: THOR's block size (factors wider than it are stored as their diagonal blocks, whose traces add up to
+    the whole factor's)."""
     weights, x, y = _mlp_data(seed=5, n=48)
     net = MLP(*weights)
-    opt = thor(net, 0.05, 0.05, 0.9, frequency=1, refresh_threshold=0.25)
+    opt = thor(net, 0.05, 0.05, 0.9, frequency=1, refresh_threshold=0.25, **({"block_size": block} if block else {}))
     Model(net, ce(), opt).train(1, dataset(x, y, batch_size=8), dataset_sink_mode=False)
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 48, 8)]
     stable = []
     expected = np_chain_thor_steps(weights, batches, 0.05, 0.05, 0.9, 0.0, DEFAULT_KL_CLIP, 1, threshold=0.25,
-                                   stable=stable)
+                                   stable=stable, block=block)
     assert stable == [(1, 0), (1, 1), (2, 1), (3, 0)]
     counts = opt.health()["stable_refreshes"]
     assert list(counts.values()) == [sum(1 for _, i in stable if i == layer) for layer in range(2)]
@@ -398,6 +403,11 @@ def test_adaptive_refresh_matches_numpy_pynative():
 
 def test_adaptive_refresh_matches_numpy_graph():
     _graph(_adaptive_run)
+
+
+def test_adaptive_refresh_on_factors_stored_as_blocks_matches_numpy_graph():
+    """Block size 4: three of the four factors are captured as two diagonal blocks each."""
+    _graph(lambda: _adaptive_run(block=4))
 
 
 def test_adaptive_refresh_threshold_config():

@@ -8,6 +8,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_boost.thor import THOR, thor
 from tests.helpers.nets import MLP
+from tests.test_thor_math import np_diagonal_blocks
 
 
 # ----------------------------------------------------------------------------- numpy references
@@ -192,6 +193,7 @@ def test_argument_errors():
         (dict(use_nesterov=1), TypeError, "use_nesterov"),
         (dict(split_indices=[3, 1]), ValueError, "split_indices"),
         (dict(split_indices="0"), TypeError, "split_indices"),
+        (dict(block_size=0), ValueError, "thor.block_size=0"),
     ]
     for kwargs, error, word in cases:
         args = dict(learning_rate=0.1, damping=0.1, momentum=0.9)
@@ -241,7 +243,8 @@ def test_conv_groups_bias_batchnorm_embedding_and_frozen_bias_step(mode):
     ids = Tensor(np.array([[1, 2, 2], [0, 6, 1], [3, 3, 3], [1, 5, 0]], np.int32))
     y = Tensor(rng.integers(0, 3, 4).astype(np.int32))
     damping, lr = 0.1, 0.05
-    opt = thor(net, lr, damping, 0.0, frequency=3, kl_clip=None)  # reference without trust region
+    # reference without trust region; block size 128: every factor here is whole (the reference reads them so)
+    opt = thor(net, lr, damping, 0.0, frequency=3, kl_clip=None, block_size=128)
     names = [p.name for p in opt.parameters]
     assert "fc_e.bias" not in names and "emb.embedding_table" in names
     loss_net = _LossOfTwoInputs(opt.thor_network)
@@ -268,7 +271,8 @@ def test_conv_groups_bias_batchnorm_embedding_and_frozen_bias_step(mode):
     g_emb = emb.matrix_g_batch.asnumpy()[0].astype(np.float64)
     expected["emb.embedding_table"] = (np.diag(1 / (freq + s)) @ grads[idx["emb.embedding_table"]]
                                        @ np.linalg.inv(g_emb + s * np.eye(4)))
-    a_fc = fc_e.matrix_a_batch.asnumpy()[0].astype(np.float64)[:-1, :-1]
+    a_fc = fc_e.matrix_a_batch.asnumpy()[0].astype(np.float64)  # its frozen bias is not captured in A
+    assert a_fc.shape == (4, 4)
     g_fc = fc_e.matrix_g_batch.asnumpy()[0].astype(np.float64)
     expected["fc_e.weight"] = (np.linalg.inv(g_fc + s * np.eye(3)) @ grads[idx["fc_e.weight"]]
                                @ np.linalg.inv(a_fc + s * np.eye(4)))
@@ -277,6 +281,37 @@ def test_conv_groups_bias_batchnorm_embedding_and_frozen_bias_step(mode):
         np.testing.assert_allclose(params[idx[name]].asnumpy(), before[idx[name]] - lr * step, rtol=1e-3,
                                    atol=1e-5, err_msg=name)
     assert set(expected) | {"bn.gamma", "bn.beta"} == set(names)
+
+
+def test_wide_factors_are_captured_as_their_diagonal_blocks_and_old_checkpoints_are_refused(mode):
+    """With block size 4 the layers capture only the diagonal blocks of their factors wider than 4 (numpy: the blocks
+    cut from the full factors); A of the layer whose bias is frozen leaves the bias column out, and G of width 4 is
+    stored whole. A checkpoint holding a factor in the earlier full layout is refused with an error naming it."""
+    weights, x, y = _mlp_data()
+    net = MLP(*weights)
+    net.fc1.bias.requires_grad = False
+    opt = thor(net, 0.1, 0.1, 0.9, frequency=2, block_size=4)
+    cell = _train_cell(opt.thor_network, opt)
+    cell(Tensor(x), Tensor(y))
+    w1, b1, w2, b2 = [w.astype(np.float64) for w in weights]
+    n = x.shape[0]
+    h_pre = x @ w1.T + b1
+    h = np.tanh(h_pre)
+    _, d2 = np_softmax_ce_grad(h @ w2.T + b2, y)
+    d1 = (d2 @ w2) * (1 - h ** 2)
+    h_aug = np.concatenate([h, np.ones((n, 1))], 1)
+    fc1, fc2 = opt.thor_layers
+    want = {(fc1, "a"): np_diagonal_blocks(x.T.astype(np.float64) @ x / n, 4),  # 5 wide: no bias column
+            (fc1, "g"): np_diagonal_blocks(n * d1.T @ d1, 4),
+            (fc2, "a"): np_diagonal_blocks(h_aug.T @ h_aug / n, 4)}
+    for (layer, which), blocks in want.items():
+        got = (layer.matrix_a_batch if which == "a" else layer.matrix_g_batch).asnumpy()
+        assert got.shape == (1, 2, 4, 4)
+        np.testing.assert_allclose(got[0], blocks, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fc2.matrix_g_batch.asnumpy()[0], n * d2.T @ d2, rtol=1e-4, atol=1e-6)
+    old = {"fc2.matrix_a_batch": ms.Parameter(Tensor(np.zeros((1, 7, 7), np.float32)), name="fc2.matrix_a_batch")}
+    with pytest.raises(RuntimeError, match=r"fc2\.matrix_a_batch.*\(1, 2, 4, 4\).*\(1, 7, 7\)"):
+        ms.load_param_into_net(opt.thor_network, old)
 
 
 def test_pynative_compiled_step_equals_op_by_op_and_follows_set_data():

@@ -80,5 +80,5 @@ def apply_boost_thor(network: nn.Cell, optimizer: nn.Optimizer, thor_cfg) -> tup
     opt = THOR(converted, _user_learning_rate(optimizer), damping, momentum, weight_decay, thor_cfg.loss_scale,
                thor_cfg.batch_size, thor_cfg.use_nesterov, decay_filter, split, thor_cfg.enable_clip_grad,
                thor_cfg.frequency, params=list(optimizer.parameters), kl_clip=thor_cfg.kl_clip,
-               refresh_threshold=thor_cfg.refresh_threshold)
+               refresh_threshold=thor_cfg.refresh_threshold, block_size=thor_cfg.block_size)
     return converted, opt

@@ -5,6 +5,7 @@ from typing import Optional
 
 from mindspore import nn
 
+from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE
 from ms_boost.thor.convert import ConvertNetUtils
 from ms_boost.thor.optimizer import DEFAULT_KL_CLIP, DEFAULT_MAX_NONFINITE_STEPS, THOR, _default_decay_filter
 
@@ -13,7 +14,7 @@ __all__ = ["thor"]
 
 def thor(net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
          use_nesterov=False, decay_filter=_default_decay_filter, split_indices=None, enable_clip_grad=False,
-         frequency=100, *, factor_decay: float = 0.0, block_size: int = 128,
+         frequency=100, *, factor_decay: float = 0.0, block_size: int = DEFAULT_BLOCK_SIZE,
          kl_clip: Optional[float] = DEFAULT_KL_CLIP, pi_damping: bool = False,
          max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS, refresh_threshold: Optional[float] = None) -> THOR:
     r"""Build the THOR optimizer for ``net`` (upstream ``mindspore.nn.thor`` signature).

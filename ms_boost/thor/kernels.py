@@ -96,13 +96,13 @@ def _job_field_tuple(per_layer, layer, slot):
     return per_layer[layer][slot]
 
 
-@fold_layer.register("Tensor", "Tuple", "Tuple", "Number", "Number", "Bool", "Tensor", "Tensor")
-def _fold_layer_tensor(initialised, a_factors, g_factors, slot, decay, trim, a, g):
+@fold_layer.register("Tensor", "Tuple", "Tuple", "Number", "Number", "Tensor", "Tensor")
+def _fold_layer_tensor(initialised, a_factors, g_factors, slot, decay, a, g):
     """One layer's captured factors made ready to invert -> ``(A, G, finite, token)``.
 
     Folds them into the running averages (``slot >= 0``; a non-finite capture leaves the averages as they
-    were), replaces a non-finite diagonal A by ones (a finite stand-in whose inverse is discarded) and drops
-    the row/column of a bias captured in A but not trained (``trim``).
+    were) and replaces a non-finite diagonal A by ones (a finite stand-in whose inverse is discarded). The
+    factors arrive as the layer stores them: whole, or only their diagonal blocks.
     """
     token = ops.zeros((), ms.float32)
     if slot >= 0:
@@ -114,24 +114,21 @@ def _fold_layer_tensor(initialised, a_factors, g_factors, slot, decay, trim, a, 
         token = ops.depend(token, ops.assign(g_factors[slot], ops.where(ok, g, g_factors[slot])))
     if a.ndim == 1:
         a = ops.where(ok, a, ops.ones_like(a))
-    elif trim:
-        size = a.shape[-1] - 1
-        a = thor_math.narrow(thor_math.narrow(a, 1, 0, size), 2, 0, size)
     return a, g, ok, token
 
 
-@pi_shifts.register("Tensor", "Number", "Tuple")
-def _pi_shifts_tuple(root, groups, fold):
+@pi_shifts.register("Tensor", "Number", "Number", "Number", "Tuple")
+def _pi_shifts_tuple(root, groups, a_dim, g_dim, fold):
     r"""``(groups,)`` shifts :math:`(\pi\sqrt\lambda, \sqrt\lambda/\pi)` of one layer's A and G (pi = 1 if rejected)."""
-    pi = ops.where(fold[2], thor_math.pi_damping(fold[0], fold[1]), 1.0)
+    pi = ops.where(fold[2], thor_math.pi_damping(fold[0], fold[1], a_dim=a_dim, g_dim=g_dim), 1.0)
     pi = ops.BroadcastTo((groups,))(pi.reshape(-1))
     return root * pi, root / pi
 
 
-@job_tiles.register("Tuple", "Number", "Number")
-def _job_tiles_tuple(folded, block_size, job):
-    """The diagonal blocks of job ``job``'s factor as ``(groups * n_b, b, b)`` (not yet symmetrised)."""
-    tiles = thor_math.diagonal_tiles(ops.cast(folded[job], ms.float32), block_size)
+@job_tiles.register("Tuple", "Number")
+def _job_tiles_tuple(folded, job):
+    """The diagonal blocks of job ``job``'s stored factor as ``(groups * n_b, b, b)`` (not yet symmetrised)."""
+    tiles = ops.cast(folded[job], ms.float32)
     return tiles.reshape(-1, tiles.shape[-1], tiles.shape[-1])
 
 
@@ -141,15 +138,14 @@ def _job_shift_tuple(shifts, job, groups, blocks):
     return ops.BroadcastTo((groups, blocks))(shifts[job].reshape(-1, 1)).reshape(-1)
 
 
-@prepare_batch.register("Tuple", "Tuple", "Tensor", "Tensor", "Number", "Bool", "Tuple", "Tuple", "Tuple",
-                         "Tensor")
-def _prepare_batch_tuple(folded, shifts, ok_vector, root, block_size, use_pi, jobs, groups, blocks, block_layer):
+@prepare_batch.register("Tuple", "Tuple", "Tensor", "Tensor", "Bool", "Tuple", "Tuple", "Tuple", "Tensor")
+def _prepare_batch_tuple(folded, shifts, ok_vector, root, use_pi, jobs, groups, blocks, block_layer):
     """One batch of same-size blocks -> ``(blocks, shifts, block finite, unsafe count)``.
 
     The blocks of the batch's jobs, symmetrised; identity stand-ins for the blocks of rejected layers keep
     the inversion finite (their inverses are discarded).
     """
-    parts = MAP(ops.partial(job_tiles, folded, block_size), jobs)
+    parts = MAP(ops.partial(job_tiles, folded), jobs)
     batch = thor_math.symmetrise(parts[0] if len(parts) == 1 else CONCAT(parts))
     block_ok = ops.gather(ok_vector, block_layer, 0)
     size = batch.shape[-1]
@@ -285,13 +281,10 @@ def _set_flag_tensor(value, flag):
     return ops.assign(flag, value)
 
 
-@trace.register("Tensor")
-def _trace_tensor(factor):
-    """Trace of a folded factor (float32 scalar): summed over groups; a diagonal ``(d,)`` factor's sum."""
-    factor = ops.cast(factor, ms.float32)
-    if factor.ndim == 1:
-        return REDUCE_SUM(factor, ())
-    return REDUCE_SUM(factor * ops.Eye()(factor.shape[-1], factor.shape[-1], ms.float32), ())
+@trace.register("Tensor", "Number")
+def _trace_tensor(factor, dim):
+    """Trace of a folded ``dim``-wide factor (float32 scalar): summed over groups (and blocks); a diagonal's sum."""
+    return REDUCE_SUM(thor_math.factor_trace(ops.cast(factor, ms.float32), dim), ())
 
 
 @zero_unless.register("Tensor", "Tensor")

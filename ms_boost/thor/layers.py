@@ -32,12 +32,13 @@ from mindspore.nn.layer.activation import get_activation
 from mindspore.ops.primitive import constexpr
 
 from ms_boost.gemm_conv import conv2d_gemm
+from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE, factor_shape
 from ms_boost.thor.math import (
     append_ones,
+    block_input_factor,
+    block_output_factor,
     conv_pads,
     im2col,
-    input_factor,
-    output_factor,
     split_groups,
     token_frequencies,
 )
@@ -108,21 +109,24 @@ def _pynative() -> bool:
 
 
 def _input_statistic(spec: tuple, x):
-    """The input factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`)."""
-    kind = spec[0]
+    """The input factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`).
+
+    Stored as :func:`~ms_boost.thor.assignment.factor_shape` says: whole, or only its diagonal blocks.
+    """
+    kind, block = spec[0], spec[-1]
     if kind == "dense":
         rows = ops.cast(x.reshape(-1, x.shape[-1]), ms.float32)  # ops.cast: compiles faster than astype
         if spec[1]:
             rows = append_ones(rows)
-        return input_factor(rows.reshape((1,) + rows.shape))
+        return block_input_factor(rows.reshape((1,) + rows.shape), block)
     if kind == "conv":
-        _, pad_mode, padding, kernel_size, stride, dilation, group, bias = spec
+        _, pad_mode, padding, kernel_size, stride, dilation, group, bias, _ = spec
         pads = _conv_pads(pad_mode, padding, x.shape[2:], kernel_size, stride, dilation)
         rows = im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
         rows = split_groups(rows, group)
         if bias:
             rows = append_ones(rows)
-        return input_factor(rows)
+        return block_input_factor(rows, block)
     return token_frequencies(x, spec[1])  # embedding
 
 
@@ -130,9 +134,9 @@ def _output_statistic(spec: tuple, dout, loss_scale):
     """The output-gradient factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`)."""
     if spec[0] == "conv":
         rows = dout.transpose(0, 2, 3, 1).reshape(-1, dout.shape[1])
-        return output_factor(split_groups(rows, spec[6]), dout.shape[0], loss_scale)
+        return block_output_factor(split_groups(rows, spec[6]), dout.shape[0], loss_scale, spec[-1])
     rows = dout.reshape(1, -1, dout.shape[-1])  # dense, embedding
-    return output_factor(rows, dout.shape[0], loss_scale)
+    return block_output_factor(rows, dout.shape[0], loss_scale, spec[-1])
 
 
 # PyNative capture statistics, compiled once per (spec, dtype, input shapes) and shared by every layer and
@@ -244,11 +248,15 @@ class _OutputGradientCapture(_CaptureCell):
 class ThorLayer(nn.Cell):
     """Base of the THOR layers: capture flag, scratch buffers, factors and the two capture cells.
 
-    Attributes read by the optimizer (all static after ``__init__``):
+    Attributes read by the optimizer (static once the optimizer set the layout, :meth:`set_factor_layout`):
         kind: ``"kronecker"`` (dense, convolution) or ``"embedding"`` (diagonal input factor).
         groups: number of independent channel groups (factors are stacked along axis 0).
-        a_shape, g_shape: shapes of the input and output factors.
-        bias_in_factor: the input factor has the constant-1 bias column (last row/column).
+        a_shape, g_shape: stored shapes of the input and output factors: ``(groups, d, d)``, only the diagonal
+            blocks ``(groups, n_b, b, b)`` of a factor wider than the block size, or ``(vocab,)``.
+        a_dim, g_dim: the dimensions of the factors (A's without the bias column when ``a_bias`` is False).
+        block_size: the largest diagonal block the factors are captured for.
+        bias_in_factor: the layer has a bias, which A can hold as the constant-1 column (last row/column).
+        a_bias: A is captured with that column (False when the optimizer does not train the bias).
         factor_decay: running-average decay of the factors (0: use each capture as is).
         capture_spec: static tuple describing the statistics (kind and the shape-relevant settings), the key
             of the compiled PyNative capture writers shared by all layers alike.
@@ -256,13 +264,21 @@ class ThorLayer(nn.Cell):
 
     kind = "kronecker"
 
-    def _init_thor(self, a_shape: tuple, g_shape: tuple, groups: int, bias_in_factor: bool,
-                   factor_decay: float) -> None:
+    def _init_thor(self, a_dim: int, g_dim: int, groups: int, bias_in_factor: bool, factor_decay: float) -> None:
+        """THOR state of a layer; its factors take the default layout until the optimizer sets its own.
+
+        ``a_dim`` is the width of A with the bias column (an embedding: its vocabulary), ``g_dim`` that of G.
+        """
         self.groups = groups
-        self.a_shape = tuple(a_shape)
-        self.g_shape = tuple(g_shape)
+        self.a_full_dim = a_dim
+        self.g_dim = g_dim
         self.bias_in_factor = bias_in_factor
         self.factor_decay = _check_decay(factor_decay, self.cls_name)
+        a_shape, g_shape, spec = self._layout(DEFAULT_BLOCK_SIZE, bias_in_factor)
+        self.block_size = DEFAULT_BLOCK_SIZE
+        self.a_bias = bias_in_factor
+        self.a_dim = self._a_dim(bias_in_factor)
+        self.a_shape, self.g_shape, self.capture_spec = a_shape, g_shape, spec
         self.thor_capture = Parameter(Tensor(True, ms.bool_), name="thor_capture", requires_grad=False)
         self.matrix_a_batch = Parameter(_zeros(a_shape), name="matrix_a_batch", requires_grad=False)
         self.matrix_g_batch = Parameter(_zeros(g_shape), name="matrix_g_batch", requires_grad=False)
@@ -275,6 +291,53 @@ class ThorLayer(nn.Cell):
         self.insert_child_to_cell("a_capture", _InputCapture(self))
         self.insert_child_to_cell("g_capture", _OutputGradientCapture(self))
         self.g_hook = ops.InsertGradientOf(self.g_capture)
+
+    def _spec(self, a_bias: bool, block_size: int) -> tuple:
+        """The layer's :attr:`capture_spec` for this layout (each layer class says its own)."""
+        raise NotImplementedError
+
+    def _a_dim(self, a_bias: bool) -> int:
+        """The dimension of A as captured: without the bias column unless ``a_bias`` (an embedding: its vocabulary)."""
+        if self.kind == "embedding":
+            return self.a_full_dim
+        return self.a_full_dim - int(self.bias_in_factor and not a_bias)
+
+    def _layout(self, block_size: int, a_bias: bool) -> tuple:
+        """``(a_shape, g_shape, capture_spec)`` of the factors stored for ``block_size`` (:meth:`set_factor_layout`)."""
+        if self.kind == "embedding":
+            a_shape = (self.a_full_dim,)
+        else:
+            a_shape = factor_shape(self.groups, self._a_dim(a_bias), block_size)
+        return a_shape, factor_shape(self.groups, self.g_dim, block_size), self._spec(a_bias, block_size)
+
+    def set_factor_layout(self, block_size: int, a_bias: bool) -> None:
+        """Capture the factors as the THOR optimizer inverts them (it calls this before anything is compiled).
+
+        A factor wider than ``block_size`` is captured as its diagonal blocks only
+        (:func:`~ms_boost.thor.assignment.factor_shape`), the only part the block-diagonal inverse uses; ``a_bias``
+        False leaves the constant-1 bias column out of A (a bias that is not trained with the weight). The scratch
+        buffers and running averages take the new shape (zeroed) when it changes.
+
+        Args:
+            block_size: largest diagonal block (``thor(..., block_size=)``).
+            a_bias: A holds the bias column; only for a layer with a bias in its factor.
+        """
+        if a_bias and not self.bias_in_factor:
+            raise ValueError(f"{self.cls_name}.set_factor_layout: a_bias=True but the layer has no bias in its "
+                             "input factor.")
+        a_shape, g_shape, spec = self._layout(block_size, a_bias)
+        self.block_size = block_size
+        self.a_bias = bool(a_bias)
+        self.a_dim = self._a_dim(a_bias)
+        self.capture_spec = spec
+        self.a_capture.spec = spec
+        self.g_capture.spec = spec
+        for name, shape in (("matrix_a_batch", a_shape), ("matrix_g_batch", g_shape), ("matrix_a", a_shape),
+                            ("matrix_g", g_shape)):
+            param = getattr(self, name, None)
+            if param is not None and tuple(param.shape) != tuple(shape):
+                param.set_data(_zeros(shape))
+        self.a_shape, self.g_shape = a_shape, g_shape
 
     def thor_parameters(self) -> dict:
         """The THOR state Parameters of this layer by local name (capture flag, scratch, factors)."""
@@ -358,9 +421,10 @@ class DenseThor(ThorLayer):
         if activation is not None and not isinstance(self.activation, (nn.Cell, ops.Primitive)):
             raise TypeError(f"{cls}: activation={activation!r} must be a name, a Cell or a Primitive.")
         self.activation_flag = self.activation is not None
-        a_dim = in_channels + int(has_bias)
-        self.capture_spec = ("dense", has_bias)
-        self._init_thor((1, a_dim, a_dim), (1, out_channels, out_channels), 1, has_bias, factor_decay)
+        self._init_thor(in_channels + int(has_bias), out_channels, 1, has_bias, factor_decay)
+
+    def _spec(self, a_bias: bool, block_size: int) -> tuple:
+        return ("dense", a_bias, block_size)
 
     def construct(self, x):
         """The layer's output; in training, with its capture on, it records A (forward) and G (backward)."""
@@ -455,10 +519,11 @@ class Conv2dThor(ThorLayer):
         self.gemm = ms.get_context("device_target") == "CPU" and group == 1 and symmetric
         self._pynative_mode = _pynative()
         a_dim = in_channels // group * self.kernel_size[0] * self.kernel_size[1] + int(has_bias)
-        g_dim = out_channels // group
-        self.capture_spec = ("conv", self.pad_mode, self.padding, self.kernel_size, self.stride, self.dilation,
-                             group, has_bias)
-        self._init_thor((group, a_dim, a_dim), (group, g_dim, g_dim), group, has_bias, factor_decay)
+        self._init_thor(a_dim, out_channels // group, group, has_bias, factor_decay)
+
+    def _spec(self, a_bias: bool, block_size: int) -> tuple:
+        return ("conv", self.pad_mode, self.padding, self.kernel_size, self.stride, self.dilation, self.group, a_bias,
+                block_size)
 
     def construct(self, x):
         """The layer's output; in training, with its capture on, it records A (forward) and G (backward)."""
@@ -523,8 +588,10 @@ class EmbeddingThor(ThorLayer):
         self.one_hot = ops.OneHot()
         self.on_value = Tensor(1.0, dtype)
         self.off_value = Tensor(0.0, dtype)
-        self.capture_spec = ("embedding", vocab_size)
-        self._init_thor((vocab_size,), (1, embedding_size, embedding_size), 1, False, factor_decay)
+        self._init_thor(vocab_size, embedding_size, 1, False, factor_decay)
+
+    def _spec(self, a_bias: bool, block_size: int) -> tuple:
+        return ("embedding", self.vocab_size, block_size)
 
     def construct(self, ids):
         """The embedding lookup; in training, with its capture on, it records A (forward) and G (backward)."""

@@ -48,7 +48,8 @@ from ms_boost.gemm_conv import unfold_columns
 from ms_boost.thor.assignment import block_layout
 
 __all__ = [
-    "conv_pads", "im2col", "split_groups", "append_ones", "input_factor", "output_factor",
+    "conv_pads", "im2col", "split_groups", "append_ones", "input_factor", "output_factor", "block_gram",
+    "block_input_factor", "block_output_factor", "factor_trace",
     "token_frequencies", "running_average", "block_layout", "diagonal_blocks", "diagonal_tiles", "damped_block_inverse",
     "damped_diagonal_inverse", "block_diag_left", "block_diag_right", "kronecker_precondition",
     "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
@@ -192,6 +193,73 @@ def output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor) -> Tensor:
     return ops.matmul(_transpose_last2(rows), rows) * n_samples
 
 
+def _diagonal_mask(n_blocks: int, block: int, dim: int) -> Tensor:
+    """``(n_b, b, b)`` float32: ones on the diagonal entries of the blocks that belong to the ``dim``-wide factor."""
+    tail = dim - (n_blocks - 1) * block
+    if tail == block:
+        return ops.BroadcastTo((n_blocks, block, block))(_eye(block))
+    last = _pad_last2(_eye(tail), block - tail, block - tail).reshape(1, block, block)
+    if n_blocks == 1:
+        return last
+    return ops.concat((ops.BroadcastTo((n_blocks - 1, block, block))(_eye(block)), last), 0)
+
+
+def block_gram(rows: Tensor, block_size: int, scale) -> Tensor:
+    r"""``scale`` times :math:`a^{\top} a` of ``(groups, R, d)`` float32 rows, as THOR stores a factor.
+
+    ``(groups, d, d)`` when ``d <= block_size``; otherwise only the diagonal blocks,
+    ``(groups, n_b, b, b)`` (:func:`~ms_boost.thor.assignment.factor_shape`): the full blocks from one batched
+    product over the rows cut into ``b``-wide column tiles, the last, narrower block (when ``b`` does not
+    divide ``d``) from its own product, completed with the identity -- exactly the blocks
+    :func:`diagonal_blocks` cuts from the whole :math:`d \times d` product, at :math:`R\,d\,b` instead of
+    :math:`R\,d^2` multiply-adds.
+    """
+    groups, count, dim = rows.shape
+    n_blocks, block = block_layout(dim, block_size)
+    if n_blocks == 1:
+        return ops.matmul(_transpose_last2(rows), rows) * scale
+    tail = dim - (n_blocks - 1) * block
+    full = n_blocks if tail == block else n_blocks - 1
+    head = rows if full * block == dim else narrow(rows, 2, 0, full * block)
+    tiles = _TRANSPOSE(head.reshape(groups, count, full, block), (0, 2, 1, 3))  # (groups, full, R, b)
+    gram = ops.matmul(_transpose_last2(tiles), tiles) * scale
+    if full == n_blocks:
+        return gram
+    last = narrow(rows, 2, full * block, tail)
+    pad = block - tail
+    last_gram = _pad_last2(ops.matmul(_transpose_last2(last), last) * scale, pad, pad)
+    last_gram = last_gram + (_eye(block) - _pad_last2(_eye(tail), pad, pad))
+    return ops.concat((gram, last_gram.reshape(groups, 1, block, block)), 1)
+
+
+def block_input_factor(rows: Tensor, block_size: int) -> Tensor:
+    r""":func:`input_factor` as THOR stores it: whole up to ``block_size``, else its diagonal blocks only."""
+    rows = ops.cast(rows, ms.float32)
+    return block_gram(rows, block_size, 1.0 / rows.shape[-2])
+
+
+def block_output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor, block_size: int) -> Tensor:
+    r""":func:`output_factor` as THOR stores it: whole up to ``block_size``, else its diagonal blocks."""
+    rows = ops.cast(rows, ms.float32) / ops.cast(loss_scale, ms.float32)
+    return block_gram(rows, block_size, float(n_samples))
+
+
+def factor_trace(factor: Tensor, dim: int) -> Tensor:
+    r"""Per-group trace ``(groups,)`` of a stored factor of dimension ``dim``.
+
+    ``factor`` is ``(groups, d, d)``, its diagonal blocks ``(groups, n_b, b, b)`` (the trace of the whole factor is
+    the sum of the blocks' traces; the identity completing the last block is not counted), or a diagonal ``(d,)``
+    factor (its sum, shaped ``(1,)``).
+    """
+    if factor.ndim == 1:
+        return _REDUCE_SUM(factor, ()).reshape(1)
+    factor = ops.cast(factor, ms.float32)
+    if factor.ndim == 3:
+        return _REDUCE_SUM(factor * _eye(factor.shape[-1]), (-1, -2))
+    mask = _diagonal_mask(factor.shape[1], factor.shape[-1], dim)
+    return _REDUCE_SUM(factor * mask, (1, 2, 3))
+
+
 def token_frequencies(ids: Tensor, vocab_size: int) -> Tensor:
     r"""Diagonal input factor of an embedding: :math:`A_{vv} = \frac{1}{T}\,\#\{t : \mathrm{id}_t = v\}`.
 
@@ -265,14 +333,8 @@ def blocks_finite(blocks: Tensor) -> Tensor:
     return _REDUCE_ALL(ops.isfinite(blocks), (-2, -1))  # the primitive: compiles faster than Tensor.all(axis)
 
 
-def _trace(factor: Tensor) -> Tensor:
-    """Per-group trace of ``(groups, d, d)`` factors (or the sum of a ``(d,)`` diagonal factor) -> ``(groups,)``."""
-    if factor.ndim == 1:
-        return _REDUCE_SUM(factor, ()).reshape(1)
-    return _REDUCE_SUM(factor * ops.cast(_eye(factor.shape[-1]), factor.dtype), (-1, -2))
-
-
-def pi_damping(a_factor: Tensor, g_factor: Tensor, low: float = 1e-3, high: float = 1e3) -> Tensor:
+def pi_damping(a_factor: Tensor, g_factor: Tensor, low: float = 1e-3, high: float = 1e3, a_dim: int = 0,
+               g_dim: int = 0) -> Tensor:
     r"""Factored Tikhonov split of the damping (Martens & Grosse 2015, sec. 6.3) -> ``(groups,)`` :math:`\pi`.
 
     .. math::
@@ -280,12 +342,13 @@ def pi_damping(a_factor: Tensor, g_factor: Tensor, low: float = 1e-3, high: floa
 
     :math:`A` then gets :math:`\pi\sqrt\lambda` and :math:`G` gets :math:`\sqrt\lambda/\pi` (their product
     keeps :math:`\lambda`). :math:`\pi` is clamped to ``[low, high]``, and is 1 where a trace is not
-    positive and finite. A diagonal (embedding) input factor uses the sum of its entries as trace.
+    positive and finite. A diagonal (embedding) input factor uses the sum of its entries as trace. Factors stored
+    as diagonal blocks (:func:`factor_trace`) need their dimensions ``a_dim`` / ``g_dim`` (0: the last axis).
     """
-    a_dim = a_factor.shape[-1]
-    g_dim = g_factor.shape[-1]
-    a_mean = _trace(ops.cast(a_factor, ms.float32)) / a_dim
-    g_mean = _trace(ops.cast(g_factor, ms.float32)) / g_dim
+    a_dim = a_dim or a_factor.shape[-1]
+    g_dim = g_dim or g_factor.shape[-1]
+    a_mean = factor_trace(ops.cast(a_factor, ms.float32), a_dim) / a_dim
+    g_mean = factor_trace(ops.cast(g_factor, ms.float32), g_dim) / g_dim
     valid = ops.logical_and(ops.logical_and(a_mean > 0, g_mean > 0),
                             ops.logical_and(ops.isfinite(a_mean), ops.isfinite(g_mean)))
     ratio = ops.select(valid, a_mean / ops.select(valid, g_mean, ops.ones_like(g_mean)), ops.ones_like(a_mean))

@@ -41,7 +41,7 @@ from ms_boost import comm
 from ms_boost.flat_buffers import flat_layout, flatten_tensors, split_flat
 from ms_boost.thor import kernels
 from ms_boost.thor import math as thor_math
-from ms_boost.thor.assignment import LayerFactors, inverse_layout, plan_inversions
+from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE, LayerFactors, inverse_layout, plan_inversions
 from ms_boost.thor.guard import ThorGuard, ThorNonFiniteError
 from ms_boost.thor.layers import CaptureGate, ThorLayer, thor_state_parameters
 from ms_boost.thor.rules import check as _rule
@@ -142,7 +142,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
         enable_clip_grad: clip each preconditioned gradient to norm 1.
         frequency: refresh the factors and inverses every ``frequency`` (>= 1) steps.
         params: parameters to optimize (default: the trainable parameters of ``net``).
-        block_size: factors larger than this are split into diagonal blocks of this size.
+        block_size: factors larger than this are split into diagonal blocks of this size; the layers capture only
+            those blocks (the optimizer sets their layout, :meth:`~ms_boost.thor.layers.ThorLayer.set_factor_layout`).
         distribute_inverses: on several ranks, invert each factor on one rank and broadcast (else every
             rank inverts everything).
         refresh_threshold: adaptive per-layer refresh :math:`\omega` (the THOR paper's trace rule): at a refresh
@@ -161,7 +162,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
     def __init__(self, net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0,
                  batch_size: int = 32, use_nesterov: bool = False, decay_filter: Optional[Callable] = None,
                  split_indices=None, enable_clip_grad: bool = False, frequency: int = 100, *,
-                 params=None, block_size: int = 128, distribute_inverses: bool = True,
+                 params=None, block_size: int = DEFAULT_BLOCK_SIZE, distribute_inverses: bool = True,
                  kl_clip: Optional[float] = DEFAULT_KL_CLIP, pi_damping: bool = False,
                  max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS, refresh_threshold: Optional[float] = None):
         if not isinstance(net, nn.Cell):
@@ -179,8 +180,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
             "enable_clip_grad": _rule("enable_clip_grad", enable_clip_grad),
             "kl_clip": _rule("kl_clip", kl_clip) or 0.0,  # None or 0: trust region off
             "refresh_threshold": _rule("refresh_threshold", refresh_threshold) or 0.0,  # None or 0: every layer
+            "block_size": _rule("block_size", block_size),
             # arguments the section does not hold, checked by the same checkers under the same names
-            "block_size": check_int("thor.block_size", block_size, low=1),
             "pi_damping": check_bool("thor.pi_damping", pi_damping),
             "max_nonfinite_steps": check_int("thor.max_nonfinite_steps", max_nonfinite_steps, low=0),
         }
@@ -255,7 +256,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         if not layers:
             logger.warning("thor: the network has no THOR layer with a trainable weight; THOR reduces to Momentum.")
         source = [(-1, -1)] * len(self._parameters)
-        kinds, w_index, b_index, trims, groups_of, g_dims, decays, slots = [], [], [], [], [], [], [], []
+        kinds, w_index, b_index, a_dims, groups_of, g_dims, decays, slots = [], [], [], [], [], [], [], []
         a_inv: list = []
         g_inv: list = []
         flags: list = []
@@ -271,18 +272,20 @@ class THOR(nn.Optimizer, ThorStepVariants):
             joint = bool(layer.bias_in_factor and bias is not None and id(bias) in index_of)
             if joint:
                 source[index_of[id(bias)]] = (li, 1)
-            # a bias captured in A but not trained: its row/column is dropped from A before inverting
-            trim_a = bool(layer.bias_in_factor and not joint)
+            # the layer captures its factors as they are inverted: only the diagonal blocks of a factor wider than
+            # block_size, and A without the bias column when the bias is not trained with the weight
+            if (layer.block_size, layer.a_bias) != (self.block_size, joint):
+                layer.set_factor_layout(self.block_size, joint)
             factors.append(LayerFactors(layer.kind == "embedding", tuple(layer.a_shape), tuple(layer.g_shape),
-                                        layer.groups, trim_a))
+                                        layer.groups))
             a_inv_shape, g_inv_shape = inverse_layout(factors[-1:], self.block_size)[0]
             groups = layer.groups
             kinds.append(layer.kind)
             w_index.append(index_of[id(weight)])
             b_index.append(index_of[id(bias)] if joint else -1)
-            trims.append(trim_a)
+            a_dims.append(layer.a_dim)
             groups_of.append(groups)
-            g_dims.append(layer.g_shape[-1])
+            g_dims.append(layer.g_dim)
             decays.append(layer.factor_decay)
             # identity until the first good refresh (a layer whose first factors are non-finite gets its gradient)
             a_inv.append(Parameter(Tensor(_identity_blocks(a_inv_shape)), name=f"thor_a_inverse.{path}",
@@ -309,9 +312,10 @@ class THOR(nn.Optimizer, ThorStepVariants):
         self.layer_kind = tuple(kinds)
         self.weight_index = tuple(w_index)
         self.bias_index = tuple(b_index)  # -1: the bias (if any) is not preconditioned with the weight
-        self.trim_a = tuple(trims)
         self.layer_groups = tuple(groups_of)
+        self.a_dims = tuple(a_dims)  # the factors' dimensions (the stored blocks may be padded)
         self.g_dims = tuple(g_dims)
+        self.job_dims = tuple(d for pair in zip(a_dims, g_dims) for d in pair)
         self.factor_decay = tuple(decays)
         self.factor_slot = tuple(slots)  # index into a_factors / g_factors, -1 without running average
         self.layer_factors = tuple(factors)
@@ -451,7 +455,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
             a_source = hyper_map(ops.partial(kernels.pick, reduced), tuple(range(0, 2 * self.n_layers, 2)))
             g_source = hyper_map(ops.partial(kernels.pick, reduced), tuple(range(1, 2 * self.n_layers, 2)))
         folds = hyper_map(ops.partial(kernels.fold_layer, self.thor_initialised, self.a_factors, self.g_factors),
-                          self.factor_slot, self.factor_decay, self.trim_a, a_source, g_source)
+                          self.factor_slot, self.factor_decay, a_source, g_source)
         token = ops.depend(token, hyper_map(kernels.field_3, folds))
         layer_ok = hyper_map(kernels.field_2, folds)
         ok_vector = ops.stack(layer_ok)
@@ -464,14 +468,14 @@ class THOR(nn.Optimizer, ThorStepVariants):
         root = ops.sqrt(ops.cast(damping, ms.float32))
         shifts = ()
         if self.pi_damping:
-            layer_shifts = hyper_map(ops.partial(kernels.pi_shifts, root), self.layer_groups, folds)
+            layer_shifts = hyper_map(ops.partial(kernels.pi_shifts, root), self.layer_groups, self.a_dims, self.g_dims,
+                                     folds)
             shifts = hyper_map(ops.partial(kernels.job_field, layer_shifts), self.job_layer, self.job_slot)
         # this rank's Kronecker blocks, batched by block size; one Cholesky-or-eigen decision for all of them
         raw, block_bad = (), ()
         unsafe = ops.zeros((), ms.float32)
         if self.inverse_batches:
-            prepared = hyper_map(ops.partial(kernels.prepare_batch, folded, shifts, use_vector, root, self.block_size,
-                                             self.pi_damping),
+            prepared = hyper_map(ops.partial(kernels.prepare_batch, folded, shifts, use_vector, root, self.pi_damping),
                                  self.inverse_batches, self.batch_job_groups, self.batch_job_blocks,
                                  self.batch_block_layer)
             batch_blocks = hyper_map(kernels.field_0, prepared)
@@ -527,7 +531,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         others keep their inverses (counted per layer in ``stable_refreshes``). Records the traces of the layers
         inverted now.
         """
-        traces = ops.stack(kernels.MAP(kernels.trace, folded))
+        traces = ops.stack(kernels.MAP(kernels.trace, folded, self.job_dims))
         last = self.inverted_traces
         never = last <= 0.0
         change = ops.abs(traces / ops.where(never, ops.ones_like(last), last) - 1.0)

@@ -28,6 +28,7 @@ RULES: Dict[str, Rule] = {
     "enable_clip_grad": check_bool,
     "kl_clip": optional_rule(lambda p, v: check_float(p, v, low=0.0)),
     "refresh_threshold": optional_rule(lambda p, v: check_float(p, v, low=0.0)),
+    "block_size": int_rule(low=1),
 }
 
 

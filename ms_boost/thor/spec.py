@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Tuple, Union
 
 from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section
+from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE
 from ms_boost.thor.boost import apply_boost_thor
 from ms_boost.thor.rules import RULES
 
@@ -29,6 +30,8 @@ class ThorConfig(Section):
         refresh_threshold: adaptive per-layer refresh: a layer's inverses are recomputed at a refresh only when
             the trace of one of its factors moved by more than this fraction since its last inversion (None or
             0: every layer at every refresh); see docs/thor.md.
+        block_size: largest diagonal block of a factor (wider factors are captured and inverted as their
+            diagonal blocks); see docs/thor.md "Block size".
     """
 
     damping: Union[float, Tuple[float, ...]] = 0.03
@@ -42,6 +45,7 @@ class ThorConfig(Section):
     enable_clip_grad: bool = False
     kl_clip: Optional[float] = 1e-3
     refresh_threshold: Optional[float] = None
+    block_size: int = DEFAULT_BLOCK_SIZE
 
     SECTION: ClassVar[str] = "thor"
     RULES: ClassVar[Dict[str, Rule]] = RULES  # shared with the THOR constructor (ms_boost/thor/rules.py)

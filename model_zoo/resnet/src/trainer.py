@@ -406,7 +406,8 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
         return thor(net, lr, Tensor(damping), float(cfg.momentum), float(cfg.weight_decay), opt_scale,
                     int(cfg.batch_size), split_indices=list(thor_cfg.split_indices) or None,
                     frequency=int(thor_cfg.frequency),
-                    kl_clip=float(thor_cfg.kl_clip) if "kl_clip" in thor_cfg else 1e-3)
+                    kl_clip=float(thor_cfg.kl_clip) if "kl_clip" in thor_cfg else 1e-3,
+                    **({"block_size": int(thor_cfg.block_size)} if "block_size" in thor_cfg else {}))
     groups = init_group_params(net, float(cfg.weight_decay))
     if cfg.optimizer == "SGD":
         return nn.SGD(groups, learning_rate=lr, loss_scale=opt_scale)
