@@ -304,6 +304,7 @@ class ThorLayer(nn.Cell):
 
     def _layout(self, block_size: int, a_bias: bool) -> tuple:
         """``(a_shape, g_shape, capture_spec)`` of the factors stored for ``block_size`` (:meth:`set_factor_layout`)."""
+        a_shape: Tuple[int, ...]
         if self.kind == "embedding":
             a_shape = (self.a_full_dim,)
         else:

@@ -24,9 +24,9 @@ or Ascend), and in PyNative mode, the default graph with the device-side switche
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
-from mindspore import nn
+from mindspore import Parameter, nn
 
 from ms_boost.stages import PlansStepVariants, StageHooks, phase_suffix, plan_graph_variant, runs_as_python
 
@@ -43,6 +43,18 @@ class ThorStepVariants(StageHooks):
     """
 
     _planned_variant: Optional[str] = None  # the variant chosen for the running step (None: none chosen)
+    # what the hook reads and sets, provided by the THOR optimizer that inherits it
+    capture_flags: Sequence[Parameter]
+    thor_initialised: Parameter
+    refresh_next: Parameter
+    global_step: Parameter
+    frequency: int
+    static_refresh: Optional[bool]
+
+    @property
+    def thor_layers(self) -> tuple:
+        """The THOR layers whose static capture a variant sets (the optimizer that inherits this provides them)."""
+        raise NotImplementedError
 
     def next_step_variant(self) -> Variant:
         """``(capture, refresh)`` of the next step from the optimizer's state (four scalar reads).
