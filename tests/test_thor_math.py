@@ -163,6 +163,9 @@ def test_block_factors_are_the_diagonal_blocks_of_the_full_factor(dim, block):
     want = np.sqrt((np.trace(full_a, axis1=1, axis2=2) / dim)
                    / (np.trace(6 * np.einsum("grd,gre->gde", rows[:, :, :3], rows[:, :, :3]), axis1=1, axis2=2) / 3))
     np.testing.assert_allclose(pi, want, rtol=1e-5)
+    if a.ndim == 4:  # a block-stored factor's width cannot be read from its shape
+        with pytest.raises(ValueError, match="a_dim=0"):
+            tm.pi_damping(Tensor(a), g_small)
 
 
 def test_running_average():

@@ -343,8 +343,13 @@ def pi_damping(a_factor: Tensor, g_factor: Tensor, low: float = 1e-3, high: floa
     :math:`A` then gets :math:`\pi\sqrt\lambda` and :math:`G` gets :math:`\sqrt\lambda/\pi` (their product
     keeps :math:`\lambda`). :math:`\pi` is clamped to ``[low, high]``, and is 1 where a trace is not
     positive and finite. A diagonal (embedding) input factor uses the sum of its entries as trace. Factors stored
-    as diagonal blocks (:func:`factor_trace`) need their dimensions ``a_dim`` / ``g_dim`` (0: the last axis).
+    as diagonal blocks (:func:`factor_trace`) need their dimensions ``a_dim`` / ``g_dim`` (0: the last axis, allowed
+    only for whole or diagonal factors: a block-stored factor without its dimension raises ``ValueError``).
     """
+    if (a_factor.ndim == 4 and not a_dim) or (g_factor.ndim == 4 and not g_dim):
+        raise ValueError(f"pi_damping: a factor stored as diagonal blocks (shapes {a_factor.shape}, {g_factor.shape}) "
+                         f"needs its dimension: a_dim={a_dim}, g_dim={g_dim}; allowed: the factor's width d >= 1 "
+                         f"(0 only for a whole (groups, d, d) or diagonal factor).")
     a_dim = a_dim or a_factor.shape[-1]
     g_dim = g_dim or g_factor.shape[-1]
     a_mean = factor_trace(ops.cast(a_factor, ms.float32), a_dim) / a_dim
