@@ -274,11 +274,8 @@ class ThorLayer(nn.Cell):
         self.g_dim = g_dim
         self.bias_in_factor = bias_in_factor
         self.factor_decay = _check_decay(factor_decay, self.cls_name)
-        a_shape, g_shape, spec = self._layout(DEFAULT_BLOCK_SIZE, bias_in_factor)
-        self.block_size = DEFAULT_BLOCK_SIZE
-        self.a_bias = bias_in_factor
-        self.a_dim = self._a_dim(bias_in_factor)
-        self.a_shape, self.g_shape, self.capture_spec = a_shape, g_shape, spec
+        self._set_layout(DEFAULT_BLOCK_SIZE, bias_in_factor)
+        a_shape, g_shape = self.a_shape, self.g_shape
         self.thor_capture = Parameter(Tensor(True, ms.bool_), name="thor_capture", requires_grad=False)
         self.matrix_a_batch = Parameter(_zeros(a_shape), name="matrix_a_batch", requires_grad=False)
         self.matrix_g_batch = Parameter(_zeros(g_shape), name="matrix_g_batch", requires_grad=False)
@@ -302,14 +299,21 @@ class ThorLayer(nn.Cell):
             return self.a_full_dim
         return self.a_full_dim - int(self.bias_in_factor and not a_bias)
 
-    def _layout(self, block_size: int, a_bias: bool) -> tuple:
-        """``(a_shape, g_shape, capture_spec)`` of the factors stored for ``block_size`` (:meth:`set_factor_layout`)."""
+    def _set_layout(self, block_size: int, a_bias: bool) -> None:
+        """Set the layout attributes for ``block_size`` and ``a_bias``; the buffers follow in :meth:`set_factor_layout`.
+
+        ``block_size``, ``a_bias``, ``a_dim``, ``a_shape``, ``g_shape`` and ``capture_spec``.
+        """
+        self.block_size = block_size
+        self.a_bias = bool(a_bias)
+        self.a_dim = self._a_dim(a_bias)
         a_shape: Tuple[int, ...]
         if self.kind == "embedding":
             a_shape = (self.a_full_dim,)
         else:
-            a_shape = factor_shape(self.groups, self._a_dim(a_bias), block_size)
-        return a_shape, factor_shape(self.groups, self.g_dim, block_size), self._spec(a_bias, block_size)
+            a_shape = factor_shape(self.groups, self.a_dim, block_size)
+        self.a_shape, self.g_shape = a_shape, factor_shape(self.groups, self.g_dim, block_size)
+        self.capture_spec = self._spec(a_bias, block_size)
 
     def set_factor_layout(self, block_size: int, a_bias: bool) -> None:
         """Capture the factors as the THOR optimizer inverts them (it calls this before anything is compiled).
@@ -326,19 +330,14 @@ class ThorLayer(nn.Cell):
         if a_bias and not self.bias_in_factor:
             raise ValueError(f"{self.cls_name}.set_factor_layout: a_bias=True but the layer has no bias in its "
                              "input factor.")
-        a_shape, g_shape, spec = self._layout(block_size, a_bias)
-        self.block_size = block_size
-        self.a_bias = bool(a_bias)
-        self.a_dim = self._a_dim(a_bias)
-        self.capture_spec = spec
-        self.a_capture.spec = spec
-        self.g_capture.spec = spec
-        for name, shape in (("matrix_a_batch", a_shape), ("matrix_g_batch", g_shape), ("matrix_a", a_shape),
-                            ("matrix_g", g_shape)):
+        self._set_layout(block_size, a_bias)
+        self.a_capture.spec = self.capture_spec
+        self.g_capture.spec = self.capture_spec
+        for name, shape in (("matrix_a_batch", self.a_shape), ("matrix_g_batch", self.g_shape),
+                            ("matrix_a", self.a_shape), ("matrix_g", self.g_shape)):
             param = getattr(self, name, None)
             if param is not None and tuple(param.shape) != tuple(shape):
                 param.set_data(_zeros(shape))
-        self.a_shape, self.g_shape = a_shape, g_shape
 
     def thor_parameters(self) -> dict:
         """The THOR state Parameters of this layer by local name (capture flag, scratch, factors)."""
