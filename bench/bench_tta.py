@@ -23,7 +23,11 @@ mode, CPU:
 * **reported** per contender (median over the seeds): epochs and wall time to the target (training time
   only, evaluation excluded; the first epoch holds the compile), compile time (first epoch minus the
   median steady epoch), steady epoch time, final accuracy, and the per-seed ratio of time to the target
-  against the baseline's (median [min, max]); a figure of validation accuracy against wall time.
+  against the baseline's (median [min, max]); a figure of validation accuracy against wall time;
+* **order** (:func:`run_plan`): the lr grids first (the baseline's, then each contender's, on the grid seeds),
+  then the paired rounds, seed by seed: the baseline and every contender at their picked values one after the
+  other, the order rotated by one place each seed, so each per-seed ratio pairs runs made minutes apart; the
+  page's drift check is ms_boost O0's steady epoch over the baseline's per seed (the same computation: ~1.0).
 
 Usage::
 
@@ -154,6 +158,32 @@ def pick_lr(final_by_lr: Dict[float, Sequence[float]]) -> float:
     if not final_by_lr:
         raise ValueError("final_by_lr is empty: nothing to pick from.")
     return min(final_by_lr, key=lambda lr: (-float(np.median(final_by_lr[lr])), lr))
+
+
+def paired_order(names: Sequence[str], seeds: Sequence[int]) -> List[tuple]:
+    """The paired rounds: ``[(seed, names in the order they run), ...]``, seed by seed, every name once per seed.
+
+    The order rotates by one place each seed (seed ``i`` starts at ``names[i % len(names)]``), so that no name
+    always runs first or last: a drift of the machine within a round does not always favour the same one.
+    """
+    if not names:
+        raise ValueError("names is empty: a paired round needs at least one run.")
+    names = list(names)
+    return [(seed, names[i % len(names):] + names[:i % len(names)]) for i, seed in enumerate(seeds)]
+
+
+def steady_ratio_by_seed(cell: dict, name: str, reference: str) -> Dict[int, float]:
+    """Per seed: ``name``'s steady epoch over ``reference``'s (:func:`steady_and_compile`), over the seeds where
+    both ran without error. With ``ms_boost O0`` against the baseline (the same computation) it is the drift
+    check: about 1.0 when the paired runs met the same machine."""
+    mine, theirs = cell["curves"].get(name) or {}, cell["curves"].get(reference) or {}
+    out = {}
+    for seed, run in mine.items():
+        ref = theirs.get(seed)
+        if run.get("error") or not run["epoch_seconds"] or not ref or ref.get("error") or not ref["epoch_seconds"]:
+            continue
+        out[int(seed)] = steady_and_compile(run["epoch_seconds"])[0] / steady_and_compile(ref["epoch_seconds"])[0]
+    return out
 
 
 def parse_result(stdout: str) -> dict:
@@ -596,65 +626,115 @@ class _CellRunner:
     def _workdir(self, lr: float, seed: int) -> str:
         return str(Path(self.workroot) / f"baseline_lr{lr}_seed{seed}")
 
-    def go(self, contender: str, lr: float, seed: int, **kw) -> dict:
+    def go(self, contender: str, lr: float, seed: int, phase: str = "grid", **kw) -> dict:
+        """One run in its own process (``phase``: ``grid``, ``paired`` or ``stage2``, kept in the run and its resume
+        key); a paired run lands in ``cell["curves"]`` before the partial dump."""
         if contender == "baseline" and self.workroot:
             kw = dict(kw, workdir=self._workdir(lr, seed), stage2_epochs=self.plan.dim_reduce_epochs,
                       n_component=self.plan.n_component)
         spec = RunSpec(contender=contender, lr=lr, seed=seed, **{**self.base, **kw})
         shown = {k: v for k, v in kw.items() if k != "workdir"}
-        print(f"[tta] {self.key} {contender} lr {lr} {shown or ''} seed {seed}", flush=True)
-        done = self.resume.get(_spec_key(asdict(spec)))
+        print(f"[tta] {self.key} {contender} lr {lr} {shown or ''} seed {seed} ({phase})", flush=True)
+        done = self.resume.get(_spec_key(asdict(spec), phase))
         r = dict(done) if done and not spec.workdir else launch(spec, self.root, self.timeout)
-        r["spec"] = asdict(spec)
+        r.update(spec=asdict(spec), phase=phase)
         self.cell["runs"].setdefault(contender, []).append(r)
+        if phase == "paired":
+            self.cell["curves"].setdefault(contender, {})[seed] = r
         if self.on_run:
             self.on_run()
         return r
 
-    def dim_reduce(self, lr: float, base_runs: Dict[int, dict]) -> dict:
-        """DimReduce stage 2 from each seed's baseline run at the picked ``lr`` (its stage-1 checkpoint), one process
-        per seed; the baseline's own last epochs are the annealed continuation it is compared with."""
-        plan = self.plan
-        epochs2 = plan.dim_reduce_epochs
-        out = {"epochs1": self.base["epochs"] - epochs2, "epochs2": epochs2, "n_component": plan.n_component,
-               "lr": lr, "runs": {}}
-        for seed, base in base_runs.items():
-            runs = {"baseline": base}
-            if not base["error"]:
-                runs["dim_reduce"] = self.go("DimReduce stage 2", 1.0, seed, epochs=epochs2,
-                                             workdir=self._workdir(lr, seed), n_component=plan.n_component)
-            out["runs"][str(seed)] = runs
-        out["summary"] = dim_reduce_summary(out["runs"], epochs2)
+    def stage2(self, lr: float, seed: int, base: dict) -> dict:
+        """DimReduce stage 2 from ``base``, the seed's baseline run at the picked ``lr`` (its stage-1 checkpoint),
+        in its own process: ``{"baseline": base, "dim_reduce": run}`` (no stage 2 when the baseline failed)."""
+        runs = {"baseline": base}
+        if not base["error"]:
+            runs["dim_reduce"] = self.go("DimReduce stage 2", 1.0, seed, phase="stage2",
+                                         epochs=self.plan.dim_reduce_epochs, workdir=self._workdir(lr, seed),
+                                         n_component=self.plan.n_component)
+        return runs
+
+    def dim_reduce(self, lr: float, runs: Dict[str, dict]) -> dict:
+        """The DimReduce comparison from :meth:`stage2`'s runs by seed; the baseline's own last epochs are the
+        annealed continuation stage 2 is compared with."""
+        epochs2 = self.plan.dim_reduce_epochs
+        out = {"epochs1": self.base["epochs"] - epochs2, "epochs2": epochs2, "n_component": self.plan.n_component,
+               "lr": lr, "runs": runs}
+        out["summary"] = dim_reduce_summary(runs, epochs2)
         return out
 
-    def grid(self, contender: str, lrs: Sequence[float], **kw) -> tuple:
-        """The lr grid on the grid seeds, the picked lr on the other seeds: ``(picked lr, its runs by seed)``."""
-        plan = self.plan
+    def grid(self, contender: str, lrs: Sequence[float], run_single: bool = False, **kw) -> tuple:
+        """The lr grid on the grid seeds: ``(picked lr, its runs by grid seed)``. A one-point grid runs nothing
+        (``run_single``: it does, as a point of a larger grid); the picked lr's runs on every seed are the paired
+        rounds' (:func:`run_plan`)."""
+        label = contender + (f" {kw}" if kw else "")
+        if len(lrs) == 1 and not run_single:
+            self.cell["grids"][label] = {"finals": {}, "picked": lrs[0], "single": True}
+            return lrs[0], {}
         finals, by_lr = {}, {}
-        grid_seeds = plan.seeds if plan.grid_seeds is None or len(lrs) == 1 else plan.grid_seeds
         for lr in lrs:
-            by_lr[lr] = {s: self.go(contender, lr, s, **kw) for s in grid_seeds}
+            by_lr[lr] = {s: self.go(contender, lr, s, **kw) for s in self.plan.grid_seeds or self.plan.seeds}
             finals[lr] = [r["accuracy"][-1] if r["accuracy"] else 0.0 for r in by_lr[lr].values()]
         best = pick_lr(finals)
-        by_lr[best].update({s: self.go(contender, best, s, **kw) for s in plan.seeds if s not in by_lr[best]})
-        self.cell["grids"][contender + (f" {kw}" if kw else "")] = {
-            "finals": {str(k): v for k, v in finals.items()}, "picked": best}
+        self.cell["grids"][label] = {"finals": {str(k): v for k, v in finals.items()}, "picked": best}
         return best, by_lr[best]
 
 
-def _spec_key(spec: dict) -> str:
-    return json.dumps(spec, sort_keys=True)
+def _spec_key(spec: dict, phase: str = "grid") -> str:
+    return f"{phase} {json.dumps(spec, sort_keys=True)}"
+
+
+def _pick_contender(runner: _CellRunner, plan: Plan, net: str, contender: str, best_lr: float) -> tuple:
+    """A contender's lr (and THOR's damping) from its grid on the grid seeds: ``(lr, run kwargs, grid runs at the
+    pick by seed)``; a one-point grid runs nothing here."""
+    if contender in THOR_BLOCK_SIZES:
+        single = len(plan.thor_lrs) * len(plan.thor_dampings) == 1
+        picks = []
+        for damping in plan.thor_dampings:
+            lr, runs = runner.grid(contender, plan.thor_lrs, run_single=not single, damping=damping)
+            finals = [r["accuracy"][-1] if r["accuracy"] else 0 for r in runs.values()]
+            picks.append((float(np.median(finals)) if finals else 0.0, lr, damping, runs))
+        _, lr, damping, runs = max(picks, key=lambda p: p[0])
+        runner.cell["grids"][f"{contender} picked"] = {"lr": lr, "damping": damping}
+        return lr, {"damping": damping}, runs
+    distributed = contender in DISTRIBUTED
+    factors = plan.distributed_lr_factors if distributed else plan.contender_lr_factors
+    lrs = sorted({round(best_lr * f, 6) for f in factors})
+    kw = {"batch": plan.distributed_batch, "epochs": plan.distributed_epochs.get(net, plan.epochs[net])} \
+        if distributed else {}
+    lr, runs = runner.grid(contender, lrs, **kw)
+    return lr, kw, runs
+
+
+def _fill_single_grids(cell: dict) -> None:
+    """A one-point grid ran no grid runs: its finals are the paired runs' (all seeds), as the page shows them."""
+    for label, grid in cell["grids"].items():
+        if grid.pop("single", False):
+            name = max((c for c in cell["curves"] if label == c or label.startswith(c + " ")), key=len, default=None)
+            if name is not None:
+                grid["finals"] = {str(grid["picked"]): [r["accuracy"][-1] if r["accuracy"] else 0.0
+                                                        for r in cell["curves"][name].values()]}
 
 
 def run_plan(plan: Plan, timeout: int, mode: str = "graph", partial: Optional[Path] = None,
-             resume: Optional[Dict[str, dict]] = None) -> dict:
+             resume: Optional[Dict[str, dict]] = None, reuse_grid_runs: bool = False) -> dict:
     """Every run of ``plan``, one process each; returns the payload of the page. ``partial``: a JSON file rewritten
-    after every run with what has run so far (a driver stopped midway keeps its runs)."""
+    after every run with what has run so far (a driver stopped midway keeps its runs).
+
+    Order per cell: the baseline's lr grid on the grid seeds picks its lr (and the target's runs' lr), then each
+    contender's grid on the grid seeds picks its own; then the **paired rounds**: seed by seed, the baseline and
+    every contender at their picked values, one after the other, the order rotated by one place each seed
+    (:func:`paired_order`), and DimReduce's stage 2 of that seed last. So each per-seed ratio pairs runs made
+    minutes apart, not the baseline's runs made before every contender's. The grid's runs only pick: the rounds
+    run the grid seeds again (``reuse_grid_runs``: they take the grid's run at the pick instead, saving one run
+    per contender with a grid and grid seed, but pairing those seeds' runs across the phases).
+    """
     import tempfile
 
     from model_zoo.resnet.src.real_data import ensure_real
 
-    out = {"plan": asdict(plan), "mode": mode, "cells": {}}
+    out = {"plan": asdict(plan), "mode": mode, "cells": {}, "order": "paired", "reuse_grid_runs": reuse_grid_runs}
 
     def dump():
         if partial is not None:
@@ -665,7 +745,7 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph", partial: Optional[Pa
         root = ensure_real(dataset, image_size=plan.image_size)
         for net in plan.nets:
             key = f"{dataset}/{net}"
-            cell = {"runs": {}, "grids": {}}
+            cell = {"runs": {}, "grids": {}, "curves": {}}
             out["cells"][key] = cell
             base = dict(dataset=dataset, net=net, epochs=plan.epochs[net], image_size=plan.image_size, mode=mode,
                         width=plan.width[net])
@@ -675,33 +755,34 @@ def run_plan(plan: Plan, timeout: int, mode: str = "graph", partial: Optional[Pa
                                  f"{plan.epochs[net]} epochs of {net}.")
             runner = _CellRunner(plan, key, root, base, timeout, cell, workroot.name if workroot else "")
             runner.on_run, runner.resume = dump, resume or {}
-            best_lr, base_runs = runner.grid("baseline", plan.baseline_lrs)
-            target = target_accuracy([r["accuracy"][-1] for r in base_runs.values() if r["accuracy"]])
-            cell.update({"target": target, "baseline_lr": best_lr, "curves": {"baseline": base_runs}})
+            best_lr, base_grid = runner.grid("baseline", plan.baseline_lrs)
+            cell["baseline_lr"] = best_lr
+            picks = {"baseline": (best_lr, {}, base_grid)}
             for contender in plan.contenders:
-                if contender in plan.skip.get(net, ()):
-                    continue
-                if contender in THOR_BLOCK_SIZES:
-                    picks = []
-                    for damping in plan.thor_dampings:
-                        lr, runs = runner.grid(contender, plan.thor_lrs, damping=damping)
-                        picks.append((float(np.median([r["accuracy"][-1] if r["accuracy"] else 0 for r in
-                                                       runs.values()])), lr, damping, runs))
-                    _, lr, damping, runs = max(picks, key=lambda p: p[0])
-                    cell["grids"][f"{contender} picked"] = {"lr": lr, "damping": damping}
-                else:
-                    distributed = contender in DISTRIBUTED
-                    factors = plan.distributed_lr_factors if distributed else plan.contender_lr_factors
-                    lrs = sorted({round(best_lr * f, 6) for f in factors})
-                    kw = {"batch": plan.distributed_batch,
-                          "epochs": plan.distributed_epochs.get(net, plan.epochs[net])} if distributed else {}
-                    lr, runs = runner.grid(contender, lrs, **kw)
-                cell["curves"][contender] = runs
+                if contender not in plan.skip.get(net, ()):
+                    picks[contender] = _pick_contender(runner, plan, net, contender, best_lr)
+            cell["order"] = {}
+            stage2 = {}
+            for seed, names in paired_order(list(picks), plan.seeds):
+                cell["order"][str(seed)] = names
+                for name in names:
+                    lr, kw, grid_runs = picks[name]
+                    if reuse_grid_runs and seed in grid_runs:
+                        cell["curves"].setdefault(name, {})[seed] = grid_runs[seed]
+                    else:
+                        runner.go(name, lr, seed, phase="paired", **kw)
+                    if name == "baseline":  # the target so far (a partial dump's page needs one)
+                        cell["target"] = target_accuracy([r["accuracy"][-1] for r in cell["curves"]["baseline"]
+                                                          .values() if r["accuracy"]] or [0.0])
+                if workroot:
+                    stage2[str(seed)] = runner.stage2(best_lr, seed, cell["curves"]["baseline"][seed])
+            cell["curves"] = {name: cell["curves"][name] for name in picks}  # the plan's order, the baseline first
+            _fill_single_grids(cell)
             if workroot:
-                cell["dim_reduce"] = runner.dim_reduce(best_lr, base_runs)
+                cell["dim_reduce"] = runner.dim_reduce(best_lr, stage2)
                 workroot.cleanup()
             summarize_cell(cell)
-            print(f"[tta] {key}: target {target:.4f}; " + "; ".join(
+            print(f"[tta] {key}: target {cell['target']:.4f}; " + "; ".join(
                 f"{c} ratio {_fmt_spread(s['ratio'])}" for c, s in cell["summary"].items()), flush=True)
     return out
 
@@ -974,6 +1055,38 @@ def _load_text(payload: dict) -> str:
             "of the same seed")
 
 
+def _order_text(payload: dict) -> str:
+    """The page's sentence on the order the runs ran in (older payloads: the baseline's runs first)."""
+    if payload.get("order") != "paired":
+        return ("**Run order** (an older run): the baseline's lr grid and its picked lr on every seed first, then each "
+                "contender's grid and runs in turn; a drift of the machine between those phases biases every ratio "
+                "(the drift check below shows it).")
+    seeds = list(payload["plan"].get("grid_seeds") or payload["plan"]["seeds"])
+    reused = (f"the grid's runs at the pick stand for seed(s) {seeds} (`--reuse_grid_runs`: those seeds pair runs of "
+              "the grid phase)" if payload.get("reuse_grid_runs") else
+              f"the grid runs only pick: the rounds run seed(s) {seeds} again")
+    return ("**Run order**: per cell, the baseline's lr grid on seed(s) " + f"{seeds}, then each contender's grid on "
+            "the same seed(s); then the **paired rounds**: seed by seed, the baseline and every contender at their "
+            "picked values one after the other, the order rotated by one place each seed (seed 0 in the plan's order, "
+            "the baseline first; seed 1 from the second name, the baseline last; ...), DimReduce's stage 2 of that "
+            f"seed last. Each ratio pairs runs made minutes apart; a one-point grid runs nothing before the rounds; "
+            f"{reused}.")
+
+
+def drift_lines(payload: dict) -> List[str]:
+    """The drift check: per cell and seed, ms_boost O0's steady epoch over the baseline's (the same computation)."""
+    parts = []
+    for key, cell in payload["cells"].items():
+        ratios = steady_ratio_by_seed(cell, "ms_boost O0", "baseline")
+        if ratios:
+            parts.append(f"{key}: " + ", ".join(f"seed {s} {r:.2f}x" for s, r in sorted(ratios.items())))
+        else:
+            parts.append(f"{key}: O0 not run")
+    return ["**Drift check**: ms_boost O0's steady epoch over the baseline's, per seed (the same computation: about "
+            "1.00x when the paired runs met the same machine; far from it, every ratio of that seed is off by as "
+            "much): " + "; ".join(parts) + ".", ""]
+
+
 def render_page(payload: dict, command: str, load_before: list, seconds: float, name: str = "tta") -> str:
     """Markdown of ``bench/results/tta.md``."""
     from bench.common import page_footer
@@ -997,9 +1110,10 @@ def render_page(payload: dict, command: str, load_before: list, seconds: float, 
              "**Ratio**: per seed, the contender's time over the baseline's (same seed), median [min, max] over the "
              "seeds where both reached the target; below 1 the contender is faster.", "",
              f"Load average (1/5/15 min) before the run: {' / '.join(str(v) for v in payload.get('load_before', []))}; "
-             f"after: {' / '.join(str(v) for v in payload.get('load_after', []))} ({_load_text(payload)}).", ""]
+             f"after: {' / '.join(str(v) for v in payload.get('load_after', []))} ({_load_text(payload)}).", "",
+             _order_text(payload), ""]
     lines += ["## Summary: steady time to target / the tuned baseline's (median [min, max] over seeds)", ""]
-    lines += readme_table(payload) + [""]
+    lines += readme_table(payload) + [""] + drift_lines(payload)
     lines += [f"![{d}]({name}_{d}.png)" for d in plan["datasets"]] + [""]
     if payload.get("notes"):
         lines += ["## Reading this run", "", payload["notes"], ""]
@@ -1069,8 +1183,9 @@ def select(plan: Plan, datasets=None, nets=None, contenders=None, seeds=None) ->
 
 
 def payload_from_partial(partial: dict, command: str, path: Path) -> dict:
-    """A page's payload from a stopped driver's partial dump: the cells whose baseline grid finished; a contender
-    whose runs stopped midway keeps the seeds it ran (one lr: the quick grids), its row says how many."""
+    """A page's payload from a stopped driver's partial dump: the cells whose paired rounds began; a contender
+    whose rounds stopped midway keeps the seeds it ran, its row says how many. (Older dumps, without the paired
+    rounds: a contender whose runs stopped midway keeps the seeds it ran at one lr, the quick grids.)"""
     from bench.common import load_average
 
     cells = {}
@@ -1078,8 +1193,9 @@ def payload_from_partial(partial: dict, command: str, path: Path) -> dict:
         if "target" not in cell:
             continue
         for contender, runs in cell["runs"].items():
+            runs = [r for r in runs if "phase" not in r]  # an older dump's runs (the paired ones are in its curves)
             lrs = {r["spec"]["lr"] for r in runs}
-            if contender not in cell["curves"] and contender not in DIM_REDUCE_RUNS and len(lrs) == 1:
+            if runs and contender not in cell["curves"] and contender not in DIM_REDUCE_RUNS and len(lrs) == 1:
                 cell["curves"][contender] = {str(r["spec"]["seed"]): r for r in runs}
         cells[key] = cell
     plan = dict(partial["plan"], contenders=[c for c in partial["plan"]["contenders"]
@@ -1106,6 +1222,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, help="only these seeds")
     parser.add_argument("--resume", action="store_true", help="take the finished runs of a stopped driver from "
                                                                 "<name>.partial.json instead of running them again")
+    parser.add_argument("--reuse_grid_runs", action="store_true",
+                        help="the grid seeds' paired runs are the grid's runs at the pick (saves one run per "
+                             "contender with a grid and grid seed, about 2 min of the quick form's 14, but pairs those "
+                             "seeds' runs across the grid phase and the rounds)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds one run may take")
     parser.add_argument("--name", default="", help="results file stem (default: tta, tta_pynative in PyNative mode)")
     parser.add_argument("--render_only", action="store_true", help="rewrite the page and figure from the JSON")
@@ -1146,14 +1266,16 @@ def main(argv=None) -> int:
     partial = RESULTS / f"{name}.partial.json"  # removed once the page is written
     resume = {}
     if args.resume and partial.exists():  # the finished runs of a stopped driver (runs with a workdir rerun)
-        resume = {_spec_key(r["spec"]): r for cell in json.loads(partial.read_text(encoding="utf-8"))["cells"].values()
+        resume = {_spec_key(r["spec"], r.get("phase", "grid")): r
+                  for cell in json.loads(partial.read_text(encoding="utf-8"))["cells"].values()
                   for runs in cell["runs"].values() for r in runs if not r.get("error")}
         print(f"[tta] resuming: {len(resume)} finished runs from {partial.name}", flush=True)
-    payload = run_plan(plan, args.timeout, args.mode, partial, resume)
+    payload = run_plan(plan, args.timeout, args.mode, partial, resume, args.reuse_grid_runs)
     payload.update({"quick": args.quick, "env": environment(), "load_before": load_before,
                     "load_after": load_average(), "seconds": time.time() - start})
     command = "python bench/bench_tta.py" + " ".join(
-        [""] + [f for f, on in (("--quick", args.quick), ("--smoke", args.smoke)) if on]
+        [""] + [f for f, on in (("--quick", args.quick), ("--smoke", args.smoke),
+                                ("--reuse_grid_runs", args.reuse_grid_runs)) if on]
         + ([f"--mode {args.mode}"] if args.mode != "graph" else [])
         + [f"--{k} " + " ".join(shlex.quote(str(x)) for x in v)
            for k, v in (("datasets", args.datasets), ("nets", args.nets), ("contenders", args.contenders),

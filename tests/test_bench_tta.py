@@ -3,6 +3,7 @@ paired ratios, the lr pick and the worker's result parsing. Nothing here is time
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -243,3 +244,116 @@ def test_payload_from_partial_keeps_finished_cells_and_the_seeds_a_stopped_conte
     assert list(payload["cells"]["mnist5k/gemm"]["curves"]["ms_boost O1"]) == ["0"]
     assert payload["plan"]["contenders"] == ["ms_boost O1"] and payload["quick"] is True
     assert payload["seconds"] == 50.0
+
+
+def test_paired_order_runs_every_name_once_per_seed_rotated_by_one_each_seed():
+    from bench.bench_tta import paired_order
+
+    rounds = paired_order(["baseline", "a", "b"], [0, 1, 2, 3])
+    assert rounds == [(0, ["baseline", "a", "b"]), (1, ["a", "b", "baseline"]), (2, ["b", "baseline", "a"]),
+                      (3, ["baseline", "a", "b"])]
+    # over len(names) seeds every name runs once at every position
+    positions = {name: sorted(order.index(name) for _, order in rounds[:3]) for name in ("baseline", "a", "b")}
+    assert positions == {"baseline": [0, 1, 2], "a": [0, 1, 2], "b": [0, 1, 2]}
+    assert paired_order(["x"], [5, 7]) == [(5, ["x"]), (7, ["x"])]
+    with pytest.raises(ValueError, match="names is empty"):
+        paired_order([], [0])
+
+
+def _fake_runs(monkeypatch, finals_by_lr):
+    """run_plan without processes or data: every launch is recorded as (contender, lr, seed) and returns a
+    two-epoch curve whose final accuracy depends on its lr only."""
+    import bench.bench_tta as tta
+    from model_zoo.resnet.src import real_data
+
+    calls = []
+
+    def launch(spec, root, timeout):
+        calls.append((spec.contender, spec.lr, spec.seed))
+        return {"accuracy": [0.5, finals_by_lr.get(spec.lr, 0.8)], "epoch_seconds": [3.0, 1.0], "error": None,
+                "wall_seconds": 1.0}
+
+    monkeypatch.setattr(tta, "launch", launch)
+    monkeypatch.setattr(real_data, "ensure_real", lambda name, image_size=32: Path("unused"))
+    return calls
+
+
+def _small_plan(**kw):
+    from bench.bench_tta import Plan
+
+    return Plan(**{**dict(datasets=("digits",), nets=("gemm",), seeds=(0, 1, 2), epochs={"gemm": 2, "conv": 2},
+                          image_size=16, baseline_lrs=(0.05, 0.1), contenders=("ms_boost O0", "THOR"),
+                          contender_lr_factors=(1.0, 2.0), thor_lrs=(0.05,), thor_dampings=(0.03,),
+                          width={"gemm": 8, "conv": 8}, grid_seeds=(0,), dim_reduce_nets=("gemm",),
+                          dim_reduce_epochs=1, n_component=2), **kw})
+
+
+def test_run_plan_runs_the_grids_then_each_seed_paired_with_the_order_rotated(monkeypatch):
+    from bench.bench_tta import run_plan
+
+    calls = _fake_runs(monkeypatch, {0.05: 0.9, 0.1: 0.95})
+    payload = run_plan(_small_plan(), timeout=10)
+    assert calls == [
+        # the grids on seed 0: the baseline's picks 0.1; O0's (0.1, 0.2) picks 0.1; THOR's one point runs nothing
+        ("baseline", 0.05, 0), ("baseline", 0.1, 0), ("ms_boost O0", 0.1, 0), ("ms_boost O0", 0.2, 0),
+        # the paired rounds at the picks (seed 0 run again), each seed's DimReduce stage 2 after its round
+        ("baseline", 0.1, 0), ("ms_boost O0", 0.1, 0), ("THOR", 0.05, 0), ("DimReduce stage 2", 1.0, 0),
+        ("ms_boost O0", 0.1, 1), ("THOR", 0.05, 1), ("baseline", 0.1, 1), ("DimReduce stage 2", 1.0, 1),
+        ("THOR", 0.05, 2), ("baseline", 0.1, 2), ("ms_boost O0", 0.1, 2), ("DimReduce stage 2", 1.0, 2)]
+    cell = payload["cells"]["digits/gemm"]
+    assert payload["order"] == "paired" and cell["order"]["1"] == ["ms_boost O0", "THOR", "baseline"]
+    assert list(cell["curves"]) == ["baseline", "ms_boost O0", "THOR"]
+    assert all(sorted(runs) == [0, 1, 2] and all(r["phase"] == "paired" for r in runs.values())
+               for runs in cell["curves"].values())
+    assert cell["baseline_lr"] == 0.1 and cell["target"] == pytest.approx(0.94)
+    assert cell["grids"]["baseline"]["finals"] == {"0.05": [0.9], "0.1": [0.95]}
+    # THOR's one-point grid shows the paired runs' finals, on every seed
+    assert cell["grids"]["THOR {'damping': 0.03}"] == {"finals": {"0.05": [0.9, 0.9, 0.9]}, "picked": 0.05}
+    assert sorted(cell["dim_reduce"]["runs"]) == ["0", "1", "2"]
+    assert cell["dim_reduce"]["runs"]["1"]["baseline"] is cell["curves"]["baseline"][1]
+    assert "DimReduce stage 2" not in cell["curves"]
+    assert cell["summary"]["ms_boost O0"]["ratio_values"] == [1.0, 1.0, 1.0]
+
+
+def test_run_plan_reuse_grid_runs_takes_the_grid_run_at_the_pick_for_seed_0(monkeypatch):
+    from bench.bench_tta import run_plan
+
+    calls = _fake_runs(monkeypatch, {0.05: 0.9, 0.1: 0.95})
+    payload = run_plan(_small_plan(dim_reduce_nets=()), timeout=10, reuse_grid_runs=True)
+    assert calls[4:] == [("THOR", 0.05, 0), ("ms_boost O0", 0.1, 1), ("THOR", 0.05, 1), ("baseline", 0.1, 1),
+                         ("THOR", 0.05, 2), ("baseline", 0.1, 2), ("ms_boost O0", 0.1, 2)]
+    cell = payload["cells"]["digits/gemm"]
+    assert cell["curves"]["baseline"][0]["phase"] == "grid" and cell["curves"]["baseline"][0]["spec"]["lr"] == 0.1
+    assert payload["reuse_grid_runs"] is True
+
+
+def test_drift_check_is_o0_steady_epoch_over_the_baseline_per_seed_and_the_page_states_the_order():
+    from bench.bench_tta import drift_lines, render_page, steady_ratio_by_seed, summarize_cell
+
+    def run(secs, error=None):
+        return {"accuracy": [0.5, 0.95, 0.96][:len(secs)], "epoch_seconds": secs, "error": error}
+
+    cell = {"target": 0.9, "baseline_lr": 0.1, "grids": {"baseline": {"finals": {"0.1": [0.96]}, "picked": 0.1}},
+            "curves": {"baseline": {"0": run([5.0, 1.0, 1.2]), "1": run([5.0, 2.0, 2.0]), "2": run([5.0, 1.0])},
+                       "ms_boost O0": {"0": run([4.0, 1.1, 1.1]), "1": run([6.0, 1.0, 3.0]),
+                                       "2": run([], error="crashed")}}}
+    # steady epoch = the median of epochs 2..: seed 0 1.1 / 1.1, seed 1 2.0 / 2.0; seed 2 failed
+    assert steady_ratio_by_seed(cell, "ms_boost O0", "baseline") == {0: pytest.approx(1.0), 1: pytest.approx(1.0)}
+    cell["curves"]["ms_boost O0"]["0"] = run([4.0, 1.32, 1.32])
+    assert steady_ratio_by_seed(cell, "ms_boost O0", "baseline")[0] == pytest.approx(1.2)
+    assert steady_ratio_by_seed(cell, "THOR", "baseline") == {}
+    summarize_cell(cell)
+    conv = {"target": 0.9, "curves": {"baseline": {"0": run([5.0, 1.0])}}}
+    payload = {"plan": {"datasets": ["digits"], "image_size": 16, "width": {"gemm": 8}, "epochs": {"gemm": 3},
+                        "seeds": [0, 1, 2], "grid_seeds": [0], "baseline_lrs": [0.1], "distributed_batch": 256},
+               "cells": {"digits/gemm": cell, "digits/conv": conv}, "mode": "graph", "quick": True,
+               "load_before": [1.0], "load_after": [2.0], "order": "paired", "reuse_grid_runs": False}
+    assert drift_lines(payload)[0].endswith("much): digits/gemm: seed 0 1.20x, seed 1 1.00x; digits/conv: O0 not "
+                                            "run.")
+    del payload["cells"]["digits/conv"]
+    page = render_page(payload, "python bench/bench_tta.py --quick", [1.0], 60.0)
+    assert "then the **paired rounds**: seed by seed" in page and "the rounds run seed(s) [0] again" in page
+    assert "**Drift check**" in page
+    del payload["order"]
+    assert "**Run order** (an older run): the baseline's lr grid and its picked lr on every seed first" in \
+        render_page(payload, "python bench/bench_tta.py --quick", [1.0], 60.0)
