@@ -357,3 +357,28 @@ def test_drift_check_is_o0_steady_epoch_over_the_baseline_per_seed_and_the_page_
     del payload["order"]
     assert "**Run order** (an older run): the baseline's lr grid and its picked lr on every seed first" in \
         render_page(payload, "python bench/bench_tta.py --quick", [1.0], 60.0)
+
+
+def test_a_driver_stopped_in_the_paired_rounds_renders_the_seeds_each_contender_ran(monkeypatch, tmp_path):
+    import bench.bench_tta as tta
+    from bench.bench_tta import payload_from_partial, render_page, run_plan
+
+    calls = _fake_runs(monkeypatch, {0.05: 0.9, 0.1: 0.95})
+    recorded = tta.launch
+
+    def stop_after_eight(spec, root, timeout):  # the 4 grid runs, seed 0's round, then seed 1's first run
+        if len(calls) == 8:
+            raise RuntimeError("stopped")
+        return recorded(spec, root, timeout)
+
+    monkeypatch.setattr(tta, "launch", stop_after_eight)
+    partial = tmp_path / "t.partial.json"
+    with pytest.raises(RuntimeError, match="stopped"):
+        run_plan(_small_plan(dim_reduce_nets=()), timeout=10, partial=partial)
+    payload = payload_from_partial(json.loads(partial.read_text()), "python bench/bench_tta.py --quick", partial)
+    cell = payload["cells"]["digits/gemm"]
+    assert {name: sorted(runs) for name, runs in cell["curves"].items()} == {
+        "baseline": ["0"], "ms_boost O0": ["0", "1"], "THOR": ["0"]}  # O0's grid runs are not taken as curves
+    tta.summarize_cell(cell)
+    assert cell["summary"]["ms_boost O0"]["seeds"] == ["0", "1"] and cell["target"] == pytest.approx(0.94)
+    assert "| ms_boost O0 | 2/2 |" in render_page(payload, payload["command"], [], payload["seconds"])
