@@ -188,8 +188,11 @@ def render(payload: dict) -> str:
              f"Written by `python bench/autotune_phases.py --cell {payload['cell']} --epochs {payload['epochs']} "
              f"--fixed '{fixed}'` ({payload['epochs']} planned epochs, epoch 1 measured; seeds "
              f"{', '.join(str(s) for s in payload['seeds'])}; auto picked {', '.join(picks)}). "
-             "Each seed: the fixed run, then the autotuned one, each in its own process "
-             "(paired). Median [min, max] over the seeds; CPU is the process's CPU time over all its threads, which "
+             + ("Each seed: the fixed run and the autotuned one, each in its own process (paired), the fixed one "
+                "first on the first seed, second on the next, and so on (the order rotated each seed). "
+                if payload.get("order") == "rotated" else
+                "Each seed: the fixed run, then the autotuned one, each in its own process (paired). ")
+             + "Median [min, max] over the seeds; CPU is the process's CPU time over all its threads, which "
              "the machine's other jobs disturb less than wall time; the thread rows split epoch 1's CPU by thread "
              "name (the data pipeline's threads run under the name `python`, with the main thread).", "",
              f"Load average (1/5/15 min) before: {payload['load_before']}; after: {payload['load_after']}.", "",
@@ -220,10 +223,12 @@ def main(argv=None) -> int:
 
     seeds = [int(s) for s in args.seeds.split(",") if s]
     payload = {"cell": args.cell, "epochs": args.epochs, "seeds": seeds, "load_before": load_average(),
-               "fixed": args.fixed, "runs": {c: {} for c in (args.fixed, AUTO)}}
+               "fixed": args.fixed, "runs": {c: {} for c in (args.fixed, AUTO)}, "order": "rotated"}
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(ROOT))
-    for seed in seeds:
-        for contender in (args.fixed, AUTO):
+    from bench.bench_tta import paired_order
+
+    for seed, order in paired_order([args.fixed, AUTO], seeds):  # neither always first
+        for contender in order:
             out = subprocess.run([sys.executable, __file__, f"--cell={args.cell}", f"--epochs={args.epochs}",
                                   f"--worker={json.dumps([contender, seed])}"], env=env, capture_output=True,
                                  text=True, check=True).stdout

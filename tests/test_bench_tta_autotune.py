@@ -2,6 +2,8 @@
 checked against the rules computed by hand here. Nothing is timed."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.tta_autotune import AUTO, autotune_goals, autotune_section, wall_to_target
@@ -197,3 +199,24 @@ def test_seeds_are_integers_each_once_space_or_comma_separated():
         parse_seeds(["0,x"])
     with pytest.raises(ValueError, match="--seeds 1 is given twice"):
         parse_seeds(["1", "0,1"])
+
+
+def test_the_phases_driver_rotates_fixed_and_auto_each_seed(monkeypatch):
+    import types
+
+    import bench.autotune_phases as phases
+    import bench.common
+
+    calls = []
+
+    def run(cmd, **kw):
+        contender, seed = json.loads(next(a for a in cmd if a.startswith("--worker="))[len("--worker="):])
+        calls.append((contender, seed))
+        return types.SimpleNamespace(stdout=phases.TAG + json.dumps({"model": [0.1, 0.1], "pick: O0": [0.0, 0.0]}))
+
+    monkeypatch.setattr(phases.subprocess, "run", run)
+    pages = []
+    monkeypatch.setattr(bench.common, "write_results", lambda name, payload, page: pages.append(page))
+    assert phases.main(["--seeds", "0,1,2"]) == 0
+    assert calls == [("ms_boost O0", 0), (AUTO, 0), (AUTO, 1), ("ms_boost O0", 1), ("ms_boost O0", 2), (AUTO, 2)]
+    assert "the order rotated each seed" in pages[0]
