@@ -513,7 +513,9 @@ QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epoch
              # the zoo's ResNet is GemmConv2d already (the rewrite leaves it alone); upstream O1 on one network only
              # conv: O0 (the baseline's computation, its slow nn.Conv2d steps) left out to fit 15 min; the baseline
              # stands in for it in the O1 goal. 42 runs measured 9.6 min idle (2026-11-26, before 0.2 joined the
-             # baseline's grid: the lr 0.1 it picked was the grid's edge)
+             # baseline's grid: the lr 0.1 it picked was the grid's edge); 49 runs 12.1 min (2026-11-27, with auto);
+             # the paired rounds run seed 0 again: 58 runs, 13.9 min by that run's wall times (49 with
+             # --reuse_grid_runs)
              skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",), "conv": ("upstream O1 (gc off)", "ms_boost O0")},
              dim_reduce_nets=("gemm",), dim_reduce_epochs=1,
              # msrun jobs take minutes each on 2 cores: in the quick form only when asked (--contenders)
