@@ -13,7 +13,7 @@ import pytest
 from mindspore import Parameter, Tensor
 
 from ms_boost.thor import thor
-from ms_boost.thor.checkpoint import convert_thor_checkpoint, layout_holds, stored_factor_layout
+from ms_boost.thor.checkpoint import convert_thor_checkpoint, factor_to_layout, layout_holds, stored_factor_layout
 from tests.helpers.nets import MLP
 from tests.test_thor_math import np_diagonal_blocks
 from tests.test_thor_optimizer import _mlp_data, _train_cell, np_damped_inverse, np_softmax_ce_grad
@@ -217,13 +217,19 @@ def test_malformed_shapes_are_refused_with_the_parameter_both_shapes_and_what_is
 
 
 def test_layout_helpers():
-    """Layouts recognised from shapes, and which layouts hold which blocks."""
+    """Layouts recognised from shapes, which layouts hold which blocks, and the conversion of a never-captured
+    (all-zero) factor, which stays all zeros like a fresh buffer, against a captured one (identity completion)."""
     assert stored_factor_layout((1, 11, 11), 1, [11]) == (11, 11)
     assert stored_factor_layout((1, 3, 4, 4), 1, [11]) == (11, 4)
     assert stored_factor_layout((1, 3, 4, 4), 1, [13]) is None  # 13 needs 4 blocks of 4
     assert stored_factor_layout((2, 11, 11), 1, [11]) is None
     assert layout_holds((11, 11), 11, 4) and layout_holds((11, 8), 11, 4) and layout_holds((11, 8), 11, 8)
     assert not layout_holds((11, 4), 11, 8) and not layout_holds((11, 4), 11, 11) and not layout_holds((12, 6), 12, 4)
+    assert not factor_to_layout(np.zeros((1, 5, 5)), (5, 5), 5, 4).any()
+    f = _spd(np.random.default_rng(0), 6)
+    np.testing.assert_array_equal(factor_to_layout(f[None], (6, 6), 5, 4)[0], np_diagonal_blocks(f[:5, :5], 4))
+    np.testing.assert_array_equal(factor_to_layout(np_diagonal_blocks(f, 4)[None], (6, 4), 6, 2)[0],
+                                  np_diagonal_blocks(f, 2))
 
 
 def test_zoo_resume_converts_a_whole_factor_checkpoint(tmp_path):
