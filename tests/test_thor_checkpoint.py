@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor
 
-from ms_boost.thor import thor
+from ms_boost.thor import load_thor_checkpoint, thor
 from ms_boost.thor.checkpoint import convert_thor_checkpoint, factor_to_layout, layout_holds, stored_factor_layout
 from tests.helpers.nets import MLP
 from tests.test_thor_math import np_diagonal_blocks
@@ -165,14 +165,19 @@ def test_whole_factor_checkpoint_is_converted_and_the_next_steps_match_numpy(mod
     assert int(run.opt.global_step.asnumpy()[0]) == 5
 
 
-def test_another_block_size_refreshes_at_the_first_step(mode):
-    """A whole-factor checkpoint with block-4 inverses loaded into a block-size-2 run: the factors are cut into
-    2-blocks exactly, the 4-block inverses are left out and the optimizer refreshes at its first step (off
-    schedule): the step equals numpy's refresh step at block size 2 from the converted running averages."""
+def test_another_block_size_refreshes_at_the_first_step(mode, tmp_path):
+    """A whole-factor checkpoint file with block-4 inverses loaded (``load_thor_checkpoint``) into a block-size-2
+    run: the factors are cut into 2-blocks exactly, the 4-block inverses are left out and the optimizer refreshes
+    at its first step (off schedule): the step equals numpy's refresh step at block size 2 from the converted
+    running averages."""
     run = _Run(block=2)
-    converted = convert_thor_checkpoint(run.checkpoint(inverse_block=4), run.cell)
+    entries = run.checkpoint(inverse_block=4)
+    converted = convert_thor_checkpoint(entries, run.cell)
     assert run.opt.a_inverses[0].name not in converted and run.opt.g_inverses[1].name not in converted
-    ms.load_param_into_net(run.cell, converted, strict_load=True)
+    path = str(tmp_path / "old.ckpt")
+    ms.save_checkpoint([{"name": k, "data": v.data} for k, v in entries.items()], path)
+    not_loaded, ckpt_not_loaded = load_thor_checkpoint(path, run.cell, strict_load=True)
+    assert not ckpt_not_loaded and {p.name for p in (*run.opt.a_inverses, *run.opt.g_inverses)} <= set(not_loaded)
     np.testing.assert_allclose(run.opt.thor_layers[1].matrix_a.asnumpy()[0],
                                np_diagonal_blocks(run.run_avg[("fc2", "a")], 2), rtol=1e-6, atol=1e-6)
     assert bool(run.opt.refresh_next.asnumpy())
