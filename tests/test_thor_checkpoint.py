@@ -165,11 +165,13 @@ def test_whole_factor_checkpoint_is_converted_and_the_next_steps_match_numpy(mod
     assert int(run.opt.global_step.asnumpy()[0]) == 5
 
 
-def test_another_block_size_refreshes_at_the_first_step(mode, tmp_path):
+def test_another_block_size_refreshes_at_the_first_step(tmp_path):
     """A whole-factor checkpoint file with block-4 inverses loaded (``load_thor_checkpoint``) into a block-size-2
     run: the factors are cut into 2-blocks exactly, the 4-block inverses are left out and the optimizer refreshes
     at its first step (off schedule): the step equals numpy's refresh step at block size 2 from the converted
-    running averages."""
+    running averages. Graph mode, where the host chooses the refresh variant from the loaded flags (PyNative runs
+    the same compiled step; the first test covers both modes)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
     run = _Run(block=2)
     entries = run.checkpoint(inverse_block=4)
     converted = convert_thor_checkpoint(entries, run.cell)
@@ -182,7 +184,10 @@ def test_another_block_size_refreshes_at_the_first_step(mode, tmp_path):
                                np_diagonal_blocks(run.run_avg[("fc2", "a")], 2), rtol=1e-6, atol=1e-6)
     assert bool(run.opt.refresh_next.asnumpy())
     weights, _ = _np_refresh_step(run, run.weights, run.moments, 2, running=run.run_avg)
-    run.step()
+    try:
+        run.step()
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
     _assert_weights(run.params(), weights)
     assert not bool(run.opt.refresh_next.asnumpy())
 
