@@ -5,6 +5,8 @@
 * :mod:`ms_boost.thor.optimizer` -- :class:`THOR`; :mod:`ms_boost.thor.factory` -- :func:`thor`.
 * :mod:`ms_boost.thor.boost` -- :func:`apply_boost_thor`; :mod:`ms_boost.thor.spec` -- its ``SPEC``.
 * :mod:`ms_boost.thor.convert` -- :class:`ConvertNetUtils`, :class:`ConvertModelUtils`.
+* :mod:`ms_boost.thor.checkpoint` -- :func:`load_thor_checkpoint`, :func:`convert_thor_checkpoint` (checkpoints of
+  another factor layout).
 
 Upstream-style use::
 
@@ -28,6 +30,7 @@ import sys
 import types
 
 from ms_boost.thor.boost import apply_boost_thor
+from ms_boost.thor.checkpoint import convert_thor_checkpoint, load_thor_checkpoint
 from ms_boost.thor.convert import ConvertedLayer, ConvertModelUtils, ConvertNetUtils, register_convertible
 from ms_boost.thor.factory import thor
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer, thor_state_parameters
@@ -35,7 +38,7 @@ from ms_boost.thor.optimizer import THOR, ThorGuard, ThorNonFiniteError
 
 __all__ = ["thor", "THOR", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer", "ConvertNetUtils",
            "ConvertModelUtils", "ConvertedLayer", "register_convertible", "apply_boost_thor", "thor_state_parameters",
-           "ThorGuard", "ThorNonFiniteError"]
+           "ThorGuard", "ThorNonFiniteError", "convert_thor_checkpoint", "load_thor_checkpoint"]
 
 
 class _CallablePackage(types.ModuleType):

@@ -31,6 +31,7 @@ from ms_boost import comm
 from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.divergence import callback_mark, first_non_finite
 from ms_boost.stages import optimizer_hooks
+from ms_boost.thor.checkpoint import convert_thor_checkpoint
 
 __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheckpoint", "read_manifest",
            "find_resume_checkpoint", "checkpoint_step", "run_checkpoints", "restore_train_network",
@@ -362,13 +363,18 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
         raise ValueError(f"resume: checkpoint {str(path)!r} lacks {len(missing)} Parameter(s) of this run's train "
                          f"network (first: {missing[:5]}); was it written by another recipe or boost setting "
                          f"(it says recipe {manifest.get('recipe')!r}, boost_level {manifest.get('boost_level')!r})?")
+    try:  # THOR factors of another layout (whole, written before the block capture; another block size)
+        entries = convert_thor_checkpoint(entries, network)
+    except ValueError as err:
+        raise ValueError(f"resume: checkpoint {str(path)!r}: {err}") from err
     mismatched = [f"{name} {tuple(p.shape)} vs {tuple(entries[name].shape)}" for name, p in wanted.items()
-                  if tuple(p.shape) != tuple(entries[name].shape)]
+                  if name in entries and tuple(p.shape) != tuple(entries[name].shape)]
     if mismatched:
         raise ValueError(f"resume: checkpoint {str(path)!r} does not fit this run's train network: "
                          f"{mismatched[:3]} (network vs checkpoint).")
-    # the schedules keep this run's values (given as their own Parameters, so none is reported as not loaded)
-    ms.load_param_into_net(network, {**{name: entries[name] for name in wanted},
+    # the schedules keep this run's values (given as their own Parameters, so none is reported as not loaded); THOR
+    # inverses of another block size are left out (the optimizer then refreshes them at its first step)
+    ms.load_param_into_net(network, {**{name: entries[name] for name in wanted if name in entries},
                                      **{p.name: p for p in network.get_parameters() if p.name in schedules}},
                            strict_load=True)
     changed = sorted(key for key, value in (manifest.get("config") or {}).items()
