@@ -12,8 +12,9 @@ Two measurements, written to ``bench/results/thor.md`` and ``thor.json``:
   ``t_other + (t_refresh - t_other) / F``; ratio to the Momentum step. The step-time network is set apart
   (``--time_blocks``, ``--time_width``; default the zoo's ResNet-18 at width 16). Compile times: the first
   call (THOR's variants: the first two calls, which compile the refresh and the plain variant).
-  ``--time_adaptive 0.1 0.3`` and ``--time_block_sizes 64 32`` time more THOR configurations in the same
-  alternation (the adaptive refresh with how many layer refreshes kept their inverses; other block sizes);
+  ``--time_adaptive 0.1 0.3`` (default 0.3; ``--time_adaptive`` alone: none) and ``--time_block_sizes 64 32`` time
+  more THOR configurations in the same alternation (the adaptive refresh with how many layer refreshes kept their
+  inverses; other block sizes);
   ``--time_batches 20`` cycles through the training set's batches instead of one fixed batch (every
   configuration gets the same batch at a step), which the adaptive refresh needs to see its factors change.
 
@@ -496,8 +497,9 @@ def main(argv=None) -> None:
     parser.add_argument("--timed_steps", type=int, default=60)
     parser.add_argument("--time_batches", type=int, default=1,
                         help="batches of the training set the step-time loop cycles through (1: a fixed batch)")
-    parser.add_argument("--time_adaptive", type=float, nargs="*", default=[],
-                        help="adaptive-refresh thresholds timed in the step-time alternation too")
+    parser.add_argument("--time_adaptive", type=float, nargs="*", default=[0.3],
+                        help="adaptive-refresh thresholds timed in the step-time alternation too (default 0.3, the "
+                             "issue's adaptive target; none: --time_adaptive with no value)")
     parser.add_argument("--time_block_sizes", type=int, nargs="*", default=[],
                         help="other THOR block sizes timed in the step-time alternation too")
     parser.add_argument("--block_size", type=int, default=128, help="THOR block size (convergence and timing)")
