@@ -50,6 +50,8 @@ def child(kind: str, args) -> dict:
         compile_config.COMPILE_PROFILE = "1"
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
+    if args.jit_level:
+        ms.set_context(jit_config={"jit_level": args.jit_level})
     ms.set_seed(0)
     net = ResNet(BasicBlock, tuple(args.blocks), class_num=20, base_width=args.width)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -102,7 +104,7 @@ def _run_child(kind: str, tree: Path, extra_env: dict, args) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), **extra_env)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--blocks", *map(str, args.blocks),
            "--width", str(args.width), "--batch", str(args.batch), "--size", str(args.size),
-           "--block_size", str(args.block_size)]
+           "--block_size", str(args.block_size)] + (["--jit_level", args.jit_level] if args.jit_level else [])
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:
@@ -123,6 +125,7 @@ def main(argv=None) -> None:
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--profile", action="store_true", help="with --child: print MindSpore's compile profile")
+    parser.add_argument("--jit_level", default="", help="compile with this jit_config jit_level (O0, O1; '': default)")
     args = parser.parse_args(argv)
     if args.child:
         sys.path.insert(0, os.getcwd())
