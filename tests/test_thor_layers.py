@@ -169,6 +169,35 @@ def test_no_capture_when_flag_off_or_in_eval(mode):
     assert layer.matrix_a_batch.asnumpy().any() and layer.matrix_g_batch.asnumpy().any()
 
 
+def test_static_capture_modes_compile_the_capture_in_or_out_whatever_the_flag():
+    """Graph mode, as the step variants compile a layer: ``set_static_capture(True)`` captures A and G without testing
+    the flag (its flag is False here: the capturing variant's forward and output-gradient hook have no branch), False
+    captures nothing with the flag on; the values are the numpy factors and the layer's gradients are unchanged."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    probe = rng.standard_normal((6, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 5)).astype(np.float32)
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        never = DenseThor(5, 3, weight_init=Tensor(w))
+        never.set_static_capture(False)
+        reference = _backward(never, x, probe)
+        assert not never.matrix_a_batch.asnumpy().any() and not never.matrix_g_batch.asnumpy().any()
+        always = DenseThor(5, 3, weight_init=Tensor(w))
+        ops.assign(always.thor_capture, Tensor(False))
+        always.set_static_capture(True)
+        grads = _backward(always, x, probe)
+    finally:
+        ms.set_context(mode=previous)
+    xa = np.concatenate([x, np.ones((6, 1), np.float32)], 1)
+    np.testing.assert_allclose(always.matrix_a_batch.asnumpy()[0], xa.T @ xa / 6, rtol=1e-5, atol=1e-6)
+    dy = probe / 6
+    np.testing.assert_allclose(always.matrix_g_batch.asnumpy()[0], 6 * dy.T @ dy, rtol=1e-5, atol=1e-7)
+    for got, want in zip(grads, reference):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+
+
 def test_capture_gate_reads_the_flags_once_per_step_and_layers_follow_it():
     """CaptureGate (PyNative): the first question of a step reads every flag; later changes are seen only after
     clear(); a flag the gate does not hold is read directly. With the gate set, a PyNative forward pass captures

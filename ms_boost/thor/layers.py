@@ -210,11 +210,14 @@ class _InputCapture(_CaptureCell):
         _write_input_statistic(self.spec, self.scratch, x)
 
     def construct(self, x):
+        # the statistic of x with its gradient stopped: only the scratch buffer reads it, and without the stop the
+        # train step's autodiff expands the backward of every capture's im2col and products (compiled, then found
+        # unused); measured: the capturing variant compiles faster and its step runs faster (docs/thor.md)
         if self.static is None:
             if self.flag:
-                ops.assign(self.scratch, self.statistic(x))
+                ops.assign(self.scratch, self.statistic(ops.stop_gradient(x)))
         elif self.static:  # no branch to keep the write: tie it to the output
-            x = ops.depend(x, ops.assign(self.scratch, self.statistic(x)))
+            x = ops.depend(x, ops.assign(self.scratch, self.statistic(ops.stop_gradient(x))))
         return x
 
 
@@ -224,6 +227,11 @@ class _OutputGradientCapture(_CaptureCell):
     The gradient passes through unchanged. ``loss_scale`` is a scalar Tensor or a Parameter (bound by the
     optimizer, see :meth:`ThorLayer.bind_loss_scale`) read during the backward pass, i.e. before any loss
     scale manager updates it for the next step.
+
+    This body tests the layer's flag (on the device in Graph mode, through the gate in PyNative mode). The capturing
+    step variant hooks :class:`_OutputGradientWrite` instead: a hook body does not follow :attr:`static` (MindSpore
+    2.10 kept the flag-tested branch in the variant's graph after ``static`` was set: found by making the static
+    branch write something else, which never showed), so the variant needs a body that has no branch at all.
     """
 
     def __init__(self, layer: ThorLayer):
@@ -237,12 +245,26 @@ class _OutputGradientCapture(_CaptureCell):
         _write_output_statistic(self.spec, self.scratch, dout, self.loss_scale)
 
     def construct(self, dout):
-        if self.static is None:
-            if self.flag:
-                ops.assign(self.scratch, self.statistic(dout, self.loss_scale))
-        elif self.static:  # no branch to keep the write: tie it to the output
-            dout = ops.depend(dout, ops.assign(self.scratch, self.statistic(dout, self.loss_scale)))
+        if self.flag:
+            ops.assign(self.scratch, self.statistic(dout, self.loss_scale))
         return dout
+
+
+class _OutputGradientWrite(nn.Cell):
+    """``InsertGradientOf`` body of the capturing step variant: writes the output-gradient factor, no branch.
+
+    Shares the layer's scratch buffer and loss scale with :class:`_OutputGradientCapture` (see there why the variant
+    needs its own body).
+    """
+
+    def __init__(self, layer: ThorLayer):
+        super().__init__(auto_prefix=False)
+        self.scratch = layer.matrix_g_batch
+        self.statistic = layer.output_statistic
+        self.loss_scale = Tensor(1.0, ms.float32)
+
+    def construct(self, dout):
+        return ops.depend(dout, ops.assign(self.scratch, self.statistic(dout, self.loss_scale)))
 
 
 class ThorLayer(nn.Cell):
@@ -288,6 +310,8 @@ class ThorLayer(nn.Cell):
         self.insert_child_to_cell("a_capture", _InputCapture(self))
         self.insert_child_to_cell("g_capture", _OutputGradientCapture(self))
         self.g_hook = ops.InsertGradientOf(self.g_capture)
+        self.insert_child_to_cell("g_write", _OutputGradientWrite(self))
+        self.g_hook_always = ops.InsertGradientOf(self.g_write)
 
     def _spec(self, a_bias: bool, block_size: int) -> tuple:
         """The layer's :attr:`capture_spec` for this layout (each layer class says its own)."""
@@ -352,6 +376,7 @@ class ThorLayer(nn.Cell):
             raise TypeError(f"{self.cls_name}.bind_loss_scale: loss_scale must be a Tensor or Parameter, "
                             f"got {type(loss_scale).__name__}.")
         self.g_capture.loss_scale = loss_scale
+        self.g_write.loss_scale = loss_scale
 
     def set_capture_gate(self, gate) -> None:
         """Let PyNative steps read this layer's capture flag through ``gate``.
@@ -372,6 +397,12 @@ class ThorLayer(nn.Cell):
         self.capturing = value is not False
         self.a_capture.static = value
         self.g_capture.static = value
+
+    def hook_output(self, y):
+        """``y`` with the output-gradient capture hooked on: flag-tested, or unconditional in the capturing variant."""
+        if self.g_capture.static:
+            return self.g_hook_always(y)
+        return self.g_hook(y)
 
     def input_statistic(self, x):
         """The input factor statistic :math:`A` of one batch (see the layer's formula)."""
@@ -439,7 +470,7 @@ class DenseThor(ThorLayer):
         if len(x_shape) != 2:
             y = y.reshape(x_shape[:-1] + (self.out_channels,))
         if self.training and self.capturing:
-            y = self.g_hook(y)
+            y = self.hook_output(y)
         if self.activation_flag:
             y = self.activation(y)
         return y
@@ -537,7 +568,7 @@ class Conv2dThor(ThorLayer):
         if self.has_bias:
             y = self.bias_add(y, self.bias)
         if self.training and self.capturing:
-            y = self.g_hook(y)
+            y = self.hook_output(y)
         return y
 
     def extend_repr(self):
@@ -605,7 +636,7 @@ class EmbeddingThor(ThorLayer):
             rows = self.gather(self.embedding_table, flat, 0)
         out = rows.reshape(out_shape)
         if self.training and self.capturing:
-            out = self.g_hook(out)
+            out = self.hook_output(out)
         return out
 
     def extend_repr(self):
