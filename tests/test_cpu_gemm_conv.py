@@ -32,12 +32,11 @@ CASES = [
 ]
 
 
-class AllLayerGrads(nn.Cell):
-    """Several layers in one cell: their outputs and the gradients (inputs, then Parameters) of
-    ``sum_i (layer_i(x_i) * dy_i).sum()``. The layers share no input or Parameter, so each layer's gradients are
-    exactly those of its own ``(layer(x) * dy).sum()``; one cell means one Graph-mode compile for all the layers
-    (here per case it was four: two forward passes and two gradient cells, ~2.2 CPU-s a case). Also used by
-    tests/test_zoo_conv.py."""
+class _AllGrads(nn.Cell):
+    """Every case's convolution in one cell: outputs and the gradients (inputs, then Parameters) of
+    ``sum_i (conv_i(x_i) * dy_i).sum()``. The cases share no input or Parameter, so each case's gradients are
+    exactly those of its own ``(conv(x) * dy).sum()``; one cell means one Graph-mode compile for all the cases
+    (per case it was four: two forward passes and two gradient cells, ~2.2 CPU-s a case)."""
 
     def __init__(self, convs):
         super().__init__()
@@ -65,21 +64,12 @@ def _side_out(side, k, s, pad_mode, padding, dilation):
         (side + pads[2] + pads[3] - dilation * (k - 1) - 1) // s + 1
 
 
-def outputs_and_grads(layers, xs, dys) -> list:
-    """Per layer: ``(output, input gradient, [Parameter gradients])`` of ``(layer(x) * dy).sum()``, all the
-    layers in one :class:`AllLayerGrads` call (numpy arrays in and out)."""
-    outs, (dxs, dparams) = AllLayerGrads(layers)(*(Tensor(a) for a in [*xs, *dys]))
-    offsets = np.cumsum([0] + [len(layer.trainable_params()) for layer in layers])
-    return [(outs[i].asnumpy(), dxs[i].asnumpy(), [g.asnumpy() for g in dparams[offsets[i]:offsets[i + 1]]])
-            for i in range(len(layers))]
-
-
 _RESULTS: dict = {}
 
 
 def _case_results(mode: str) -> list:
     """Every case's plain and swapped layer in the current mode, run once per mode for the whole module: one cell
-    holding the 10 plain and the 10 swapped layers (:func:`outputs_and_grads`). Per case: the swap's report, whether the
+    holding the 10 plain and the 10 swapped layers (:class:`_AllGrads`). Per case: the swap's report, whether the
     weight Parameter stayed the same object, the layers, the input, and each layer's output, input gradient and
     Parameter gradients."""
     if mode in _RESULTS:
@@ -104,7 +94,11 @@ def _case_results(mode: str) -> list:
         swaps.append(swapped)
         xs.append(x)
     n = len(CASES)
-    runs = outputs_and_grads(plains + swaps, xs + xs, dys + dys)
+    outs, (dxs, dparams) = _AllGrads(plains + swaps)(*(Tensor(a) for a in xs + xs + dys + dys))
+    params = [len(conv.trainable_params()) for conv in plains + swaps]
+    offsets = np.concatenate([[0], np.cumsum(params)])
+    runs = [(outs[i].asnumpy(), dxs[i].asnumpy(), [g.asnumpy() for g in dparams[offsets[i]:offsets[i + 1]]])
+            for i in range(2 * n)]
     for i, case in enumerate(cases):
         case["plain_run"], case["swapped_run"] = runs[i], runs[n + i]
     _RESULTS[mode] = cases
