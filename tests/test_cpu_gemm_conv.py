@@ -32,77 +32,23 @@ CASES = [
 ]
 
 
-class _AllGrads(nn.Cell):
-    """Every case's convolution in one cell: outputs and the gradients (inputs, then Parameters) of
-    ``sum_i (conv_i(x_i) * dy_i).sum()``. The cases share no input or Parameter, so each case's gradients are
-    exactly those of its own ``(conv(x) * dy).sum()``; one cell means one Graph-mode compile for all the cases
-    (per case it was four: two forward passes and two gradient cells, ~2.2 CPU-s a case)."""
-
-    def __init__(self, convs):
+class _Grads(nn.Cell):
+    def __init__(self, conv):
         super().__init__()
-        self.convs = nn.CellList(convs)
+        self.conv = conv
         self.grad = ops.GradOperation(get_all=True, get_by_list=True)
-        self.weights = ms.ParameterTuple([p for conv in convs for p in conv.trainable_params()])
+        self.weights = ms.ParameterTuple(conv.trainable_params())
 
-    def outputs(self, inputs):
-        return tuple(self.convs[i](inputs[i]) for i in range(len(self.convs)))
-
-    def loss(self, *inputs):
-        """``inputs``: one input per layer, then one output gradient per layer."""
-        total = 0.0
-        for i in range(len(self.convs)):
-            total = total + (self.convs[i](inputs[i]) * inputs[len(self.convs) + i]).sum()
-        return total
-
-    def construct(self, *inputs):
-        return self.outputs(inputs), self.grad(self.loss, self.weights)(*inputs)
+    def construct(self, x, dy):
+        def loss(inp):
+            return (self.conv(inp) * dy).sum()
+        return self.grad(loss, self.weights)(x)
 
 
-def _side_out(side, k, s, pad_mode, padding, dilation):
-    pads = _pads(pad_mode, padding, side, k, s, dilation)
-    return (side + pads[0] + pads[1] - dilation * (k - 1) - 1) // s + 1, \
-        (side + pads[2] + pads[3] - dilation * (k - 1) - 1) // s + 1
-
-
-_RESULTS: dict = {}
-
-
-def _case_results(mode: str) -> list:
-    """Every case's plain and swapped layer in the current mode, run once per mode for the whole module: one cell
-    holding the 10 plain and the 10 swapped layers (:class:`_AllGrads`). Per case: the swap's report, whether the
-    weight Parameter stayed the same object, the layers, the input, and each layer's output, input gradient and
-    Parameter gradients."""
-    if mode in _RESULTS:
-        return _RESULTS[mode]
-    rng = np.random.default_rng(7)
-    cases, plains, swaps, xs, dys = [], [], [], [], []
-    for cin, cout, k, s, pad_mode, padding, dilation, bias, side in CASES:
-        x = rng.normal(size=(2, cin, side, side)).astype(np.float32)
-        plain = nn.Conv2d(cin, cout, k, stride=s, pad_mode=pad_mode, padding=padding, dilation=dilation,
-                          has_bias=bias, weight_init="normal", bias_init="normal")
-        swapped = nn.Conv2d(cin, cout, k, stride=s, pad_mode=pad_mode, padding=padding, dilation=dilation,
-                            has_bias=bias)
-        swapped.weight.set_data(plain.weight.data.copy())
-        if bias:
-            swapped.bias.set_data(plain.bias.data.copy())
-        weight_before = swapped.weight
-        report = swap_convolutions(swapped)
-        cases.append({"report": report, "swapped_type": type(swapped), "same_weight": swapped.weight is weight_before,
-                      "plain": plain, "x": x})
-        dys.append(rng.normal(size=(2, cout, *_side_out(side, k, s, pad_mode, padding, dilation))).astype(np.float32))
-        plains.append(plain)
-        swaps.append(swapped)
-        xs.append(x)
-    n = len(CASES)
-    outs, (dxs, dparams) = _AllGrads(plains + swaps)(*(Tensor(a) for a in xs + xs + dys + dys))
-    params = [len(conv.trainable_params()) for conv in plains + swaps]
-    offsets = np.concatenate([[0], np.cumsum(params)])
-    runs = [(outs[i].asnumpy(), dxs[i].asnumpy(), [g.asnumpy() for g in dparams[offsets[i]:offsets[i + 1]]])
-            for i in range(2 * n)]
-    for i, case in enumerate(cases):
-        case["plain_run"], case["swapped_run"] = runs[i], runs[n + i]
-    _RESULTS[mode] = cases
-    return cases
+def _run(conv, x, dy):
+    out = conv(Tensor(x)).asnumpy()
+    (dx,), dparams = _Grads(conv)(Tensor(x), Tensor(dy))
+    return out, dx.asnumpy(), [g.asnumpy() for g in dparams]
 
 
 def _pads(pad_mode, padding, side, k, s, dilation):
@@ -135,14 +81,22 @@ def _numpy_conv(x, w, stride, pads, dilation):
                                              for c in CASES])
 def test_swapped_layer_equals_nn_conv2d_outputs_and_gradients(mode, case):
     cin, cout, k, s, pad_mode, padding, dilation, bias, side = case
-    res = _case_results(mode)[CASES.index(case)]
-    assert res["report"] == {"swapped": [""], "left": []}
-    assert res["swapped_type"] is GemmConv2dSwap and res["same_weight"]
-    plain, x = res["plain"], res["x"]
-    out_ref, dx_ref, dp_ref = res["plain_run"]
-    out, dx, dp = res["swapped_run"]
-    assert out.shape == out_ref.shape == (2, cout, *_side_out(side, k, s, pad_mode, padding, dilation))
-    assert dx.shape == x.shape and len(dp) == len(dp_ref) == 1 + bias
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, cin, side, side)).astype(np.float32)
+    plain = nn.Conv2d(cin, cout, k, stride=s, pad_mode=pad_mode, padding=padding, dilation=dilation,
+                      has_bias=bias, weight_init="normal", bias_init="normal")
+    swapped = nn.Conv2d(cin, cout, k, stride=s, pad_mode=pad_mode, padding=padding, dilation=dilation,
+                        has_bias=bias)
+    swapped.weight.set_data(plain.weight.data.copy())
+    if bias:
+        swapped.bias.set_data(plain.bias.data.copy())
+    weight_before = swapped.weight
+    assert swap_convolutions(swapped) == {"swapped": [""], "left": []}
+    assert type(swapped) is GemmConv2dSwap and swapped.weight is weight_before
+    out_ref = plain(Tensor(x)).asnumpy()
+    dy = rng.normal(size=out_ref.shape).astype(np.float32)
+    out_ref, dx_ref, dp_ref = _run(plain, x, dy)
+    out, dx, dp = _run(swapped, x, dy)
     np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-5)
     for g, g_ref in zip(dp, dp_ref):
