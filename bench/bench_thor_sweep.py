@@ -100,7 +100,8 @@ class Contender:
             self.model = Model(net, loss_fn=loss, optimizer=self.opt, metrics={"acc"})
         else:
             self.opt = thor(net, 0.01, TUTORIAL_DAMPING, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=32,
-                            frequency=args.frequency, kl_clip=args.kl_clip, pi_damping=args.pi_damping)
+                            frequency=args.frequency, kl_clip=args.kl_clip, pi_damping=args.pi_damping,
+                            block_size=args.block_size)
             self.model = ConvertModelUtils().convert_to_thor_model(
                 model=Model(net, loss_fn=loss, optimizer=self.opt, metrics={"acc"}), network=net, loss_fn=loss,
                 optimizer=self.opt, metrics={"acc"}, amp_level="O0")
@@ -255,7 +256,8 @@ def markdown(args, results: dict, checks: dict, files: list, env: dict) -> str:
              f"Written by `bench/bench_thor_sweep.py`. CPU (2 cores shared with other jobs), Graph mode. The "
              f"tutorial's call: `thor(net, lr, damping, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=32, "
              f"frequency={args.frequency})` + `ConvertModelUtils().convert_to_thor_model(...)`; trust region "
-             f"`kl_clip={kl}`, pi-damping {'on' if args.pi_damping else 'off'}. Network: three 3x3 convolutions "
+             f"`kl_clip={kl}`, pi-damping {'on' if args.pi_damping else 'off'}, block size "
+             f"{getattr(args, 'block_size', 128)}. Network: three 3x3 convolutions "
              f"(stride 2, 16/32/32 channels, ReLU) and a dense layer, no BatchNorm; batch {args.batch}, "
              f"{args.epochs} epochs, constant learning rate, momentum 0.9, same initial weights and batches for "
              "every cell. Data: `digits` = scikit-learn's bundled handwritten digits (real, offline; 32x32 RGB, "
@@ -312,6 +314,8 @@ def main(argv=None) -> None:
     parser.add_argument("--frequency", type=int, default=10)
     parser.add_argument("--kl_clip", type=float, default=DEFAULT_KL_CLIP, help="0: trust region off")
     parser.add_argument("--pi_damping", action="store_true")
+    parser.add_argument("--block_size", type=int, default=128,
+                        help="THOR's block size (128 is the default; 64 before making it the default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache_dir", default="")
     parser.add_argument("--name", default="thor_sweep", help="results file stem")
