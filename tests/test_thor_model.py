@@ -427,3 +427,62 @@ def test_adaptive_refresh_threshold_config():
     model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.01, 0.9),
                   boost_config_dict={"boost": {"mode": "manual", "thor": True}, "thor": {"refresh_threshold": 0.3}})
     assert model.train_network.optimizer.refresh_threshold == 0.3
+
+
+class _ProbeNet(nn.Cell):
+    """Two grouped convolutions with equal outputs (one probe group), an embedding and a dense layer; the loss is
+    ``sum(conv_a(x) R_a) + sum(conv_b(x) R_b) + sum(dense(emb(ids)) R_d)``, so each layer's output gradient is its
+    ``R`` (the dense layer's) or ``R_d W`` (the embedding's)."""
+
+    def __init__(self, rng):
+        super().__init__()
+        from ms_boost.thor import Conv2dThor, DenseThor, EmbeddingThor
+
+        def tensor(*shape):
+            return Tensor(rng.standard_normal(shape).astype(np.float32))
+
+        self.conv_a = Conv2dThor(4, 4, 3, pad_mode="pad", padding=1, group=2, weight_init=tensor(4, 2, 3, 3))
+        self.conv_b = Conv2dThor(4, 4, 3, pad_mode="pad", padding=1, group=2, weight_init=tensor(4, 2, 3, 3))
+        self.emb = EmbeddingThor(7, 3, embedding_table=tensor(7, 3))
+        self.dense = DenseThor(3, 5, weight_init=tensor(5, 3))
+        self.r_a, self.r_b, self.r_d = tensor(2, 4, 5, 5), tensor(2, 4, 5, 5), tensor(2, 6, 5)
+
+    def construct(self, x, ids):
+        return ((self.conv_a(x) * self.r_a).sum() + (self.conv_b(x) * self.r_b).sum()
+                + (self.dense(self.emb(ids)) * self.r_d).sum())
+
+
+def test_capturing_variant_takes_g_from_zero_probes_equal_to_numpy():
+    """Graph mode, ms_boost's loss-scale train cell (scale 2^10): the capturing variant adds a zero probe to every
+    THOR layer's output and differentiates it instead of hooking the backward pass; the two grouped convolutions with
+    equal outputs share one batched statistic. Each layer's G equals numpy's ``N sum_r delta_r delta_r^T`` of its
+    unscaled output gradient (per channel group), and after the step the layers hold no probe."""
+    from ms_boost import BoostTrainOneStepWithLossScaleCell
+
+    def run():
+        rng = np.random.default_rng(3)
+        net = _ProbeNet(rng)
+        opt = THOR(net, 0.01, 0.1, 0.9, frequency=2)
+        cell = BoostTrainOneStepWithLossScaleCell(net, opt, scale_sense=Tensor(2.0 ** 10, ms.float32)).set_train()
+        x = Tensor(rng.standard_normal((2, 4, 5, 5)).astype(np.float32))
+        ids = Tensor(rng.integers(0, 7, (2, 6)).astype(np.int32))
+        w_dense = net.dense.weight.asnumpy().copy()
+        cell(x, ids)
+        assert [members for _, members in opt._output_probes.groups] == [(0, 1), (2,), (3,)]
+        assert all(layer.g_probe is None for layer in opt.thor_layers)
+        return net, w_dense
+
+    net, w_dense = _graph(run)
+
+    def grouped(delta, groups):  # (N, C, ...) -> per group N sum_r d d^T over samples and positions
+        n, c = delta.shape[:2]
+        rows = np.moveaxis(delta, 1, -1).reshape(-1, groups, c // groups)
+        return np.stack([n * rows[:, g].T @ rows[:, g] for g in range(groups)])
+
+    np.testing.assert_allclose(net.conv_a.matrix_g_batch.asnumpy(), grouped(net.r_a.asnumpy(), 2), rtol=1e-5)
+    np.testing.assert_allclose(net.conv_b.matrix_g_batch.asnumpy(), grouped(net.r_b.asnumpy(), 2), rtol=1e-5)
+    r_d = net.r_d.asnumpy()
+    dense_rows = r_d.reshape(-1, 5)
+    np.testing.assert_allclose(net.dense.matrix_g_batch.asnumpy()[0], 2 * dense_rows.T @ dense_rows, rtol=1e-5)
+    emb_rows = dense_rows @ w_dense
+    np.testing.assert_allclose(net.emb.matrix_g_batch.asnumpy()[0], 2 * emb_rows.T @ emb_rows, rtol=1e-5)
