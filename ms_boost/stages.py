@@ -21,9 +21,6 @@ Hooks (:class:`StageHooks`): what the loss-scale train cell asks every stage, in
 * :meth:`StageHooks.plan_graph_step` -- (Graph mode, a step called from Python) every stage's part of the compiled
   step variant the host chooses for this step; :func:`plan_graph_variant` composes them into one name (the train
   cell's phase): gradient freezing's train set, THOR's capture/refresh, or both.
-* :meth:`StageHooks.gradient_probes` -- (Graph mode, after the plan) a Cell whose Parameters the train cell
-  differentiates alongside the weights in this step's variant, handing it their gradients after the backward pass
-  (THOR's capturing variant: zero probes on its layers' outputs, whose gradients are the output gradients).
 
 Optimizer hooks (:class:`OptimizerHooks`, :func:`optimizer_hooks`): what ``Model`` and the train cells ask the
 optimizer -- the network to train, ``frequency=``, a plan note, callbacks, its own loss scale -- so ``Model``
@@ -92,21 +89,6 @@ class StageHooks:
         del outermost
         return None
 
-    def gradient_probes(self, network: nn.Cell, inputs: tuple) -> Optional[nn.Cell]:
-        """Called by the train cell after :meth:`plan_graph_step`, before the planned variant runs.
-
-        Args:
-            network: the train cell's loss network; inputs: this step's inputs (the probes may depend on their shapes).
-
-        Returns:
-            None (the default), or a Cell with a tuple ``probes`` of Parameters the network reads in this variant:
-            the train cell differentiates them alongside the weights (gradients with the same sensitivity, not
-            reduced across ranks) and calls the Cell on their gradients after the backward pass, before the update
-            runs; the Cell returns a dependency token.
-        """
-        del network, inputs
-        return None
-
     def end_step(self) -> None:
         """Called by the train cell after the step (also when an overflow skipped the update): forget the plan."""
 
@@ -157,10 +139,6 @@ class OptimizerUpdate(UpdateStage):
     def plan_graph_step(self, outermost: bool) -> Optional[Tuple[str, Optional[Tuple[bool, ...]]]]:
         """The optimizer's part of this Graph-mode step's variant when it offers the hooks, else None."""
         return self.optimizer.plan_graph_step(outermost) if isinstance(self.optimizer, StageHooks) else None
-
-    def gradient_probes(self, network: nn.Cell, inputs: tuple) -> Optional[nn.Cell]:
-        """The optimizer's gradient probes for this step's variant when it offers the hooks, else None."""
-        return self.optimizer.gradient_probes(network, inputs) if isinstance(self.optimizer, StageHooks) else None
 
     def end_step(self) -> None:
         """Forward the end of the step to the optimizer when it offers the hooks."""

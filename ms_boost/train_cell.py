@@ -127,9 +127,6 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         # PyNative: the gradients the outermost stage says this step's update reads (None: all), see __call__
         self._grad_mask = None
         self._grad_span = None  # (lo, hi) when the marked weights are exactly weights[lo:hi] (set with _grad_mask)
-        # Graph variant: a stage's gradient probes are differentiated too (StageHooks.gradient_probes), see __call__
-        self._probing = False
-        self.gradient_probes = None
         # upstream's flags, fixed by the plan (read by check_*_enable and by subclasses written against upstream)
         self.enable_adasum = bool(self.boost.boost_config.get("adasum") and self.topology.data_parallel
                                   and self.topology.num_servers > 1)
@@ -159,28 +156,13 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
             self._grad_span = _span(self._grad_mask)
             if name is None:
                 return super().__call__(*args, **kwargs)
-            self._probing = self._attach_probes(stages, args)
             with phase_suffix(self, name):
                 return super().__call__(*args, **kwargs)
         finally:
             self._grad_mask = None
             self._grad_span = None
-            self._probing = False
             for stage in stages:
                 stage.end_step()
-
-    def _attach_probes(self, stages, inputs) -> bool:
-        """Whether a stage has gradient probes for this Graph-mode variant; they become the cell ``gradient_probes``.
-
-        (One stage at most: THOR's capturing variant.) The variant's graph differentiates their Parameters too.
-        """
-        for stage in stages:
-            probes = stage.gradient_probes(self.network, inputs)
-            if probes is not None:
-                if self.gradient_probes is not probes:
-                    self.gradient_probes = probes
-                return True
-        return False
 
     def stage_hooks(self):
         """The stages of the update chain that offer hooks (:class:`~ms_boost.stages.StageHooks`)."""
@@ -196,22 +178,7 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         """
         if self._grad_mask is not None:
             return self._loss_and_planned_grads(inputs, sens)
-        return self._value_and_grads(inputs, sens, self.weights)
-
-    def _value_and_grads(self, inputs, sens, weights):
-        """The loss and the gradients of ``sens * loss`` with respect to ``weights`` (a tuple of Parameters).
-
-        In a Graph variant with gradient probes (:meth:`_attach_probes`) their Parameters are differentiated too and
-        their gradients handed to ``gradient_probes`` after the backward pass; the weights' gradients returned depend
-        on what it did (so the update runs after it).
-        """
-        if self._probing:
-            count = len(weights)
-            (_, loss), grads = ops.value_and_grad(self.scaled_loss, None, weights + self.gradient_probes.probes,
-                                                  has_aux=True)(inputs, sens)
-            token = self.gradient_probes(grads[count:])
-            return loss, ops.depend(grads[:count], token)
-        (_, loss), grads = ops.value_and_grad(self.scaled_loss, None, weights, has_aux=True)(inputs, sens)
+        (_, loss), grads = ops.value_and_grad(self.scaled_loss, None, self.weights, has_aux=True)(inputs, sens)
         return loss, grads
 
     def _loss_and_planned_grads(self, inputs, sens):
@@ -221,7 +188,8 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         """
         if self._grad_span is not None:  # one slice (freezing's train sets): no per-weight loop to compile
             lo, hi = self._grad_span
-            loss, part = self._value_and_grads(inputs, sens, self.weights[lo:hi])
+            (_, loss), part = ops.value_and_grad(self.scaled_loss, None, self.weights[lo:hi], has_aux=True)(inputs,
+                                                                                                           sens)
             if lo > 0:
                 part = _hyper_map(_zeros, self.weights[:lo]) + part
             if hi < len(self.weights):
@@ -232,7 +200,7 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         for i in range(len(mask)):  # unrolled in Graph mode (mask is a constant of the step's variant)
             if mask[i]:
                 wanted = wanted + (self.weights[i],)
-        loss, part = self._value_and_grads(inputs, sens, wanted)
+        (_, loss), part = ops.value_and_grad(self.scaled_loss, None, wanted, has_aux=True)(inputs, sens)
         grads = ()
         taken = 0
         for i in range(len(mask)):

@@ -22,7 +22,6 @@ control flow and Parameters in Graph mode); both only read the layer's Parameter
 """
 from __future__ import annotations
 
-import logging
 from typing import Tuple, Union
 
 import mindspore as ms
@@ -44,10 +43,9 @@ from ms_boost.thor.math import (
     token_frequencies,
 )
 
-__all__ = ["CaptureGate", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer", "OutputGradientProbes"]
+__all__ = ["CaptureGate", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer"]
 
 _conv_pads = constexpr(conv_pads)
-logger = logging.getLogger("ms_boost")
 
 
 def _pair(value, name: str, cls: str) -> tuple:
@@ -287,9 +285,6 @@ class ThorLayer(nn.Cell):
     """
 
     kind = "kronecker"
-    # the zero probe added to the output while the capturing variant compiles with OutputGradientProbes (else None);
-    # set with object.__setattr__: not a Parameter of the network (no checkpoint entry, no overflow snapshot)
-    g_probe = None
 
     def _init_thor(self, a_dim: int, g_dim: int, groups: int, bias_in_factor: bool, factor_decay: float) -> None:
         """THOR state of a layer; its factors take the default layout until the optimizer sets its own.
@@ -404,14 +399,8 @@ class ThorLayer(nn.Cell):
         self.g_capture.static = value
 
     def hook_output(self, y):
-        """``y`` with the output-gradient capture on.
-
-        The flag-tested hook; in the capturing variant the zero probe (:class:`OutputGradientProbes`), or without
-        probes an unconditional hook.
-        """
+        """``y`` with the output-gradient capture hooked on: flag-tested, or unconditional in the capturing variant."""
         if self.g_capture.static:
-            if self.g_probe is not None:  # the train step differentiates the probe: its gradient is y's
-                return y + self.g_probe
             return self.g_hook_always(y)
         return self.g_hook(y)
 
@@ -654,145 +643,6 @@ class EmbeddingThor(ThorLayer):
         """The layer's settings, as ``print(layer)`` shows them."""
         return (f"vocab_size={self.vocab_size}, embedding_size={self.embedding_size}, "
                 f"use_one_hot={self.use_one_hot}, padding_idx={self.padding_idx}, factor_decay={self.factor_decay}")
-
-
-def _stacked_output_statistic(key: tuple, stacked, loss_scale):
-    """The output-gradient factor statistics of ``k`` stacked output gradients ``(k, *output shape)``.
-
-    ``key`` is ``(kind, groups, block size)`` of the layers (:class:`OutputGradientProbes`). Returns ``(k * groups,
-    ...)``: per layer and channel group what :func:`_output_statistic` gives for one gradient (the same rows, so the
-    same numbers; one batched product per group of layers instead of one per layer).
-    """
-    kind, groups, block = key
-    count, n_samples = stacked.shape[0], stacked.shape[1]
-    if kind == "conv":  # channels last: one row per sample and position
-        stacked = stacked.transpose(0, 1, 3, 4, 2)
-    width = stacked.shape[-1] // groups
-    if groups == 1:
-        rows = stacked.reshape(count, -1, width)
-    else:
-        rows = stacked.reshape(count, -1, groups, width).transpose(0, 2, 1, 3).reshape(count * groups, -1, width)
-    return block_output_factor(rows, n_samples, loss_scale, block)
-
-
-class OutputGradientProbes(nn.Cell):
-    r"""The output factors :math:`G` of THOR's capturing step variant, from the gradients of zero probes.
-
-    In the capturing variant every layer's pre-activation output :math:`y` becomes :math:`y + p` with a zero
-    Parameter :math:`p` of its shape (:meth:`ThorLayer.hook_output`); the train cell differentiates the probes
-    alongside the weights (:meth:`~ms_boost.stages.StageHooks.gradient_probes`), so each probe's gradient is the
-    layer's output gradient :math:`\partial (s\,\ell) / \partial y`, and calls this Cell on them after the backward
-    pass: layers of the same kind, channel groups, block size and output shape are stacked and their statistics
-    computed by one batched product per group (a ResNet-18: 6 groups for 21 layers), written into each layer's
-    ``matrix_g_batch`` -- the numbers the output-gradient hooks compute (:class:`_OutputGradientWrite`), without a
-    hook per layer in the backward pass, which made up most of the capturing variant's extra compile time
-    (docs/thor.md "Compile time, sixth round").
-
-    The probes' shapes are found once per input shape (:meth:`prepare`): one forward pass of the loss network in
-    PyNative mode, every cell in inference mode (no BatchNorm statistic moves, no dropout), the layers' outputs
-    recorded by forward hooks. They stay allocated (zeros, one output's size per layer and input shape).
-
-    Args:
-        layers: the THOR layers (the optimizer's, whose scratch buffers it folds).
-    """
-
-    def __init__(self, layers):
-        super().__init__(auto_prefix=False)
-        # held without registering (object.__setattr__): the layers belong to the network, the probes to no one
-        object.__setattr__(self, "layers", tuple(layers))
-        object.__setattr__(self, "probes", ())
-        object.__setattr__(self, "scratch", tuple(layer.matrix_g_batch for layer in self.layers))
-        object.__setattr__(self, "loss_scale", Tensor(1.0, ms.float32))
-        self.g_shapes = tuple(tuple(layer.g_shape) for layer in self.layers)
-        self.groups = ()
-        self._sets = {}  # input signature -> (probes, groups), or None when the shapes could not be found
-        self._failed = set()
-
-    def prepare(self, network: nn.Cell, inputs: tuple) -> bool:
-        """Make the probes ready for a step of ``network`` on ``inputs``; False when their shapes cannot be found.
-
-        Then (logged once per input signature) the capturing variant keeps the output-gradient hooks.
-        """
-        key = tuple((tuple(x.shape), x.dtype) if isinstance(x, Tensor) else type(x).__name__ for x in inputs)
-        if key not in self._sets:
-            try:
-                outputs = self._output_shapes(network, inputs)
-            except Exception as err:  # noqa: BLE001 -- any failure of the probing forward pass: keep the hooks
-                logger.warning("thor: the capturing step keeps its output-gradient hooks: the forward pass that "
-                               "finds the layers' output shapes failed (%s: %s).", type(err).__name__, err)
-                self._sets[key] = None
-            else:
-                self._sets[key] = self._build(outputs, len(self._sets))
-        found = self._sets[key]
-        if found is None:
-            return False
-        object.__setattr__(self, "probes", found[0])
-        self.groups = found[1]
-        object.__setattr__(self, "loss_scale", self.layers[0].g_write.loss_scale)
-        return True
-
-    def attach(self, on: bool) -> None:
-        """Add the prepared probes to the layers' outputs (True) or take them away (False)."""
-        for layer, probe in zip(self.layers, self.probes):
-            object.__setattr__(layer, "g_probe", probe if on else None)
-
-    def _output_shapes(self, network: nn.Cell, inputs: tuple) -> list:
-        """``(shape, dtype)`` of every layer's output in a forward pass of ``network`` on ``inputs`` (see the class)."""
-        found: dict = {}
-
-        def recorder(index):
-            def record(cell, args, output):
-                del cell, args
-                found[index] = (tuple(output.shape), output.dtype)
-            return record
-
-        handles = [layer.register_forward_hook(recorder(i)) for i, layer in enumerate(self.layers)]
-        training = [(cell, cell.training) for _, cell in network.cells_and_names()]
-        mode = ms.get_context("mode")
-        try:
-            ms.set_context(mode=ms.PYNATIVE_MODE)
-            network.set_train(False)
-            network(*inputs)
-        finally:
-            ms.set_context(mode=mode)
-            for cell, flag in training:  # parents first: each cell ends with its own flag
-                cell.set_train(flag)
-            for handle in handles:
-                handle.remove()
-        missing = [type(self.layers[i]).__name__ for i in range(len(self.layers)) if i not in found]
-        if missing:
-            raise RuntimeError(f"{len(missing)} THOR layers were not called ({', '.join(missing[:3])}, ...)")
-        return [found[i] for i in range(len(self.layers))]
-
-    def _build(self, outputs: list, number: int) -> tuple:
-        """The probes (zeros of each output's shape and dtype) and the static groups of equal statistics."""
-        probes, groups = [], {}
-        for i, (layer, (shape, dtype)) in enumerate(zip(self.layers, outputs)):
-            probes.append(Parameter(Tensor(np.zeros(shape), dtype), name=f"thor_output_probe_{number}_{i}",
-                                    requires_grad=False))
-            spec = layer.capture_spec
-            key = (spec[0], layer.groups, spec[-1])
-            groups.setdefault((key, shape, dtype), []).append(i)
-        return tuple(probes), tuple((key, tuple(members)) for (key, _, _), members in groups.items())
-
-    def construct(self, grads):
-        """Write every layer's output factor statistic from its probe's gradient; returns a dependency token."""
-        token = ()
-        for g in range(len(self.groups)):
-            key, members = self.groups[g]
-            if len(members) == 1:
-                stacked = ops.expand_dims(grads[members[0]], 0)
-            else:
-                parts = ()
-                for i in members:
-                    parts += (grads[i],)
-                stacked = ops.stack(parts)
-            stats = _stacked_output_statistic(key, stacked, self.loss_scale)
-            stats = stats.reshape((len(members),) + self.g_shapes[members[0]])  # the members' shapes are equal
-            for j in range(len(members)):
-                i = members[j]
-                token += (ops.assign(self.scratch[i], ops.cast(stats[j], self.scratch[i].dtype)),)
-        return token
 
 
 def thor_state_parameters(network: nn.Cell) -> list:

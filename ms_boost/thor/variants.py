@@ -29,7 +29,6 @@ from typing import Optional, Sequence, Tuple
 from mindspore import Parameter, nn
 
 from ms_boost.stages import PlansStepVariants, StageHooks, phase_suffix, plan_graph_variant, runs_as_python
-from ms_boost.thor.layers import OutputGradientProbes
 
 __all__ = ["ThorStepVariants", "ThorTrainStep"]
 
@@ -84,24 +83,6 @@ class ThorStepVariants(StageHooks):
         self._planned_variant = f"thor_{'capture' if capture else 'plain'}{'_refresh' if refresh else ''}"
         return self._planned_variant, None
 
-    def gradient_probes(self, network: nn.Cell, inputs: tuple) -> Optional[OutputGradientProbes]:
-        """:class:`~ms_boost.stages.StageHooks`: in a capturing variant, the layers' output-gradient probes.
-
-        The train cell differentiates them and hands their gradients to them after the backward pass, which writes
-        the output factors (:class:`~ms_boost.thor.layers.OutputGradientProbes`) instead of a hook per layer. None
-        in the other variants, or when the probes' shapes could not be found (the hooks stay, same numbers).
-        """
-        if self._planned_variant is None or not self._planned_variant.startswith("thor_capture"):
-            return None
-        probes = self.__dict__.get("_output_probes")
-        if probes is None:  # not a child cell of the optimizer: the train cell that differentiates them holds it
-            probes = OutputGradientProbes(self.thor_layers)
-            object.__setattr__(self, "_output_probes", probes)
-        if not probes.prepare(network, inputs):
-            return None
-        probes.attach(True)
-        return probes
-
     def end_step(self) -> None:
         """:class:`~ms_boost.stages.StageHooks`: back to the default graph's modes (device-side switches).
 
@@ -110,9 +91,6 @@ class ThorStepVariants(StageHooks):
         if self._planned_variant is not None:
             self._set_static_modes(None, None)
             self._planned_variant = None
-            probes = self.__dict__.get("_output_probes")
-            if probes is not None:
-                probes.attach(False)
 
     def _set_static_modes(self, capture: Optional[bool], refresh: Optional[bool]) -> None:
         for layer in self.thor_layers:
