@@ -220,6 +220,12 @@ def test_the_phases_driver_rotates_fixed_and_auto_each_seed(monkeypatch):
     assert phases.main(["--seeds", "0,1,2"]) == 0
     assert calls == [("ms_boost O0", 0), (AUTO, 0), (AUTO, 1), ("ms_boost O0", 1), ("ms_boost O0", 2), (AUTO, 2)]
     assert "the order rotated each seed" in pages[0]
+    # the seeds as the autotune page takes them: space-separated too, each once
+    calls.clear()
+    assert phases.main(["--seeds", "3", "4"]) == 0
+    assert calls == [("ms_boost O0", 3), (AUTO, 3), (AUTO, 4), ("ms_boost O0", 4)]
+    with pytest.raises(ValueError, match="--seeds 1 is given twice"):
+        phases.main(["--seeds", "1,1"])
 
 
 def _timed(accuracy, epoch_seconds, first, median, **extra):
