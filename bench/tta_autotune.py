@@ -120,16 +120,23 @@ def best_fixed(cell: dict) -> Optional[str]:
 
 
 def compile_seconds(run: dict) -> Optional[float]:
-    """The compile a run's time to target holds, as the trial measures a candidate's (its first step beyond a
-    steady step): auto's pick's compile inside its trial (``trial_seconds - trial_overhead``); a fixed run's slowest
-    step of epoch 1 (its first, the compile) minus that epoch's median step. None when not recorded."""
+    """The compile and first-step start-up a run's time to target holds, each as a step beyond a steady step.
+
+    A fixed run: its slowest step of epoch 1 (its first: the compile, and the first batch of a new data iterator,
+    which costs a step several times a steady one's) minus that epoch's median step. Auto: its pick's compile as its
+    trial measured it (``trial_seconds - trial_overhead``) plus the same slowest-beyond-median step of its run's
+    epoch 1 (the run's first step, on the run's own new iterator). None when not recorded.
+    """
     if run.get("error"):
         return None
-    if "trial_seconds" in run:
-        overhead = run.get("trial_overhead")
-        return None if overhead is None else float(run["trial_seconds"]) - float(overhead)
     first = (run.get("slowest_steps") or [[]])[0]
-    return float(first[-1]) - float(first[0]) if len(first) >= 2 else None
+    startup = float(first[-1]) - float(first[0]) if len(first) >= 2 else None
+    if "trial_seconds" not in run:
+        return startup
+    overhead = run.get("trial_overhead")
+    if overhead is None or startup is None:
+        return None
+    return float(run["trial_seconds"]) - float(overhead) + startup
 
 
 def paired_ratios(cell: dict, exclude_compile: bool = False) -> Tuple[Optional[str], Dict[int, float]]:
@@ -159,7 +166,8 @@ def paired_ratios(cell: dict, exclude_compile: bool = False) -> Tuple[Optional[s
 
 
 PAIRED = {False: "paired (per seed, auto over the best fixed contender, both reached)",
-          True: "paired, compile excluded (each run's compile taken out; auto keeps its trial's own cost)"}
+          True: "paired, compile excluded (each run's compile and first-step start-up taken out; auto keeps its "
+                "trial's own cost)"}
 
 
 def paired_goal(cell: dict, exclude_compile: bool = False) -> Optional[Tuple[str, bool]]:
@@ -514,13 +522,12 @@ def render_standalone(payload: dict) -> str:
              f"the best fixed contender's on the same seed (both reached; the seed's runs share the machine's "
              f"conditions), its median within {WITHIN:.0%}: **{sum(m for _, m in paired[False])} of "
              f"{len(paired[False])} cells** (of {len(cells)}: a cell where no seed has both reaching is not judged).",
-             f"- **Paired, compile excluded**: the same ratio with each run's compile taken out of its time (a fixed "
-             f"run's first step beyond its median step; auto's pick's compile as its trial measured it), auto keeping "
-             f"its trial's own cost (the probes' other steps, the restores, reading the trial's batches, any other "
-             f"plan probed) and its run's data pipeline start-up (a new iterator after the trial: its first step "
-             f"runs beside the pipeline's first batches, which a fixed run's compile hides): the quick form's runs "
-             f"last seconds, where one compile's run-to-run spread (+-1 s) is a large share, while in the runs users "
-             f"train (minutes to days) it is amortised: **"
+             f"- **Paired, compile excluded**: the same ratio with each run's compile and first-step start-up taken "
+             f"out of its time (each run's slowest step of epoch 1 beyond its median step -- a fixed run's first, "
+             f"which compiles -- and for auto also its pick's compile as its trial measured it), auto keeping its "
+             f"trial's own cost (the probes' other steps, the restores, reading the trial's batches, any other plan "
+             f"probed): the quick form's runs last seconds, where one compile's run-to-run spread (+-1 s) is a large "
+             f"share, while in the runs users train (minutes to days) it is amortised: **"
              f"{sum(m for _, m in paired[True])} of {len(paired[True])} cells**.", ""]
     planned = [c.key for c in FORMS.get(form, QUICK_CELLS)]
     missing = [key for key in planned if key not in cells]
