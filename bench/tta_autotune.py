@@ -35,7 +35,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -565,6 +565,9 @@ def main(argv=None) -> int:
                             "fixed contender; about 13 min for 3 seeds on an idle 2-core machine); writes "
                             "tta_autotune_long unless --out says otherwise")
     parser.add_argument("--cells", default="", help="only these cells, comma-separated (e.g. digits/conv)")
+    parser.add_argument("--epochs", type=int, default=0,
+                        help="every cell trains this many epochs instead of its form's (e.g. --long --cells "
+                             "mnist5k/gemm --epochs 20 for longer runs of one cell)")
     parser.add_argument("--seeds", nargs="+", default=[],
                         help="seeds, space- or comma-separated (default 0 1 2; the quick form takes about 2.6 min "
                              "a seed on an idle 2-core machine: 8 min for 3 seeds, 13 min for 5)")
@@ -592,11 +595,15 @@ def main(argv=None) -> int:
         unknown = sorted(set(only) - {c.key for c in planned})
         if unknown:
             raise ValueError(f"--cells {unknown} not in the {form} form; allowed: {[c.key for c in planned]}.")
-        cells = [c for c in planned if not only or c.key in only]
+        if args.epochs < 0 or args.epochs == 1:
+            raise ValueError(f"--epochs {args.epochs} must be >= 2 (a target needs epochs to reach it), or 0 for the "
+                             "form's own.")
+        cells = [replace(c, epochs=args.epochs or c.epochs) for c in planned if not only or c.key in only]
         seeds = parse_seeds(args.seeds) or list(SEEDS)
         start = time.time()
         command = "python bench/tta_autotune.py" + "".join(
             ["" if form == "quick" else f" --{form}", f" --cells {args.cells}" if args.cells else "",
+             f" --epochs {args.epochs}" if args.epochs else "",
              f" --seeds {' '.join(str(s) for s in seeds)}" if tuple(seeds) != SEEDS else "",
              f" --out {args.out}" if args.out != default_out else ""])
         payload = {"load_before": load_average(), "cells": {}, "command": command, "form": form}

@@ -302,3 +302,10 @@ def test_the_long_form_runs_its_cells_and_writes_its_own_page(monkeypatch):
     assert "Partial run" not in page and "**Paired**" in page
     with pytest.raises(ValueError, match="not in the long form"):
         auto_mod.main(["--long", "--cells", "digits/conv"])
+    # one cell, longer: --epochs overrides the form's epochs and is part of the command on the page
+    specs.clear()
+    assert auto_mod.main(["--long", "--cells", "mnist5k/gemm", "--epochs", "20", "--seeds", "0"]) == 0
+    assert {(s.dataset, s.net, s.epochs) for s in specs} == {("mnist5k", "gemm", 20)}
+    assert "`python bench/tta_autotune.py --long --cells mnist5k/gemm --epochs 20 --seeds 0`" in pages[-1][1]
+    with pytest.raises(ValueError, match="--epochs 1 must be >= 2"):
+        auto_mod.main(["--long", "--epochs", "1"])
