@@ -12,7 +12,7 @@ Phases, each with its wall seconds and the process's CPU seconds (all threads):
 * ``step 1`` (the fixed run's compile), ``steps 2-3`` and the rest of epoch 1, split into the time inside the
   steps and the gaps between them (waiting for data and callbacks).
 
-``python bench/autotune_phases.py [--cell generated/gemm] [--fixed "ms_boost O0"] [--seeds 0,1,2]`` writes
+``python bench/autotune_phases.py [--cell generated/gemm] [--fixed "ms_boost O0"] [--seeds 0 1 2]`` writes
 ``bench/results/autotune_phases.{json,md}`` (``--out`` another stem).
 """
 from __future__ import annotations
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cell", default="generated/gemm")
     parser.add_argument("--epochs", type=int, default=3, help="planned epochs (the trial plans for them)")
     parser.add_argument("--fixed", default="ms_boost O0", help="the fixed contender of the plan auto picks")
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", nargs="+", default=["0,1,2"], help="seeds, space- or comma-separated")
     parser.add_argument("--out", default="autotune_phases", help="results stem (bench/results/<out>.{json,md})")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -220,8 +220,9 @@ def main(argv=None) -> int:
         print(TAG + json.dumps(measure(contender, dataset, net_name, args.epochs, seed)), flush=True)
         return 0
     from bench.common import load_average, write_results
+    from bench.tta_autotune import parse_seeds
 
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    seeds = parse_seeds(args.seeds)
     payload = {"cell": args.cell, "epochs": args.epochs, "seeds": seeds, "load_before": load_average(),
                "fixed": args.fixed, "runs": {c: {} for c in (args.fixed, AUTO)}, "order": "rotated"}
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(ROOT))

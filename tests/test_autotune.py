@@ -330,6 +330,26 @@ def test_trial_picks_the_faster_of_two_equal_plans_and_leaves_the_start_untouche
     assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_restored_step_trains_again_from_the_start_and_its_snapshot_stays_put(mode):
+    from ms_boost import build_train_network
+    from ms_boost.autotune.cells import CellTrialRun
+
+    net, opt, loss, x, y = _setup(mode, n=32)
+    run = CellTrialRun(build_train_network(net, opt, loss))
+    params = list(run.train_cell.get_parameters())
+    start = {p.name: p.asnumpy().copy() for p in params}
+    xb, yb = Tensor(x[:BATCH]), Tensor(y[:BATCH])
+    first = [float(run.step(xb, yb).asnumpy()) for _ in range(3)]
+    assert first[2] < first[0]  # it trains (the weights and the momentum moved)
+    for _ in range(2):  # twice: a step after a restore must not train the remembered values themselves
+        run.restore()
+        assert all(np.array_equal(p.asnumpy(), start[p.name]) for p in params)
+        assert list(run.train_cell.get_parameters()) == params  # the same Parameters, written in place
+        again = [float(run.step(xb, yb).asnumpy()) for _ in range(3)]
+        assert again == first  # the compiled step reads the restored values: the same losses, step by step
+
+
 def test_failing_and_diverging_candidates_are_dropped_with_the_reason():
     net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE)
     report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O0_fails", "O0_nan", "O0"]))

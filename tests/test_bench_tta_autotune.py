@@ -169,7 +169,7 @@ def test_standalone_runs_each_seed_paired_with_the_order_rotated_and_any_number_
         return _run([0.5, 0.95], [3.0, 1.0], wall_seconds=1.0, **extra)
 
     monkeypatch.setattr(tta, "launch", launch)
-    monkeypatch.setattr(auto_mod, "data_root", lambda dataset: "unused")
+    monkeypatch.setattr(auto_mod, "data_root", lambda dataset, train=None: "unused")
     saved = []
     payload = run_standalone([Cell("digits", "gemm", 2)], parse_seeds(["0,1", "2", "3", "4"]), False, 10,
                              {"cells": {}}, lambda p: saved.append(len(calls)))
@@ -220,3 +220,92 @@ def test_the_phases_driver_rotates_fixed_and_auto_each_seed(monkeypatch):
     assert phases.main(["--seeds", "0,1,2"]) == 0
     assert calls == [("ms_boost O0", 0), (AUTO, 0), (AUTO, 1), ("ms_boost O0", 1), ("ms_boost O0", 2), (AUTO, 2)]
     assert "the order rotated each seed" in pages[0]
+    # the seeds as the autotune page takes them: space-separated too, each once
+    calls.clear()
+    assert phases.main(["--seeds", "3", "4"]) == 0
+    assert calls == [("ms_boost O0", 3), (AUTO, 3), (AUTO, 4), ("ms_boost O0", 4)]
+    with pytest.raises(ValueError, match="--seeds 1 is given twice"):
+        phases.main(["--seeds", "1,1"])
+
+
+def _timed(accuracy, epoch_seconds, first, median, **extra):
+    """A run whose epoch 1 recorded its median step and, as its slowest, its first (the compile)."""
+    return _run(accuracy, epoch_seconds, slowest_steps=[[median, median, median, first]] +
+                [[median] * 4] * (len(epoch_seconds) - 1), **extra)
+
+
+def test_the_paired_ratio_is_per_seed_against_the_issues_best_fixed_contender_with_and_without_compile():
+    from bench.tta_autotune import best_fixed, compile_seconds, paired_goal, paired_ratios, paired_table
+
+    # O0 + cpu_gemm_conv is the best fixed by its median (10, 12, 11 -> 11); O0 is slower (20 each)
+    cgc = {"0": _timed([0.5, 0.95], [6.0, 4.0], 3.0, 0.01), "1": _timed([0.5, 0.95], [7.0, 5.0], 4.0, 0.01),
+           "2": _timed([0.5, 0.95], [6.5, 4.5], 2.0, 0.01)}
+    o0 = {s: _timed([0.5, 0.95], [12.0, 8.0], 2.0, 0.05) for s in ("0", "1", "2")}
+    # auto: seed 0 11 s (trial 3.5 s of which 0.3 s its own), seed 1 never reaches, seed 2 12.1 s
+    auto = {"0": _timed([0.5, 0.95], [7.0, 4.0], 0.06, 0.01, trial_seconds=3.5, trial_overhead=0.3,
+                        autotune_pick="O0_cpu_gemm_conv"),
+            "1": _timed([0.5, 0.8], [7.0, 4.0], 0.06, 0.01, trial_seconds=3.5, trial_overhead=0.3,
+                        autotune_pick="O0_cpu_gemm_conv"),
+            "2": _timed([0.5, 0.95], [8.1, 4.0], 0.06, 0.01, trial_seconds=3.0, trial_overhead=0.2,
+                        autotune_pick="O0_cpu_gemm_conv")}
+    cell = {"target": 0.9, "curves": {"ms_boost O0": o0, "ms_boost O0 + cpu_gemm_conv": cgc, AUTO: auto}}
+    assert best_fixed(cell) == "ms_boost O0 + cpu_gemm_conv"
+    # taken out: each run's slowest step of epoch 1 beyond its median (a fixed run's compile) and auto's pick's
+    # compile inside its trial (its wall time less its own cost)
+    assert compile_seconds(cgc["1"]) == pytest.approx(3.99) and compile_seconds(auto["2"]) == pytest.approx(2.85)
+    assert compile_seconds(_run([0.9], [1.0])) is None and compile_seconds(dict(auto["0"], error="x")) is None
+    assert compile_seconds(_run([0.9], [1.0], trial_seconds=3.0, trial_overhead=0.2)) is None  # no step times
+    best, ratios = paired_ratios(cell)
+    assert best == "ms_boost O0 + cpu_gemm_conv" and ratios == pytest.approx({0: 11 / 10, 2: 12.1 / 11})  # not seed 1
+    # compile excluded: auto 11 - 3.25 against 10 - 2.99; 12.1 - 2.85 against 11 - 1.99
+    assert paired_ratios(cell, True)[1] == pytest.approx({0: 7.75 / 7.01, 2: 9.25 / 9.01})
+    text, met = paired_goal(cell)
+    assert met and text == ("paired (per seed, auto over the best fixed contender, both reached): median 1.10x "
+                            "[1.10, 1.10] over 2 seed(s) against ms_boost O0 + cpu_gemm_conv, within 10%: **met**")
+    text, met = paired_goal(cell, True)
+    assert met and "median 1.07x [1.03, 1.11] over 2 seed(s)" in text
+    # the issue's statistic and verdict stay as they were; the paired lines come after
+    lines = autotune_goals(cell)
+    assert lines[0].startswith("time to target (compile and trial included) 12.1 s against the best fixed "
+                               "contender (ms_boost O0 + cpu_gemm_conv) 11.0 s: 1.10x")
+    assert lines[-2].startswith("paired (per seed") and lines[-1].startswith("paired, compile excluded")
+    row = paired_table({"cells": {"mnist5k/conv": cell}})[2]
+    assert row == ("| mnist5k/conv | ms_boost O0 + cpu_gemm_conv | 2/3 | 1.10x [1.10, 1.10] | met | "
+                   "1.07x [1.03, 1.11] | met |")
+    # no seed where both reached: no paired verdict (not a failure, not a success)
+    never = dict(cell, curves=dict(cell["curves"], **{AUTO: {"1": auto["1"]}}))
+    assert paired_goal(never) is None and paired_ratios(never)[1] == {}
+
+
+def test_the_long_form_runs_its_cells_and_writes_its_own_page(monkeypatch):
+    import bench.bench_tta as tta
+    import bench.common
+    import bench.tta_autotune as auto_mod
+
+    specs, roots = [], []
+
+    def launch(spec, root, timeout):
+        specs.append(spec)
+        extra = {"trial_seconds": 0.5, "trial_overhead": 0.1, "autotune_pick": "O0"} if spec.contender == AUTO else {}
+        return _timed([0.5, 0.95], [3.0, 1.0], 2.0, 0.01, **extra)
+
+    monkeypatch.setattr(tta, "launch", launch)
+    monkeypatch.setattr(auto_mod, "data_root", lambda dataset, train=None: roots.append((dataset, train)) or "unused")
+    pages = []
+    monkeypatch.setattr(bench.common, "write_results", lambda name, payload, page: pages.append((name, page)))
+    assert auto_mod.main(["--long", "--seeds", "0"]) == 0
+    assert roots == [(c.dataset, c.train) for c in auto_mod.LONG_CELLS]
+    assert {(s.dataset, s.net, s.epochs) for s in specs} == {(c.dataset, c.net, c.epochs) for c in auto_mod.LONG_CELLS}
+    assert all(s.epochs >= 10 for s in specs)  # long runs: far more steps than the quick form's 2-4 epochs
+    name, page = pages[-1]
+    assert name == "tta_autotune_long" and "(long form," in page and "--long --seeds 0" in page
+    assert "Partial run" not in page and "**Paired**" in page
+    with pytest.raises(ValueError, match="not in the long form"):
+        auto_mod.main(["--long", "--cells", "digits/conv"])
+    # one cell, longer: --epochs overrides the form's epochs and is part of the command on the page
+    specs.clear()
+    assert auto_mod.main(["--long", "--cells", "mnist5k/gemm", "--epochs", "20", "--seeds", "0"]) == 0
+    assert {(s.dataset, s.net, s.epochs) for s in specs} == {("mnist5k", "gemm", 20)}
+    assert "`python bench/tta_autotune.py --long --cells mnist5k/gemm --epochs 20 --seeds 0`" in pages[-1][1]
+    with pytest.raises(ValueError, match="--epochs 1 must be >= 2"):
+        auto_mod.main(["--long", "--epochs", "1"])
