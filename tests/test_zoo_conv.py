@@ -15,7 +15,8 @@ from mindspore import Tensor, nn
 
 from model_zoo.resnet.src.conv import GemmConv2d, resolve_conv_impl
 from model_zoo.resnet.src.resnet import create_model
-from tests.test_thor_gemm_conv import _Weighted, np_conv_and_grads
+from tests.test_cpu_gemm_conv import outputs_and_grads
+from tests.test_thor_gemm_conv import np_conv_and_grads
 
 CASES = [  # in, out, kernel, stride, pad_mode, padding, bias, size
     (3, 5, 7, 2, "pad", 3, False, 11),
@@ -31,7 +32,11 @@ CASES = [  # in, out, kernel, stride, pad_mode, padding, bias, size
 
 
 def test_gemm_conv_matches_numpy_forward_and_gradients(mode):
+    """Every case's layer in one outputs cell and one gradient cell (tests/test_cpu_gemm_conv.py
+    ``outputs_and_grads``: two Graph-mode compiles for the nine layers, whose gradients of the summed loss are each
+    layer's own)."""
     rng = np.random.default_rng(3)
+    layers, xs, rs, wants = [], [], [], []
     for cin, cout, k, s, pad_mode, padding, bias, size in CASES:
         layer = GemmConv2d(cin, cout, k, stride=s, pad_mode=pad_mode, padding=padding, has_bias=bias,
                            weight_init=Tensor(rng.standard_normal((cout, cin, k, k)).astype(np.float32)),
@@ -44,17 +49,20 @@ def test_gemm_conv_matches_numpy_forward_and_gradients(mode):
             want = want + layer.bias.asnumpy()[None, :, None, None]
         r = rng.standard_normal(want.shape)
         _, want_dx, want_dw = np_conv_and_grads(x, w, (s, s), (1, 1), pads, r)
-        got = layer(Tensor(x.astype(np.float32))).asnumpy()
-        _, (dx, dparams) = ms.value_and_grad(_Weighted(layer, r.astype(np.float32)), 0,
-                                             layer.trainable_params())(Tensor(x.astype(np.float32)))
+        layers.append(layer)
+        xs.append(x.astype(np.float32))
+        rs.append(r.astype(np.float32))
+        wants.append((want, want_dx, want_dw, r))
+    runs = outputs_and_grads(layers, xs, rs)
+    for (_, _, k, s, pad_mode, padding, bias, _), (want, want_dx, want_dw, r), (got, dx, dparams) in zip(
+            CASES, wants, runs):
         case = f"k={k} s={s} {pad_mode} {padding} bias={bias} ({mode})"
-        assert got.shape == want.shape, case
+        assert got.shape == want.shape and len(dparams) == 1 + bias, case
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
-        np.testing.assert_allclose(dx.asnumpy(), want_dx, rtol=1e-4, atol=1e-4, err_msg=case)
-        np.testing.assert_allclose(dparams[0].asnumpy(), want_dw, rtol=1e-4, atol=1e-3, err_msg=case)
+        np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-4, err_msg=case)
+        np.testing.assert_allclose(dparams[0], want_dw, rtol=1e-4, atol=1e-3, err_msg=case)
         if bias:
-            np.testing.assert_allclose(dparams[1].asnumpy(), r.sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4,
-                                       err_msg=case)
+            np.testing.assert_allclose(dparams[1], r.sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4, err_msg=case)
 
 
 def test_gemm_conv_refuses_what_it_does_not_implement():
