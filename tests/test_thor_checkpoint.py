@@ -278,7 +278,7 @@ def test_zoo_resume_converts_a_whole_factor_checkpoint(tmp_path):
 
 def test_block_128_checkpoint_into_block_64_run(tmp_path, caplog):
     """A checkpoint a block-128 run wrote (a Dense layer whose A is 201 wide: two 128-blocks, the second padded)
-    loaded into a block-64 run: every 64-block lies inside one 128-block, so the
+    loaded into a block-64 run (the default): every 64-block lies inside one 128-block, so the
     factors and running averages load as numpy's diagonal 64-blocks of the stored 128-blocks (the last one, 9 wide,
     completed with the identity); the 128-block inverses are left out and the first step refreshes, off schedule:
     its running averages are the converted ones folded with this step's capture, its inverses numpy's damped
