@@ -44,6 +44,7 @@ from model_zoo.resnet.src.resnet import BasicBlock, ResNet  # noqa: E402
 from model_zoo.resnet.src.synthetic_data import render_image  # noqa: E402
 from ms_boost import Model  # noqa: E402
 from ms_boost.thor import ConvertModelUtils, thor  # noqa: E402
+from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE  # noqa: E402
 
 
 class PreconditionFloor(nn.Cell):
@@ -502,7 +503,8 @@ def main(argv=None) -> None:
                              "issue's adaptive target; none: --time_adaptive with no value)")
     parser.add_argument("--time_block_sizes", type=int, nargs="*", default=[],
                         help="other THOR block sizes timed in the step-time alternation too")
-    parser.add_argument("--block_size", type=int, default=128, help="THOR block size (convergence and timing)")
+    parser.add_argument("--block_size", type=int, default=DEFAULT_BLOCK_SIZE,
+                        help="THOR block size (convergence and timing; default thor()'s)")
     parser.add_argument("--skip_switch", action="store_true",
                         help="time THOR with its host-chosen step variants only (not the device-switch graph too)")
     parser.add_argument("--modes", nargs="+", default=["graph", "pynative"], help="execution modes timed")

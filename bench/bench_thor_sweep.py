@@ -39,6 +39,7 @@ from model_zoo.resnet.src.real_data import ensure_digits, read_folder  # noqa: E
 from model_zoo.resnet.src.synthetic_data import ensure_dataset  # noqa: E402
 from ms_boost import Model  # noqa: E402
 from ms_boost.thor import ConvertModelUtils, thor  # noqa: E402
+from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE  # noqa: E402
 from ms_boost.thor.optimizer import DEFAULT_KL_CLIP  # noqa: E402
 
 TUTORIAL_DAMPING = 0.03
@@ -314,8 +315,8 @@ def main(argv=None) -> None:
     parser.add_argument("--frequency", type=int, default=10)
     parser.add_argument("--kl_clip", type=float, default=DEFAULT_KL_CLIP, help="0: trust region off")
     parser.add_argument("--pi_damping", action="store_true")
-    parser.add_argument("--block_size", type=int, default=128,
-                        help="THOR's block size (128 is the default; 64 before making it the default)")
+    parser.add_argument("--block_size", type=int, default=DEFAULT_BLOCK_SIZE,
+                        help=f"THOR's block size (default {DEFAULT_BLOCK_SIZE}, thor()'s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache_dir", default="")
     parser.add_argument("--name", default="thor_sweep", help="results file stem")

@@ -78,14 +78,15 @@ CONTENDERS = {
     "ms_boost O1": "ms_boost.Model(boost_level='O1') (LessBN, gradient freezing, and cpu_gemm_conv on CPU)",
     "upstream O1 (gc off)": "mindspore.train.Model(boost_level='O1', gc_flag off)",
     "THOR": "thor(...) + ConvertModelUtils().convert_to_thor_model",
-    "THOR block 64": "the same THOR with thor(..., block_size=64) (the block-size comparison; on request)",
+    "THOR block 128": "the same THOR with thor(..., block_size=128), upstream's split_dim (the block-size "
+                      "comparison; on request)",
     "data parallel x2": "mindspore.train.Model, msrun 2 workers, mean all-reduce",
     "ms_boost O2 x2": "ms_boost.Model(boost_level='O2'), msrun 2 workers (AdaSum)",
     AUTO: AUTO_TEXT,  # bench/tta_autotune.py
 }
 DISTRIBUTED = ("data parallel x2", "ms_boost O2 x2")
 #: THOR contenders -> their ``block_size`` (None: thor()'s default); each runs THOR's lr x damping grid
-THOR_BLOCK_SIZES = {"THOR": None, "THOR block 64": 64}
+THOR_BLOCK_SIZES = {"THOR": None, "THOR block 128": 128}
 #: the DimReduce comparison (per seed), judged on final accuracy after the same stage-2 steps, not time to target
 DIM_REDUCE_RUNS = {
     "stage 1 + SGD annealed": "the tuned baseline's own run (Momentum, cosine to zero): its first epochs are stage 1, "
@@ -519,7 +520,7 @@ QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epoch
              skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",), "conv": ("upstream O1 (gc off)", "ms_boost O0")},
              dim_reduce_nets=("gemm",), dim_reduce_epochs=1,
              # msrun jobs take minutes each on 2 cores: in the quick form only when asked (--contenders)
-             on_request=DISTRIBUTED + ("THOR block 64",), distributed_batch=128,
+             on_request=DISTRIBUTED + ("THOR block 128",), distributed_batch=128,
              distributed_epochs={"gemm": 8, "conv": 6},
              distributed_lr_factors=(1.0, 4.0))
 FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 2),
@@ -529,7 +530,7 @@ FULL = Plan(datasets=("digits", "mnist5k"), nets=("gemm", "conv"), seeds=(0, 1, 
             skip={"gemm": ("ms_boost O0 + cpu_gemm_conv",)},
             contender_lr_factors=(0.5, 1.0, 2.0), thor_lrs=(0.02, 0.05, 0.1), thor_dampings=(0.03, 0.1),
             width={"gemm": 16, "conv": 16}, grid_seeds=(0,), distributed_epochs={"gemm": 20, "conv": 12},
-            dim_reduce_nets=("gemm", "conv"), on_request=("THOR block 64",))
+            dim_reduce_nets=("gemm", "conv"), on_request=("THOR block 128",))
 #: every code path once (``--smoke``): 2 epochs, one seed, one value per grid; its numbers mean nothing
 SMOKE = Plan(datasets=("digits",), nets=("gemm",), seeds=(0,), epochs={"gemm": 2, "conv": 2}, image_size=16,
              baseline_lrs=(0.1,), contenders=("ms_boost O0", "ms_boost O1", "upstream O1 (gc off)", "THOR",

@@ -274,3 +274,64 @@ def test_zoo_resume_converts_a_whole_factor_checkpoint(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f"resume: checkpoint {str(path)!r}: THOR checkpoint: fc2.matrix_g "
                                                    "has shape (1, 5, 5) in the checkpoint and (1, 4, 4)")):
         restore_train_network(cfg, _Run(block=4).cell, 4, lambda p, m: None)
+
+
+def test_block_128_checkpoint_into_block_64_run(tmp_path, caplog):
+    """A checkpoint a block-128 run wrote (a Dense layer whose A is 201 wide: two 128-blocks, the second padded)
+    loaded into a block-64 run (the default): every 64-block lies inside one 128-block, so the
+    factors and running averages load as numpy's diagonal 64-blocks of the stored 128-blocks (the last one, 9 wide,
+    completed with the identity); the 128-block inverses are left out and the first step refreshes, off schedule:
+    its running averages are the converted ones folded with this step's capture, its inverses numpy's damped
+    inverses of those folds' 64-blocks (G, 10 wide, is whole in both layouts: its inverse loads, and is refreshed
+    as well)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 200)).astype(np.float32)
+    y = rng.integers(0, 10, 16).astype(np.int32)
+
+    def run(block, seed):
+        w = np.random.default_rng(seed).standard_normal((10, 200)).astype(np.float32) * 0.05
+        net = ms.nn.Dense(200, 10, weight_init=Tensor(w), bias_init="zeros")
+        opt = thor(net, LR, DAMPING, MOMENTUM, frequency=2, block_size=block, kl_clip=None, factor_decay=DECAY)
+        return opt, _train_cell(opt.thor_network, opt)
+
+    old_opt, old_cell = run(128, 0)
+    for _ in range(3):  # refreshes at steps 0 and 2: factors, running averages and inverses all hold values
+        old_cell(Tensor(x), Tensor(y))
+    path = str(tmp_path / "block128.ckpt")
+    ms.save_checkpoint(old_cell, path)
+    old = old_opt.thor_layers[0]
+    assert old.a_dim == 201 and old.matrix_a.shape == (1, 2, 128, 128) and old_opt.a_inverses[0].shape[-1] == 128
+
+    opt, cell = run(64, 1)
+    layer = opt.thor_layers[0]
+    with caplog.at_level(logging.INFO, logger="ms_boost"):
+        not_loaded, ckpt_not_loaded = load_thor_checkpoint(path, cell, strict_load=True)
+    assert not ckpt_not_loaded and list(not_loaded) == [opt.a_inverses[0].name]  # G's (10 wide) fits both
+    assert any("matrix_a (1, 2, 128, 128) -> (1, 4, 64, 64) (blocks of size 128" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    for attr in ("matrix_a", "matrix_a_batch"):
+        stored = getattr(old, attr).asnumpy()[0]
+        full = np.zeros((201, 201))
+        full[:128, :128], full[128:, 128:] = stored[0], stored[1, :73, :73]
+        np.testing.assert_array_equal(getattr(layer, attr).asnumpy()[0], np_diagonal_blocks(full, 64), err_msg=attr)
+    for attr in ("matrix_g", "matrix_g_batch"):  # 10 wide: whole in both layouts, loaded as it was
+        np.testing.assert_array_equal(getattr(layer, attr).asnumpy(), getattr(old, attr).asnumpy(), err_msg=attr)
+    np.testing.assert_array_equal(layer.weight.asnumpy(), old.weight.asnumpy())
+    assert bool(opt.refresh_next.asnumpy()) and int(opt.global_step.asnumpy()[0]) == 3  # 3: not a refresh step
+
+    converted = layer.matrix_a.asnumpy()[0].astype(np.float64)
+    g_average = layer.matrix_g.asnumpy()[0].astype(np.float64)
+    cell(Tensor(x), Tensor(y))
+    assert not bool(opt.refresh_next.asnumpy())
+    g_folded = DECAY * g_average + (1 - DECAY) * layer.matrix_g_batch.asnumpy()[0].astype(np.float64)
+    np.testing.assert_allclose(opt.g_inverses[0].asnumpy()[0, 0], np_damped_inverse(g_folded, DAMPING, 64),
+                               rtol=2e-4, atol=2e-5, err_msg="G")
+    captured = layer.matrix_a_batch.asnumpy()[0].astype(np.float64)
+    folded = DECAY * converted + (1 - DECAY) * captured
+    np.testing.assert_allclose(layer.matrix_a.asnumpy()[0], folded, rtol=1e-5, atol=1e-6)
+    inverses = opt.a_inverses[0].asnumpy()[0]
+    assert inverses.shape == (4, 64, 64)
+    for k in range(4):  # each block inverted alone; the last one's identity rows (past column 201) aside
+        size = min(64, 201 - 64 * k)
+        want = np.linalg.inv(folded[k, :size, :size] + np.sqrt(DAMPING) * np.eye(size))
+        np.testing.assert_allclose(inverses[k, :size, :size], want, rtol=2e-4, atol=2e-5, err_msg=f"A block {k}")

@@ -82,7 +82,7 @@ CASES = [
     ("resnet50_imagenet_momentum.yaml", "pynative", []),
     ("resnet50_imagenet_boost_o1.yaml", "pynative", []),
     ("resnet50_imagenet_boost_o2_adasum.yaml", "pynative", ["--boost_config_dict.common.device_number", "1"]),
-    ("resnet50_imagenet_thor.yaml", "pynative", ["--thor.frequency", "2", "--thor.block_size", "64",
+    ("resnet50_imagenet_thor.yaml", "pynative", ["--thor.frequency", "2", "--thor.block_size", "32",
                                                  "--steps_per_epoch", "1"]),  # slow: 1/epoch
     (STAGE1, "graph", ["--pca_checkpoint_steps", "1"]),
     ("resnet50_imagenet_dim_reduce_stage2.yaml", "pynative", ["--boost_config_dict.common.device_num", "1",
@@ -120,7 +120,7 @@ def check_recipe(recipe: str, results: dict, ckpt_dir: Path, steps: int, extra: 
         from ms_boost.thor import THOR
 
         assert isinstance(results["model"]._optimizer, THOR)  # pylint: disable=protected-access
-        assert results["model"]._optimizer.block_size == 64  # thor.block_size, given on the command line
+        assert results["model"]._optimizer.block_size == 32  # thor.block_size, given on the command line
     elif recipe == STAGE1:
         assert ckpt_dir.name == "checkpoint_stage_1"
         weights = sorted((ckpt_dir / "checkpoint_pca").glob("resnet-*.ckpt"))

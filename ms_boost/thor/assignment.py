@@ -25,8 +25,9 @@ __all__ = [
 
 
 #: Default largest diagonal block of a factor (``thor(..., block_size=)``, the ``thor`` section's ``block_size``).
-#: Upstream's ``split_dim``; 64 is about an eighth cheaper per step on CPU, see docs/thor.md "Block size, measured".
-DEFAULT_BLOCK_SIZE = 128
+#: Half upstream's ``split_dim`` (128): about an eighth cheaper per step on CPU and as accurate, see docs/thor.md
+#: "Block size, measured"; checkpoints of block size 128 load (``ms_boost.thor.checkpoint``).
+DEFAULT_BLOCK_SIZE = 64
 
 
 def block_layout(dim: int, block_size: int) -> Tuple[int, int]:
