@@ -16,7 +16,9 @@ __all__ = [
     "dot", "REDUCE_SUM", "decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
     "pick_direction", "preconditioned_dot", "scale_preconditioned", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
-    "cholesky_inverse", "eigen_inverse", "blocks_bad", "job_inverse", "precondition", "trace", "zero_unless",
+    "cholesky_inverse", "eigen_inverse", "blocks_bad", "old_blocks", "keep_or_replace", "job_inverse", "precondition",
+    "diagonal_rejected",
+    "trace", "zero_unless",
     "direction_sum", "MAP", "CONCAT",
 ]
 
@@ -53,7 +55,10 @@ prepare_batch = ops.MultitypeFuncGraph("thor_prepare_batch")
 cholesky_inverse = ops.MultitypeFuncGraph("thor_cholesky_inverse")
 eigen_inverse = ops.MultitypeFuncGraph("thor_eigen_inverse")
 blocks_bad = ops.MultitypeFuncGraph("thor_blocks_bad")
+old_blocks = ops.MultitypeFuncGraph("thor_old_blocks")
+keep_or_replace = ops.MultitypeFuncGraph("thor_keep_or_replace")
 job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
+diagonal_rejected = ops.MultitypeFuncGraph("thor_diagonal_rejected")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
 trace = ops.MultitypeFuncGraph("thor_trace")
 zero_unless = ops.MultitypeFuncGraph("thor_zero_unless")
@@ -176,39 +181,70 @@ def _blocks_bad_tensor(block_ok, inverse):
     return ops.logical_not(ops.logical_and(block_ok, thor_math.blocks_finite(inverse)))
 
 
-@job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Bool",
-                       "Tuple")
-def _job_inverse_tuple(folded, shifts, layer_ok, raw, block_bad, a_inverses, g_inverses, root, use_pi, assign, spec):
-    """One job's new inverse -> ``(inverse, 1.0 if rejected as non-finite else 0.0, token)``.
+@old_blocks.register("Tuple", "Tuple", "Number", "Number")
+def _old_blocks_tuple(a_inverses, g_inverses, layer, slot):
+    """The stored inverse of layer ``layer``'s factor ``slot`` (0: A, 1: G) as ``(groups * n_b, b, b)`` blocks."""
+    old = a_inverses[layer] if slot == 0 else g_inverses[layer]
+    return old.reshape(-1, old.shape[-1], old.shape[-1])
 
-    A factor keeps its previous inverse when its layer was rejected or any of its blocks is bad (sliced per
-    factor from its batch: constant index Tensors used after the Cholesky/eigen branch crash MindSpore 2.10's
-    parameter_eliminate). With ``assign`` the inverse Parameter is written here.
+
+@keep_or_replace.register("Tuple", "Tuple", "Tensor", "Tensor", "Tensor", "Tuple", "Tuple", "Tensor", "Tensor")
+def _keep_or_replace_tensor(a_inverses, g_inverses, raw, block_bad, block_ok, layers, slots, job_blocks, block_jobs):
+    """One batch's inverse blocks to store -> ``(blocks, inverses rejected as non-finite)``.
+
+    A factor keeps every one of its previous blocks when its layer was not inverted now or any of its new blocks is
+    non-finite (``block_bad``); decided for the whole batch at once: ``job_blocks`` ``(jobs, blocks)`` and
+    ``block_jobs`` (its transpose) are the 0/1 matrices of which blocks each factor of the batch owns, so the
+    per-factor "any block bad" and its spread back over the blocks are two products (no index Tensor after the
+    inversion's branch). ``block_ok``: per block, its layer is inverted now (its factors were finite).
+    """
+    parts = MAP(ops.partial(old_blocks, a_inverses, g_inverses), layers, slots)
+    old = parts[0] if len(parts) == 1 else CONCAT(parts)
+    job_bad = ops.matmul(job_blocks, ops.cast(block_bad, ms.float32).reshape(-1, 1)) > 0.5
+    keep_old = ops.matmul(block_jobs, ops.cast(job_bad, ms.float32)) > 0.5
+    job_ok = ops.matmul(job_blocks, ops.cast(block_ok, ms.float32).reshape(-1, 1)) > 0.5
+    rejected = REDUCE_SUM(ops.cast(ops.logical_and(job_ok, job_bad), ms.float32), ())
+    return ops.where(keep_old.reshape(-1, 1, 1), old, raw), rejected
+
+
+def _diagonal_inverse(folded, shifts, layer_ok, old, root, use_pi, job, layer):
+    """A diagonal input factor's (embedding) new inverse -> ``(inverse, 1.0 if rejected as non-finite else 0.0)``."""
+    ok = layer_ok[layer]
+    shift = shifts[job][0] if use_pi else root
+    inv = thor_math.damped_diagonal_inverse(folded[job], shift * shift)
+    good = ops.logical_and(ok, thor_math.all_finite(inv))
+    rejected = ops.cast(ops.logical_and(ok, ops.logical_not(good)), ms.float32)
+    return ops.where(good, inv, old), rejected
+
+
+@diagonal_rejected.register("Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Tuple")
+def _diagonal_rejected_tuple(folded, shifts, layer_ok, a_inverses, root, use_pi, spec):
+    """1.0 when a diagonal input factor's new inverse is rejected as non-finite, else 0.0 (counted apart)."""
+    layer = spec[1]
+    return _diagonal_inverse(folded, shifts, layer_ok, a_inverses[layer], root, use_pi, 2 * layer, layer)[1]
+
+
+@job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Bool", "Tuple")
+def _job_inverse_tuple(folded, shifts, layer_ok, kept, a_inverses, g_inverses, root, use_pi, assign, spec):
+    """One job's new inverse; with ``assign`` the inverse Parameter is written here and the assignment returned.
+
+    One Tensor per job (no per-job tuple to take apart again: a map per field cost a call per job to compile). A
+    Kronecker factor's inverse is sliced from its batch's blocks (``kept``: :func:`keep_or_replace` already chose
+    between new and previous blocks and counted the rejections; constant index Tensors used after the
+    Cholesky/eigen branch crash MindSpore 2.10's parameter_eliminate, hence a static slice); a diagonal one
+    (embedding) is inverted here, its rejections counted by :func:`diagonal_rejected`.
     """
     mode, layer, slot, batch, first, count, whole, shape = spec
     old = a_inverses[layer] if slot == 0 else g_inverses[layer]
-    none = ops.zeros((), ms.float32)
     if mode == 0:  # another rank inverts this factor; the broadcast brings it
-        return old, none, none
-    job = 2 * layer + slot
-    ok = layer_ok[layer]
-    if mode == 1:  # diagonal input factor (embedding)
-        shift = shifts[job][0] if use_pi else root
-        inv = thor_math.damped_diagonal_inverse(folded[job], shift * shift)
-        good = ops.logical_and(ok, thor_math.all_finite(inv))
-        rejected = ops.cast(ops.logical_and(ok, ops.logical_not(good)), ms.float32)
-        value = ops.where(good, inv, old)
+        return old
+    if mode == 1:
+        value = _diagonal_inverse(folded, shifts, layer_ok, old, root, use_pi, 2 * layer + slot, layer)[0]
     else:
-        if whole:
-            inv, bad = raw[batch], thor_math.any_true(block_bad[batch])
-        else:
-            inv = thor_math.narrow(raw[batch], 0, first, count)
-            bad = thor_math.any_true(thor_math.narrow(block_bad[batch], 0, first, count))
-        rejected = ops.cast(ops.logical_and(ok, bad), ms.float32)
-        value = ops.where(bad, old, inv.reshape(shape))
+        value = (kept[batch] if whole else thor_math.narrow(kept[batch], 0, first, count)).reshape(shape)
     if assign:
-        return value, rejected, ops.depend(none, ops.assign(old, value))
-    return value, rejected, none
+        return ops.assign(old, value)
+    return value
 
 
 @precondition.register("Tuple", "Bool", "Number", "Number", "Number", "Number", "Tensor", "Tensor")

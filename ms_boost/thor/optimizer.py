@@ -71,6 +71,17 @@ def _identity_blocks(shape) -> np.ndarray:
     return np.broadcast_to(np.eye(shape[-1], dtype=np.float32), shape).copy()
 
 
+def _block_owners(groups: Tuple[int, ...], blocks: Tuple[int, ...]) -> np.ndarray:
+    """``(jobs, blocks)`` float32 0/1: row ``i`` marks the consecutive blocks of a batch's ``i``-th factor."""
+    counts = [g * b for g, b in zip(groups, blocks)]
+    out = np.zeros((len(counts), sum(counts)), np.float32)
+    start = 0
+    for i, count in enumerate(counts):
+        out[i, start:start + count] = 1.0
+        start += count
+    return out
+
+
 def _default_decay_filter(param) -> bool:
     """Upstream's default: weight decay on every parameter."""
     return True
@@ -369,9 +380,16 @@ class THOR(nn.Optimizer, ThorStepVariants):
         self.batch_block_layer = tuple(Tensor(np.array(layers, np.int32)) for layers in plan.batch_block_layer)
         self.batch_job_groups = plan.batch_job_groups
         self.batch_job_blocks = plan.batch_job_blocks
+        # per batch: its factors' layers and slots, and which blocks each owns ((jobs, blocks) 0/1 and its transpose)
+        self.batch_job_layers = tuple(tuple(j // 2 for j in jobs) for jobs in plan.batches)
+        self.batch_job_slots = tuple(tuple(j % 2 for j in jobs) for jobs in plan.batches)
+        owners = [_block_owners(groups, blocks) for groups, blocks in zip(plan.batch_job_groups, plan.batch_job_blocks)]
+        self.batch_job_matrix = tuple(Tensor(m) for m in owners)
+        self.batch_block_matrix = tuple(Tensor(np.ascontiguousarray(m.T)) for m in owners)
         # per job: (mode, layer, slot, batch, first block, block count, whole batch, inverse shape); the refresh
         # maps over these instead of unrolling loops
         self.job_specs = plan.job_specs
+        self.diagonal_specs = tuple(spec for spec in plan.job_specs if spec[0] == 1)  # this rank's embeddings' A
         self.job_layer = tuple(j // 2 for j in range(2 * self.n_layers))
         self.job_slot = tuple(j % 2 for j in range(2 * self.n_layers))
         self.layer_embedding = tuple(kind == "embedding" for kind in self.layer_kind)
@@ -476,8 +494,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
                                      folds)
             shifts = hyper_map(ops.partial(kernels.job_field, layer_shifts), self.job_layer, self.job_slot)
         # this rank's Kronecker blocks, batched by block size; one Cholesky-or-eigen decision for all of them
-        raw, block_bad = (), ()
+        raw = ()
         unsafe = ops.zeros((), ms.float32)
+        bad_inverses = ops.zeros((), ms.float32)
         if self.inverse_batches:
             prepared = hyper_map(ops.partial(kernels.prepare_batch, folded, shifts, use_vector, root, self.pi_damping),
                                  self.inverse_batches, self.batch_job_groups, self.batch_job_blocks,
@@ -497,14 +516,24 @@ class THOR(nn.Optimizer, ThorStepVariants):
                 raw = hyper_map(kernels.eigen_inverse, batch_blocks, batch_shifts)
             else:
                 raw = hyper_map(kernels.cholesky_inverse, batch_blocks, batch_shifts)
-            # a block is bad when its layer's factors or its inverse are non-finite
+            # a block is bad when its layer's factors or its inverse are non-finite; a factor with a bad block keeps
+            # its previous inverse, decided per batch (one where over its blocks, not one per factor)
             block_bad = hyper_map(kernels.blocks_bad, batch_ok, raw)
-        jobs = hyper_map(ops.partial(kernels.job_inverse, folded, shifts, use, raw, block_bad, self.a_inverses,
+            kept = hyper_map(ops.partial(kernels.keep_or_replace, self.a_inverses, self.g_inverses), raw, block_bad,
+                             batch_ok, self.batch_job_layers, self.batch_job_slots, self.batch_job_matrix,
+                             self.batch_block_matrix)
+            raw = hyper_map(kernels.field_0, kept)
+            bad_inverses = ops.addn(hyper_map(kernels.field_1, kept))
+        jobs = hyper_map(ops.partial(kernels.job_inverse, folded, shifts, use, raw, self.a_inverses,
                                      self.g_inverses, root, self.pi_damping, self.assign_in_map), self.job_specs)
-        bad_inverses = ops.addn(hyper_map(kernels.field_1, jobs))
-        token = ops.depend(token, hyper_map(kernels.field_2, jobs))
-        if not self.assign_in_map:
-            inverses = hyper_map(kernels.field_0, jobs)
+        if self.diagonal_specs:
+            bad_inverses = bad_inverses + ops.addn(hyper_map(ops.partial(
+                kernels.diagonal_rejected, folded, shifts, use, self.a_inverses, root, self.pi_damping),
+                self.diagonal_specs))
+        if self.assign_in_map:
+            token = ops.depend(token, jobs)
+        else:
+            inverses = jobs
             received = ()
             for k in range(len(self.broadcast_ranks)):
                 if self.broadcast_ranks[k] == self.rank:
