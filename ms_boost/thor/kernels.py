@@ -13,12 +13,12 @@ from mindspore import ops
 from ms_boost.thor import math as thor_math
 
 __all__ = [
-    "dot", "REDUCE_SUM", "decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
-    "pick_direction", "preconditioned_dot", "scale_preconditioned", "pick", "field_0", "field_1", "field_2",
+    "dot", "REDUCE_SUM", "scale_and_decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
+    "pick_direction", "preconditioned_dot", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
     "cholesky_inverse", "eigen_inverse", "blocks_bad", "old_blocks", "keep_or_replace", "job_inverse", "precondition",
     "diagonal_rejected",
-    "trace", "zero_unless",
+    "trace",
     "direction_sum", "MAP", "CONCAT",
 ]
 
@@ -31,14 +31,13 @@ def dot(x, y):
 
 
 REDUCE_SUM = ops.ReduceSum(keep_dims=False)
-decay = ops.MultitypeFuncGraph("thor_decay")
+scale_and_decay = ops.MultitypeFuncGraph("thor_scale_and_decay")
 clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
 momentum_step = ops.MultitypeFuncGraph("thor_momentum")
 nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
 set_flag = ops.MultitypeFuncGraph("thor_set_flag")
 pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
 preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
-scale_preconditioned = ops.MultitypeFuncGraph("thor_scale_preconditioned")
 
 
 pick = ops.MultitypeFuncGraph("thor_pick")
@@ -61,7 +60,6 @@ job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
 diagonal_rejected = ops.MultitypeFuncGraph("thor_diagonal_rejected")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
 trace = ops.MultitypeFuncGraph("thor_trace")
-zero_unless = ops.MultitypeFuncGraph("thor_zero_unless")
 direction_sum = ops.MultitypeFuncGraph("thor_direction_sum")
 MAP = ops.Map()
 CONCAT = ops.Concat(0)
@@ -130,10 +128,10 @@ def _pi_shifts_tuple(root, groups, a_dim, g_dim, fold):
     return root * pi, root / pi
 
 
-@job_tiles.register("Tuple", "Number")
-def _job_tiles_tuple(folded, job):
-    """The diagonal blocks of job ``job``'s stored factor as ``(groups * n_b, b, b)`` (not yet symmetrised)."""
-    tiles = ops.cast(folded[job], ms.float32)
+@job_tiles.register("Tuple", "Number", "Number")
+def _job_tiles_tuple(folds, layer, slot):
+    """The diagonal blocks of layer ``layer``'s folded factor ``slot`` as ``(groups * n_b, b, b)`` (not symmetrised)."""
+    tiles = ops.cast(folds[layer][slot], ms.float32)
     return tiles.reshape(-1, tiles.shape[-1], tiles.shape[-1])
 
 
@@ -143,14 +141,15 @@ def _job_shift_tuple(shifts, job, groups, blocks):
     return ops.BroadcastTo((groups, blocks))(shifts[job].reshape(-1, 1)).reshape(-1)
 
 
-@prepare_batch.register("Tuple", "Tuple", "Tensor", "Tensor", "Bool", "Tuple", "Tuple", "Tuple", "Tensor")
-def _prepare_batch_tuple(folded, shifts, ok_vector, root, use_pi, jobs, groups, blocks, block_layer):
+@prepare_batch.register("Tuple", "Tuple", "Tensor", "Tensor", "Bool", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple",
+                        "Tensor")
+def _prepare_batch_tuple(folds, shifts, ok_vector, root, use_pi, jobs, layers, slots, groups, blocks, block_layer):
     """One batch of same-size blocks -> ``(blocks, shifts, block finite, unsafe count)``.
 
     The blocks of the batch's jobs, symmetrised; identity stand-ins for the blocks of rejected layers keep
     the inversion finite (their inverses are discarded).
     """
-    parts = MAP(ops.partial(job_tiles, folded), jobs)
+    parts = MAP(ops.partial(job_tiles, folds), layers, slots)
     batch = thor_math.symmetrise(parts[0] if len(parts) == 1 else CONCAT(parts))
     block_ok = ops.gather(ok_vector, block_layer, 0)
     size = batch.shape[-1]
@@ -207,25 +206,25 @@ def _keep_or_replace_tensor(a_inverses, g_inverses, raw, block_bad, block_ok, la
     return ops.where(keep_old.reshape(-1, 1, 1), old, raw), rejected
 
 
-def _diagonal_inverse(folded, shifts, layer_ok, old, root, use_pi, job, layer):
+def _diagonal_inverse(folds, shifts, layer_ok, old, root, use_pi, layer):
     """A diagonal input factor's (embedding) new inverse -> ``(inverse, 1.0 if rejected as non-finite else 0.0)``."""
     ok = layer_ok[layer]
-    shift = shifts[job][0] if use_pi else root
-    inv = thor_math.damped_diagonal_inverse(folded[job], shift * shift)
+    shift = shifts[2 * layer][0] if use_pi else root
+    inv = thor_math.damped_diagonal_inverse(folds[layer][0], shift * shift)
     good = ops.logical_and(ok, thor_math.all_finite(inv))
     rejected = ops.cast(ops.logical_and(ok, ops.logical_not(good)), ms.float32)
     return ops.where(good, inv, old), rejected
 
 
 @diagonal_rejected.register("Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Tuple")
-def _diagonal_rejected_tuple(folded, shifts, layer_ok, a_inverses, root, use_pi, spec):
+def _diagonal_rejected_tuple(folds, shifts, layer_ok, a_inverses, root, use_pi, spec):
     """1.0 when a diagonal input factor's new inverse is rejected as non-finite, else 0.0 (counted apart)."""
     layer = spec[1]
-    return _diagonal_inverse(folded, shifts, layer_ok, a_inverses[layer], root, use_pi, 2 * layer, layer)[1]
+    return _diagonal_inverse(folds, shifts, layer_ok, a_inverses[layer], root, use_pi, layer)[1]
 
 
 @job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Bool", "Tuple")
-def _job_inverse_tuple(folded, shifts, layer_ok, kept, a_inverses, g_inverses, root, use_pi, assign, spec):
+def _job_inverse_tuple(folds, shifts, layer_ok, kept, a_inverses, g_inverses, root, use_pi, assign, spec):
     """One job's new inverse; with ``assign`` the inverse Parameter is written here and the assignment returned.
 
     One Tensor per job (no per-job tuple to take apart again: a map per field cost a call per job to compile). A
@@ -239,7 +238,7 @@ def _job_inverse_tuple(folded, shifts, layer_ok, kept, a_inverses, g_inverses, r
     if mode == 0:  # another rank inverts this factor; the broadcast brings it
         return old
     if mode == 1:
-        value = _diagonal_inverse(folded, shifts, layer_ok, old, root, use_pi, 2 * layer + slot, layer)[0]
+        value = _diagonal_inverse(folds, shifts, layer_ok, old, root, use_pi, layer)[0]
     else:
         value = (kept[batch] if whole else thor_math.narrow(kept[batch], 0, first, count)).reshape(shape)
     if assign:
@@ -281,19 +280,18 @@ def _preconditioned_dot_tensor(layer, direction, grad):
     return ops.zeros((), ms.float32)
 
 
-@scale_preconditioned.register("Tensor", "Number", "Tensor")
-def _scale_preconditioned_tensor(nu, layer, direction):
-    if layer >= 0:
-        return direction * nu
-    return direction
+@scale_and_decay.register("Bool", "Tensor", "Number", "Number", "Bool", "Tensor", "Tensor")
+def _scale_and_decay_tensor(scale, nu, weight_decay, layer, flag, weight, direction):
+    """A parameter's update before the momentum step: its direction, scaled and decayed.
 
-
-@decay.register("Number", "Bool", "Tensor", "Tensor")
-def _decay_tensor(weight_decay, flag, weight, grad):
-    """``grad + weight_decay * weight`` where ``decay_filter`` selected the parameter."""
+    Times the trust-region factor ``nu`` where ``scale`` and the parameter belongs to a THOR layer, plus
+    ``weight_decay * weight`` where ``flag`` (``decay_filter`` selected it): one call per parameter, not two.
+    """
+    if scale and layer >= 0:
+        direction = direction * nu
     if flag:
-        return grad + weight * weight_decay
-    return grad
+        return direction + weight * weight_decay
+    return direction
 
 
 @clip_to_unit_norm.register("Tensor")
@@ -301,13 +299,15 @@ def _clip_tensor(grad):
     return thor_math.clip_by_norm(grad, 1.0)
 
 
-@momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _momentum_tensor(apply_momentum, lr, momentum, weight, moment, grad):
-    return apply_momentum(weight, moment, lr, grad, momentum)
+@momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _momentum_tensor(apply_momentum, lr, momentum, finite, weight, moment, grad):
+    """The momentum update of one parameter; zero gradient unless ``finite`` (a skipped step moves nothing)."""
+    return apply_momentum(weight, moment, lr, ops.where(finite, grad, ops.zeros_like(grad)), momentum)
 
 
-@nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _nesterov_tensor(lr, momentum, weight, moment, grad):
+@nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_tensor(lr, momentum, finite, weight, moment, grad):
+    grad = ops.where(finite, grad, ops.zeros_like(grad))
     new_weight, new_moment = thor_math.momentum_step(weight, moment, grad, lr, momentum, True)
     return ops.depend(ops.assign(moment, new_moment), ops.assign(weight, new_weight))
 
@@ -317,16 +317,13 @@ def _set_flag_tensor(value, flag):
     return ops.assign(flag, value)
 
 
-@trace.register("Tensor", "Number")
-def _trace_tensor(factor, dim):
-    """Trace of a folded ``dim``-wide factor (float32 scalar): summed over groups (and blocks); a diagonal's sum."""
-    return REDUCE_SUM(thor_math.factor_trace(ops.cast(factor, ms.float32), dim), ())
+@trace.register("Tuple", "Number", "Number", "Number")
+def _trace_tuple(folds, layer, slot, dim):
+    """Trace of layer ``layer``'s folded ``dim``-wide factor ``slot`` (float32 scalar).
 
-
-@zero_unless.register("Tensor", "Tensor")
-def _zero_unless_tensor(keep, grad):
-    """``grad`` where ``keep`` (a bool scalar), else zeros (a skipped step's update moves nothing)."""
-    return ops.where(keep, grad, ops.zeros_like(grad))
+    Summed over groups (and blocks); a diagonal's sum.
+    """
+    return REDUCE_SUM(thor_math.factor_trace(ops.cast(folds[layer][slot], ms.float32), dim), ())
 
 
 @direction_sum.register("Number", "Tensor")

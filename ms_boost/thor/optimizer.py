@@ -38,7 +38,7 @@ from mindspore import log as logger
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_boost import comm
-from ms_boost.flat_buffers import flat_layout, flatten_tensors, split_flat
+from ms_boost.flat_buffers import flatten_tensors
 from ms_boost.thor import kernels
 from ms_boost.thor import math as thor_math
 from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE, LayerFactors, inverse_layout, plan_inversions
@@ -239,13 +239,11 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # per parameter: the index of the THOR layer it belongs to; n_layers for the others (never blamed)
         self._param_layer_numbers = Tensor(np.array([float(self.n_layers) if layer < 0 else float(layer)
                                                      for layer in self.param_layer], np.float32))
-        # a skipped step zeroes the update on the flat buffer its finite check already built (one kernel, not
-        # two per parameter); parameters of another dtype than float32 are zeroed one by one
-        self.flat_skip = all(p.dtype == ms.float32 for p in self._parameters)
         # the parameters outside THOR layers: their updates are checked for inf/NaN directly (the THOR layers'
         # through their per-parameter summaries)
         self.other_positions = tuple(i for i, layer in enumerate(self.param_layer) if layer < 0)
-        self.update_layout = flat_layout([p.shape for p in self._parameters])
+        # weight decay per parameter as the step applies it (none at all when weight_decay is 0)
+        self.step_decay_flags = self.decay_flags if self.weight_decay > 0.0 else (False,) * len(self.decay_flags)
         self._keep_on_success = Tensor(np.array([1.0, 0.0, 1.0, 0.0], np.float32))
         self._keep_on_skip = Tensor(np.array([1.0, 0.0, 0.0, 1.0], np.float32))
         self._setup_distribution(split_indices, distribute_inverses)
@@ -478,13 +476,12 @@ class THOR(nn.Optimizer, ThorStepVariants):
             g_source = hyper_map(ops.partial(kernels.pick, reduced), tuple(range(1, 2 * self.n_layers, 2)))
         folds = hyper_map(ops.partial(kernels.fold_layer, self.thor_initialised, self.a_factors, self.g_factors),
                           self.factor_slot, self.factor_decay, a_source, g_source)
-        token = ops.depend(token, hyper_map(kernels.field_3, folds))
+        token = ops.depend(token, folds)  # the running averages' writes
         layer_ok = hyper_map(kernels.field_2, folds)
         ok_vector = ops.stack(layer_ok)
-        folded = hyper_map(ops.partial(kernels.job_field, folds), self.job_layer, self.job_slot)  # per job
         use_vector, use = ok_vector, layer_ok  # the layers inverted now
         if self.refresh_threshold > 0.0:  # adaptive: only the layers whose factors changed enough
-            use_vector = self._changed_layers(folded, ok_vector)
+            use_vector = self._changed_layers(folds, ok_vector)
             token = ops.depend(token, use_vector)
             use = ops.unstack(use_vector)
         root = ops.sqrt(ops.cast(damping, ms.float32))
@@ -498,9 +495,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
         unsafe = ops.zeros((), ms.float32)
         bad_inverses = ops.zeros((), ms.float32)
         if self.inverse_batches:
-            prepared = hyper_map(ops.partial(kernels.prepare_batch, folded, shifts, use_vector, root, self.pi_damping),
-                                 self.inverse_batches, self.batch_job_groups, self.batch_job_blocks,
-                                 self.batch_block_layer)
+            prepared = hyper_map(ops.partial(kernels.prepare_batch, folds, shifts, use_vector, root, self.pi_damping),
+                                 self.inverse_batches, self.batch_job_layers, self.batch_job_slots,
+                                 self.batch_job_groups, self.batch_job_blocks, self.batch_block_layer)
             batch_blocks = hyper_map(kernels.field_0, prepared)
             batch_shifts = hyper_map(kernels.field_1, prepared)
             batch_ok = hyper_map(kernels.field_2, prepared)
@@ -524,11 +521,11 @@ class THOR(nn.Optimizer, ThorStepVariants):
                              self.batch_block_matrix)
             raw = hyper_map(kernels.field_0, kept)
             bad_inverses = ops.addn(hyper_map(kernels.field_1, kept))
-        jobs = hyper_map(ops.partial(kernels.job_inverse, folded, shifts, use, raw, self.a_inverses,
+        jobs = hyper_map(ops.partial(kernels.job_inverse, folds, shifts, use, raw, self.a_inverses,
                                      self.g_inverses, root, self.pi_damping, self.assign_in_map), self.job_specs)
         if self.diagonal_specs:
             bad_inverses = bad_inverses + ops.addn(hyper_map(ops.partial(
-                kernels.diagonal_rejected, folded, shifts, use, self.a_inverses, root, self.pi_damping),
+                kernels.diagonal_rejected, folds, shifts, use, self.a_inverses, root, self.pi_damping),
                 self.diagonal_specs))
         if self.assign_in_map:
             token = ops.depend(token, jobs)
@@ -555,7 +552,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
                 token = ops.depend(token, ops.assign(self._inverse_param(j), value))
         return self._finish_refresh(token, unsafe, bad_inverses, ok_vector)
 
-    def _changed_layers(self, folded, ok_vector):
+    def _changed_layers(self, folds, ok_vector):
         r"""Adaptive refresh (the THOR paper's trace rule): which layers to invert now -> ``(n_layers,)`` bool.
 
         A layer is inverted when its factors are finite and the trace of its A or its G moved by more than
@@ -564,7 +561,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         others keep their inverses (counted per layer in ``stable_refreshes``). Records the traces of the layers
         inverted now.
         """
-        traces = ops.stack(kernels.MAP(kernels.trace, folded, self.job_dims))
+        traces = ops.stack(kernels.MAP(ops.partial(kernels.trace, folds), self.job_layer, self.job_slot, self.job_dims))
         last = self.inverted_traces
         never = last <= 0.0
         change = ops.abs(traces / ops.where(never, ops.ones_like(last), last) - 1.0)
@@ -622,12 +619,12 @@ class THOR(nn.Optimizer, ThorStepVariants):
             summaries = self.hyper_map(kernels.preconditioned_dot, self.param_layer, directions, gradients)
             vg_sum = ops.addn(summaries)
             nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
-            new_grads = self.hyper_map(ops.partial(kernels.scale_preconditioned, nu), self.param_layer, directions)
         else:
             summaries = self.hyper_map(kernels.direction_sum, self.param_layer, directions)
-        if self.weight_decay > 0.0:
-            new_grads = self.hyper_map(ops.partial(kernels.decay, self.weight_decay), self.decay_flags, params,
-                                       new_grads)
+        scale = self.kl_clip > 0.0 and self.n_layers > 0
+        if scale or self.weight_decay > 0.0:  # the trust-region scaling and the weight decay in one map
+            new_grads = self.hyper_map(ops.partial(kernels.scale_and_decay, scale, nu, self.weight_decay),
+                                       self.param_layer, self.step_decay_flags, params, directions)
         if self.enable_clip_grad:
             new_grads = self.hyper_map(kernels.clip_to_unit_norm, new_grads)
         # a non-finite update (gradient, preconditioned direction or nu) skips the whole step. The THOR layers'
@@ -644,15 +641,13 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # for bit as it was (v = 1 v + 0, w = w - 0 v); the step counter, flags and health follow ``finite``.
         lr = ops.where(finite, lr, ops.zeros_like(lr))
         momentum = ops.where(finite, self.momentum, ops.ones_like(self.momentum))
-        if self.flat_skip:
-            flat = flatten_tensors(new_grads)
-            new_grads = split_flat(ops.where(finite, flat, ops.zeros_like(flat)), self.update_layout)
-        else:
-            new_grads = self.hyper_map(ops.partial(kernels.zero_unless, finite), new_grads)
+        # each parameter's update is zeroed (where not finite) inside its momentum call: a flat buffer (concat,
+        # one where, a slice per parameter) cost two more calls per parameter to compile
         if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
-            success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum), params, moments, new_grads)
+            success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum, finite), params, moments,
+                                     new_grads)
         else:
-            success = self.hyper_map(ops.partial(kernels.momentum_step, self.apply_momentum, lr, momentum),
+            success = self.hyper_map(ops.partial(kernels.momentum_step, self.apply_momentum, lr, momentum, finite),
                                      params, moments, new_grads)
         skipped = ops.logical_not(finite)
         # the next step captures on schedule; after a skipped one it captures statistics again (they show where
