@@ -13,10 +13,12 @@ from mindspore import ops
 from ms_boost.thor import math as thor_math
 
 __all__ = [
-    "dot", "REDUCE_SUM", "decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
-    "pick_direction", "preconditioned_dot", "scale_preconditioned", "pick", "field_0", "field_1", "field_2",
+    "dot", "REDUCE_SUM", "scale_and_decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
+    "pick_direction", "preconditioned_dot", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
-    "cholesky_inverse", "eigen_inverse", "blocks_bad", "job_inverse", "precondition", "trace", "zero_unless",
+    "cholesky_inverse", "eigen_inverse", "blocks_bad", "old_blocks", "keep_or_replace", "job_inverse", "precondition",
+    "diagonal_rejected",
+    "trace",
     "direction_sum", "MAP", "CONCAT",
 ]
 
@@ -29,14 +31,13 @@ def dot(x, y):
 
 
 REDUCE_SUM = ops.ReduceSum(keep_dims=False)
-decay = ops.MultitypeFuncGraph("thor_decay")
+scale_and_decay = ops.MultitypeFuncGraph("thor_scale_and_decay")
 clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
 momentum_step = ops.MultitypeFuncGraph("thor_momentum")
 nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
 set_flag = ops.MultitypeFuncGraph("thor_set_flag")
 pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
 preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
-scale_preconditioned = ops.MultitypeFuncGraph("thor_scale_preconditioned")
 
 
 pick = ops.MultitypeFuncGraph("thor_pick")
@@ -53,10 +54,12 @@ prepare_batch = ops.MultitypeFuncGraph("thor_prepare_batch")
 cholesky_inverse = ops.MultitypeFuncGraph("thor_cholesky_inverse")
 eigen_inverse = ops.MultitypeFuncGraph("thor_eigen_inverse")
 blocks_bad = ops.MultitypeFuncGraph("thor_blocks_bad")
+old_blocks = ops.MultitypeFuncGraph("thor_old_blocks")
+keep_or_replace = ops.MultitypeFuncGraph("thor_keep_or_replace")
 job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
+diagonal_rejected = ops.MultitypeFuncGraph("thor_diagonal_rejected")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
 trace = ops.MultitypeFuncGraph("thor_trace")
-zero_unless = ops.MultitypeFuncGraph("thor_zero_unless")
 direction_sum = ops.MultitypeFuncGraph("thor_direction_sum")
 MAP = ops.Map()
 CONCAT = ops.Concat(0)
@@ -125,10 +128,10 @@ def _pi_shifts_tuple(root, groups, a_dim, g_dim, fold):
     return root * pi, root / pi
 
 
-@job_tiles.register("Tuple", "Number")
-def _job_tiles_tuple(folded, job):
-    """The diagonal blocks of job ``job``'s stored factor as ``(groups * n_b, b, b)`` (not yet symmetrised)."""
-    tiles = ops.cast(folded[job], ms.float32)
+@job_tiles.register("Tuple", "Number", "Number")
+def _job_tiles_tuple(folds, layer, slot):
+    """The diagonal blocks of layer ``layer``'s folded factor ``slot`` as ``(groups * n_b, b, b)`` (not symmetrised)."""
+    tiles = ops.cast(folds[layer][slot], ms.float32)
     return tiles.reshape(-1, tiles.shape[-1], tiles.shape[-1])
 
 
@@ -138,14 +141,15 @@ def _job_shift_tuple(shifts, job, groups, blocks):
     return ops.BroadcastTo((groups, blocks))(shifts[job].reshape(-1, 1)).reshape(-1)
 
 
-@prepare_batch.register("Tuple", "Tuple", "Tensor", "Tensor", "Bool", "Tuple", "Tuple", "Tuple", "Tensor")
-def _prepare_batch_tuple(folded, shifts, ok_vector, root, use_pi, jobs, groups, blocks, block_layer):
+@prepare_batch.register("Tuple", "Tuple", "Tensor", "Tensor", "Bool", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple",
+                        "Tensor")
+def _prepare_batch_tuple(folds, shifts, ok_vector, root, use_pi, jobs, layers, slots, groups, blocks, block_layer):
     """One batch of same-size blocks -> ``(blocks, shifts, block finite, unsafe count)``.
 
     The blocks of the batch's jobs, symmetrised; identity stand-ins for the blocks of rejected layers keep
     the inversion finite (their inverses are discarded).
     """
-    parts = MAP(ops.partial(job_tiles, folded), jobs)
+    parts = MAP(ops.partial(job_tiles, folds), layers, slots)
     batch = thor_math.symmetrise(parts[0] if len(parts) == 1 else CONCAT(parts))
     block_ok = ops.gather(ok_vector, block_layer, 0)
     size = batch.shape[-1]
@@ -176,39 +180,70 @@ def _blocks_bad_tensor(block_ok, inverse):
     return ops.logical_not(ops.logical_and(block_ok, thor_math.blocks_finite(inverse)))
 
 
-@job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Bool",
-                       "Tuple")
-def _job_inverse_tuple(folded, shifts, layer_ok, raw, block_bad, a_inverses, g_inverses, root, use_pi, assign, spec):
-    """One job's new inverse -> ``(inverse, 1.0 if rejected as non-finite else 0.0, token)``.
+@old_blocks.register("Tuple", "Tuple", "Number", "Number")
+def _old_blocks_tuple(a_inverses, g_inverses, layer, slot):
+    """The stored inverse of layer ``layer``'s factor ``slot`` (0: A, 1: G) as ``(groups * n_b, b, b)`` blocks."""
+    old = a_inverses[layer] if slot == 0 else g_inverses[layer]
+    return old.reshape(-1, old.shape[-1], old.shape[-1])
 
-    A factor keeps its previous inverse when its layer was rejected or any of its blocks is bad (sliced per
-    factor from its batch: constant index Tensors used after the Cholesky/eigen branch crash MindSpore 2.10's
-    parameter_eliminate). With ``assign`` the inverse Parameter is written here.
+
+@keep_or_replace.register("Tuple", "Tuple", "Tensor", "Tensor", "Tensor", "Tuple", "Tuple", "Tensor", "Tensor")
+def _keep_or_replace_tensor(a_inverses, g_inverses, raw, block_bad, block_ok, layers, slots, job_blocks, block_jobs):
+    """One batch's inverse blocks to store -> ``(blocks, inverses rejected as non-finite)``.
+
+    A factor keeps every one of its previous blocks when its layer was not inverted now or any of its new blocks is
+    non-finite (``block_bad``); decided for the whole batch at once: ``job_blocks`` ``(jobs, blocks)`` and
+    ``block_jobs`` (its transpose) are the 0/1 matrices of which blocks each factor of the batch owns, so the
+    per-factor "any block bad" and its spread back over the blocks are two products (no index Tensor after the
+    inversion's branch). ``block_ok``: per block, its layer is inverted now (its factors were finite).
+    """
+    parts = MAP(ops.partial(old_blocks, a_inverses, g_inverses), layers, slots)
+    old = parts[0] if len(parts) == 1 else CONCAT(parts)
+    job_bad = ops.matmul(job_blocks, ops.cast(block_bad, ms.float32).reshape(-1, 1)) > 0.5
+    keep_old = ops.matmul(block_jobs, ops.cast(job_bad, ms.float32)) > 0.5
+    job_ok = ops.matmul(job_blocks, ops.cast(block_ok, ms.float32).reshape(-1, 1)) > 0.5
+    rejected = REDUCE_SUM(ops.cast(ops.logical_and(job_ok, job_bad), ms.float32), ())
+    return ops.where(keep_old.reshape(-1, 1, 1), old, raw), rejected
+
+
+def _diagonal_inverse(folds, shifts, layer_ok, old, root, use_pi, layer):
+    """A diagonal input factor's (embedding) new inverse -> ``(inverse, 1.0 if rejected as non-finite else 0.0)``."""
+    ok = layer_ok[layer]
+    shift = shifts[2 * layer][0] if use_pi else root
+    inv = thor_math.damped_diagonal_inverse(folds[layer][0], shift * shift)
+    good = ops.logical_and(ok, thor_math.all_finite(inv))
+    rejected = ops.cast(ops.logical_and(ok, ops.logical_not(good)), ms.float32)
+    return ops.where(good, inv, old), rejected
+
+
+@diagonal_rejected.register("Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Tuple")
+def _diagonal_rejected_tuple(folds, shifts, layer_ok, a_inverses, root, use_pi, spec):
+    """1.0 when a diagonal input factor's new inverse is rejected as non-finite, else 0.0 (counted apart)."""
+    layer = spec[1]
+    return _diagonal_inverse(folds, shifts, layer_ok, a_inverses[layer], root, use_pi, layer)[1]
+
+
+@job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Bool", "Tuple")
+def _job_inverse_tuple(folds, shifts, layer_ok, kept, a_inverses, g_inverses, root, use_pi, assign, spec):
+    """One job's new inverse; with ``assign`` the inverse Parameter is written here and the assignment returned.
+
+    One Tensor per job (no per-job tuple to take apart again: a map per field cost a call per job to compile). A
+    Kronecker factor's inverse is sliced from its batch's blocks (``kept``: :func:`keep_or_replace` already chose
+    between new and previous blocks and counted the rejections; constant index Tensors used after the
+    Cholesky/eigen branch crash MindSpore 2.10's parameter_eliminate, hence a static slice); a diagonal one
+    (embedding) is inverted here, its rejections counted by :func:`diagonal_rejected`.
     """
     mode, layer, slot, batch, first, count, whole, shape = spec
     old = a_inverses[layer] if slot == 0 else g_inverses[layer]
-    none = ops.zeros((), ms.float32)
     if mode == 0:  # another rank inverts this factor; the broadcast brings it
-        return old, none, none
-    job = 2 * layer + slot
-    ok = layer_ok[layer]
-    if mode == 1:  # diagonal input factor (embedding)
-        shift = shifts[job][0] if use_pi else root
-        inv = thor_math.damped_diagonal_inverse(folded[job], shift * shift)
-        good = ops.logical_and(ok, thor_math.all_finite(inv))
-        rejected = ops.cast(ops.logical_and(ok, ops.logical_not(good)), ms.float32)
-        value = ops.where(good, inv, old)
+        return old
+    if mode == 1:
+        value = _diagonal_inverse(folds, shifts, layer_ok, old, root, use_pi, layer)[0]
     else:
-        if whole:
-            inv, bad = raw[batch], thor_math.any_true(block_bad[batch])
-        else:
-            inv = thor_math.narrow(raw[batch], 0, first, count)
-            bad = thor_math.any_true(thor_math.narrow(block_bad[batch], 0, first, count))
-        rejected = ops.cast(ops.logical_and(ok, bad), ms.float32)
-        value = ops.where(bad, old, inv.reshape(shape))
+        value = (kept[batch] if whole else thor_math.narrow(kept[batch], 0, first, count)).reshape(shape)
     if assign:
-        return value, rejected, ops.depend(none, ops.assign(old, value))
-    return value, rejected, none
+        return ops.assign(old, value)
+    return value
 
 
 @precondition.register("Tuple", "Bool", "Number", "Number", "Number", "Number", "Tensor", "Tensor")
@@ -245,19 +280,18 @@ def _preconditioned_dot_tensor(layer, direction, grad):
     return ops.zeros((), ms.float32)
 
 
-@scale_preconditioned.register("Tensor", "Number", "Tensor")
-def _scale_preconditioned_tensor(nu, layer, direction):
-    if layer >= 0:
-        return direction * nu
-    return direction
+@scale_and_decay.register("Bool", "Tensor", "Number", "Number", "Bool", "Tensor", "Tensor")
+def _scale_and_decay_tensor(scale, nu, weight_decay, layer, flag, weight, direction):
+    """A parameter's update before the momentum step: its direction, scaled and decayed.
 
-
-@decay.register("Number", "Bool", "Tensor", "Tensor")
-def _decay_tensor(weight_decay, flag, weight, grad):
-    """``grad + weight_decay * weight`` where ``decay_filter`` selected the parameter."""
+    Times the trust-region factor ``nu`` where ``scale`` and the parameter belongs to a THOR layer, plus
+    ``weight_decay * weight`` where ``flag`` (``decay_filter`` selected it): one call per parameter, not two.
+    """
+    if scale and layer >= 0:
+        direction = direction * nu
     if flag:
-        return grad + weight * weight_decay
-    return grad
+        return direction + weight * weight_decay
+    return direction
 
 
 @clip_to_unit_norm.register("Tensor")
@@ -265,13 +299,15 @@ def _clip_tensor(grad):
     return thor_math.clip_by_norm(grad, 1.0)
 
 
-@momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _momentum_tensor(apply_momentum, lr, momentum, weight, moment, grad):
-    return apply_momentum(weight, moment, lr, grad, momentum)
+@momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _momentum_tensor(apply_momentum, lr, momentum, finite, weight, moment, grad):
+    """The momentum update of one parameter; zero gradient unless ``finite`` (a skipped step moves nothing)."""
+    return apply_momentum(weight, moment, lr, ops.where(finite, grad, ops.zeros_like(grad)), momentum)
 
 
-@nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _nesterov_tensor(lr, momentum, weight, moment, grad):
+@nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_tensor(lr, momentum, finite, weight, moment, grad):
+    grad = ops.where(finite, grad, ops.zeros_like(grad))
     new_weight, new_moment = thor_math.momentum_step(weight, moment, grad, lr, momentum, True)
     return ops.depend(ops.assign(moment, new_moment), ops.assign(weight, new_weight))
 
@@ -281,16 +317,13 @@ def _set_flag_tensor(value, flag):
     return ops.assign(flag, value)
 
 
-@trace.register("Tensor", "Number")
-def _trace_tensor(factor, dim):
-    """Trace of a folded ``dim``-wide factor (float32 scalar): summed over groups (and blocks); a diagonal's sum."""
-    return REDUCE_SUM(thor_math.factor_trace(ops.cast(factor, ms.float32), dim), ())
+@trace.register("Tuple", "Number", "Number", "Number")
+def _trace_tuple(folds, layer, slot, dim):
+    """Trace of layer ``layer``'s folded ``dim``-wide factor ``slot`` (float32 scalar).
 
-
-@zero_unless.register("Tensor", "Tensor")
-def _zero_unless_tensor(keep, grad):
-    """``grad`` where ``keep`` (a bool scalar), else zeros (a skipped step's update moves nothing)."""
-    return ops.where(keep, grad, ops.zeros_like(grad))
+    Summed over groups (and blocks); a diagonal's sum.
+    """
+    return REDUCE_SUM(thor_math.factor_trace(ops.cast(folds[layer][slot], ms.float32), dim), ())
 
 
 @direction_sum.register("Number", "Tensor")

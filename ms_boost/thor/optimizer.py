@@ -38,7 +38,7 @@ from mindspore import log as logger
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_boost import comm
-from ms_boost.flat_buffers import flat_layout, flatten_tensors, split_flat
+from ms_boost.flat_buffers import flatten_tensors
 from ms_boost.thor import kernels
 from ms_boost.thor import math as thor_math
 from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE, LayerFactors, inverse_layout, plan_inversions
@@ -69,6 +69,17 @@ def _identity_blocks(shape) -> np.ndarray:
     if len(shape) == 1:
         return np.ones(shape, np.float32)
     return np.broadcast_to(np.eye(shape[-1], dtype=np.float32), shape).copy()
+
+
+def _block_owners(groups: Tuple[int, ...], blocks: Tuple[int, ...]) -> np.ndarray:
+    """``(jobs, blocks)`` float32 0/1: row ``i`` marks the consecutive blocks of a batch's ``i``-th factor."""
+    counts = [g * b for g, b in zip(groups, blocks)]
+    out = np.zeros((len(counts), sum(counts)), np.float32)
+    start = 0
+    for i, count in enumerate(counts):
+        out[i, start:start + count] = 1.0
+        start += count
+    return out
 
 
 def _default_decay_filter(param) -> bool:
@@ -228,13 +239,11 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # per parameter: the index of the THOR layer it belongs to; n_layers for the others (never blamed)
         self._param_layer_numbers = Tensor(np.array([float(self.n_layers) if layer < 0 else float(layer)
                                                      for layer in self.param_layer], np.float32))
-        # a skipped step zeroes the update on the flat buffer its finite check already built (one kernel, not
-        # two per parameter); parameters of another dtype than float32 are zeroed one by one
-        self.flat_skip = all(p.dtype == ms.float32 for p in self._parameters)
         # the parameters outside THOR layers: their updates are checked for inf/NaN directly (the THOR layers'
         # through their per-parameter summaries)
         self.other_positions = tuple(i for i, layer in enumerate(self.param_layer) if layer < 0)
-        self.update_layout = flat_layout([p.shape for p in self._parameters])
+        # weight decay per parameter as the step applies it (none at all when weight_decay is 0)
+        self.step_decay_flags = self.decay_flags if self.weight_decay > 0.0 else (False,) * len(self.decay_flags)
         self._keep_on_success = Tensor(np.array([1.0, 0.0, 1.0, 0.0], np.float32))
         self._keep_on_skip = Tensor(np.array([1.0, 0.0, 0.0, 1.0], np.float32))
         self._setup_distribution(split_indices, distribute_inverses)
@@ -369,9 +378,16 @@ class THOR(nn.Optimizer, ThorStepVariants):
         self.batch_block_layer = tuple(Tensor(np.array(layers, np.int32)) for layers in plan.batch_block_layer)
         self.batch_job_groups = plan.batch_job_groups
         self.batch_job_blocks = plan.batch_job_blocks
+        # per batch: its factors' layers and slots, and which blocks each owns ((jobs, blocks) 0/1 and its transpose)
+        self.batch_job_layers = tuple(tuple(j // 2 for j in jobs) for jobs in plan.batches)
+        self.batch_job_slots = tuple(tuple(j % 2 for j in jobs) for jobs in plan.batches)
+        owners = [_block_owners(groups, blocks) for groups, blocks in zip(plan.batch_job_groups, plan.batch_job_blocks)]
+        self.batch_job_matrix = tuple(Tensor(m) for m in owners)
+        self.batch_block_matrix = tuple(Tensor(np.ascontiguousarray(m.T)) for m in owners)
         # per job: (mode, layer, slot, batch, first block, block count, whole batch, inverse shape); the refresh
         # maps over these instead of unrolling loops
         self.job_specs = plan.job_specs
+        self.diagonal_specs = tuple(spec for spec in plan.job_specs if spec[0] == 1)  # this rank's embeddings' A
         self.job_layer = tuple(j // 2 for j in range(2 * self.n_layers))
         self.job_slot = tuple(j % 2 for j in range(2 * self.n_layers))
         self.layer_embedding = tuple(kind == "embedding" for kind in self.layer_kind)
@@ -460,13 +476,12 @@ class THOR(nn.Optimizer, ThorStepVariants):
             g_source = hyper_map(ops.partial(kernels.pick, reduced), tuple(range(1, 2 * self.n_layers, 2)))
         folds = hyper_map(ops.partial(kernels.fold_layer, self.thor_initialised, self.a_factors, self.g_factors),
                           self.factor_slot, self.factor_decay, a_source, g_source)
-        token = ops.depend(token, hyper_map(kernels.field_3, folds))
+        token = ops.depend(token, folds)  # the running averages' writes
         layer_ok = hyper_map(kernels.field_2, folds)
         ok_vector = ops.stack(layer_ok)
-        folded = hyper_map(ops.partial(kernels.job_field, folds), self.job_layer, self.job_slot)  # per job
         use_vector, use = ok_vector, layer_ok  # the layers inverted now
         if self.refresh_threshold > 0.0:  # adaptive: only the layers whose factors changed enough
-            use_vector = self._changed_layers(folded, ok_vector)
+            use_vector = self._changed_layers(folds, ok_vector)
             token = ops.depend(token, use_vector)
             use = ops.unstack(use_vector)
         root = ops.sqrt(ops.cast(damping, ms.float32))
@@ -476,12 +491,13 @@ class THOR(nn.Optimizer, ThorStepVariants):
                                      folds)
             shifts = hyper_map(ops.partial(kernels.job_field, layer_shifts), self.job_layer, self.job_slot)
         # this rank's Kronecker blocks, batched by block size; one Cholesky-or-eigen decision for all of them
-        raw, block_bad = (), ()
+        raw = ()
         unsafe = ops.zeros((), ms.float32)
+        bad_inverses = ops.zeros((), ms.float32)
         if self.inverse_batches:
-            prepared = hyper_map(ops.partial(kernels.prepare_batch, folded, shifts, use_vector, root, self.pi_damping),
-                                 self.inverse_batches, self.batch_job_groups, self.batch_job_blocks,
-                                 self.batch_block_layer)
+            prepared = hyper_map(ops.partial(kernels.prepare_batch, folds, shifts, use_vector, root, self.pi_damping),
+                                 self.inverse_batches, self.batch_job_layers, self.batch_job_slots,
+                                 self.batch_job_groups, self.batch_job_blocks, self.batch_block_layer)
             batch_blocks = hyper_map(kernels.field_0, prepared)
             batch_shifts = hyper_map(kernels.field_1, prepared)
             batch_ok = hyper_map(kernels.field_2, prepared)
@@ -497,14 +513,24 @@ class THOR(nn.Optimizer, ThorStepVariants):
                 raw = hyper_map(kernels.eigen_inverse, batch_blocks, batch_shifts)
             else:
                 raw = hyper_map(kernels.cholesky_inverse, batch_blocks, batch_shifts)
-            # a block is bad when its layer's factors or its inverse are non-finite
+            # a block is bad when its layer's factors or its inverse are non-finite; a factor with a bad block keeps
+            # its previous inverse, decided per batch (one where over its blocks, not one per factor)
             block_bad = hyper_map(kernels.blocks_bad, batch_ok, raw)
-        jobs = hyper_map(ops.partial(kernels.job_inverse, folded, shifts, use, raw, block_bad, self.a_inverses,
+            kept = hyper_map(ops.partial(kernels.keep_or_replace, self.a_inverses, self.g_inverses), raw, block_bad,
+                             batch_ok, self.batch_job_layers, self.batch_job_slots, self.batch_job_matrix,
+                             self.batch_block_matrix)
+            raw = hyper_map(kernels.field_0, kept)
+            bad_inverses = ops.addn(hyper_map(kernels.field_1, kept))
+        jobs = hyper_map(ops.partial(kernels.job_inverse, folds, shifts, use, raw, self.a_inverses,
                                      self.g_inverses, root, self.pi_damping, self.assign_in_map), self.job_specs)
-        bad_inverses = ops.addn(hyper_map(kernels.field_1, jobs))
-        token = ops.depend(token, hyper_map(kernels.field_2, jobs))
-        if not self.assign_in_map:
-            inverses = hyper_map(kernels.field_0, jobs)
+        if self.diagonal_specs:
+            bad_inverses = bad_inverses + ops.addn(hyper_map(ops.partial(
+                kernels.diagonal_rejected, folds, shifts, use, self.a_inverses, root, self.pi_damping),
+                self.diagonal_specs))
+        if self.assign_in_map:
+            token = ops.depend(token, jobs)
+        else:
+            inverses = jobs
             received = ()
             for k in range(len(self.broadcast_ranks)):
                 if self.broadcast_ranks[k] == self.rank:
@@ -526,7 +552,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
                 token = ops.depend(token, ops.assign(self._inverse_param(j), value))
         return self._finish_refresh(token, unsafe, bad_inverses, ok_vector)
 
-    def _changed_layers(self, folded, ok_vector):
+    def _changed_layers(self, folds, ok_vector):
         r"""Adaptive refresh (the THOR paper's trace rule): which layers to invert now -> ``(n_layers,)`` bool.
 
         A layer is inverted when its factors are finite and the trace of its A or its G moved by more than
@@ -535,7 +561,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         others keep their inverses (counted per layer in ``stable_refreshes``). Records the traces of the layers
         inverted now.
         """
-        traces = ops.stack(kernels.MAP(kernels.trace, folded, self.job_dims))
+        traces = ops.stack(kernels.MAP(ops.partial(kernels.trace, folds), self.job_layer, self.job_slot, self.job_dims))
         last = self.inverted_traces
         never = last <= 0.0
         change = ops.abs(traces / ops.where(never, ops.ones_like(last), last) - 1.0)
@@ -593,12 +619,12 @@ class THOR(nn.Optimizer, ThorStepVariants):
             summaries = self.hyper_map(kernels.preconditioned_dot, self.param_layer, directions, gradients)
             vg_sum = ops.addn(summaries)
             nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
-            new_grads = self.hyper_map(ops.partial(kernels.scale_preconditioned, nu), self.param_layer, directions)
         else:
             summaries = self.hyper_map(kernels.direction_sum, self.param_layer, directions)
-        if self.weight_decay > 0.0:
-            new_grads = self.hyper_map(ops.partial(kernels.decay, self.weight_decay), self.decay_flags, params,
-                                       new_grads)
+        scale = self.kl_clip > 0.0 and self.n_layers > 0
+        if scale or self.weight_decay > 0.0:  # the trust-region scaling and the weight decay in one map
+            new_grads = self.hyper_map(ops.partial(kernels.scale_and_decay, scale, nu, self.weight_decay),
+                                       self.param_layer, self.step_decay_flags, params, directions)
         if self.enable_clip_grad:
             new_grads = self.hyper_map(kernels.clip_to_unit_norm, new_grads)
         # a non-finite update (gradient, preconditioned direction or nu) skips the whole step. The THOR layers'
@@ -615,15 +641,13 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # for bit as it was (v = 1 v + 0, w = w - 0 v); the step counter, flags and health follow ``finite``.
         lr = ops.where(finite, lr, ops.zeros_like(lr))
         momentum = ops.where(finite, self.momentum, ops.ones_like(self.momentum))
-        if self.flat_skip:
-            flat = flatten_tensors(new_grads)
-            new_grads = split_flat(ops.where(finite, flat, ops.zeros_like(flat)), self.update_layout)
-        else:
-            new_grads = self.hyper_map(ops.partial(kernels.zero_unless, finite), new_grads)
+        # each parameter's update is zeroed (where not finite) inside its momentum call: a flat buffer (concat,
+        # one where, a slice per parameter) cost two more calls per parameter to compile
         if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
-            success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum), params, moments, new_grads)
+            success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum, finite), params, moments,
+                                     new_grads)
         else:
-            success = self.hyper_map(ops.partial(kernels.momentum_step, self.apply_momentum, lr, momentum),
+            success = self.hyper_map(ops.partial(kernels.momentum_step, self.apply_momentum, lr, momentum, finite),
                                      params, moments, new_grads)
         skipped = ops.logical_not(finite)
         # the next step captures on schedule; after a skipped one it captures statistics again (they show where
