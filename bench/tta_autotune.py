@@ -157,14 +157,16 @@ def paired_ratios(cell: dict, exclude_compile: bool = False) -> Tuple[Optional[s
     if best is None:
         return None, {}
     mine, theirs = wall_to_target(cell, AUTO), wall_to_target(cell, best)
+    # the seed keys as stored: str after a JSON round trip, int in bench_tta's payload while it runs
+    runs = {name: {int(seed): run for seed, run in cell["curves"][name].items()} for name in (AUTO, best)}
     out = {}
     for seed in sorted(set(mine) & set(theirs)):
         a, b = mine[seed], theirs[seed]
         if a is None or b is None:
             continue
         if exclude_compile:
-            ka = compile_seconds(cell["curves"][AUTO][str(seed)])
-            kb = compile_seconds(cell["curves"][best][str(seed)])
+            ka = compile_seconds(runs[AUTO][seed])
+            kb = compile_seconds(runs[best][seed])
             if ka is None or kb is None:
                 continue
             a, b = a - ka, b - kb
