@@ -185,11 +185,16 @@ def paired_goal(cell: dict, exclude_compile: bool = False) -> Optional[Tuple[str
     best, ratios = paired_ratios(cell, exclude_compile)
     if not ratios:
         return None
+    spread, met = _paired_verdict(ratios)
+    return (f"{PAIRED[exclude_compile]}: median {spread} over {len(ratios)} seed(s) against {best}, within "
+            f"{WITHIN:.0%}: {'**met**' if met else 'not met'}", met)
+
+
+def _paired_verdict(ratios: Dict[int, float]) -> Tuple[str, bool]:
+    """``("<median>x [<min>, <max>]", median within WITHIN of 1)`` of non-empty per-seed ratios."""
     values = list(ratios.values())
     middle = float(np.median(values))
-    met = middle <= 1 + WITHIN
-    return (f"{PAIRED[exclude_compile]}: median {middle:.2f}x [{min(values):.2f}, {max(values):.2f}] over "
-            f"{len(values)} seed(s) against {best}, within {WITHIN:.0%}: {'**met**' if met else 'not met'}", met)
+    return f"{middle:.2f}x [{min(values):.2f}, {max(values):.2f}]", middle <= 1 + WITHIN
 
 
 def paired_table(payload: dict) -> List[str]:
@@ -201,11 +206,13 @@ def paired_table(payload: dict) -> List[str]:
         if AUTO not in cell["curves"]:
             continue
         cols = []
-        best, ratios = paired_ratios(cell)
-        for exclude in (False, True):
-            values = list(paired_ratios(cell, exclude)[1].values())
-            cols += ([f"{np.median(values):.2f}x [{min(values):.2f}, {max(values):.2f}]",
-                      "met" if np.median(values) <= 1 + WITHIN else "not met"] if values else ["-", "-"])
+        (best, ratios), (_, without_compile) = paired_ratios(cell), paired_ratios(cell, True)
+        for per_seed in (ratios, without_compile):
+            if per_seed:
+                spread, met = _paired_verdict(per_seed)
+                cols += [spread, "met" if met else "not met"]
+            else:
+                cols += ["-", "-"]
         rows.append(f"| {key} | {best or '-'} | {len(ratios)}/{len(cell['curves'][AUTO])} | " + " | ".join(cols)
                     + " |")
     return rows
