@@ -219,7 +219,7 @@ def main(argv=None) -> int:
         contender, seed = json.loads(args.worker)
         print(TAG + json.dumps(measure(contender, dataset, net_name, args.epochs, seed)), flush=True)
         return 0
-    from bench.common import load_average, write_results
+    from bench.common import load_average
     from bench.tta_autotune import parse_seeds
 
     seeds = parse_seeds(args.seeds)
@@ -230,17 +230,29 @@ def main(argv=None) -> int:
 
     for seed, order in paired_order([args.fixed, AUTO], seeds):  # neither always first
         for contender in order:
-            out = subprocess.run([sys.executable, __file__, f"--cell={args.cell}", f"--epochs={args.epochs}",
-                                  f"--worker={json.dumps([contender, seed])}"], env=env, capture_output=True,
-                                 text=True, check=True).stdout
-            line = next(x for x in out.splitlines() if x.startswith(TAG))
-            payload["runs"][contender][str(seed)] = json.loads(line[len(TAG):])
+            payload["runs"][contender][str(seed)] = worker_result(
+                [sys.executable, __file__, f"--cell={args.cell}", f"--epochs={args.epochs}",
+                 f"--worker={json.dumps([contender, seed])}"], env)
             print(f"[phases] {contender} seed {seed} done", flush=True)
-    payload["load_after"] = load_average()
-    page = render(payload)
-    write_results(args.out, payload, page)
-    print(page)
+    finish(args.out, payload, render)
     return 0
+
+
+def worker_result(command: List[str], env: Dict[str, str]) -> dict:
+    """Run a worker process (``command``) to its end; its result: the JSON of its stdout line tagged :data:`TAG`."""
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith(TAG))
+    return json.loads(line[len(TAG):])
+
+
+def finish(out: str, payload: dict, render_page) -> None:
+    """Stamp the load average after the run, render the page and write ``bench/results/<out>.{json,md}``."""
+    from bench.common import load_average, write_results
+
+    payload["load_after"] = load_average()
+    page = render_page(payload)
+    write_results(out, payload, page)
+    print(page)
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def test_standalone_runs_each_seed_paired_with_the_order_rotated_and_any_number_
         return _run([0.5, 0.95], [3.0, 1.0], wall_seconds=1.0, **extra)
 
     monkeypatch.setattr(tta, "launch", launch)
-    monkeypatch.setattr(auto_mod, "data_root", lambda dataset, train=None: "unused")
+    monkeypatch.setattr(auto_mod, "data_root", lambda dataset, train=None, classes=10: "unused")
     saved = []
     payload = run_standalone([Cell("digits", "gemm", 2)], parse_seeds(["0,1", "2", "3", "4"]), False, 10,
                              {"cells": {}}, lambda p: saved.append(len(calls)))
@@ -293,16 +293,28 @@ def test_the_long_form_runs_its_cells_and_writes_its_own_page(monkeypatch):
         return _timed([0.5, 0.95], [3.0, 1.0], 2.0, 0.01, **extra)
 
     monkeypatch.setattr(tta, "launch", launch)
-    monkeypatch.setattr(auto_mod, "data_root", lambda dataset, train=None: roots.append((dataset, train)) or "unused")
+    monkeypatch.setattr(auto_mod, "data_root",
+                        lambda dataset, train=None, classes=10: roots.append((dataset, train, classes)) or "unused")
+    monkeypatch.setattr(auto_mod, "image_count", lambda folder: 1500)
     pages = []
     monkeypatch.setattr(bench.common, "write_results", lambda name, payload, page: pages.append((name, page)))
     assert auto_mod.main(["--long", "--seeds", "0"]) == 0
-    assert roots == [(c.dataset, c.train) for c in auto_mod.LONG_CELLS]
-    assert {(s.dataset, s.net, s.epochs) for s in specs} == {(c.dataset, c.net, c.epochs) for c in auto_mod.LONG_CELLS}
+    assert roots == [(c.dataset, c.train, c.classes) for c in auto_mod.LONG_CELLS]
+    assert {(s.dataset, s.net, s.epochs, s.width) for s in specs} == {
+        (c.dataset, c.net, c.epochs, c.width) for c in auto_mod.LONG_CELLS}
+    # the three bundled workloads, each with the issue's contenders (O0, O1, auto; the GEMM rewrite on conv nets)
+    assert {c.dataset for c in auto_mod.LONG_CELLS} == {"digits", "mnist5k", "generated"}
+    for cell in auto_mod.LONG_CELLS:
+        assert {s.contender for s in specs if (s.dataset, s.net) == (cell.dataset, cell.net)} == set(
+            auto_mod.contenders_of(cell, False))
     assert all(s.epochs >= 10 for s in specs)  # long runs: far more steps than the quick form's 2-4 epochs
     name, page = pages[-1]
     assert name == "tta_autotune_long" and "(long form," in page and "--long --seeds 0" in page
     assert "Partial run" not in page and "**Paired**" in page
+    # the data sentence names what differs from the quick form: the generated set's classes, digits' width
+    assert "generated/gemm: the zoo's generated set (20 classes), 1,500 train" in page
+    assert ("digits/gemm: scikit-learn's digits, 1,500 train / 1,500 val images, 20 epochs (47 steps an epoch), "
+            "width 4;") in page
     with pytest.raises(ValueError, match="not in the long form"):
         auto_mod.main(["--long", "--cells", "digits/conv"])
     # one cell, longer: --epochs overrides the form's epochs and is part of the command on the page
@@ -312,3 +324,18 @@ def test_the_long_form_runs_its_cells_and_writes_its_own_page(monkeypatch):
     assert "`python bench/tta_autotune.py --long --cells mnist5k/gemm --epochs 20 --seeds 0`" in pages[-1][1]
     with pytest.raises(ValueError, match="--epochs 1 must be >= 2"):
         auto_mod.main(["--long", "--epochs", "1"])
+
+
+def test_the_generated_sets_classes_split_its_training_images_and_only_it_has_a_class_count(monkeypatch):
+    import bench.tta_autotune as auto_mod
+    import model_zoo.resnet.src.synthetic_data as synthetic
+
+    calls = []
+    monkeypatch.setattr(synthetic, "ensure_dataset", lambda **kw: calls.append(kw) or "folder")
+    assert auto_mod.data_root("generated", 3000, 20) == "folder"
+    assert calls[-1] == {"num_classes": 20, "image_size": auto_mod.IMAGE_SIZE, "train_per_class": 150,
+                         "val_per_class": 40}
+    auto_mod.data_root("generated")  # the quick form's: 10 classes of 150
+    assert (calls[-1]["num_classes"], calls[-1]["train_per_class"]) == (10, 150)
+    with pytest.raises(ValueError, match="classes=20 is only for the generated set; 'digits' has 10"):
+        auto_mod.data_root("digits", None, 20)
