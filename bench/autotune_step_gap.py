@@ -7,11 +7,12 @@ then the two train **one epoch at a time, alternating** (the order swapped every
 shares the machine's conditions. Per epoch and Model: the median step's wall time and its CPU time (the process's,
 all threads: only one Model trains at a time), each epoch's first step left out (a new data iterator's first batch,
 and the fixed Model's compile). What the process holds after the trial -- live Cells, threads, resident memory -- is
-recorded too. ``--candidates O0,O1 --no-time-budget`` makes the trial probe (and compile) a second plan that it then
-drops, the case where a dropped candidate's step could stay behind.
+recorded too. Then (``--rounds``) the two Models' train cells alone, with no data pipeline: the same 10 batches,
+each cell in turn, round by round. ``--candidates O0,O1 --no-time-budget`` makes the trial probe (and compile) a
+second plan that it then drops, the case where a dropped candidate's step could stay behind.
 
 ``python bench/autotune_step_gap.py [--cell mnist5k/gemm] [--train 3000] [--epochs 6] [--seeds 0 1 2]
-[--candidates O0,O1] [--no-time-budget]`` writes ``bench/results/autotune_step_gap.{json,md}``
+[--candidates O0,O1] [--no-time-budget] [--rounds 30]`` writes ``bench/results/autotune_step_gap.{json,md}``
 (``--out`` another stem). Each seed runs in its own process, one after the other.
 """
 from __future__ import annotations
@@ -63,8 +64,10 @@ def paired_ratios(fixed: Sequence[Optional[List[float]]], auto: Sequence[Optiona
     return [a[column] / f[column] for f, a in zip(fixed, auto) if f and a and f[column] > 0]
 
 
-def measure(cell: str, train_images: int, epochs: int, seed: int, fixed_name: str, options: dict) -> dict:
-    """One seed, in this process: the trial, then ``epochs`` epochs of each Model, alternating."""
+def measure(cell: str, train_images: int, epochs: int, seed: int, fixed_name: str, options: dict,
+            rounds: int = 0) -> dict:
+    """One seed, in this process: the trial, then ``epochs`` epochs of each Model, alternating; then ``rounds``
+    rounds of :func:`time_cells` on the two Models' train cells."""
     import mindspore as ms
     import mindspore.dataset as ds
     from mindspore.train import Callback
@@ -116,7 +119,36 @@ def measure(cell: str, train_images: int, epochs: int, seed: int, fixed_name: st
             models[name].train(1, data[name], callbacks=[timer], dataset_sink_mode=False)
             stats[name].append(epoch_stats(timer.walls, timer.cpus))
     out["epochs"] = stats
+    if rounds:
+        out["cells"] = time_cells({name: model._train_network for name, model in models.items()}, data[fixed_name],
+                                  rounds)
     out["state_end"] = process_state()
+    return out
+
+
+def time_cells(cells: Dict[str, object], dataset, rounds: int, batches: int = 10) -> Dict[str, List[List[float]]]:
+    """The train cells alone, no data pipeline: ``batches`` batches read once, then ``rounds`` rounds in which each
+    cell trains them all (the order swapped every round); per round and cell ``[median wall, median CPU]`` of a
+    step (the step's output read back, so the step has finished)."""
+    from mindspore import Tensor
+
+    feed = []
+    for row in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):
+        feed.append(tuple(Tensor(np.asarray(col)) for col in row))
+        if len(feed) >= batches:
+            break
+    names = list(cells)
+    out: Dict[str, List[List[float]]] = {name: [] for name in names}
+    for rnd in range(rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            walls, cpus = [], []
+            for batch in feed:
+                t = (time.perf_counter(), time.process_time())
+                loss = cells[name](*batch)
+                (loss[0] if isinstance(loss, tuple) else loss).asnumpy()
+                walls.append(time.perf_counter() - t[0])
+                cpus.append(time.process_time() - t[1])
+            out[name].append([float(np.median(walls)), float(np.median(cpus))])
     return out
 
 
@@ -151,6 +183,15 @@ def render(payload: dict) -> str:
     lines += ["", f"**All epochs of all seeds** ({len(all_wall)} pairs): wall {_spread(all_wall)}, CPU "
               f"{_spread(all_cpu)}; auto's step slower in {sum(r > 1 for r in all_wall)} of {len(all_wall)} pairs "
               "(wall).", ""]
+    rounds = [run["cells"] for run in payload["runs"].values() if run.get("cells")]
+    if rounds:
+        walls = [r for c in rounds for r in paired_ratios(c[fixed], c[AUTO], 0)]
+        cpus = [r for c in rounds for r in paired_ratios(c[fixed], c[AUTO], 1)]
+        lines += [f"**The train cells alone** (after the epochs, in the same process: the same "
+                  f"{payload.get('cell_batches', 10)} batches, no data pipeline, the two cells alternating round by "
+                  f"round; {len(walls)} rounds): auto's cell over the fixed Model's, median step wall "
+                  f"{_spread(walls)}, CPU {_spread(cpus)}; auto's slower in {sum(r > 1 for r in walls)} (wall), "
+                  f"{sum(r > 1 for r in cpus)} (CPU) of {len(walls)} rounds.", ""]
     return "\n".join(lines + page_footer(payload["command"], payload["load_before"]))
 
 
@@ -167,6 +208,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", default=["0,1,2"])
     parser.add_argument("--candidates", default="", help="autotune.candidates, comma-separated (default: all)")
     parser.add_argument("--no-time-budget", dest="time_budget", action="store_false")
+    parser.add_argument("--rounds", type=int, default=30,
+                        help="then the two train cells alone, alternating, this many rounds of 10 batches (0: none)")
     parser.add_argument("--out", default="autotune_step_gap")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -176,7 +219,7 @@ def main(argv=None) -> int:
     if not args.time_budget:
         options["time_budget"] = False
     if args.worker:
-        got = measure(args.cell, args.train, args.epochs, int(args.worker), args.fixed, options)
+        got = measure(args.cell, args.train, args.epochs, int(args.worker), args.fixed, options, args.rounds)
         gc.collect()
         print(TAG + json.dumps(got), flush=True)
         return 0
@@ -192,7 +235,7 @@ def main(argv=None) -> int:
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(ROOT))
     for seed in seeds:
         worker = [sys.executable, __file__, f"--worker={seed}", f"--cell={args.cell}", f"--train={args.train}",
-                  f"--epochs={args.epochs}", f"--fixed={args.fixed}"] + (
+                  f"--epochs={args.epochs}", f"--fixed={args.fixed}", f"--rounds={args.rounds}"] + (
             [f"--candidates={args.candidates}"] if args.candidates else []) + (
             [] if args.time_budget else ["--no-time-budget"])
         payload["runs"][str(seed)] = worker_result(worker, env)
