@@ -90,9 +90,11 @@ def measure(cell: str, train_images: int, epochs: int, seed: int, fixed_name: st
         ds.config.set_seed(seed)
         data[name] = create_dataset(root / "train", do_train=True, batch_size=32, image_size=16,
                                     num_parallel_workers=2, crop_scale=(0.6, 1.0), seed=seed, hflip=False)
-        spec = RunSpec(dataset=dataset, net=net_name, contender=name, lr=0.1, seed=seed, epochs=epochs,
-                       image_size=16, width=8)
-        models[name] = _model(spec, build_network(spec, len(classes)), data[name].get_dataset_size())
+        steps = data[name].get_dataset_size()
+        # the lr schedule covers the epochs and the cells' rounds (10 steps each) beyond them
+        spec = RunSpec(dataset=dataset, net=net_name, contender=name, lr=0.1, seed=seed,
+                       epochs=epochs + (-(-rounds * 10 // steps) if rounds else 0), image_size=16, width=8)
+        models[name] = _model(spec, build_network(spec, len(classes)), steps)
     out: dict = {"state_before": process_state()}
     tick = time.perf_counter()
     report = models[AUTO].autotune(data[AUTO], epochs)
