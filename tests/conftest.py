@@ -36,8 +36,13 @@ MODES = ("graph", "pynative")
 
 
 def _runs_tests(config) -> bool:
-    """True in a pytest-xdist worker and in a run without workers (``-n 0``, or xdist not loaded)."""
-    return bool(os.environ.get("PYTEST_XDIST_WORKER")) or not getattr(config.option, "numprocesses", None)
+    """False only in the pytest-xdist controller of a distributed run, which starts workers and neither collects
+    nor runs a test; decided as xdist does (xdist/plugin.py: a ``--dist`` mode with ``--tx`` targets, and not
+    ``--collect-only``, which xdist leaves to this process)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return True
+    distributed = getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None))
+    return not distributed or bool(config.option.collectonly)
 
 
 def pytest_configure(config):
