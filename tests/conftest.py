@@ -26,19 +26,43 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # ranks and test workers lose. Results do not change; only the order of host and kernel work.
 os.environ.setdefault("MS_DEV_LAUNCH_BLOCKING", "1")
 
-import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-ms.set_device("CPU")
+# MindSpore is imported by the processes that run tests (pytest_configure below), not at this file's import: the
+# pytest-xdist controller loads this file too, runs no test, and starts the workers only after loading it, so an
+# import here put ~2.3 CPU-s (and as many seconds of wall time) before the first worker started.
+MODES = ("graph", "pynative")
 
-MODES = {"pynative": ms.PYNATIVE_MODE, "graph": ms.GRAPH_MODE}
+
+def _runs_tests(config) -> bool:
+    """False only in the pytest-xdist controller of a distributed run, which starts workers and neither collects
+    nor runs a test; decided as xdist does (xdist/plugin.py: a ``--dist`` mode with ``--tx`` targets, and not
+    ``--collect-only``, which xdist leaves to this process)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return True
+    distributed = getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None))
+    return not distributed or bool(config.option.collectonly)
 
 
-@pytest.fixture(params=sorted(MODES))
+def pytest_configure(config):
+    if _runs_tests(config):
+        import mindspore as ms
+
+        ms.set_device("CPU")
+
+
+def _ms():
+    import mindspore as ms
+
+    return ms
+
+
+@pytest.fixture(params=MODES)
 def mode(request):
     """Run the test once in PyNative and once in Graph mode; restores PyNative afterwards."""
-    ms.set_context(mode=MODES[request.param])
+    ms = _ms()
+    ms.set_context(mode=ms.GRAPH_MODE if request.param == "graph" else ms.PYNATIVE_MODE)
     yield request.param
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
@@ -47,13 +71,13 @@ def mode(request):
 def _pynative_at_module_start():
     """Every test file starts in PyNative mode (MindSpore's default), whatever mode the file run before it on the
     same pytest-xdist worker left behind; a file's own tests and fixtures set another mode as they need."""
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+    _ms().set_context(mode=_ms().PYNATIVE_MODE)
     yield
 
 
 @pytest.fixture(autouse=True)
 def _seed():
-    ms.set_seed(0)
+    _ms().set_seed(0)
     np.random.seed(0)
     yield
 
