@@ -186,6 +186,8 @@ def main(argv=None) -> int:
                     tmp.replace(path)
         payload["load_after"] = _load()
         payload["seconds"] = payload.get("seconds", 0.0) + time.perf_counter() - start
+    if not payload.get("load_after") and payload["runs"]:  # a stopped sweep: the load after its last run
+        payload["load_after"] = list(payload["runs"].values())[-1].get("load")
     payload["summary"] = {d: summarize(payload["runs"], d, names, args.seeds) for d in args.datasets}
     if args.notes:
         payload["notes"] = Path(args.notes).read_text()
