@@ -363,7 +363,8 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
     steps_per_epoch = train.get_dataset_size()
     tick = time.perf_counter()
     model = _model(spec, net, steps_per_epoch)
-    record = {"accuracy": [], "epoch_seconds": [], "slowest_steps": [], "build_seconds": time.perf_counter() - tick}
+    record = {"accuracy": [], "epoch_seconds": [], "epoch_cpu_seconds": [], "slowest_steps": [],
+              "build_seconds": time.perf_counter() - tick}
     saves, end1 = set(), -1  # the steps after which the baseline saves DimReduce's stage-1 weights (workdir given)
     folder = Path(spec.workdir) / "trajectory"
     if spec.contender == "baseline" and spec.workdir:
@@ -375,6 +376,7 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
     class EpochTimer(Callback):
         def on_train_epoch_begin(self, run_context):
             self.start, self.steps, self.saving = time.perf_counter(), [], 0.0
+            self.cpu_start = time.process_time()  # the process's CPU time, all threads (a shared machine inflates wall)
 
         def on_train_step_begin(self, run_context):
             self.step_start = time.perf_counter()
@@ -391,6 +393,7 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
 
         def on_train_epoch_end(self, run_context):
             record["epoch_seconds"].append(time.perf_counter() - self.start - self.saving)
+            record["epoch_cpu_seconds"].append(time.process_time() - self.cpu_start)
             # the epoch's median step and its three slowest (a compile inside an epoch shows here)
             record["slowest_steps"].append([float(np.median(self.steps))] + sorted(self.steps)[-3:]
                                            if self.steps else [])
