@@ -13,11 +13,13 @@ from mindspore import ops
 from ms_boost.thor import math as thor_math
 
 __all__ = [
-    "dot", "REDUCE_SUM", "step_summary", "update_step", "set_flag", "pick_direction", "pick", "field_0", "field_1",
-    "field_2", "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
+    "dot", "REDUCE_SUM", "scale_and_decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
+    "pick_direction", "preconditioned_dot", "pick", "field_0", "field_1", "field_2",
+    "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
     "cholesky_inverse", "eigen_inverse", "blocks_bad", "old_blocks", "keep_or_replace", "job_inverse", "precondition",
     "diagonal_inverse",
-    "trace", "MAP", "CONCAT",
+    "trace",
+    "direction_sum", "MAP", "CONCAT",
 ]
 
 def dot(x, y):
@@ -29,10 +31,13 @@ def dot(x, y):
 
 
 REDUCE_SUM = ops.ReduceSum(keep_dims=False)
+scale_and_decay = ops.MultitypeFuncGraph("thor_scale_and_decay")
+clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
+momentum_step = ops.MultitypeFuncGraph("thor_momentum")
+nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
 set_flag = ops.MultitypeFuncGraph("thor_set_flag")
 pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
-step_summary = ops.MultitypeFuncGraph("thor_step_summary")
-update_step = ops.MultitypeFuncGraph("thor_update_step")
+preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
 
 
 pick = ops.MultitypeFuncGraph("thor_pick")
@@ -55,6 +60,7 @@ job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
 diagonal_inverse = ops.MultitypeFuncGraph("thor_diagonal_inverse")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
 trace = ops.MultitypeFuncGraph("thor_trace")
+direction_sum = ops.MultitypeFuncGraph("thor_direction_sum")
 MAP = ops.Map()
 CONCAT = ops.Concat(0)
 
@@ -269,54 +275,44 @@ def _pick_direction_tensor(preconditioned, gradients, layer, slot, position):
     return preconditioned[layer][slot]
 
 
-@step_summary.register("Tuple", "Tuple", "Bool", "Number", "Number", "Number", "Number", "Bool", "Tensor")
-def _step_summary_tensor(preconditioned, gradients, trust, weight_decay, layer, slot, position, flag, weight):
-    r"""A parameter's scalar summary of its update, non-finite when the update is (float32).
-
-    THOR layer ``layer``'s weight (``slot`` 0) or bias (1): :math:`\langle F^{-1} g, g\rangle` of its preconditioned
-    direction when ``trust`` (the trust region needs it), else the direction's sum; another parameter: the sum of its
-    update (gradient, plus ``weight_decay * weight`` where ``flag``) times 0, which is 0 when the update is finite and
-    NaN when it holds inf/NaN. One call per parameter: the direction is picked here, not by a map of its own.
-    """
+@preconditioned_dot.register("Number", "Tensor", "Tensor")
+def _preconditioned_dot_tensor(layer, direction, grad):
+    r""":math:`\langle F^{-1} g, g\rangle` of a parameter preconditioned by THOR layer ``layer`` (0 when -1)."""
     if layer >= 0:
-        direction = preconditioned[layer][slot]
-        if trust:
-            return dot(direction, gradients[position]).reshape(())
-        return REDUCE_SUM(ops.cast(direction, ms.float32), ())
-    update = gradients[position]
-    if flag:
-        update = update + weight * weight_decay
-    return REDUCE_SUM(ops.cast(update, ms.float32) * 0.0, ())
+        return dot(direction, grad).reshape(())
+    return ops.zeros((), ms.float32)
 
 
-@update_step.register("Tuple", "Tuple", "Tuple", "Function", "Tensor", "Tensor", "Tensor", "Tensor", "Number", "Number",
-                      "Number", "Bool", "Tensor", "Tensor")
-def _update_step_tensor(preconditioned, gradients, config, apply_momentum, nu, lr, momentum, finite, layer, slot,
-                        position, flag, weight, moment):
-    """One parameter's whole update: its direction, scaled, decayed, clipped, then the momentum (or Nesterov) step.
+@scale_and_decay.register("Bool", "Tensor", "Number", "Number", "Bool", "Tensor", "Tensor")
+def _scale_and_decay_tensor(scale, nu, weight_decay, layer, flag, weight, direction):
+    """A parameter's update before the momentum step: its direction, scaled and decayed.
 
-    ``config``: static ``(scale, weight_decay, clip, nesterov)``. The direction is THOR layer ``layer``'s preconditioned
-    weight (``slot`` 0) or bias (1), else the gradient; times the trust-region factor ``nu`` where ``scale`` and the
-    parameter belongs to a THOR layer; plus ``weight_decay * weight`` where ``flag`` (``decay_filter`` selected it);
-    clipped to norm 1 where ``clip``; zeroed unless ``finite`` (a skipped step moves nothing). One call per parameter
-    (each was a map of its own: pick, scale and decay, clip, momentum), in the same order, so the same numbers.
+    Times the trust-region factor ``nu`` where ``scale`` and the parameter belongs to a THOR layer, plus
+    ``weight_decay * weight`` where ``flag`` (``decay_filter`` selected it): one call per parameter, not two.
     """
-    scale, weight_decay, clip, nesterov = config
-    if layer >= 0:
-        direction = preconditioned[layer][slot]
-        if scale:
-            direction = direction * nu
-    else:
-        direction = gradients[position]
+    if scale and layer >= 0:
+        direction = direction * nu
     if flag:
-        direction = direction + weight * weight_decay
-    if clip:
-        direction = thor_math.clip_by_norm(direction, 1.0)
-    grad = ops.where(finite, direction, ops.zeros_like(direction))
-    if nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
-        new_weight, new_moment = thor_math.momentum_step(weight, moment, grad, lr, momentum, True)
-        return ops.depend(ops.assign(moment, new_moment), ops.assign(weight, new_weight))
-    return apply_momentum(weight, moment, lr, grad, momentum)
+        return direction + weight * weight_decay
+    return direction
+
+
+@clip_to_unit_norm.register("Tensor")
+def _clip_tensor(grad):
+    return thor_math.clip_by_norm(grad, 1.0)
+
+
+@momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _momentum_tensor(apply_momentum, lr, momentum, finite, weight, moment, grad):
+    """The momentum update of one parameter; zero gradient unless ``finite`` (a skipped step moves nothing)."""
+    return apply_momentum(weight, moment, lr, ops.where(finite, grad, ops.zeros_like(grad)), momentum)
+
+
+@nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_tensor(lr, momentum, finite, weight, moment, grad):
+    grad = ops.where(finite, grad, ops.zeros_like(grad))
+    new_weight, new_moment = thor_math.momentum_step(weight, moment, grad, lr, momentum, True)
+    return ops.depend(ops.assign(moment, new_moment), ops.assign(weight, new_weight))
 
 
 @set_flag.register("Tensor", "Tensor")
@@ -331,3 +327,11 @@ def _trace_tuple(folds, layer, slot, dim):
     Summed over groups (and blocks); a diagonal's sum.
     """
     return REDUCE_SUM(thor_math.factor_trace(ops.cast(folds[layer][slot], ms.float32), dim), ())
+
+
+@direction_sum.register("Number", "Tensor")
+def _direction_sum_tensor(layer, direction):
+    """Sum of a THOR layer's direction (float32 scalar; inf/NaN in it make it non-finite); 0 for other parameters."""
+    if layer >= 0:
+        return REDUCE_SUM(ops.cast(direction, ms.float32), ())
+    return ops.zeros((), ms.float32)

@@ -38,6 +38,7 @@ from mindspore import log as logger
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_boost import comm
+from ms_boost.flat_buffers import flatten_tensors
 from ms_boost.thor import kernels
 from ms_boost.thor import math as thor_math
 from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE, LayerFactors, inverse_layout, plan_inversions
@@ -238,6 +239,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # per parameter: the index of the THOR layer it belongs to; n_layers for the others (never blamed)
         self._param_layer_numbers = Tensor(np.array([float(self.n_layers) if layer < 0 else float(layer)
                                                      for layer in self.param_layer], np.float32))
+        # the parameters outside THOR layers: their updates are checked for inf/NaN directly (the THOR layers'
+        # through their per-parameter summaries)
+        self.other_positions = tuple(i for i, layer in enumerate(self.param_layer) if layer < 0)
         # weight decay per parameter as the step applies it (none at all when weight_decay is 0)
         self.step_decay_flags = self.decay_flags if self.weight_decay > 0.0 else (False,) * len(self.decay_flags)
         self._keep_on_success = Tensor(np.array([1.0, 0.0, 1.0, 0.0], np.float32))
@@ -610,33 +614,46 @@ class THOR(nn.Optimizer, ThorStepVariants):
                 gradients = ops.depend(gradients, self._refresh(self.damping(step), gradients))
         lr = self.get_lr()
         # Per-parameter work is mapped with HyperMap over tuples: a Python loop over ResNet-50's 161
-        # parameters unrolls into nested calls deeper than Graph mode's call-depth limit. Two calls per parameter
-        # (a mapped call costs about 80 ms to compile whatever its shape): its scalar summary, then its whole update.
-        preconditioned = self._preconditioned(gradients)
-        trust = self.kl_clip > 0.0 and self.n_layers > 0
-        # per parameter a scalar that is non-finite when its update is: for a THOR layer's parameter <F^-1 g, g> of
-        # its preconditioned direction with the trust region (else the direction's sum), for another parameter its
-        # update's sum times 0. It decides whether the step is skipped and names its first bad layer.
-        summaries = self.hyper_map(ops.partial(kernels.step_summary, preconditioned, gradients, trust,
-                                               self.weight_decay), self.param_layer, self.param_slot,
-                                   self.param_position, self.step_decay_flags, params)
+        # parameters unrolls into nested calls deeper than Graph mode's call-depth limit.
+        directions = self.directions(gradients)
         nu = ops.ones((), ms.float32)
-        if trust:  # a NaN nu blames no layer: the summaries are taken before it
-            nu = thor_math.trust_region_scale(ops.addn(summaries), lr, self.kl_clip)
-        # a non-finite update (gradient, preconditioned direction or nu) skips the whole step: an isfinite over
-        # every update cost 0.035x a Momentum step (docs/thor.md "What the plain step's pieces cost")
+        new_grads = directions  # before the trust region: a NaN nu would blame every layer
+        # per parameter a scalar that is non-finite when its preconditioned direction is (0 for other parameters):
+        # <F^-1 g, g> with the trust region, else the direction's sum; it names the first bad layer of a skipped step
+        if self.kl_clip > 0.0 and self.n_layers > 0:
+            summaries = self.hyper_map(kernels.preconditioned_dot, self.param_layer, directions, gradients)
+            vg_sum = ops.addn(summaries)
+            nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
+        else:
+            summaries = self.hyper_map(kernels.direction_sum, self.param_layer, directions)
+        scale = self.kl_clip > 0.0 and self.n_layers > 0
+        if scale or self.weight_decay > 0.0:  # the trust-region scaling and the weight decay in one map
+            new_grads = self.hyper_map(ops.partial(kernels.scale_and_decay, scale, nu, self.weight_decay),
+                                       self.param_layer, self.step_decay_flags, params, directions)
+        if self.enable_clip_grad:
+            new_grads = self.hyper_map(kernels.clip_to_unit_norm, new_grads)
+        # a non-finite update (gradient, preconditioned direction or nu) skips the whole step. The THOR layers'
+        # parameters are judged by their scalar summaries (non-finite when the direction or the gradient is), the
+        # others by one check over them concatenated: an isfinite over every update cost 0.035x a Momentum step
+        # (docs/thor.md "What the plain step's pieces cost")
         summary_finite = ops.isfinite(ops.stack(summaries))
         finite = ops.logical_and(_REDUCE_ALL(summary_finite, ()), ops.isfinite(nu))
+        if self.other_positions:
+            others = kernels.MAP(ops.partial(kernels.pick, new_grads), self.other_positions)
+            finite = ops.logical_and(finite, thor_math.all_finite(flatten_tensors(others)))
         # No branch on ``finite`` (a device switch cost about 0.2x a Momentum step): a skipped step runs the same
         # update with learning rate 0, momentum 1 and zero gradients, which leaves every weight and moment bit
         # for bit as it was (v = 1 v + 0, w = w - 0 v); the step counter, flags and health follow ``finite``.
         lr = ops.where(finite, lr, ops.zeros_like(lr))
         momentum = ops.where(finite, self.momentum, ops.ones_like(self.momentum))
-        config = (trust, self.weight_decay, self.enable_clip_grad, self.use_nesterov)
-        success = self.hyper_map(ops.partial(kernels.update_step, preconditioned, gradients, config,
-                                             self.apply_momentum, nu, lr, momentum, finite),
-                                 self.param_layer, self.param_slot, self.param_position, self.step_decay_flags,
-                                 params, moments)
+        # each parameter's update is zeroed (where not finite) inside its momentum call: a flat buffer (concat,
+        # one where, a slice per parameter) cost two more calls per parameter to compile
+        if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
+            success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum, finite), params, moments,
+                                     new_grads)
+        else:
+            success = self.hyper_map(ops.partial(kernels.momentum_step, self.apply_momentum, lr, momentum, finite),
+                                     params, moments, new_grads)
         skipped = ops.logical_not(finite)
         # the next step captures on schedule; after a skipped one it captures statistics again (they show where
         # inf/NaN appear) and refreshes the inverses (a corrupted inverse would otherwise be reused)
@@ -655,15 +672,13 @@ class THOR(nn.Optimizer, ThorStepVariants):
         done = ops.depend(finite, success)
         return ops.depend(done, ops.assign(self.step_health, (kept + new).astype(ms.float32)))
 
-    def _preconditioned(self, gradients):
-        """Per THOR layer: ``(weight direction, bias direction or None)`` after THOR preconditioning."""
-        return kernels.MAP(ops.partial(kernels.precondition, gradients), self.layer_embedding, self.weight_index,
-                           self.bias_index, self.layer_groups, self.g_dims, self.a_inverses, self.g_inverses)
-
     def directions(self, gradients):
         """Per parameter: its THOR-preconditioned direction (parameters of THOR layers) or its gradient."""
-        return self.hyper_map(ops.partial(kernels.pick_direction, self._preconditioned(gradients), gradients),
-                              self.param_layer, self.param_slot, self.param_position)
+        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients), self.layer_embedding,
+                                     self.weight_index, self.bias_index, self.layer_groups, self.g_dims,
+                                     self.a_inverses, self.g_inverses)
+        return self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
+                              self.param_slot, self.param_position)
 
     def _first_bad_layer(self, summary_finite):
         """Index (float) of the first THOR layer whose update holds inf/NaN; -1 if none does.
