@@ -17,7 +17,7 @@ __all__ = [
     "pick_direction", "preconditioned_dot", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
     "cholesky_inverse", "eigen_inverse", "blocks_bad", "old_blocks", "keep_or_replace", "job_inverse", "precondition",
-    "diagonal_rejected",
+    "diagonal_inverse",
     "trace",
     "direction_sum", "MAP", "CONCAT",
 ]
@@ -57,7 +57,7 @@ blocks_bad = ops.MultitypeFuncGraph("thor_blocks_bad")
 old_blocks = ops.MultitypeFuncGraph("thor_old_blocks")
 keep_or_replace = ops.MultitypeFuncGraph("thor_keep_or_replace")
 job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
-diagonal_rejected = ops.MultitypeFuncGraph("thor_diagonal_rejected")
+diagonal_inverse = ops.MultitypeFuncGraph("thor_diagonal_inverse")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
 trace = ops.MultitypeFuncGraph("thor_trace")
 direction_sum = ops.MultitypeFuncGraph("thor_direction_sum")
@@ -216,29 +216,32 @@ def _diagonal_inverse(folds, shifts, layer_ok, old, root, use_pi, layer):
     return ops.where(good, inv, old), rejected
 
 
-@diagonal_rejected.register("Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Tuple")
-def _diagonal_rejected_tuple(folds, shifts, layer_ok, a_inverses, root, use_pi, spec):
-    """1.0 when a diagonal input factor's new inverse is rejected as non-finite, else 0.0 (counted apart)."""
+@diagonal_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Tuple")
+def _diagonal_inverse_tuple(folds, shifts, layer_ok, a_inverses, root, use_pi, spec):
+    """A diagonal input factor's (embedding) inverse to store -> ``(inverse, 1.0 if rejected as non-finite else 0.0)``.
+
+    Computed once: :func:`job_inverse` takes the inverse from this record, the refresh counts the rejection.
+    """
     layer = spec[1]
-    return _diagonal_inverse(folds, shifts, layer_ok, a_inverses[layer], root, use_pi, layer)[1]
+    return _diagonal_inverse(folds, shifts, layer_ok, a_inverses[layer], root, use_pi, layer)
 
 
-@job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor", "Bool", "Bool", "Tuple")
-def _job_inverse_tuple(folds, shifts, layer_ok, kept, a_inverses, g_inverses, root, use_pi, assign, spec):
+@job_inverse.register("Tuple", "Tuple", "Tuple", "Tuple", "Bool", "Tuple", "Number")
+def _job_inverse_tuple(diagonals, kept, a_inverses, g_inverses, assign, spec, diagonal):
     """One job's new inverse; with ``assign`` the inverse Parameter is written here and the assignment returned.
 
     One Tensor per job (no per-job tuple to take apart again: a map per field cost a call per job to compile). A
     Kronecker factor's inverse is sliced from its batch's blocks (``kept``: :func:`keep_or_replace` already chose
     between new and previous blocks and counted the rejections; constant index Tensors used after the
     Cholesky/eigen branch crash MindSpore 2.10's parameter_eliminate, hence a static slice); a diagonal one
-    (embedding) is inverted here, its rejections counted by :func:`diagonal_rejected`.
+    (embedding) is record ``diagonal`` of ``diagonals`` (:func:`diagonal_inverse`'s, which inverted it).
     """
     mode, layer, slot, batch, first, count, whole, shape = spec
     old = a_inverses[layer] if slot == 0 else g_inverses[layer]
     if mode == 0:  # another rank inverts this factor; the broadcast brings it
         return old
     if mode == 1:
-        value = _diagonal_inverse(folds, shifts, layer_ok, old, root, use_pi, layer)[0]
+        value = diagonals[diagonal][0]
     else:
         value = (kept[batch] if whole else thor_math.narrow(kept[batch], 0, first, count)).reshape(shape)
     if assign:

@@ -388,6 +388,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # maps over these instead of unrolling loops
         self.job_specs = plan.job_specs
         self.diagonal_specs = tuple(spec for spec in plan.job_specs if spec[0] == 1)  # this rank's embeddings' A
+        # per job: its index in diagonal_specs (-1: not a diagonal factor this rank inverts)
+        self.job_diagonal = tuple(self.diagonal_specs.index(spec) if spec[0] == 1 else -1 for spec in plan.job_specs)
         self.job_layer = tuple(j // 2 for j in range(2 * self.n_layers))
         self.job_slot = tuple(j % 2 for j in range(2 * self.n_layers))
         self.layer_embedding = tuple(kind == "embedding" for kind in self.layer_kind)
@@ -521,12 +523,15 @@ class THOR(nn.Optimizer, ThorStepVariants):
                              self.batch_block_matrix)
             raw = hyper_map(kernels.field_0, kept)
             bad_inverses = ops.addn(hyper_map(kernels.field_1, kept))
-        jobs = hyper_map(ops.partial(kernels.job_inverse, folds, shifts, use, raw, self.a_inverses,
-                                     self.g_inverses, root, self.pi_damping, self.assign_in_map), self.job_specs)
+        # the embeddings' diagonal inverses, each computed once: (inverse to store, rejected)
+        diagonals = ()
         if self.diagonal_specs:
-            bad_inverses = bad_inverses + ops.addn(hyper_map(ops.partial(
-                kernels.diagonal_rejected, folds, shifts, use, self.a_inverses, root, self.pi_damping),
-                self.diagonal_specs))
+            diagonals = hyper_map(ops.partial(kernels.diagonal_inverse, folds, shifts, use, self.a_inverses, root,
+                                              self.pi_damping), self.diagonal_specs)
+            for k in range(len(self.diagonal_specs)):  # a few at most (one per embedding)
+                bad_inverses = bad_inverses + diagonals[k][1]
+        jobs = hyper_map(ops.partial(kernels.job_inverse, diagonals, raw, self.a_inverses, self.g_inverses,
+                                     self.assign_in_map), self.job_specs, self.job_diagonal)
         if self.assign_in_map:
             token = ops.depend(token, jobs)
         else:
