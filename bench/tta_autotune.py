@@ -24,7 +24,7 @@ minutes with ``--seeds 0 1 2 3 4``. ``--long`` (:data:`LONG_CELLS`, page ``tta_a
 workloads for about 1,000 steps a run (mnist5k/gemm, mnist5k/conv: 3,000 images, 10 epochs; digits/gemm: 20 epochs
 at width 4; generated/gemm: 20 classes, 3,000 images, 10 epochs), each set so that the best fixed run reaches the
 target late in the run, where the 10% goal is decidable: the two MNIST cells took 10.6 minutes for 3 seeds idle
-(targets in 8-11 s), the four about 18 minutes (estimated).
+(targets in 8-11 s), the four 15.8 minutes (idle, measured).
 
 ``--from tta`` instead runs only the auto contender beside an existing ``bench/results/tta.json`` (its cells, lr,
 epochs and seeds; ``--rerun`` names contenders to run again beside it); ``python -m bench tta`` measures it with
@@ -315,7 +315,7 @@ FULL_CELLS: Tuple[Cell, ...] = QUICK_CELLS + (Cell("mnist5k", "gemm", 3), Cell("
 #:
 #: Chosen from O0's accuracy curves, measured under load (18-30; the curves do not depend on it). The two MNIST cells
 #: took 10.6 minutes for 3 seeds idle; the two added cells are each about as long as mnist5k/gemm (940 steps of a
-#: ResNet-10): about 18 minutes for the four cells on an idle 2-core machine (estimated).
+#: ResNet-10): the four cells took 15.8 minutes for 3 seeds on an idle 2-core machine.
 LONG_CELLS: Tuple[Cell, ...] = (Cell("mnist5k", "gemm", 10, train=3000), Cell("mnist5k", "conv", 10, train=3000),
                                 Cell("digits", "gemm", 20, width=4), Cell("generated", "gemm", 10, train=3000,
                                                                            classes=20))
@@ -595,7 +595,7 @@ def main(argv=None) -> int:
     forms.add_argument("--full", action="store_true", help="6 cells and THOR (default: the quick form, 4 cells)")
     forms.add_argument("--long", action="store_true",
                        help="4 cells, the three workloads, with runs long enough to decide the 10%% goal (about "
-                            "1,000 steps a run; about 18 min for 3 seeds on an idle 2-core machine); writes "
+                            "1,000 steps a run; 15.8 min for 3 seeds on an idle 2-core machine); writes "
                             "tta_autotune_long unless --out says otherwise")
     parser.add_argument("--cells", default="", help="only these cells, comma-separated (e.g. digits/conv)")
     parser.add_argument("--epochs", type=int, default=0,
