@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -53,12 +53,35 @@ def thread_cpu() -> Dict[str, float]:
             fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[f"{name}:{tid}"] = (int(fields[11]) + int(fields[12])) / tick
+        out[f"{'main' if int(tid) == os.getpid() else name}:{tid}"] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
-def measure(contender: str, dataset: str, net_name: str, epochs: int, seed: int) -> Dict[str, List[float]]:
-    """One run of ``contender`` (in this process): ``{phase: [wall, cpu]}``, epoch 1 only."""
+def thread_delta(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
+    """CPU seconds each thread name (the same name summed; ``main``: the main thread) used from ``before`` to
+    ``after`` (:func:`thread_cpu` snapshots), counting the threads alive at ``after``; names that used none left out."""
+    out: Dict[str, float] = {}
+    for key, cpu in after.items():
+        used = cpu - before.get(key, 0.0)
+        if used > 0:
+            name = key.split(":")[0]
+            out[name] = out.get(name, 0.0) + used
+    return out
+
+
+def cell_of(key: str, form: str = "quick"):
+    """The :class:`bench.tta_autotune.Cell` ``key`` (``dataset/net``) of the autotune page's ``form`` (its data set's
+    size and classes, the network's width, its epochs); a cell the form does not have: the quick form's defaults."""
+    from bench.tta_autotune import FORMS, Cell
+
+    if form not in FORMS:
+        raise ValueError(f"--form {form!r} is not one of {sorted(FORMS)}.")
+    dataset, net_name = key.split("/")
+    return next((c for c in FORMS[form] if c.key == key), Cell(dataset, net_name, 3))
+
+
+def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[float]]:
+    """One run of ``contender`` on ``cell`` (in this process): ``{phase: [wall, cpu]}``, epoch 1 only."""
     import mindspore as ms
     import mindspore.dataset as ds
     from mindspore.train import Callback
@@ -74,16 +97,16 @@ def measure(contender: str, dataset: str, net_name: str, epochs: int, seed: int)
     ms.set_seed(seed)
     np.random.seed(seed)
     ds.config.set_seed(seed)
-    root = data_root(dataset)
+    root = data_root(cell.dataset, cell.train, cell.classes)
     train = create_dataset(root / "train", do_train=True, batch_size=32, image_size=16, num_parallel_workers=2,
                            crop_scale=(0.6, 1.0), seed=seed, hflip=False)
-    spec = RunSpec(dataset=dataset, net=net_name, contender=contender, lr=0.1, seed=seed, epochs=epochs,
-                   image_size=16, width=8)
+    spec = RunSpec(dataset=cell.dataset, net=cell.net, contender=contender, lr=cell.lr, seed=seed, epochs=epochs,
+                   image_size=16, width=cell.width)
     net = build_network(spec, len(class_folders(root / "train")))
     phases: Dict[str, List[float]] = {}
 
-    def add(name: str, start: Tuple[float, float]) -> None:
-        wall, cpu = _clock()
+    def add(name: str, start: Tuple[float, float], end: Optional[Tuple[float, float]] = None) -> None:
+        wall, cpu = end or _clock()
         got = phases.setdefault(name, [0.0, 0.0])
         got[0] += wall - start[0]
         got[1] += cpu - start[1]
@@ -106,12 +129,16 @@ def measure(contender: str, dataset: str, net_name: str, epochs: int, seed: int)
     step_inner, restore_inner = cells.CellTrialRun.step, cells.CellTrialRun.restore
 
     def step(self, *batch):
-        begin = _clock()
+        begin, first = _clock(), id(self) not in stepped
+        before = thread_cpu() if first else {}
         try:
             return step_inner(self, *batch)
         finally:
-            add("trial: probe steps 2+" if id(self) in stepped else "trial: probe step 1 (compile)", begin)
+            add("trial: probe step 1 (compile)" if first else "trial: probe steps 2+", begin)
             stepped.add(id(self))
+            if first:  # the compile's CPU by thread: the main thread compiles; any other is competing work
+                for name, cpu in thread_delta(before, thread_cpu()).items():
+                    add(f"trial: probe step 1 (compile), thread {name}", (0.0, 0.0), (0.0, cpu))
 
     def restore(self):
         begin = _clock()
@@ -144,11 +171,7 @@ def measure(contender: str, dataset: str, net_name: str, epochs: int, seed: int)
 
         def on_train_epoch_end(self, run_context):
             add("epoch 1: gaps (data, callbacks)", self.last)
-            now = thread_cpu()  # epoch 1's CPU by thread name (the same name summed), threads alive at its end
-            for key, cpu in now.items():
-                used = cpu - self.threads.get(key, 0.0)
-                if used > 0:
-                    threads[key.split(":")[0]] = threads.get(key.split(":")[0], 0.0) + used
+            threads.update(thread_delta(self.threads, thread_cpu()))  # epoch 1's CPU by thread name
             run_context.request_stop()
 
     threads: Dict[str, float] = {}
@@ -184,8 +207,9 @@ def render(payload: dict) -> str:
         return f"{np.median(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}]" if vals else "-"
 
     picks = sorted({n[6:] for run in runs[AUTO].values() for n in run if n.startswith("pick: ")})
+    form = f" --form {payload['form']}" if payload.get("form", "quick") != "quick" else ""
     lines = ["# Autotune: where the time of an autotuned run goes, per phase", "",
-             f"Written by `python bench/autotune_phases.py --cell {payload['cell']} --epochs {payload['epochs']} "
+             f"Written by `python bench/autotune_phases.py --cell {payload['cell']}{form} --epochs {payload['epochs']} "
              f"--fixed '{fixed}'` ({payload['epochs']} planned epochs, epoch 1 measured; seeds "
              f"{', '.join(str(s) for s in payload['seeds'])}; auto picked {', '.join(picks)}). "
              + ("Each seed: the fixed run and the autotuned one, each in its own process (paired), the fixed one "
@@ -200,7 +224,7 @@ def render(payload: dict) -> str:
     for name in order:
         lines.append(f"| {name} | {cell(fixed, name, 0)} | {cell(fixed, name, 1)} | {cell(AUTO, name, 0)} | "
                      f"{cell(AUTO, name, 1)} |")
-    command = (f"python bench/autotune_phases.py --cell {payload['cell']} --epochs {payload['epochs']} "
+    command = (f"python bench/autotune_phases.py --cell {payload['cell']}{form} --epochs {payload['epochs']} "
                f"--fixed '{fixed}'")
     return "\n".join(lines + page_footer(command, payload["load_before"]))
 
@@ -208,30 +232,35 @@ def render(payload: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="per-phase wall and CPU time, fixed O0 against auto")
     parser.add_argument("--cell", default="generated/gemm")
-    parser.add_argument("--epochs", type=int, default=3, help="planned epochs (the trial plans for them)")
+    parser.add_argument("--form", default="quick", help="the autotune page's form whose cell is measured (quick: "
+                        "1,500 images, 10 classes; long: the --long page's data sizes, classes and width)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="planned epochs (the trial plans for them; default: the cell's in its form)")
     parser.add_argument("--fixed", default="ms_boost O0", help="the fixed contender of the plan auto picks")
     parser.add_argument("--seeds", nargs="+", default=["0,1,2"], help="seeds, space- or comma-separated")
     parser.add_argument("--out", default="autotune_phases", help="results stem (bench/results/<out>.{json,md})")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    dataset, net_name = args.cell.split("/")
+    cell = cell_of(args.cell, args.form)
+    args.epochs = args.epochs or cell.epochs
     if args.worker:
         contender, seed = json.loads(args.worker)
-        print(TAG + json.dumps(measure(contender, dataset, net_name, args.epochs, seed)), flush=True)
+        print(TAG + json.dumps(measure(contender, cell, args.epochs, seed)), flush=True)
         return 0
     from bench.common import load_average
     from bench.tta_autotune import parse_seeds
 
     seeds = parse_seeds(args.seeds)
-    payload = {"cell": args.cell, "epochs": args.epochs, "seeds": seeds, "load_before": load_average(),
-               "fixed": args.fixed, "runs": {c: {} for c in (args.fixed, AUTO)}, "order": "rotated"}
+    payload = {"cell": args.cell, "form": args.form, "epochs": args.epochs, "seeds": seeds,
+               "load_before": load_average(), "fixed": args.fixed, "runs": {c: {} for c in (args.fixed, AUTO)},
+               "order": "rotated"}
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(ROOT))
     from bench.bench_tta import paired_order
 
     for seed, order in paired_order([args.fixed, AUTO], seeds):  # neither always first
         for contender in order:
             payload["runs"][contender][str(seed)] = worker_result(
-                [sys.executable, __file__, f"--cell={args.cell}", f"--epochs={args.epochs}",
+                [sys.executable, __file__, f"--cell={args.cell}", f"--form={args.form}", f"--epochs={args.epochs}",
                  f"--worker={json.dumps([contender, seed])}"], env)
             print(f"[phases] {contender} seed {seed} done", flush=True)
     finish(args.out, payload, render)

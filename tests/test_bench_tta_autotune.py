@@ -228,6 +228,49 @@ def test_the_phases_driver_rotates_fixed_and_auto_each_seed(monkeypatch):
         phases.main(["--seeds", "1,1"])
 
 
+def test_the_phases_bench_measures_a_cell_as_its_form_sizes_it(monkeypatch):
+    """``--form long`` gives the workers the long page's cell (its epochs by default) and the page says so."""
+    import types
+
+    import bench.autotune_phases as phases
+    import bench.common
+
+    quick, long = phases.cell_of("generated/gemm"), phases.cell_of("generated/gemm", "long")
+    assert (quick.train, quick.classes, quick.epochs) == (None, 10, 3)
+    assert (long.train, long.classes, long.epochs, long.width) == (3000, 20, 10, 8)
+    assert phases.cell_of("digits/gemm", "long").width == 4
+    assert phases.cell_of("digits/conv", "long").key == "digits/conv"  # not in the form: the quick defaults
+    with pytest.raises(ValueError, match="--form 'huge' is not one of"):
+        phases.cell_of("generated/gemm", "huge")
+    commands = []
+
+    def run(cmd, **kw):
+        commands.append(cmd)
+        return types.SimpleNamespace(stdout=phases.TAG + json.dumps({"model": [0.1, 0.1], "pick: O0": [0.0, 0.0]}))
+
+    monkeypatch.setattr(phases.subprocess, "run", run)
+    pages = []
+    monkeypatch.setattr(bench.common, "write_results", lambda name, payload, page: pages.append(page))
+    assert phases.main(["--form", "long", "--seeds", "0"]) == 0
+    assert all("--form=long" in c and "--epochs=10" in c for c in commands) and len(commands) == 2
+    assert "--cell generated/gemm --form long --epochs 10" in pages[0]
+    commands.clear()
+    assert phases.main(["--seeds", "0", "--epochs", "2"]) == 0
+    assert all("--form=quick" in c and "--epochs=2" in c for c in commands)
+    assert "--form" not in pages[1]
+
+
+def test_thread_cpu_deltas_sum_each_thread_name_over_the_threads_alive_at_the_end():
+    from bench.autotune_phases import thread_cpu, thread_delta
+
+    before = {"main:1": 1.0, "python:2": 0.5, "python:3": 0.25, "gone:4": 9.0}
+    after = {"main:1": 3.5, "python:2": 0.75, "python:3": 0.5, "python:5": 0.125, "ActorThread_0:6": 0.0}
+    assert thread_delta(before, after) == {"main": 2.5, "python": 0.625}  # 0.25 + 0.25 + a new thread's 0.125
+    now = thread_cpu()
+    if now:  # Linux: the main thread is named main, every figure a non-negative number of seconds
+        assert sum(1 for k in now if k.startswith("main:")) == 1 and min(now.values()) >= 0.0
+
+
 def _timed(accuracy, epoch_seconds, first, median, **extra):
     """A run whose epoch 1 recorded its median step and, as its slowest, its first (the compile)."""
     return _run(accuracy, epoch_seconds, slowest_steps=[[median, median, median, first]] +
