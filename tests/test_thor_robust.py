@@ -440,3 +440,46 @@ def test_batched_refresh_rejects_one_layer_and_inverts_the_others_as_numpy():
         assert list(health["rejected_refreshes"].values()) == [0, case + 1, 0]
         assert health["eigen_fallback_blocks"] == (6 if eigen else 0)
         assert health["rejected_inverses"] == 0
+
+
+class _EmbeddingHead(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(6, 4)
+        self.fc = nn.Dense(4, 3)
+
+    def construct(self, ids):
+        return self.fc(self.emb(ids).mean(1))
+
+
+def test_embedding_diagonal_inverse_rejected_when_not_finite(mode):
+    """An embedding's input factor is diagonal and inverted elementwise, 1 / (a + sqrt(damping)): a finite refresh
+    stores numpy's inverse and counts nothing; an entry equal to -sqrt(damping) makes the new inverse infinite, so
+    the refresh keeps the previous inverse whole and counts one rejected inverse (not a rejected layer: the factor
+    itself is finite)."""
+    ms.set_seed(0)
+    damping = 0.04
+    opt = thor(_EmbeddingHead(), 0.01, damping, 0.0, frequency=1)
+    assert opt.a_batches[0].shape == (6,)  # the embedding's diagonal factor
+    rng = np.random.default_rng(5)
+    shift = np.sqrt(np.float32(damping))
+    expected = None
+    for case in range(2):
+        diagonal = np.abs(rng.normal(size=6)).astype(np.float32) + np.float32(0.5)
+        if case == 1:
+            diagonal[2] = -shift
+        ops.assign(opt.a_batches[0], Tensor(diagonal))
+        for param in (opt.g_batches[0], opt.a_batches[1], opt.g_batches[1]):
+            rows = rng.normal(size=(20, param.shape[-1]))
+            ops.assign(param, Tensor((rows.T @ rows / 20)[None].astype(np.float32)))
+        opt(tuple(ops.zeros(p.shape, p.dtype) for p in opt.parameters))
+        got = opt.a_inverses[0].asnumpy()
+        health = opt.health()
+        if case == 0:
+            expected = 1.0 / (diagonal.astype(np.float64) + np.float64(shift))
+            np.testing.assert_allclose(got, expected, rtol=1e-6)
+            assert health["rejected_inverses"] == 0
+        else:
+            np.testing.assert_allclose(got, expected, rtol=1e-6)  # the previous inverse, kept whole
+            assert health["rejected_inverses"] == 1
+        assert health["rejected_refreshes"] == {"emb": 0, "fc": 0}
