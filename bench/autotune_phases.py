@@ -189,7 +189,7 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
 
 def render(payload: dict) -> str:
     """The page: per phase, median [min, max] over the seeds of wall and CPU seconds, fixed and auto side by side."""
-    from bench.common import page_footer
+    from bench.common import median_range, page_footer
 
     runs = payload["runs"]
     fixed = payload.get("fixed", "ms_boost O0")
@@ -203,8 +203,7 @@ def render(payload: dict) -> str:
     def cell(contender: str, name: str, j: int) -> str:
         if j == 0 and ", thread " in name:  # per-thread rows hold CPU only
             return "-"
-        vals = [run[name][j] for run in runs[contender].values() if name in run]
-        return f"{np.median(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}]" if vals else "-"
+        return median_range([run[name][j] for run in runs[contender].values() if name in run])
 
     picks = sorted({n[6:] for run in runs[AUTO].values() for n in run if n.startswith("pick: ")})
     form = f" --form {payload['form']}" if payload.get("form", "quick") != "quick" else ""
