@@ -193,7 +193,12 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
             add("trial: restore", begin)
 
     cells.CellTrialRun.step, cells.CellTrialRun.restore = step, restore
-    timed(ms_model, "take_batches", "trial: read batches")
+    if hasattr(ms_model, "TrialBatches"):  # the held-out and first probe's batches; the rest in the background
+        timed(ms_model, "TrialBatches", "trial: read batches")
+        timed(cells.TrialBatches, "_wait", "trial: wait for batches read in the background")
+        timed(cells.TrialBatches, "close", "trial: stop the batch reader")
+    else:  # the code before the background reader: every batch read before the trial
+        timed(ms_model, "take_batches", "trial: read batches")
     timed(ms_model, "_build", "trial: build steps")
     if contender == AUTO:
         autotune_inner = model.autotune
