@@ -112,9 +112,12 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
     root = data_root(cell.dataset, cell.train, cell.classes)
     train = create_dataset(root / "train", do_train=True, batch_size=32, image_size=16, num_parallel_workers=2,
                            crop_scale=(0.6, 1.0), seed=seed, hflip=False)
+    classes = class_folders(root / "train")
+    create_dataset(root / "val", do_train=False, batch_size=100, image_size=16, num_parallel_workers=2,
+                   drop_remainder=False, class_names=classes)  # as the page's runs build it (not read in epoch 1)
     spec = RunSpec(dataset=cell.dataset, net=cell.net, contender=contender, lr=cell.lr, seed=seed, epochs=epochs,
                    image_size=16, width=cell.width)
-    net = build_network(spec, len(class_folders(root / "train")))
+    net = build_network(spec, len(classes))
     phases: Dict[str, List[float]] = {}
     where = ["run"]  # "trial" while auto's trial runs
 
