@@ -33,10 +33,18 @@ sys.path.insert(0, str(ROOT))
 
 TAG = "PHASES "
 AUTO = "ms_boost auto"
+#: the phase every run has: from ``train()`` to the end of epoch 1's first step (a fixed run: its iterator and
+#: compile; auto: its trial, its iterator and the run's first step)
+STARTUP = "start-up: train() to the end of epoch 1's step 1"
 
 
-def _clock() -> Tuple[float, float]:
-    return time.perf_counter(), time.process_time()
+Clock = Tuple[float, float, float]
+
+
+def _clock() -> Clock:
+    """Wall seconds, the process's CPU seconds (all its threads, ended ones too) and the calling thread's CPU
+    seconds (every phase is timed on the main thread: its CPU is the main thread's)."""
+    return time.perf_counter(), time.process_time(), time.thread_time()
 
 
 def thread_cpu() -> Dict[str, float]:
@@ -81,9 +89,13 @@ def cell_of(key: str, form: str = "quick"):
 
 
 def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[float]]:
-    """One run of ``contender`` on ``cell`` (in this process): ``{phase: [wall, cpu]}``, epoch 1 only."""
+    """One run of ``contender`` on ``cell`` (in this process): ``{phase: [wall, process CPU, main-thread CPU]}``,
+    up to the end of epoch 1 (the phases of module docstring, and the data iterators' creation, first batch and
+    release, each under ``trial:`` or ``run:`` by when it happened)."""
     import mindspore as ms
     import mindspore.dataset as ds
+    from mindspore.dataset.engine import datasets as ds_engine
+    from mindspore.dataset.engine import iterators
     from mindspore.train import Callback
 
     import ms_boost.autotune.cells as cells
@@ -100,16 +112,19 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
     root = data_root(cell.dataset, cell.train, cell.classes)
     train = create_dataset(root / "train", do_train=True, batch_size=32, image_size=16, num_parallel_workers=2,
                            crop_scale=(0.6, 1.0), seed=seed, hflip=False)
+    classes = class_folders(root / "train")
+    create_dataset(root / "val", do_train=False, batch_size=100, image_size=16, num_parallel_workers=2,
+                   drop_remainder=False, class_names=classes)  # as the page's runs build it (not read in epoch 1)
     spec = RunSpec(dataset=cell.dataset, net=cell.net, contender=contender, lr=cell.lr, seed=seed, epochs=epochs,
                    image_size=16, width=cell.width)
-    net = build_network(spec, len(class_folders(root / "train")))
+    net = build_network(spec, len(classes))
     phases: Dict[str, List[float]] = {}
+    where = ["run"]  # "trial" while auto's trial runs
 
-    def add(name: str, start: Tuple[float, float], end: Optional[Tuple[float, float]] = None) -> None:
-        wall, cpu = end or _clock()
-        got = phases.setdefault(name, [0.0, 0.0])
-        got[0] += wall - start[0]
-        got[1] += cpu - start[1]
+    def add(name: str, start: Clock, end: Optional[Clock] = None) -> None:
+        got = phases.setdefault(name, [0.0, 0.0, 0.0])
+        for j, (a, b) in enumerate(zip(start, end or _clock())):
+            got[j] += b - a
 
     def timed(owner, attr: str, name: str) -> None:
         inner = getattr(owner, attr)
@@ -121,6 +136,39 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
             finally:
                 add(name, start)
         setattr(owner, attr, wrapper)
+
+    # the data iterators: creating one starts its pipeline; its first batch waits for the pipeline's first rows;
+    # releasing it stops the pipeline's threads
+    create_inner, next_inner, stop_inner = (ds_engine.Dataset.create_tuple_iterator, iterators.Iterator.__next__,
+                                            iterators.Iterator.stop)
+    nexted: Set[int] = set()
+
+    def create(self, *args, **kwargs):
+        begin = _clock()
+        try:
+            return create_inner(self, *args, **kwargs)
+        finally:
+            add(f"{where[0]}: iterator creation", begin)
+
+    def next_(self):
+        if id(self) in nexted:
+            return next_inner(self)
+        nexted.add(id(self))
+        begin = _clock()
+        try:
+            return next_inner(self)
+        finally:
+            add(f"{where[0]}: iterator's first batch", begin)
+
+    def stop(self):
+        live, begin = bool(getattr(self, "_runtime_context", None)), _clock()
+        try:
+            stop_inner(self)
+        finally:
+            if live:
+                add(f"{where[0]}: iterator release", begin)
+
+    ds_engine.Dataset.create_tuple_iterator, iterators.Iterator.__next__, iterators.Iterator.stop = create, next_, stop
 
     start = _clock()
     model = _model(spec, net, train.get_dataset_size())
@@ -138,7 +186,7 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
             stepped.add(id(self))
             if first:  # the compile's CPU by thread: the main thread compiles; any other is competing work
                 for name, cpu in thread_delta(before, thread_cpu()).items():
-                    add(f"trial: probe step 1 (compile), thread {name}", (0.0, 0.0), (0.0, cpu))
+                    add(f"trial: probe step 1 (compile), thread {name}", (0.0, 0.0, 0.0), (0.0, cpu, 0.0))
 
     def restore(self):
         begin = _clock()
@@ -148,25 +196,43 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
             add("trial: restore", begin)
 
     cells.CellTrialRun.step, cells.CellTrialRun.restore = step, restore
-    timed(ms_model, "take_batches", "trial: read batches")
+    if hasattr(ms_model, "TrialBatches"):  # the held-out and first probe's batches; the rest in the background
+        timed(ms_model, "TrialBatches", "trial: read batches")
+        timed(cells.TrialBatches, "_wait", "trial: wait for batches read in the background")
+        timed(cells.TrialBatches, "close", "trial: stop the batch reader")
+    else:  # the code before the background reader: every batch read before the trial
+        timed(ms_model, "take_batches", "trial: read batches")
     timed(ms_model, "_build", "trial: build steps")
     if contender == AUTO:
-        timed(model, "autotune", "trial (all)")
+        autotune_inner = model.autotune
+
+        def autotune(*args, **kwargs):
+            where[0], begin = "trial", _clock()
+            try:
+                return autotune_inner(*args, **kwargs)
+            finally:
+                add("trial (all)", begin)
+                where[0] = "run"
+        model.autotune = autotune
 
     class Phases(Callback):
         def on_train_epoch_begin(self, run_context):
+            add("run: train() to epoch 1 (auto: its trial included)", called)
             self.steps = 0
             self.threads = thread_cpu()
             self.last = _clock()
 
         def on_train_step_begin(self, run_context):
-            add("epoch 1: gaps (data, callbacks)", self.last)
+            add("epoch 1: before step 1 (its first batch)" if self.steps == 0 else "epoch 1: gaps (data, callbacks)",
+                self.last)
             self.begin = _clock()
 
         def on_train_step_end(self, run_context):
             self.steps += 1
             add("epoch 1: step 1" if self.steps == 1 else "epoch 1: steps 2-3" if self.steps <= 3 else
                 "epoch 1: steps 4+", self.begin)
+            if self.steps == 1:
+                add(STARTUP, called)
             self.last = _clock()
 
         def on_train_epoch_end(self, run_context):
@@ -175,21 +241,23 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
             run_context.request_stop()
 
     threads: Dict[str, float] = {}
+    called = _clock()
     model.train(epochs, train, callbacks=[Phases()], dataset_sink_mode=False)
     for name, cpu in threads.items():
-        phases[f"epoch 1, thread {name}"] = [0.0, cpu]
+        phases[f"epoch 1, thread {name}"] = [0.0, cpu, 0.0]
     if "trial (all)" in phases:
-        named = [v for k, v in phases.items() if k.startswith("trial: ")]
-        phases["trial: the rest"] = [phases["trial (all)"][j] - sum(v[j] for v in named) for j in (0, 1)]
+        named = [v for k, v in phases.items() if k.startswith("trial: ") and ", thread " not in k
+                 and "iterator" not in k]  # the iterator's phases happen inside take_batches
+        phases["trial: the rest"] = [phases["trial (all)"][j] - sum(v[j] for v in named) for j in range(3)]
     report = getattr(model, "autotune_report", None)
     if report is not None:
-        phases["pick: " + report.pick] = [0.0, 0.0]
+        phases["pick: " + report.pick] = [0.0, 0.0, 0.0]
     return phases
 
 
 def render(payload: dict) -> str:
     """The page: per phase, median [min, max] over the seeds of wall and CPU seconds, fixed and auto side by side."""
-    from bench.common import page_footer
+    from bench.common import median_range, page_footer
 
     runs = payload["runs"]
     fixed = payload.get("fixed", "ms_boost O0")
@@ -201,10 +269,12 @@ def render(payload: dict) -> str:
     order = sorted(names, key=lambda n: (not n.startswith("model"), not n.startswith("trial"), n))
 
     def cell(contender: str, name: str, j: int) -> str:
-        if j == 0 and ", thread " in name:  # per-thread rows hold CPU only
+        if j != 1 and ", thread " in name:  # per-thread rows hold CPU only
             return "-"
-        vals = [run[name][j] for run in runs[contender].values() if name in run]
-        return f"{np.median(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}]" if vals else "-"
+        return median_range([run[name][j] for run in runs[contender].values() if name in run and len(run[name]) > j])
+
+    main = any(len(v) > 2 for c in contenders for run in runs[c].values() for v in run.values())
+    columns = (0, 1, 2) if main else (0, 1)  # older pages: no main-thread CPU
 
     picks = sorted({n[6:] for run in runs[AUTO].values() for n in run if n.startswith("pick: ")})
     form = f" --form {payload['form']}" if payload.get("form", "quick") != "quick" else ""
@@ -217,16 +287,52 @@ def render(payload: dict) -> str:
                 if payload.get("order") == "rotated" else
                 "Each seed: the fixed run, then the autotuned one, each in its own process (paired). ")
              + "Median [min, max] over the seeds; CPU is the process's CPU time over all its threads, which "
-             "the machine's other jobs disturb less than wall time; the thread rows split epoch 1's CPU by thread "
-             "name (the data pipeline's threads run under the name `python`, with the main thread).", "",
+             "the machine's other jobs disturb less than wall time, main-thread CPU the main thread's alone (wall "
+             "minus it is the time the main thread waited: for data, a lock, or the cores); the thread rows split "
+             "CPU by thread name (the data pipeline's threads run under the name `python`, with the main thread); "
+             "`trial:` and `run:` iterator rows are the data iterators created, first read and released in the trial "
+             "and in the run.", "",
              f"Load average (1/5/15 min) before: {payload['load_before']}; after: {payload['load_after']}.", "",
-             f"| phase | {fixed} wall s | {fixed} CPU s | auto wall s | auto CPU s |", "|---|---|---|---|---|"]
+             "| phase | " + " | ".join(f"{who} {what}" for who in (fixed, "auto")
+                                      for what in ("wall s", "CPU s", "main-thread CPU s")[:len(columns)]) + " |",
+             "|---" * (1 + 2 * len(columns)) + "|"]
     for name in order:
-        lines.append(f"| {name} | {cell(fixed, name, 0)} | {cell(fixed, name, 1)} | {cell(AUTO, name, 0)} | "
-                     f"{cell(AUTO, name, 1)} |")
+        lines.append(f"| {name} | " + " | ".join(cell(who, name, j) for who in contenders for j in columns) + " |")
+    lines += startup_gap(runs, fixed)
     command = (f"python bench/autotune_phases.py --cell {payload['cell']}{form} --epochs {payload['epochs']} "
                f"--fixed '{fixed}'")
     return "\n".join(lines + page_footer(command, payload["load_before"]))
+
+
+def startup_gap(runs: Dict[str, Dict[str, dict]], fixed: str) -> List[str]:
+    """The paired start-up lines: per seed, auto's :data:`STARTUP` minus the fixed run's (wall, process CPU,
+    main-thread CPU, the main thread's waiting), beside what auto's trial trains beyond the compile (its probe steps
+    2+ and restores: the part of the trial the run cannot reuse); none when no seed has both runs' start-up."""
+    from bench.common import median_range
+
+    rows, gaps, excess = [], [], []
+    for seed in sorted(set(runs[fixed]) & set(runs[AUTO]), key=int):
+        f, a = runs[fixed][seed].get(STARTUP), runs[AUTO][seed].get(STARTUP)
+        if not f or not a or len(f) < 3 or len(a) < 3:
+            continue
+        diff = [a[j] - f[j] for j in range(3)]
+        steps = sum(runs[AUTO][seed].get(k, [0.0])[0] for k in ("trial: probe steps 2+", "trial: restore"))
+        compile_gap = (runs[AUTO][seed].get("trial: probe step 1 (compile)", [0.0])[0]
+                       - runs[fixed][seed].get("epoch 1: step 1", [0.0])[0])
+        gaps.append(diff[0])
+        excess.append(diff[0] - steps)
+        rows.append(f"| {seed} | {f[0]:.2f} | {a[0]:.2f} | {diff[0]:+.2f} | {diff[1]:+.2f} | {diff[2]:+.2f} | "
+                    f"{diff[0] - diff[2]:+.2f} | {compile_gap:+.2f} | {steps:.2f} | {diff[0] - steps:+.2f} |")
+    if not rows:
+        return []
+    return ["", "**Start-up, paired** (from `train()` to the end of epoch 1's first step: a fixed run's iterator and "
+            "compile; auto's trial, the run's iterator and its first step), auto minus the fixed run per seed; the "
+            "trial's own steps are its probe steps 2+ and restores (what the run cannot reuse):", "",
+            f"| seed | {fixed} s | auto s | auto - fixed: wall | process CPU | main-thread CPU | main thread waiting "
+            "| of it the compile (trial's probe step 1 - fixed step 1), wall | the trial's own steps s | beyond them, "
+            "wall |", "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+            f"Median [min, max] over {len(rows)} seed(s): auto - fixed {median_range(gaps, 2)} s wall; beyond the "
+            f"trial's own steps {median_range(excess, 2)} s."]
 
 
 def main(argv=None) -> int:

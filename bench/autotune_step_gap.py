@@ -58,7 +58,7 @@ def epoch_stats(walls: Sequence[float], cpus: Sequence[float]) -> Optional[List[
     return [float(np.median(walls[1:])), float(np.median(cpus[1:]))]
 
 
-def paired_ratios(fixed: Sequence[Optional[List[float]]], auto: Sequence[Optional[List[float]]],
+def epoch_ratios(fixed: Sequence[Optional[List[float]]], auto: Sequence[Optional[List[float]]],
                   column: int) -> List[float]:
     """Per epoch, auto's statistic over the fixed Model's (``column`` 0 wall, 1 CPU), epochs both measured."""
     return [a[column] / f[column] for f, a in zip(fixed, auto) if f and a and f[column] > 0]
@@ -156,7 +156,11 @@ def time_cells(cells: Dict[str, object], dataset, rounds: int, batches: int = 10
 
 def render(payload: dict) -> str:
     """The page: per seed and over the seeds, auto's median step over the fixed Model's, wall and CPU."""
-    from bench.common import page_footer
+    from bench.common import median_range, page_footer
+
+    def ratios(values: Sequence[float]) -> str:
+        return median_range(values, unit="x")
+
 
     fixed = payload["fixed"]
     lines = ["# Autotune: the steady step after the trial against the same plan's fixed run (paired, one process)",
@@ -172,8 +176,8 @@ def render(payload: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     all_wall, all_cpu = [], []
     for seed, run in payload["runs"].items():
-        wall = paired_ratios(run["epochs"][fixed], run["epochs"][AUTO], 0)
-        cpu = paired_ratios(run["epochs"][fixed], run["epochs"][AUTO], 1)
+        wall = epoch_ratios(run["epochs"][fixed], run["epochs"][AUTO], 0)
+        cpu = epoch_ratios(run["epochs"][fixed], run["epochs"][AUTO], 1)
         all_wall += wall
         all_cpu += cpu
         ms_fixed = np.median([e[0] for e in run["epochs"][fixed] if e]) * 1e3
@@ -181,24 +185,20 @@ def render(payload: dict) -> str:
         states = " / ".join(f"{s['cells']:.0f}, {s['threads']:.0f}, {s['rss_mib']:.0f}" for s in (
             run["state_before"], run["state_after_trial"], run["state_end"]))
         lines.append(f"| {seed} | {run['pick']} ({', '.join(run['probed'])}) | {run['trial_seconds']:.1f} | "
-                     f"{_spread(wall)} | {_spread(cpu)} | {ms_fixed:.1f} | {ms_auto:.1f} | {states} |")
-    lines += ["", f"**All epochs of all seeds** ({len(all_wall)} pairs): wall {_spread(all_wall)}, CPU "
-              f"{_spread(all_cpu)}; auto's step slower in {sum(r > 1 for r in all_wall)} of {len(all_wall)} pairs "
+                     f"{ratios(wall)} | {ratios(cpu)} | {ms_fixed:.1f} | {ms_auto:.1f} | {states} |")
+    lines += ["", f"**All epochs of all seeds** ({len(all_wall)} pairs): wall {ratios(all_wall)}, CPU "
+              f"{ratios(all_cpu)}; auto's step slower in {sum(r > 1 for r in all_wall)} of {len(all_wall)} pairs "
               "(wall).", ""]
     rounds = [run["cells"] for run in payload["runs"].values() if run.get("cells")]
     if rounds:
-        walls = [r for c in rounds for r in paired_ratios(c[fixed], c[AUTO], 0)]
-        cpus = [r for c in rounds for r in paired_ratios(c[fixed], c[AUTO], 1)]
+        walls = [r for c in rounds for r in epoch_ratios(c[fixed], c[AUTO], 0)]
+        cpus = [r for c in rounds for r in epoch_ratios(c[fixed], c[AUTO], 1)]
         lines += [f"**The train cells alone** (after the epochs, in the same process: the same "
                   f"{payload.get('cell_batches', 10)} batches, no data pipeline, the two cells alternating round by "
                   f"round; {len(walls)} rounds): auto's cell over the fixed Model's, median step wall "
-                  f"{_spread(walls)}, CPU {_spread(cpus)}; auto's slower in {sum(r > 1 for r in walls)} (wall), "
+                  f"{ratios(walls)}, CPU {ratios(cpus)}; auto's slower in {sum(r > 1 for r in walls)} (wall), "
                   f"{sum(r > 1 for r in cpus)} (CPU) of {len(walls)} rounds.", ""]
     return "\n".join(lines + page_footer(payload["command"], payload["load_before"]))
-
-
-def _spread(values: Sequence[float]) -> str:
-    return f"{np.median(values):.3f}x [{min(values):.3f}, {max(values):.3f}]" if values else "-"
 
 
 def main(argv=None) -> int:

@@ -376,17 +376,20 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
     class EpochTimer(Callback):
         def on_train_epoch_begin(self, run_context):
             if not record["epoch_seconds"]:  # from train() to epoch 1: auto's trial, every run's data iterator
-                record["before_epoch1"] = [time.perf_counter() - called[0], time.process_time() - called[1]]
+                record["before_epoch1"] = [time.perf_counter() - called[0], time.process_time() - called[1],
+                                           time.thread_time() - called[2]]  # wall, process CPU, main-thread CPU
             self.start, self.steps, self.saving = time.perf_counter(), [], 0.0
             self.cpu_start = time.process_time()  # the process's CPU time, all threads (a shared machine inflates wall)
 
         def on_train_step_begin(self, run_context):
             self.step_start, self.step_cpu = time.perf_counter(), time.process_time()
+            self.step_main = time.thread_time()
 
         def on_train_step_end(self, run_context):
             self.steps.append(time.perf_counter() - self.step_start)
             if "first_step" not in record:  # wall and CPU seconds of the run's first step (a fixed run's compile)
-                record["first_step"] = [self.steps[-1], time.process_time() - self.step_cpu]
+                record["first_step"] = [self.steps[-1], time.process_time() - self.step_cpu,
+                                        time.thread_time() - self.step_main]
             step = run_context.original_args().cur_step_num
             if step in saves:  # stage-1 weights: written outside the timed training
                 tick = time.perf_counter()
@@ -405,7 +408,7 @@ def run_one(spec: RunSpec, data_root: Path, rank: int = 0, world: int = 1) -> di
             print(f"[tta] {spec.contender} epoch {len(record['accuracy'])}: acc {record['accuracy'][-1]:.4f} "
                   f"in {record['epoch_seconds'][-1]:.2f} s", flush=True)
 
-    called = (time.perf_counter(), time.process_time())
+    called = (time.perf_counter(), time.process_time(), time.thread_time())  # callbacks run on this (main) thread
     model.train(spec.epochs, train, callbacks=[EpochTimer()], dataset_sink_mode=False)
     boost = getattr(model, "boost", None)  # ms_boost.Model: the plan it ran (AdaSum's pipeline line for O2 x2)
     if boost is not None and hasattr(boost, "summary"):

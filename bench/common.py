@@ -95,6 +95,15 @@ def quartiles_of(values) -> list:
     return [float(np.percentile(values, 25)), float(np.percentile(values, 75))] if values.size else []
 
 
+def median_range(values, digits: int = 3, unit: str = "") -> str:
+    """``"median [min, max]"`` of ``values`` with ``digits`` decimals, ``unit`` after the median (e.g. ``"x"``);
+    ``"-"`` when there are none (the pages' one format for a spread over seeds, epochs or rounds)."""
+    values = [float(v) for v in values]
+    if not values:
+        return "-"
+    return f"{np.median(values):.{digits}f}{unit} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
+
+
 def paired_ratio(times: dict, a: str, b: str) -> dict:
     """Median and quartiles of the per-repeat ratios ``times[a][i] / times[b][i]`` (contenders interleaved)."""
     values = [p / q for p, q in zip(times[a], times[b])]

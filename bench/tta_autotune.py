@@ -352,13 +352,15 @@ def contenders_of(cell: Cell, full: bool) -> List[str]:
 
 
 def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, timeout: int,
-                   payload: dict, save: Optional[Callable[[dict], None]] = None) -> dict:
+                   payload: dict, save: Optional[Callable[[dict], None]] = None,
+                   contenders: Sequence[str] = ()) -> dict:
     """Run every contender of ``cells`` seed by seed in turn into ``payload`` (target: O0's median final accuracy
     minus 1 point over the seeds run so far); ``save(payload)`` after each seed, so an interrupted run keeps what
     it measured. Each seed's contenders run one after the other (paired), the order rotated by one place each seed
     (:func:`bench.bench_tta.paired_order`: seed 0 in :func:`contenders_of`'s order, O0 first and auto last; seed 1
     from the second, O0 last; ...), so that no contender always runs first or last; ``payload["cells"][key]
-    ["order"]`` keeps each seed's order."""
+    ["order"]`` keeps each seed's order. ``contenders``: only these of each cell's (O0 always: the target is its
+    final accuracy)."""
     from bench.bench_tta import RunSpec, launch, paired_order
 
     payload.setdefault("form", "full" if full else "quick")
@@ -368,7 +370,7 @@ def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, time
         root = data_root(cell.dataset, cell.train, cell.classes)
         sizes = {"train_images": image_count(Path(root) / "train"), "val_images": image_count(Path(root) / "val"),
                  "classes": cell.classes, "width": cell.width}
-        names = contenders_of(cell, full)
+        names = [n for n in contenders_of(cell, full) if not contenders or n in contenders or n == "ms_boost O0"]
         runs: Dict[str, dict] = {name: {} for name in names}
         order: Dict[str, List[str]] = {}
         for seed, names_now in paired_order(names, seeds):
@@ -601,6 +603,9 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=0,
                         help="every cell trains this many epochs instead of its form's (e.g. --long --cells "
                              "mnist5k/gemm --epochs 20 for longer runs of one cell)")
+    parser.add_argument("--contenders", default="",
+                        help="only these contenders, comma-separated (ms_boost O0 always runs: the target is set "
+                             "from it), e.g. --long --cells generated/gemm --contenders 'ms_boost auto'")
     parser.add_argument("--seeds", nargs="+", default=[],
                         help="seeds, space- or comma-separated (default 0 1 2; the quick form takes about 2.6 min "
                              "a seed on an idle 2-core machine: 8 min for 3 seeds, 13 min for 5)")
@@ -632,11 +637,17 @@ def main(argv=None) -> int:
             raise ValueError(f"--epochs {args.epochs} must be >= 2 (a target needs epochs to reach it), or 0 for the "
                              "form's own.")
         cells = [replace(c, epochs=args.epochs or c.epochs) for c in planned if not only or c.key in only]
+        chosen = [c for c in args.contenders.split(",") if c]
+        known = {n for c in cells for n in contenders_of(c, args.full)}
+        if set(chosen) - known:
+            raise ValueError(f"--contenders {sorted(set(chosen) - known)} not in these cells; allowed: "
+                             f"{sorted(known)}.")
         seeds = parse_seeds(args.seeds) or list(SEEDS)
         start = time.time()
         command = "python bench/tta_autotune.py" + "".join(
             ["" if form == "quick" else f" --{form}", f" --cells {args.cells}" if args.cells else "",
              f" --epochs {args.epochs}" if args.epochs else "",
+             f" --contenders '{args.contenders}'" if chosen else "",
              f" --seeds {' '.join(str(s) for s in seeds)}" if tuple(seeds) != SEEDS else "",
              f" --out {args.out}" if args.out != default_out else ""])
         payload = {"load_before": load_average(), "cells": {}, "command": command, "form": form}
@@ -645,7 +656,7 @@ def main(argv=None) -> int:
             partial.update(load_after=load_average(), seconds=time.time() - start)
             write_results(args.out, partial, render_standalone(partial))
 
-        payload = run_standalone(cells, seeds, args.full, args.timeout, payload, save)
+        payload = run_standalone(cells, seeds, args.full, args.timeout, payload, save, chosen)
         payload.update(load_after=load_average(), seconds=time.time() - start)
     page = _render_from(payload) if payload.get("autotune_source") else render_standalone(payload)
     write_results(args.out, payload, page)

@@ -35,12 +35,12 @@ from ms_boost import comm
 from ms_boost.autotune import (
     AutotuneReport,
     CellTrialRun,
+    TrialBatches,
     TrialContext,
     batch_size_of,
     clone_for_trial,
     count_conv2d,
     run_trials,
-    take_batches,
 )
 from ms_boost.autotune.engine import batches_needed
 from ms_boost.autotune.options import AUTO_LEVEL, split_auto_config
@@ -189,12 +189,24 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     per_epoch = int(train_dataset.get_dataset_size()) if steps_per_epoch is None else int(steps_per_epoch)
     started = time.perf_counter()  # reading the trial's batches is part of its cost
     held, steps = batches_needed(options, per_epoch * epochs)  # only what the budget lets the trial use
-    batches = take_batches(train_dataset, held + steps)
-    if not batches:
+    # the held-out batches and the first probe's now; the others in the background while that probe compiles
+    batches = TrialBatches(train_dataset, held, steps, ready=options.probe_steps)
+    try:
+        return _run_trial(network, loss_fn, optimizer, amp_level, kwargs, options, sections, per_epoch * epochs,
+                          batches, started)
+    finally:
+        batches.close()  # no reader thread or data pipeline outlives the trial, whatever happened
+
+
+def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, options, sections, planned_steps: int,
+               batches: TrialBatches, started: float) -> AutotuneReport:
+    """:func:`autotune_plan`'s trial on ``batches`` (its held-out ones and the training ones being read)."""
+    first = (batches.holdout or batches[:1])[:1]
+    if not first:
         raise ValueError("autotune: the training data set yields no batch.")
-    holdout, trial = batches[:held], batches[held:]
-    ctx = TrialContext(ranks=_data_parallel_ranks(), batch_size=batch_size_of(batches[0]),
-                       planned_steps=per_epoch * epochs, user_sections=sections,
+    holdout, trial = batches.holdout, batches
+    ctx = TrialContext(ranks=_data_parallel_ranks(), batch_size=batch_size_of(first[0]),
+                       planned_steps=planned_steps, user_sections=sections,
                        device=str(ms.get_context("device_target")), conv2d_layers=count_conv2d(network))
 
     def build(boost: AutoBoost, on_originals: bool) -> CellTrialRun:

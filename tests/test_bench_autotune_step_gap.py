@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.autotune_step_gap import AUTO, epoch_stats, paired_ratios, render
+from bench.autotune_step_gap import AUTO, epoch_ratios, epoch_stats, render
 
 
 def test_an_epochs_statistic_leaves_its_first_step_out_and_takes_medians():
@@ -18,8 +18,8 @@ def test_an_epochs_statistic_leaves_its_first_step_out_and_takes_medians():
 def test_the_ratios_pair_epochs_both_measured_auto_over_fixed():
     fixed = [[0.010, 0.020], None, [0.020, 0.040], [0.010, 0.0]]
     auto = [[0.011, 0.018], [0.5, 0.5], None, [0.012, 0.010]]
-    assert paired_ratios(fixed, auto, 0) == pytest.approx([1.1, 1.2])  # epochs 0 and 3 (1 and 2 lack one side)
-    assert paired_ratios(fixed, auto, 1) == pytest.approx([0.9])  # epoch 3's fixed CPU 0 is not divided by
+    assert epoch_ratios(fixed, auto, 0) == pytest.approx([1.1, 1.2])  # epochs 0 and 3 (1 and 2 lack one side)
+    assert epoch_ratios(fixed, auto, 1) == pytest.approx([0.9])  # epoch 3's fixed CPU 0 is not divided by
 
 
 def test_the_page_gives_per_seed_and_pooled_ratios():

@@ -382,3 +382,42 @@ def test_the_generated_sets_classes_split_its_training_images_and_only_it_has_a_
     assert (calls[-1]["num_classes"], calls[-1]["train_per_class"]) == (10, 150)
     with pytest.raises(ValueError, match="classes=20 is only for the generated set; 'digits' has 10"):
         auto_mod.data_root("digits", None, 20)
+
+
+def test_contenders_restricts_the_runs_to_the_named_ones_beside_o0(monkeypatch):
+    import bench.bench_tta as tta
+    import bench.tta_autotune as auto_mod
+    from bench.tta_autotune import Cell, run_standalone
+
+    calls = []
+
+    def launch(spec, root, timeout):
+        calls.append((spec.contender, spec.seed))
+        return _run([0.5, 0.95], [3.0, 1.0], trial_seconds=0.5, autotune_pick="O0")
+
+    monkeypatch.setattr(tta, "launch", launch)
+    monkeypatch.setattr(auto_mod, "data_root", lambda dataset, train=None, classes=10: "unused")
+    payload = run_standalone([Cell("generated", "gemm", 2)], [0, 1], False, 10, {"cells": {}}, contenders=[AUTO])
+    assert calls == [("ms_boost O0", 0), (AUTO, 0), (AUTO, 1), ("ms_boost O0", 1)]  # O1 not run; order rotated
+    assert list(payload["cells"]["generated/gemm"]["curves"]) == ["ms_boost O0", AUTO]
+    with pytest.raises(ValueError, match=r"--contenders \['O9'\] not in these cells"):
+        auto_mod.main(["--cells", "generated/gemm", "--contenders", "O9"])
+
+
+def test_the_phases_page_pairs_the_start_up_per_seed_against_the_trials_own_steps():
+    from bench.autotune_phases import STARTUP, render
+
+    fixed = {"0": {STARTUP: [3.0, 2.9, 2.7], "epoch 1: step 1": [2.9, 2.8, 2.6]},
+             "1": {STARTUP: [4.0, 3.0, 2.8], "epoch 1: step 1": [3.9, 2.9, 2.7]}}
+    own = {"trial: probe steps 2+": [0.05, 0.05, 0.01], "trial: restore": [0.05, 0.05, 0.05], "pick: O0": [0.0] * 3}
+    auto = {"0": {STARTUP: [3.5, 3.0, 2.8], "trial: probe step 1 (compile)": [3.2, 2.8, 2.6], **own},
+            "1": {STARTUP: [3.8, 3.1, 2.7], "trial: probe step 1 (compile)": [3.5, 2.9, 2.6], **own}}
+    page = render({"cell": "generated/gemm", "epochs": 10, "seeds": [0, 1], "load_before": [1.0] * 3,
+                   "load_after": [1.0] * 3, "fixed": "ms_boost O0", "runs": {"ms_boost O0": fixed, AUTO: auto}})
+    rows = [line for line in page.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
+    # seed 0: +0.5 wall, +0.1 CPU, +0.1 main, waiting +0.4, compile +0.3, own steps 0.1, beyond them +0.4
+    assert rows == ["| 0 | 3.00 | 3.50 | +0.50 | +0.10 | +0.10 | +0.40 | +0.30 | 0.10 | +0.40 |",
+                    "| 1 | 4.00 | 3.80 | -0.20 | +0.10 | -0.10 | -0.10 | -0.40 | 0.10 | -0.30 |"]
+    assert "auto - fixed 0.15 [-0.20, 0.50] s wall; beyond the trial's own steps 0.05 [-0.30, 0.40] s." in page
+    assert ("| phase | ms_boost O0 wall s | ms_boost O0 CPU s | ms_boost O0 main-thread CPU s | auto wall s | "
+            "auto CPU s | auto main-thread CPU s |") in page

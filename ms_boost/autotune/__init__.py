@@ -22,7 +22,14 @@ from ms_boost.autotune.candidates import (
     register_candidate,
     unregister_candidate,
 )
-from ms_boost.autotune.cells import CellTrialRun, batch_size_of, clone_for_trial, count_conv2d, take_batches
+from ms_boost.autotune.cells import (
+    CellTrialRun,
+    TrialBatches,
+    batch_size_of,
+    clone_for_trial,
+    count_conv2d,
+    take_batches,
+)
 from ms_boost.autotune.decide import Figures, TrialRecord
 from ms_boost.autotune.engine import TrialRun, run_trials
 from ms_boost.autotune.options import AutotuneOptions, parse_options
@@ -31,6 +38,6 @@ from ms_boost.autotune.report import AutotuneReport, CandidateResult
 __all__ = [
     "AutotuneOptions", "parse_options", "Candidate", "TrialContext", "candidate_names", "default_candidates",
     "register_candidate", "unregister_candidate", "CellTrialRun", "clone_for_trial", "take_batches",
-    "batch_size_of", "count_conv2d", "Figures", "TrialRecord", "TrialRun", "run_trials", "AutotuneReport",
-    "CandidateResult",
+    "TrialBatches", "batch_size_of", "count_conv2d", "Figures", "TrialRecord", "TrialRun", "run_trials",
+    "AutotuneReport", "CandidateResult",
 ]

@@ -10,12 +10,16 @@ after each use, so the pick's compiled step can serve the run; when that step tr
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterable, List, Sequence, Tuple
+import logging
+import threading
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-__all__ = ["clone_for_trial", "CellTrialRun", "take_batches", "batch_size_of", "count_conv2d"]
+__all__ = ["clone_for_trial", "CellTrialRun", "take_batches", "TrialBatches", "batch_size_of", "count_conv2d"]
+
+logger = logging.getLogger("ms_boost")
 
 #: stateless MindSpore functors the optimizers hold (they cannot be deep-copied; sharing them is safe)
 _SHARED_TYPES = (ops.Map, ops.HyperMap, ops.MultitypeFuncGraph, ops.GradOperation)
@@ -124,6 +128,137 @@ def take_batches(dataset: Any, count: int) -> List[Tuple[Tensor, ...]]:
         if len(out) >= count:
             break
     return out
+
+
+def _as_tensors(row: Sequence[Any]) -> Tuple[Tensor, ...]:
+    return tuple(Tensor(np.asarray(col)) for col in row)
+
+
+def _release(iterator: Any) -> None:
+    """Stop a data set iterator's pipeline now (MindSpore's ``Iterator.stop``; others are just dropped)."""
+    stop = getattr(iterator, "stop", None)
+    if callable(stop):
+        stop()
+
+
+class TrialBatches(Sequence):
+    """The trial's batches, read while the trial runs: the first ``holdout + steps`` of one pass, as Tensors.
+
+    The held-out batches (the first ``holdout``) and the first ``ready`` training batches are read when it is made,
+    in the calling thread (the first probe trains on them); the other training batches are read by a background
+    thread from the same iterator, in the same order, while the trial's first probe compiles its step, so that
+    reading them does not hold the trial up. The iterator is released as soon as the last batch is read (its
+    pipeline stops). The sequence is the training batches; an index or slice past what is read so far waits for
+    the reader. :meth:`close` stops the reader early (the trial did not need the rest) and waits for it, so no
+    thread or pipeline outlives the trial.
+
+    Args:
+        dataset: the training data set (``create_tuple_iterator``).
+        holdout: held-out batches to read first (:attr:`holdout`).
+        steps: training batches to read after them (fewer if the data set is shorter).
+        ready: training batches read before returning (the others in the background; 0 or ``>= steps``: none in
+            the background).
+
+    Attributes:
+        holdout: the held-out batches (a list).
+    """
+
+    def __init__(self, dataset: Any, holdout: int, steps: int, ready: int):
+        self.holdout: List[Tuple[Tensor, ...]] = []
+        self._rows: List[Tuple[Tensor, ...]] = []
+        self._steps = max(0, int(steps))
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._done = False
+        self._error: Optional[BaseException] = None
+        self._reported = False
+        self._thread: Optional[threading.Thread] = None
+        if holdout <= 0 and self._steps == 0:
+            self._done = True
+            return
+        iterator = dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)
+        rows: Iterator = iter(iterator)
+        now = self._steps if ready <= 0 else min(int(ready), self._steps)
+        try:
+            while len(self.holdout) < holdout:
+                row = next(rows, None)
+                if row is None:
+                    break
+                self.holdout.append(_as_tensors(row))
+            more = len(self.holdout) >= holdout and self._read(rows, now)
+        except BaseException:
+            _release(iterator)
+            raise
+        if not more or len(self._rows) >= self._steps:  # all read (or the data set ended): nothing in the background
+            _release(iterator)
+            self._done = True
+            return
+        self._thread = threading.Thread(target=self._background, args=(iterator, rows), daemon=True,
+                                        name="autotune-batches")
+        self._thread.start()
+
+    def _read(self, rows: Iterator, upto: int) -> bool:
+        """Read training batches until ``upto`` are held (or a stop); False when the data set ended first."""
+        while len(self._rows) < upto and not self._stop.is_set():
+            row = next(rows, None)
+            if row is None:
+                return False
+            with self._cond:
+                self._rows.append(_as_tensors(row))
+                self._cond.notify_all()
+        return True
+
+    def _background(self, iterator: Any, rows: Iterator) -> None:
+        try:
+            self._read(rows, self._steps)
+        except BaseException as exc:  # noqa: BLE001 - raised in the trial's thread when it reads past here
+            self._error = exc
+        finally:
+            try:
+                _release(iterator)
+            finally:
+                with self._cond:
+                    self._done = True
+                    self._cond.notify_all()
+
+    def _wait(self, count: Optional[int]) -> None:
+        """Wait until ``count`` training batches are read (None: all), the reader is done, or it failed."""
+        with self._cond:
+            while not self._done and (count is None or len(self._rows) < count):
+                self._cond.wait()
+        if self._error is not None and (count is None or len(self._rows) < count):
+            self._reported = True
+            raise RuntimeError(f"autotune: reading the trial's batches failed after {len(self._rows)} batches: "
+                               f"{type(self._error).__name__}: {self._error}") from self._error
+
+    @property
+    def read(self) -> int:
+        """Training batches read so far (without waiting)."""
+        return len(self._rows)
+
+    def __len__(self) -> int:
+        self._wait(None)
+        return len(self._rows)
+
+    def __getitem__(self, index: Union[int, slice]) -> Any:
+        if isinstance(index, slice):
+            stop = index.stop
+            self._wait(None if stop is None or stop < 0 or index.start is not None and index.start < 0 else stop)
+            return self._rows[index]
+        self._wait(None if index < 0 else index + 1)
+        return self._rows[index]
+
+    def close(self) -> None:
+        """Stop the reader (the batches not read yet are not needed), wait for it; its iterator is released."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None and not self._reported:
+            self._reported = True
+            logger.warning("autotune: reading the trial's batches in the background failed after %d batches (%s: %s); "
+                           "the trial used the batches read before", len(self._rows), type(self._error).__name__,
+                           self._error)
 
 
 def count_conv2d(network: Any) -> int:

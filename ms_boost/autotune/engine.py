@@ -289,7 +289,7 @@ class _Trial:
     def probe(self, order: Sequence[int], batches: Sequence[tuple], reuse: Optional[int]) -> None:
         """Probe the candidates of ``order`` (the prior order) while one more pays; :meth:`next_probe` picks each."""
         allowed = budget_steps(self.options, self.ctx.planned_steps)
-        steps = min(self.options.probe_steps, len(batches))
+        steps = len(batches[:self.options.probe_steps])  # the probes' batches (read before the trial)
         left = list(order)
         while left:
             i, stop = self.next_probe(left, steps, allowed)
@@ -399,7 +399,10 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
             objects, else on copies.
         ctx: the run (ranks, batch size, planned steps, the user's algorithm sections, the network's layers).
         options: the validated autotune options.
-        batches: the trial's training batches, in order (at least as many as a trial may take).
+        batches: the trial's training batches, in order (at least as many as a trial may take): a list, or a
+            sequence still being read (:class:`~ms_boost.autotune.cells.TrialBatches`: the probes slice only the
+            batches they train on, so the rest can be read meanwhile; its ``close()`` is called when the trial needs
+            no more).
         holdout: the held-out batches progress is measured on.
         started: ``time.perf_counter()`` when the trial began (e.g. before reading its batches; default: now),
             from which its wall time is counted.
@@ -437,13 +440,14 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
             f"{c.name}: {e}" for c, e in zip(candidates, errors)))
     order = [i for i in probe_order(candidates, ctx) if i in runnable]
     allowed = budget_steps(options, ctx.planned_steps)
-    if allowed < options.probe_steps or len(batches) < 2:
+    if allowed < options.probe_steps or len(batches[:2]) < 2:  # a slice: no wait for batches read later
         chosen = order[0]
         note = (f"no trial: the budget of {allowed} steps (budget {options.budget:g} x {ctx.planned_steps} "
                 f"planned steps) cannot pay for one probe of {options.probe_steps} steps; {candidates[chosen].name} "
                 f"(the shortest run its priors predict) trains the run unmeasured")
         reasons = [f"dropped: {f.reason}" if errors[i] else "not tried" for i, f in enumerate(trial.figures)]
         reasons[chosen] = "picked unmeasured: the shortest run its priors predict"
+        _stop_reading(batches)
         return _finish(trial, plans, reasons, chosen, False, [note])
     reuse = next((i for i in order if not boosts[i].is_active), None)  # type: ignore[union-attr]
     _say(f"autotune: prior order {[candidates[i].name for i in order]} (the shortest predicted run first; after a "
@@ -461,7 +465,18 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
     decision = pick(names, figures, ctx.planned_steps, options.tolerance, fallback=_fallback(names, figures, order))
     if not decision.measured:
         notes.append(decision.reasons[decision.index])
+    _stop_reading(batches)
     return _finish(trial, plans, list(decision.reasons), decision.index, decision.measured, notes)
+
+
+def _stop_reading(batches: Sequence[tuple]) -> None:
+    """The trial needs no more batches: a source reading them in the background stops now, inside the trial's time.
+
+    A source with ``close()`` (:class:`~ms_boost.autotune.cells.TrialBatches`) releases its data iterator there.
+    """
+    close = getattr(batches, "close", None)
+    if callable(close):
+        close()
 
 
 def _fallback(names: Sequence[str], figures: Sequence[Figures], order: Sequence[int]) -> int:
