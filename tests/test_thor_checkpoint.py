@@ -138,9 +138,14 @@ def test_whole_factor_checkpoint_is_converted_and_the_next_steps_match_numpy(mod
     entries = run.checkpoint(inverse_block=4)
     with caplog.at_level(logging.INFO, logger="ms_boost"):
         converted = convert_thor_checkpoint(entries, run.cell)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("THOR checkpoint:")]
+    messages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("THOR checkpoint:")]
+    lines = [m for m in messages if "filled from" not in m]
     assert len(lines) == 6, lines  # 4 factors x 2 layers but fc2's G and its average (4 wide): whole in both layouts
     assert any("fc1.matrix_a (1, 6, 6) -> (1, 2, 4, 4)" in line for line in lines), lines
+    # the checkpoint predates the written-out inverses of the 2-block factors (fc1's A and G, fc2's A): filled from
+    # its blocks, and the next step preconditions with them
+    filled = sorted(m.split()[2] for m in messages if "filled from" in m)
+    assert filled == ["thor_a_dense.fc1", "thor_a_dense.fc2", "thor_g_dense.fc1"], messages
     _, ckpt_not_loaded = ms.load_param_into_net(run.cell, converted, strict_load=True)
     assert not ckpt_not_loaded
     fc1, fc2 = run.opt.thor_layers

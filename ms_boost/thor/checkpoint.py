@@ -22,6 +22,12 @@ column, ``d + 1`` wide); ``mindspore.load_param_into_net`` refuses them with its
   preconditions with those inverses, exactly as a run configured so from the start would at a refresh step. A
   checkpoint with the same block size needs none of this: its inverses already have the layer's layout (they
   were always block-diagonal) and load as they are.
+* **Written-out inverses** (``thor_a_dense.*``, ``thor_g_dense.*``: a factor of a few blocks also keeps its
+  block-diagonal inverse as one ``(groups, d, d)`` matrix, :attr:`~ms_boost.thor.optimizer.THOR.dense_inverse_blocks`):
+  a checkpoint written before they existed lacks them; they are filled from the checkpoint's block inverse of the
+  same factor (exact: the blocks placed on the diagonal, zeros elsewhere). Where that inverse was left out, the forced
+  refresh rebuilds them. Loading such a checkpoint with ``mindspore.load_param_into_net`` alone leaves them as they
+  were (MindSpore lists them as not loaded): load it through :func:`load_thor_checkpoint`.
 
 Any other shape is a ``ValueError`` naming the parameter, both shapes and the layouts allowed.
 """
@@ -190,6 +196,19 @@ class _Converter:
                   "optimizer refreshes every layer at its first step", param.name, tuple(entry.shape),
                   int(entry.shape[-1]), int(param.shape[-1]))
 
+    def dense(self, param: Parameter, blocks: Parameter, dim: int) -> None:
+        """Fill a written-out inverse the checkpoint lacks from its block inverse there (same layout only)."""
+        entry = self.entries.get(blocks.name)
+        if param.name in self.entries or entry is None or tuple(entry.shape) != tuple(blocks.shape):
+            return
+        value = _as_array(entry).astype(np.float32)
+        groups, n_blocks, block = value.shape[0], value.shape[1], value.shape[2]
+        full = np.zeros((groups, n_blocks * block, n_blocks * block), np.float32)
+        for i in range(n_blocks):
+            full[:, i * block:(i + 1) * block, i * block:(i + 1) * block] = value[:, i]
+        self._set(param, full[:, :dim, :dim])
+        _log.info("THOR checkpoint: %s filled from %s %s", param.name, blocks.name, tuple(entry.shape))
+
     def force_refresh(self) -> None:
         """Mark each optimizer that lost an inverse to capture and refresh every layer at its first step."""
         for opt in {id(opt): opt for opt, _ in self.refresh_layers}.values():
@@ -244,6 +263,10 @@ def convert_thor_checkpoint(parameter_dict: Mapping[str, Any], network: nn.Cell,
         for index in range(len(opt.thor_layers)):
             converter.inverse(opt, index, opt.a_inverses[index], "a")
             converter.inverse(opt, index, opt.g_inverses[index], "g")
+        for k, dense in enumerate(opt.dense_inverses):
+            layer = opt.dense_layer[k]
+            blocks = opt.a_inverses[layer] if opt.dense_slot[k] == 0 else opt.g_inverses[layer]
+            converter.dense(dense, blocks, opt.dense_dims[k])
     converter.force_refresh()
     return converter.entries
 

@@ -17,7 +17,7 @@ __all__ = [
     "pick_direction", "preconditioned_dot", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
     "cholesky_inverse", "eigen_inverse", "blocks_bad", "old_blocks", "keep_or_replace", "job_inverse", "precondition",
-    "diagonal_inverse",
+    "diagonal_inverse", "dense_inverse",
     "trace",
     "direction_sum", "MAP", "CONCAT",
 ]
@@ -59,6 +59,7 @@ keep_or_replace = ops.MultitypeFuncGraph("thor_keep_or_replace")
 job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
 diagonal_inverse = ops.MultitypeFuncGraph("thor_diagonal_inverse")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
+dense_inverse = ops.MultitypeFuncGraph("thor_dense_inverse")
 trace = ops.MultitypeFuncGraph("thor_trace")
 direction_sum = ops.MultitypeFuncGraph("thor_direction_sum")
 MAP = ops.Map()
@@ -249,9 +250,29 @@ def _job_inverse_tuple(diagonals, kept, a_inverses, g_inverses, assign, spec, di
     return value
 
 
-@precondition.register("Tuple", "Bool", "Number", "Number", "Number", "Number", "Tensor", "Tensor")
-def _precondition_tensor(gradients, embedding, weight_index, bias_index, groups, g_dim, a_inverse, g_inverse):
-    """``(weight direction, bias direction or None)`` of one THOR layer after THOR preconditioning."""
+@dense_inverse.register("Tuple", "Tuple", "Tensor", "Tensor", "Number", "Number", "Number")
+def _dense_inverse_tensor(a_inverses, g_inverses, token, dense, layer, slot, dim):
+    """Write layer ``layer``'s stored block inverse ``slot`` (0: A, 1: G) out into ``dense``, ``(g, dim, dim)``.
+
+    Run at the end of a refresh, after ``token`` (the blocks' assignments): the written-out matrix follows the
+    blocks whether they were replaced, kept or received from their owner rank.
+    """
+    blocks = ops.depend(a_inverses[layer] if slot == 0 else g_inverses[layer], token)
+    return ops.assign(dense, thor_math.dense_block_diagonal(blocks, dim))
+
+
+@precondition.register("Tuple", "Tuple", "Bool", "Number", "Number", "Number", "Number", "Tuple", "Tensor", "Tensor")
+def _precondition_tensor(gradients, dense_inverses, embedding, weight_index, bias_index, groups, g_dim, dense,
+                         a_inverse, g_inverse):
+    """``(weight direction, bias direction or None)`` of one THOR layer after THOR preconditioning.
+
+    ``dense``: per factor (A, G) the index of its written-out block-diagonal inverse in ``dense_inverses`` (one
+    product instead of the blocks' pad, tiling and slicing), -1 to use the stored blocks.
+    """
+    if dense[0] >= 0:
+        a_inverse = dense_inverses[dense[0]]
+    if dense[1] >= 0:
+        g_inverse = dense_inverses[dense[1]]
     grad = gradients[weight_index]
     if embedding:
         return thor_math.embedding_precondition(grad, a_inverse, g_inverse), None

@@ -171,6 +171,12 @@ class THOR(nn.Optimizer, ThorStepVariants):
             non-finite loss or a skipped update (0: never).
     """
 
+    #: A Kronecker factor of 2 up to this many blocks also keeps its block-diagonal inverse written out,
+    #: ``(groups, d, d)`` (Parameters ``thor_a_dense.<layer>``, ``thor_g_dense.<layer>``, rebuilt from the blocks at
+    #: every refresh): the step multiplies by it in one product instead of padding, tiling and slicing the gradient
+    #: around a batched product of the blocks (docs/thor.md "Eighth round"). 0 or 1: never.
+    dense_inverse_blocks = 4
+
     def __init__(self, net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0,
                  batch_size: int = 32, use_nesterov: bool = False, decay_filter: Optional[Callable] = None,
                  split_indices=None, enable_clip_grad: bool = False, frequency: int = 100, *,
@@ -278,6 +284,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
         a_fac: list = []
         g_fac: list = []
         factors: list = []
+        dense: list = []  # written-out block-diagonal inverses of the factors of a few blocks
+        dense_records: list = []  # per written-out inverse: (layer, slot, dim)
+        layer_dense: list = []  # per layer: (index of A's, of G's) in dense, -1 for none
         for li, (layer, path) in enumerate(zip(layers, paths)):
             weight = layer.embedding_table if layer.kind == "embedding" else layer.weight
             source[index_of[id(weight)]] = (li, 0)
@@ -305,6 +314,16 @@ class THOR(nn.Optimizer, ThorStepVariants):
                                    requires_grad=False))
             g_inv.append(Parameter(Tensor(_identity_blocks(g_inv_shape)),
                                    name=f"thor_g_inverse.{path}", requires_grad=False))
+            indices = []
+            for slot, (shape, dim) in enumerate(((a_inv_shape, layer.a_dim), (g_inv_shape, layer.g_dim))):
+                if len(shape) == 4 and 1 < shape[1] and dim <= self.dense_inverse_blocks * self.block_size:
+                    indices.append(len(dense))
+                    dense_records.append((li, slot, dim))
+                    dense.append(Parameter(Tensor(np.broadcast_to(np.eye(dim, dtype=np.float32), (groups, dim, dim))),
+                                           name=f"thor_{'ag'[slot]}_dense.{path}", requires_grad=False))
+                else:
+                    indices.append(-1)
+            layer_dense.append(tuple(indices))
             state = layer.thor_parameters()
             flags.append(state["thor_capture"])
             a_batch.append(state["matrix_a_batch"])
@@ -334,6 +353,11 @@ class THOR(nn.Optimizer, ThorStepVariants):
         self.layer_factors = tuple(factors)
         self.a_inverses = ParameterTuple(a_inv)
         self.g_inverses = ParameterTuple(g_inv)
+        self.dense_inverses = ParameterTuple(dense)
+        self.layer_dense = tuple(layer_dense)
+        self.dense_layer = tuple(r[0] for r in dense_records)
+        self.dense_slot = tuple(r[1] for r in dense_records)
+        self.dense_dims = tuple(r[2] for r in dense_records)
         self.capture_flags = ParameterTuple(_unique(flags))
         self.a_batches = ParameterTuple(a_batch)
         self.g_batches = ParameterTuple(g_batch)
@@ -555,6 +579,10 @@ class THOR(nn.Optimizer, ThorStepVariants):
                     value = thor_math.narrow(received[k], 0, offset, self.inverse_sizes[j]).reshape(
                         self.inverse_shapes[j])
                 token = ops.depend(token, ops.assign(self._inverse_param(j), value))
+        if self.dense_layer:  # the written-out inverses follow the stored blocks (replaced, kept or received)
+            token = ops.depend(token, hyper_map(ops.partial(kernels.dense_inverse, self.a_inverses, self.g_inverses,
+                                                            token), self.dense_inverses, self.dense_layer,
+                                                self.dense_slot, self.dense_dims))
         return self._finish_refresh(token, unsafe, bad_inverses, ok_vector)
 
     def _changed_layers(self, folds, ok_vector):
@@ -674,9 +702,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
 
     def directions(self, gradients):
         """Per parameter: its THOR-preconditioned direction (parameters of THOR layers) or its gradient."""
-        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients), self.layer_embedding,
-                                     self.weight_index, self.bias_index, self.layer_groups, self.g_dims,
-                                     self.a_inverses, self.g_inverses)
+        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients, self.dense_inverses),
+                                     self.layer_embedding, self.weight_index, self.bias_index, self.layer_groups,
+                                     self.g_dims, self.layer_dense, self.a_inverses, self.g_inverses)
         return self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
                               self.param_slot, self.param_position)
 

@@ -1,0 +1,137 @@
+"""THOR's step between refreshes on the time-to-accuracy page's gemm network: kernels launched and CPU time (issue 27).
+
+The page's ``gemm`` cell (``bench/bench_tta.py``: the zoo's ResNet-10 width 8 on GEMM convolutions, 16 px, batch 32,
+block size 64, frequency 10; its own builders), Graph mode, CPU, one fixed random batch. Several THOR train cells
+differing only in :attr:`ms_boost.thor.THOR.dense_inverse_blocks` (0: every factor of several blocks multiplied as
+blocks; n: the factors of 2..n blocks through their written-out block-diagonal inverse) and Momentum's are built in
+one process and called alternately step by step, so all see the same machine load; reported: the median CPU time of
+the process (all threads) per step, for THOR's plain steps and refresh steps, and their ratio to Momentum's.
+
+``--profile NAME`` instead runs MindSpore's CPU profiler over 10 plain steps of one cell (``momentum`` or
+``thor:<dense blocks>``) in this process and prints the kernels launched per step by type (one process per cell:
+the profiler's tables are per process).
+
+Usage::
+
+    python bench/thor_plain_kernels.py --dense 0 4 --rounds 60
+    python bench/thor_plain_kernels.py --profile thor:4 --out /tmp/prof_thor4
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def build(name: str, frequency: int):
+    """The page's train cell of ``momentum`` or ``thor:<dense blocks>``."""
+    import mindspore as ms
+
+    from bench.bench_tta import RunSpec, _model, build_network
+    from ms_boost.thor import THOR
+
+    contender = "baseline"
+    if name.startswith("thor:"):
+        THOR.dense_inverse_blocks = int(name.split(":")[1])  # read when the optimizer is built
+        contender = "THOR"
+    ms.set_seed(0)
+    spec = RunSpec(dataset="digits", net="gemm", contender=contender, lr=0.01, seed=0, epochs=200, image_size=16,
+                   width=8, frequency=frequency)
+    net = build_network(spec, 10)
+    cell = _model(spec, net, 50)._train_network
+    cell.set_train(True)
+    return cell
+
+
+def _batch():
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(0)
+    return (Tensor(rng.standard_normal((32, 3, 16, 16)).astype(np.float32)),
+            Tensor(rng.integers(0, 10, 32).astype(np.int32)))
+
+
+def profile(name: str, out: str) -> None:
+    """Kernels per plain step of one cell, by type, from MindSpore's CPU profiler."""
+    from mindspore import Profiler
+
+    x, y = _batch()
+    cell = build(name, frequency=1000)  # step 0 refreshes, every later step is a plain one
+    for _ in range(3):
+        cell(x, y).asnumpy()
+    prof = Profiler(output_path=out)
+    for _ in range(10):
+        cell(x, y).asnumpy()
+    prof.analyse()
+    table = sorted(glob.glob(os.path.join(out, "*", "FRAMEWORK", "cpu_op_type_info_0.csv")))[-1]
+    with open(table, encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    counts = {r["op_type"]: int(r["type_occurrences"]) / 10 for r in rows}
+    times = {r["op_type"]: float(r["total_compute_time"]) / 10 for r in rows}
+    print(f"{name}: {sum(counts.values()):.0f} kernels per step, {sum(times.values()):.2f} ms of kernel time")
+    for op in sorted(counts, key=lambda k: -counts[k]):
+        print(f"  {op:28s} {counts[op]:6.1f} {times[op]:8.3f} ms")
+
+
+def alternate(dense: list, rounds: int, frequency: int) -> None:
+    """CPU time per step of Momentum and THOR (one cell per dense setting), called alternately."""
+    x, y = _batch()
+    cells = {}
+    for name in ["momentum"] + [f"thor:{d}" for d in dense]:
+        cell = build(name, frequency)
+        start = time.process_time()
+        cell(x, y).asnumpy()
+        cell(x, y).asnumpy()
+        print(f"{name}: first two calls {time.process_time() - start:.1f} CPU-s", flush=True)
+        cells[name] = cell
+    times: dict = {}
+    for i in range(rounds):
+        order = list(cells.items()) if i % 2 else list(cells.items())[::-1]
+        for name, cell in order:
+            key = name
+            if name != "momentum":
+                step = int(cell.optimizer.global_step.asnumpy().reshape(-1)[0])
+                key = (name, "refresh" if step % frequency == 0 else "plain")
+            start = time.process_time()
+            cell(x, y).asnumpy()
+            times.setdefault(key, []).append(time.process_time() - start)
+    base = float(np.median(times["momentum"])) * 1e3
+    print(f"Momentum {base:.2f} ms CPU per step")
+    for d in dense:
+        plain = float(np.median(times[(f"thor:{d}", "plain")])) * 1e3
+        refresh = float(np.median(times[(f"thor:{d}", "refresh")])) * 1e3
+        print(f"THOR dense_inverse_blocks={d}: plain {plain:.2f} ms ({plain / base:.3f}x), refresh {refresh:.2f} ms "
+              f"({refresh / base:.2f}x), amortized at {frequency} "
+              f"{((frequency - 1) * plain + refresh) / frequency / base:.3f}x")
+    print("load", " ".join(open("/proc/loadavg", encoding="utf-8").read().split()[:3]))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--dense", type=int, nargs="+", default=[0, 4], help="dense_inverse_blocks of each THOR cell")
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--frequency", type=int, default=10)
+    parser.add_argument("--profile", default="", help="momentum or thor:<dense blocks>: profile this cell only")
+    parser.add_argument("--out", default="/tmp/thor_plain_kernels_profile")
+    args = parser.parse_args(argv)
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if args.profile:
+        profile(args.profile, args.out)
+    else:
+        alternate(args.dense, args.rounds, args.frequency)
+
+
+if __name__ == "__main__":
+    main()
