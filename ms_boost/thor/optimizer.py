@@ -174,7 +174,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
     #: A Kronecker factor of 2 up to this many blocks also keeps its block-diagonal inverse written out,
     #: ``(groups, d, d)`` (Parameters ``thor_a_dense.<layer>``, ``thor_g_dense.<layer>``, rebuilt from the blocks at
     #: every refresh): the step multiplies by it in one product instead of padding, tiling and slicing the gradient
-    #: around a batched product of the blocks (docs/thor.md "Eighth round"). 0 or 1: never.
+    #: around a batched product of the blocks (docs/thor.md "Eighth round"). Only where the blocks cost more than
+    #: their product: a factor applied from the right (A; an embedding's G), or from the left (G) when its last block
+    #: is padded. 0 or 1: never.
     dense_inverse_blocks = 4
 
     def __init__(self, net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0,
@@ -316,7 +318,11 @@ class THOR(nn.Optimizer, ThorStepVariants):
                                    name=f"thor_g_inverse.{path}", requires_grad=False))
             indices = []
             for slot, (shape, dim) in enumerate(((a_inv_shape, layer.a_dim), (g_inv_shape, layer.g_dim))):
-                if len(shape) == 4 and 1 < shape[1] and dim <= self.dense_inverse_blocks * self.block_size:
+                # a factor applied from the right (A; an embedding's G) is tiled by two transposes around the blocks'
+                # product, one applied from the left only padded and cut when its blocks overhang
+                right = slot == 0 or layer.kind == "embedding"
+                if (len(shape) == 4 and 1 < shape[1] <= self.dense_inverse_blocks
+                        and (right or dim % self.block_size)):
                     indices.append(len(dense))
                     dense_records.append((li, slot, dim))
                     dense.append(Parameter(Tensor(np.broadcast_to(np.eye(dim, dtype=np.float32), (groups, dim, dim))),
