@@ -25,9 +25,10 @@ column, ``d + 1`` wide); ``mindspore.load_param_into_net`` refuses them with its
 * **Written-out inverses** (``thor_a_dense.*``, ``thor_g_dense.*``: a factor of a few blocks also keeps its
   block-diagonal inverse as one ``(groups, d, d)`` matrix, :attr:`~ms_boost.thor.optimizer.THOR.dense_inverse_blocks`):
   a checkpoint written before they existed lacks them; they are filled from the checkpoint's block inverse of the
-  same factor (exact: the blocks placed on the diagonal, zeros elsewhere). Where that inverse was left out, the forced
-  refresh rebuilds them. Loading such a checkpoint with ``mindspore.load_param_into_net`` alone leaves them as they
-  were (MindSpore lists them as not loaded): load it through :func:`load_thor_checkpoint`.
+  same factor (exact: the blocks placed on the diagonal, zeros elsewhere), as is one that disagrees with its blocks
+  (the blocks decide). Where that inverse was left out, the forced refresh rebuilds them. Loading such a checkpoint
+  with ``mindspore.load_param_into_net`` alone leaves them as they were (MindSpore lists them as not loaded): load
+  it through :func:`load_thor_checkpoint`.
 
 Any other shape is a ``ValueError`` naming the parameter, both shapes and the layouts allowed.
 """
@@ -197,16 +198,20 @@ class _Converter:
                   int(entry.shape[-1]), int(param.shape[-1]))
 
     def dense(self, param: Parameter, blocks: Parameter, dim: int) -> None:
-        """Fill a written-out inverse the checkpoint lacks from its block inverse there (same layout only)."""
+        """Write a written-out inverse from the checkpoint's block inverse (same layout only): the blocks decide."""
         entry = self.entries.get(blocks.name)
-        if param.name in self.entries or entry is None or tuple(entry.shape) != tuple(blocks.shape):
+        if entry is None or tuple(entry.shape) != tuple(blocks.shape):
             return
         value = _as_array(entry).astype(np.float32)
         groups, n_blocks, block = value.shape[0], value.shape[1], value.shape[2]
         full = np.zeros((groups, n_blocks * block, n_blocks * block), np.float32)
         for i in range(n_blocks):
             full[:, i * block:(i + 1) * block, i * block:(i + 1) * block] = value[:, i]
-        self._set(param, full[:, :dim, :dim])
+        full = full[:, :dim, :dim]
+        old = self.entries.get(param.name)
+        if old is not None and tuple(old.shape) == full.shape and np.array_equal(_as_array(old), full):
+            return
+        self._set(param, full)
         _log.info("THOR checkpoint: %s filled from %s %s", param.name, blocks.name, tuple(entry.shape))
 
     def force_refresh(self) -> None:
