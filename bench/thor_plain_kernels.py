@@ -11,6 +11,9 @@ the process (all threads) per step, for THOR's plain steps and refresh steps, an
 ``thor:<dense blocks>``) in this process and prints the kernels launched per step by type (one process per cell:
 the profiler's tables are per process).
 
+``--net bench`` times bench_thor.py's step-time network instead (the zoo's ResNet-18 width 16, 32 px, batch 32, block
+size 64, its THOR settings).
+
 Usage::
 
     python bench/thor_plain_kernels.py --dense 0 4 --rounds 60
@@ -32,17 +35,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+NET = {"name": "tta"}  # which network: the page's ("tta") or bench_thor.py's step-time ResNet-18 ("bench")
+
+
 def build(name: str, frequency: int):
-    """The page's train cell of ``momentum`` or ``thor:<dense blocks>``."""
+    """The train cell of ``momentum`` or ``thor:<dense blocks>`` (the page's network, or bench_thor.py's)."""
     import mindspore as ms
 
-    from bench.bench_tta import RunSpec, _model, build_network
     from ms_boost.thor import THOR
 
     contender = "baseline"
     if name.startswith("thor:"):
         THOR.dense_inverse_blocks = int(name.split(":")[1])  # read when the optimizer is built
         contender = "THOR"
+    if NET["name"] == "bench":
+        return _build_bench(contender, frequency)
+    from bench.bench_tta import RunSpec, _model, build_network
+
     ms.set_seed(0)
     spec = RunSpec(dataset="digits", net="gemm", contender=contender, lr=0.01, seed=0, epochs=200, image_size=16,
                    width=8, frequency=frequency)
@@ -52,12 +61,25 @@ def build(name: str, frequency: int):
     return cell
 
 
+def _build_bench(contender: str, frequency: int):
+    """bench_thor.py's step-time cell: the zoo's ResNet-18 width 16, 20 classes, its THOR settings (block size 64)."""
+    from bench.bench_thor import build as build_bench
+
+    args = argparse.Namespace(classes=20, width=16, epochs=8, momentum_lr=0.1, thor_lr=0.1, damping=0.3,
+                              weight_decay=1e-4, block_size=64)
+    kind = "momentum" if contender == "baseline" else f"thor_{frequency}"
+    cell = build_bench(kind, args, 0, 1000, (2, 2, 2, 2), 16)[2].train_network
+    cell.set_train(True)
+    return cell
+
+
 def _batch():
     from mindspore import Tensor
 
     rng = np.random.default_rng(0)
-    return (Tensor(rng.standard_normal((32, 3, 16, 16)).astype(np.float32)),
-            Tensor(rng.integers(0, 10, 32).astype(np.int32)))
+    size, classes = (32, 20) if NET["name"] == "bench" else (16, 10)
+    return (Tensor(rng.standard_normal((32, 3, size, size)).astype(np.float32)),
+            Tensor(rng.integers(0, classes, 32).astype(np.int32)))
 
 
 def profile(name: str, out: str) -> None:
@@ -122,7 +144,10 @@ def main(argv=None) -> None:
     parser.add_argument("--frequency", type=int, default=10)
     parser.add_argument("--profile", default="", help="momentum or thor:<dense blocks>: profile this cell only")
     parser.add_argument("--out", default="/tmp/thor_plain_kernels_profile")
+    parser.add_argument("--net", choices=("tta", "bench"), default="tta",
+                        help="tta: the page's gemm network; bench: bench_thor.py's step-time ResNet-18 width 16, 32 px")
     args = parser.parse_args(argv)
+    NET["name"] = args.net
     import mindspore as ms
 
     ms.set_device("CPU")

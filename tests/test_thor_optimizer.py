@@ -7,6 +7,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from ms_boost.thor import THOR, thor
+from ms_boost.thor.variants import ThorTrainStep
 from tests.helpers.nets import MLP
 from tests.test_thor_math import np_diagonal_blocks
 
@@ -99,6 +100,7 @@ def test_steps_match_numpy_with_blocks_loss_scale_and_damping_schedule(mode, den
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     cell = nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt, sens=scale)
     cell.set_train()
+    cell = ThorTrainStep(cell, opt)  # Graph mode: the step variants, which multiply by the written-out inverses
     cell(Tensor(x), Tensor(y))
     expected = np_mlp_thor_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.1, 0.2, 0.9,
                                 0.01, 4)  # damping of step 0: 0.2

@@ -26,9 +26,10 @@ column, ``d + 1`` wide); ``mindspore.load_param_into_net`` refuses them with its
   block-diagonal inverse as one ``(groups, d, d)`` matrix, :attr:`~ms_boost.thor.optimizer.THOR.dense_inverse_blocks`):
   a checkpoint written before they existed lacks them; they are filled from the checkpoint's block inverse of the
   same factor (exact: the blocks placed on the diagonal, zeros elsewhere), as is one that disagrees with its blocks
-  (the blocks decide). Where that inverse was left out, the forced refresh rebuilds them. Loading such a checkpoint
-  with ``mindspore.load_param_into_net`` alone leaves them as they were (MindSpore lists them as not loaded): load
-  it through :func:`load_thor_checkpoint`.
+  (the blocks decide). Where that inverse was left out, the forced refresh rebuilds them. Loaded by
+  ``mindspore.load_param_into_net`` alone, such a checkpoint leaves them as they were (MindSpore lists them as not
+  loaded); the optimizer then rewrites them from the loaded blocks before its next step
+  (:meth:`~ms_boost.thor.optimizer.THOR.sync_dense_inverses`).
 
 Any other shape is a ``ValueError`` naming the parameter, both shapes and the layouts allowed.
 """
@@ -43,7 +44,7 @@ from mindspore import Parameter, Tensor, nn
 
 from ms_boost.thor.assignment import block_layout, factor_shape
 from ms_boost.thor.layers import ThorLayer
-from ms_boost.thor.optimizer import THOR
+from ms_boost.thor.optimizer import THOR, written_out_inverse
 
 __all__ = ["convert_thor_checkpoint", "load_thor_checkpoint", "stored_factor_layout", "factor_to_layout",
            "layout_holds"]
@@ -202,12 +203,7 @@ class _Converter:
         entry = self.entries.get(blocks.name)
         if entry is None or tuple(entry.shape) != tuple(blocks.shape):
             return
-        value = _as_array(entry).astype(np.float32)
-        groups, n_blocks, block = value.shape[0], value.shape[1], value.shape[2]
-        full = np.zeros((groups, n_blocks * block, n_blocks * block), np.float32)
-        for i in range(n_blocks):
-            full[:, i * block:(i + 1) * block, i * block:(i + 1) * block] = value[:, i]
-        full = full[:, :dim, :dim]
+        full = written_out_inverse(_as_array(entry).astype(np.float32), dim)
         old = self.entries.get(param.name)
         if old is not None and tuple(old.shape) == full.shape and np.array_equal(_as_array(old), full):
             return

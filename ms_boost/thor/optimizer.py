@@ -71,6 +71,19 @@ def _identity_blocks(shape) -> np.ndarray:
     return np.broadcast_to(np.eye(shape[-1], dtype=np.float32), shape).copy()
 
 
+def written_out_inverse(blocks: np.ndarray, dim: int) -> np.ndarray:
+    """Host copy of :func:`ms_boost.thor.math.dense_block_diagonal`: ``(g, n_b, b, b)`` blocks -> ``(g, dim, dim)``.
+
+    The blocks placed on the diagonal, zeros elsewhere, the identity padding of the last block cut off: the same
+    values the refresh writes on the device (exact, no arithmetic).
+    """
+    groups, n_blocks, block = blocks.shape[0], blocks.shape[1], blocks.shape[2]
+    full = np.zeros((groups, n_blocks * block, n_blocks * block), np.float32)
+    for i in range(n_blocks):
+        full[:, i * block:(i + 1) * block, i * block:(i + 1) * block] = blocks[:, i]
+    return np.ascontiguousarray(full[:, :dim, :dim])
+
+
 def _block_owners(groups: Tuple[int, ...], blocks: Tuple[int, ...]) -> np.ndarray:
     """``(jobs, blocks)`` float32 0/1: row ``i`` marks the consecutive blocks of a batch's ``i``-th factor."""
     counts = [g * b for g, b in zip(groups, blocks)]
@@ -261,6 +274,18 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # None: the refresh is decided on the device; False: compiled out (the plain step variant, see
         # ms_boost.thor.variants: the host knows whether a step refreshes)
         self.static_refresh = None
+        # True while a step compiles (or runs op by op) that the host prepared with sync_dense_inverses: a step
+        # variant chosen on the host, THOR called from Python (PyNative). Only there do the products use the
+        # written-out inverses; a graph no host call precedes (MindSpore's train cell in Graph mode, a sink graph)
+        # multiplies by the blocks, which a loaded checkpoint cannot leave out of step with themselves
+        self.use_dense_inverses = False
+        self._blocks_only = tuple((-1, -1) for _ in self.layer_dense)
+        # the memory of every block inverse with a written-out copy and of the copies, as last checked: loading a
+        # checkpoint (set_data) replaces it. The buffers are held (pinned), so no later one can take their address
+        object.__setattr__(self, "_dense_watched", tuple(p for k in range(len(self.dense_layer))
+                                                        for p in (self._dense_source(k), self.dense_inverses[k])))
+        object.__setattr__(self, "_dense_key", tuple(p.data_ptr() for p in self._dense_watched))
+        object.__setattr__(self, "_dense_pins", tuple(Tensor(p) for p in self._dense_watched))
 
     # ------------------------------------------------------------------ build time
     def _collect_layers(self, net: nn.Cell) -> None:
@@ -707,10 +732,15 @@ class THOR(nn.Optimizer, ThorStepVariants):
         return ops.depend(done, ops.assign(self.step_health, (kept + new).astype(ms.float32)))
 
     def directions(self, gradients):
-        """Per parameter: its THOR-preconditioned direction (parameters of THOR layers) or its gradient."""
+        """Per parameter: its THOR-preconditioned direction (parameters of THOR layers) or its gradient.
+
+        The products take a factor's written-out inverse only where the host checked it against its blocks before
+        the step (``use_dense_inverses``), else the blocks.
+        """
+        layer_dense = self.layer_dense if self.use_dense_inverses else self._blocks_only
         preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients, self.dense_inverses),
                                      self.layer_embedding, self.weight_index, self.bias_index, self.layer_groups,
-                                     self.g_dims, self.layer_dense, self.a_inverses, self.g_inverses)
+                                     self.g_dims, layer_dense, self.a_inverses, self.g_inverses)
         return self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
                               self.param_slot, self.param_position)
 
@@ -725,6 +755,36 @@ class THOR(nn.Optimizer, ThorStepVariants):
         index = ops.where(summary_finite, float(self.n_layers), self._param_layer_numbers)
         first = _REDUCE_MIN(index, ())
         return ops.where(first >= float(self.n_layers), ops.zeros((), ms.float32) - 1.0, first)
+
+    def _dense_source(self, k: int) -> Parameter:
+        """The block inverse written out by ``dense_inverses[k]``."""
+        layer = self.dense_layer[k]
+        return self.a_inverses[layer] if self.dense_slot[k] == 0 else self.g_inverses[layer]
+
+    def sync_dense_inverses(self) -> bool:
+        """Before a step the host prepares: rewrite the written-out inverses from their blocks if either was replaced.
+
+        The refresh rewrites them on the device after the blocks; what else replaces a block inverse is a checkpoint
+        loaded by ``set_data`` (``mindspore.load_param_into_net``), which leaves the copies as they were when the
+        checkpoint predates them. A replaced Parameter has new memory, so the check compares addresses (no device
+        read: about 0.4 us per Parameter); on a change every copy is written again from its block inverse on the host
+        (:func:`written_out_inverse`, exact), in place. A false alarm costs that rewrite and nothing else.
+
+        Returns:
+            Whether the copies were rewritten.
+        """
+        if not self._dense_watched:
+            return False
+        key = tuple(p.data_ptr() for p in self._dense_watched)
+        if key == self._dense_key:
+            return False
+        for k, dense in enumerate(self.dense_inverses):
+            ops.assign(dense, Tensor(written_out_inverse(self._dense_source(k).asnumpy(), self.dense_dims[k])))
+        object.__setattr__(self, "_dense_key", tuple(p.data_ptr() for p in self._dense_watched))
+        object.__setattr__(self, "_dense_pins", tuple(Tensor(p) for p in self._dense_watched))
+        _log.info("thor: block inverses replaced since the last step (a loaded checkpoint?): their %d written-out "
+                  "copies rewritten from them", len(self.dense_inverses))
+        return True
 
     # ------------------------------------------------------------------ health
     def health(self) -> dict:
@@ -767,8 +827,12 @@ class THOR(nn.Optimizer, ThorStepVariants):
         (``set_data``, e.g. a loaded checkpoint). Not when the collectives of a multi-rank run come from a
         stand-in backend (``comm.use_backend``, a test's loopback world), which runs only op by op. Either way
         the step rewrites the capture flags, so the layers' :class:`~ms_boost.thor.layers.CaptureGate` reads
-        them again at the next forward pass.
+        them again at the next forward pass. Before the step the written-out inverses are checked against their
+        blocks (:meth:`sync_dense_inverses`), so this step may multiply by them.
         """
+        self.sync_dense_inverses()
+        checked = self.use_dense_inverses
+        self.use_dense_inverses = True
         try:
             if (self.compile_pynative_step and len(args) == 1 and not kwargs
                     and ms.get_context("mode") == ms.PYNATIVE_MODE):
@@ -785,6 +849,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
                     ms.set_context(mode=ms.PYNATIVE_MODE)
             return super().__call__(*args, **kwargs)
         finally:
+            self.use_dense_inverses = checked
             self._capture_gate.clear()
 
     def training_guard(self):
