@@ -139,7 +139,7 @@ def alternate(dense: list, rounds: int, frequency: int) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--dense", type=int, nargs="+", default=[0, 4], help="dense_inverse_blocks of each THOR cell")
+    parser.add_argument("--dense", type=int, nargs="+", default=[0, 5], help="dense_inverse_blocks of each THOR cell")
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--frequency", type=int, default=10)
     parser.add_argument("--profile", default="", help="momentum or thor:<dense blocks>: profile this cell only")

@@ -187,10 +187,10 @@ class THOR(nn.Optimizer, ThorStepVariants):
     #: A Kronecker factor of 2 up to this many blocks also keeps its block-diagonal inverse written out,
     #: ``(groups, d, d)`` (Parameters ``thor_a_dense.<layer>``, ``thor_g_dense.<layer>``, rebuilt from the blocks at
     #: every refresh): the step multiplies by it in one product instead of padding, tiling and slicing the gradient
-    #: around a batched product of the blocks (docs/thor.md "Eighth round"). Only where the blocks cost more than
-    #: their product: a factor applied from the right (A; an embedding's G), or from the left (G) when its last block
-    #: is padded. 0 or 1: never.
-    dense_inverse_blocks = 4
+    #: around a batched product of the blocks (docs/thor.md "Eighth round"; 5, not 4, since the ninth). Only where
+    #: the blocks cost more than their product: a factor applied from the right (A; an embedding's G), or from the left
+    #: (G) when its last block is padded. 0 or 1: never.
+    dense_inverse_blocks = 5
 
     def __init__(self, net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0,
                  batch_size: int = 32, use_nesterov: bool = False, decay_filter: Optional[Callable] = None,
