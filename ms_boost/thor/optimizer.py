@@ -686,15 +686,16 @@ class THOR(nn.Optimizer, ThorStepVariants):
         else:
             summaries = self.hyper_map(kernels.direction_sum, self.param_layer, directions)
         scale = self.kl_clip > 0.0 and self.n_layers > 0
-        if scale or self.weight_decay > 0.0:  # the trust-region scaling and the weight decay in one map
+        if self.enable_clip_grad and (scale or self.weight_decay > 0.0):  # trust-region scaling and decay in one map
             new_grads = self.hyper_map(ops.partial(kernels.scale_and_decay, scale, nu, self.weight_decay),
                                        self.param_layer, self.step_decay_flags, params, directions)
         if self.enable_clip_grad:
             new_grads = self.hyper_map(kernels.clip_to_unit_norm, new_grads)
         # a non-finite update (gradient, preconditioned direction or nu) skips the whole step. The THOR layers'
         # parameters are judged by their scalar summaries (non-finite when the direction or the gradient is), the
-        # others by one check over them concatenated: an isfinite over every update cost 0.035x a Momentum step
-        # (docs/thor.md "What the plain step's pieces cost")
+        # others by one check over them concatenated (their gradients, or with clipping their updates; a non-finite
+        # weight makes the forward pass and so every gradient non-finite): an isfinite over every update cost 0.035x
+        # a Momentum step (docs/thor.md "What the plain step's pieces cost")
         summary_finite = ops.isfinite(ops.stack(summaries))
         finite = ops.logical_and(_REDUCE_ALL(summary_finite, ()), ops.isfinite(nu))
         if self.other_positions:
@@ -705,9 +706,20 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # for bit as it was (v = 1 v + 0, w = w - 0 v); the step counter, flags and health follow ``finite``.
         lr = ops.where(finite, lr, ops.zeros_like(lr))
         momentum = ops.where(finite, self.momentum, ops.ones_like(self.momentum))
-        # each parameter's update is zeroed (where not finite) inside its momentum call: a flat buffer (concat,
-        # one where, a slice per parameter) cost two more calls per parameter to compile
-        if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
+        if not self.enable_clip_grad:
+            # the zeroing folded into the scaling: MulNoNan by nu or 1, both 0 on a skipped step (and the decay 0),
+            # one kernel per parameter fewer than a where per update (docs/thor.md "Ninth round")
+            keep = ops.cast(finite, ms.float32)
+            kept_nu = ops.where(finite, nu, ops.zeros_like(nu))
+            update = ops.partial(kernels.masked_update, scale, kept_nu, keep, keep * self.weight_decay)
+            new_grads = self.hyper_map(update, self.param_layer, self.step_decay_flags, params, directions)
+            if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
+                success = self.hyper_map(ops.partial(kernels.nesterov_apply, lr, momentum), params, moments,
+                                         new_grads)
+            else:
+                success = self.hyper_map(ops.partial(kernels.momentum_apply, self.apply_momentum, lr, momentum),
+                                         params, moments, new_grads)
+        elif self.use_nesterov:  # clipped updates: zeroed (where not finite) inside each parameter's momentum call
             success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum, finite), params, moments,
                                      new_grads)
         else:
