@@ -10,8 +10,9 @@ import re
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, nn
 
+from ms_boost import BoostTrainOneStepCell
 from ms_boost.thor import load_thor_checkpoint, thor
 from ms_boost.thor.checkpoint import convert_thor_checkpoint, factor_to_layout, layout_holds, stored_factor_layout
 from tests.helpers.nets import MLP
@@ -96,7 +97,9 @@ class _Run:
                         continue
                     value = source[(name, which)]
                     if factor_layout is not None:  # a block checkpoint (written without fc1's bias column)
-                        value = np_diagonal_blocks(self.trimmed(value, name, which), factor_layout)
+                        value = self.trimmed(value, name, which)
+                        if value.shape[0] > factor_layout:  # one block: stored whole
+                            value = np_diagonal_blocks(value, factor_layout)
                     put(getattr(layer, attr), value[None])
         return entries
 
@@ -138,9 +141,14 @@ def test_whole_factor_checkpoint_is_converted_and_the_next_steps_match_numpy(mod
     entries = run.checkpoint(inverse_block=4)
     with caplog.at_level(logging.INFO, logger="ms_boost"):
         converted = convert_thor_checkpoint(entries, run.cell)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("THOR checkpoint:")]
+    messages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("THOR checkpoint:")]
+    lines = [m for m in messages if "filled from" not in m]
     assert len(lines) == 6, lines  # 4 factors x 2 layers but fc2's G and its average (4 wide): whole in both layouts
     assert any("fc1.matrix_a (1, 6, 6) -> (1, 2, 4, 4)" in line for line in lines), lines
+    # the checkpoint predates the written-out inverses of the 2-block factors (fc1's A and G, fc2's A): filled from
+    # its blocks, and the next step preconditions with them
+    filled = sorted(m.split()[2] for m in messages if "filled from" in m)
+    assert filled == ["thor_a_dense.fc1", "thor_a_dense.fc2", "thor_g_dense.fc1"], messages
     _, ckpt_not_loaded = ms.load_param_into_net(run.cell, converted, strict_load=True)
     assert not ckpt_not_loaded
     fc1, fc2 = run.opt.thor_layers
@@ -163,6 +171,42 @@ def test_whole_factor_checkpoint_is_converted_and_the_next_steps_match_numpy(mod
     run.step()
     _assert_weights(run.params(), weights)
     assert int(run.opt.global_step.asnumpy()[0]) == 5
+
+
+@pytest.mark.parametrize("history,cell_kind", [("fresh", "boost"), ("trained", "boost"), ("trained", "mindspore")])
+def test_checkpoint_without_written_out_inverses_loaded_by_mindspore_alone(mode, history, cell_kind):
+    """A same-layout checkpoint written before the written-out inverses (no ``thor_a_dense.*`` / ``thor_g_dense.*``
+    entries) loaded by ``mindspore.load_param_into_net`` alone, not :func:`load_thor_checkpoint`: MindSpore lists the
+    copies as not loaded and the network keeps its own -- identities in a fresh network; in a trained one (3 steps of
+    another run, refreshed at step 2) its own run's, so the checkpoint of step 3 lands one step after the network's
+    last refresh. The next step (no refresh; Graph mode: the plain variant with ms_boost's train cell, the
+    device-switch graph with MindSpore's, which multiplies by the blocks) preconditions with the checkpoint's inverses:
+    numpy's step; afterwards every written-out copy is the checkpoint's block inverse written out, exactly."""
+    run = _Run(block=4)
+    if cell_kind == "boost":
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        run.cell = BoostTrainOneStepCell(nn.WithLossCell(run.opt.thor_network, loss), run.opt).set_train()
+    if history == "trained":
+        for _ in range(3):
+            run.step()
+        assert int(run.opt.global_step.asnumpy()[0]) == 3
+    entries = run.checkpoint(inverse_block=4, factor_layout=4)  # the network's layout: nothing to convert
+    opt = run.opt
+    written = {p.name: p for p in opt.dense_inverses}
+    assert sorted(written) == ["thor_a_dense.fc1", "thor_a_dense.fc2", "thor_g_dense.fc1"]
+    assert not set(written) & set(entries)
+    not_loaded, ckpt_not_loaded = ms.load_param_into_net(run.cell, entries)
+    assert set(written) <= set(not_loaded) and not ckpt_not_loaded
+    directions = [run.inverses[(name, "g")] @ grad @ run.inverses[(name, "a")]
+                  for name, (_, _, grad) in zip(("fc1", "fc2"), _np_pass(run.weights, run.x.astype(np.float64), run.y))]
+    run.step()
+    _assert_weights(run.params(), _np_momentum_step(run.weights, run.moments, directions)[0])
+    if mode == "graph" and cell_kind == "mindspore":  # that graph multiplied by the blocks; the next host check
+        assert opt.sync_dense_inverses()  # (a step variant, PyNative) finds them replaced and writes the copies
+    assert not opt.sync_dense_inverses()  # nothing replaced since
+    for name, which in (("fc1", "a"), ("fc1", "g"), ("fc2", "a")):
+        np.testing.assert_array_equal(written[f"thor_{which}_dense.{name}"].asnumpy()[0],
+                                      run.inverses[(name, which)].astype(np.float32), err_msg=f"{name} {which}")
 
 
 def test_another_block_size_refreshes_at_the_first_step(tmp_path):

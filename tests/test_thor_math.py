@@ -204,9 +204,18 @@ def test_kronecker_precondition(d_out, d_in, block):
     a_inv = tm.damped_block_inverse(Tensor(fa), Tensor(np.float32(0.1)), block)
     g_inv = tm.damped_block_inverse(Tensor(fg), Tensor(np.float32(0.1)), block)
     got = tm.kronecker_precondition(Tensor(grad), g_inv, a_inv).asnumpy()
+    # the block-diagonal inverses written out (one product each instead of the blocks' tiling)
+    a_dense = tm.dense_block_diagonal(a_inv, d_in)
+    g_dense = tm.dense_block_diagonal(g_inv, d_out)
+    got_dense = tm.kronecker_precondition(Tensor(grad), g_dense, a_dense).asnumpy()
     for g in range(2):
-        ref = np_block_diag_inverse(fg[g], 0.1, block) @ grad[g] @ np_block_diag_inverse(fa[g], 0.1, block)
+        ref_a, ref_g = np_block_diag_inverse(fa[g], 0.1, block), np_block_diag_inverse(fg[g], 0.1, block)
+        ref = ref_g @ grad[g] @ ref_a
         np.testing.assert_allclose(got[g], ref, rtol=2e-3, atol=2e-4)
+        np.testing.assert_allclose(got_dense[g], ref, rtol=2e-3, atol=2e-4)
+        # exact: the blocks on the diagonal, zeros elsewhere, the identity padding cut off
+        np.testing.assert_array_equal(a_dense.asnumpy()[g], dense_from_blocks(a_inv.asnumpy()[g], d_in))
+        np.testing.assert_array_equal(g_dense.asnumpy()[g], dense_from_blocks(g_inv.asnumpy()[g], d_out))
 
 
 def test_embedding_precondition_and_clip():

@@ -7,6 +7,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from ms_boost.thor import THOR, thor
+from ms_boost.thor.variants import ThorTrainStep
 from tests.helpers.nets import MLP
 from tests.test_thor_math import np_diagonal_blocks
 
@@ -77,22 +78,29 @@ def _no_bias(p):
 
 
 # ----------------------------------------------------------------------------- tests
-def test_steps_match_numpy_with_blocks_loss_scale_and_damping_schedule(mode):
+@pytest.mark.parametrize("dense_blocks", [THOR.dense_inverse_blocks, 0])
+def test_steps_match_numpy_with_blocks_loss_scale_and_damping_schedule(mode, dense_blocks, monkeypatch):
     """The first step against numpy with block-diagonal factors (block 4 below the factor sizes 6 and 7; untiled
     factors, block >= size, are checked against numpy in test_thor_robust.py::test_trust_region_scales_the_step_as_numpy
     (PyNative) and ::test_graph_step_matches_numpy (Graph)), weight decay on the weights only, and the
     ``FixedLossScaleManager(S, drop_overflow_update=False)`` pattern: gradients and captured output gradients
     arrive multiplied by S = 256 and are divided out, so the step equals numpy's unscaled step. Then a
-    LearningRateSchedule damping: the refresh of step 2 inverts with lambda_2."""
+    LearningRateSchedule damping: the refresh of step 2 inverts with lambda_2. Both ways to multiply by the
+    2-block inverses: written out (``THOR.dense_inverse_blocks``, one product) and as blocks."""
+    monkeypatch.setattr(THOR, "dense_inverse_blocks", dense_blocks)
     weights, x, y = _mlp_data()
     net = MLP(*weights)
     scale = 256.0
     opt = thor(net, 0.1, nn.ExponentialDecayLR(0.2, 0.5, 1), 0.9, weight_decay=0.01, loss_scale=scale,
                decay_filter=_no_bias, frequency=2, block_size=4,
                kl_clip=None)  # the numpy reference has no trust region
+    # A of fc1 (6 wide), of fc2 (7) and G of fc1 (6) are 2 blocks; G of fc2 (4) is one
+    assert [p.name for p in opt.dense_inverses] == (
+        ["thor_a_dense.fc1", "thor_g_dense.fc1", "thor_a_dense.fc2"] if dense_blocks >= 2 else [])
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     cell = nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt, sens=scale)
     cell.set_train()
+    cell = ThorTrainStep(cell, opt)  # Graph mode: the step variants, which multiply by the written-out inverses
     cell(Tensor(x), Tensor(y))
     expected = np_mlp_thor_step(*[w.astype(np.float64) for w in weights], x.astype(np.float64), y, 0.1, 0.2, 0.9,
                                 0.01, 4)  # damping of step 0: 0.2
@@ -108,6 +116,12 @@ def test_steps_match_numpy_with_blocks_loss_scale_and_damping_schedule(mode):
     np.testing.assert_allclose(opt.g_inverses[1].asnumpy()[0, 0], np.linalg.inv(g + np.sqrt(lam) * np.eye(4)),
                                rtol=1e-3, atol=1e-4)
     assert int(opt.global_step.asnumpy()[0]) == 3
+    for k, dense in enumerate(opt.dense_inverses):  # rebuilt at the refresh: the stored blocks written out
+        blocks = (opt.a_inverses if opt.dense_slot[k] == 0 else opt.g_inverses)[opt.dense_layer[k]].asnumpy()[0]
+        expected = np.zeros((8, 8), np.float32)
+        expected[:4, :4], expected[4:, 4:] = blocks
+        dim = opt.dense_dims[k]
+        np.testing.assert_array_equal(dense.asnumpy()[0], expected[:dim, :dim])
 
 
 def _expected_layer_update(opt, net_grads, layer_index, w_grad, b_grad, damping):

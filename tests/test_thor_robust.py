@@ -212,6 +212,33 @@ def _check_stop_message(message):
     assert "fc1 (input statistics" in message
 
 
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_skipped_step_with_weight_decay_moves_nothing(mode, nesterov):
+    """THOR skips a NaN step itself (no loss scale) with weight decay on every parameter, the trust region and
+    momentum or Nesterov, in the plain step (Graph: ms_boost's train cell, the plain variant): every weight and moment
+    stays bit for bit -- each update is zeroed by its scaling product (``MulNoNan`` by 0) and the decay taken times 0,
+    not by a ``where`` -- and the next finite steps move them again."""
+    from ms_boost import BoostTrainOneStepCell
+
+    weights, x, y = mlp_data(seed=3)
+    net = MLP(*weights)
+    opt = thor(net, 0.1, 0.05, 0.9, weight_decay=0.01, frequency=3, use_nesterov=nesterov)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    cell = BoostTrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt).set_train()
+    cell(Tensor(x), Tensor(y))  # step 0: refresh; the moments now hold values
+    state = [p.asnumpy().copy() for p in (*opt.parameters, *opt.moments)]
+    bad = x.copy()
+    bad[2, 1] = np.nan
+    cell(Tensor(bad), Tensor(y))  # step 1 (plain): NaN gradients
+    after = [p.asnumpy() for p in (*opt.parameters, *opt.moments)]
+    for before, now in zip(state, after):
+        np.testing.assert_array_equal(now.view(np.int32), before.view(np.int32))
+    assert opt.health()["skipped_steps"] == 1 and int(opt.global_step.asnumpy()[0]) == 1
+    cell(Tensor(x), Tensor(y))  # step 1 again (a refresh: the skip asked for one), finite
+    assert all(np.isfinite(p.asnumpy()).all() and not np.array_equal(p.asnumpy(), s)
+               for p, s in zip(opt.parameters, state))
+
+
 # ----------------------------------------------------------------------------- one THOR per mode, all scenarios
 LR, DAMPING, KL = 0.2, 0.05, 1e-3
 

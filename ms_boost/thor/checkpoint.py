@@ -22,6 +22,14 @@ column, ``d + 1`` wide); ``mindspore.load_param_into_net`` refuses them with its
   preconditions with those inverses, exactly as a run configured so from the start would at a refresh step. A
   checkpoint with the same block size needs none of this: its inverses already have the layer's layout (they
   were always block-diagonal) and load as they are.
+* **Written-out inverses** (``thor_a_dense.*``, ``thor_g_dense.*``: a factor of a few blocks also keeps its
+  block-diagonal inverse as one ``(groups, d, d)`` matrix, :attr:`~ms_boost.thor.optimizer.THOR.dense_inverse_blocks`):
+  a checkpoint written before they existed lacks them; they are filled from the checkpoint's block inverse of the
+  same factor (exact: the blocks placed on the diagonal, zeros elsewhere), as is one that disagrees with its blocks
+  (the blocks decide). Where that inverse was left out, the forced refresh rebuilds them. Loaded by
+  ``mindspore.load_param_into_net`` alone, such a checkpoint leaves them as they were (MindSpore lists them as not
+  loaded); the optimizer then rewrites them from the loaded blocks before its next step
+  (:meth:`~ms_boost.thor.optimizer.THOR.sync_dense_inverses`).
 
 Any other shape is a ``ValueError`` naming the parameter, both shapes and the layouts allowed.
 """
@@ -36,7 +44,7 @@ from mindspore import Parameter, Tensor, nn
 
 from ms_boost.thor.assignment import block_layout, factor_shape
 from ms_boost.thor.layers import ThorLayer
-from ms_boost.thor.optimizer import THOR
+from ms_boost.thor.optimizer import THOR, written_out_inverse
 
 __all__ = ["convert_thor_checkpoint", "load_thor_checkpoint", "stored_factor_layout", "factor_to_layout",
            "layout_holds"]
@@ -190,6 +198,18 @@ class _Converter:
                   "optimizer refreshes every layer at its first step", param.name, tuple(entry.shape),
                   int(entry.shape[-1]), int(param.shape[-1]))
 
+    def dense(self, param: Parameter, blocks: Parameter, dim: int) -> None:
+        """Write a written-out inverse from the checkpoint's block inverse (same layout only): the blocks decide."""
+        entry = self.entries.get(blocks.name)
+        if entry is None or tuple(entry.shape) != tuple(blocks.shape):
+            return
+        full = written_out_inverse(_as_array(entry).astype(np.float32), dim)
+        old = self.entries.get(param.name)
+        if old is not None and tuple(old.shape) == full.shape and np.array_equal(_as_array(old), full):
+            return
+        self._set(param, full)
+        _log.info("THOR checkpoint: %s filled from %s %s", param.name, blocks.name, tuple(entry.shape))
+
     def force_refresh(self) -> None:
         """Mark each optimizer that lost an inverse to capture and refresh every layer at its first step."""
         for opt in {id(opt): opt for opt, _ in self.refresh_layers}.values():
@@ -244,6 +264,10 @@ def convert_thor_checkpoint(parameter_dict: Mapping[str, Any], network: nn.Cell,
         for index in range(len(opt.thor_layers)):
             converter.inverse(opt, index, opt.a_inverses[index], "a")
             converter.inverse(opt, index, opt.g_inverses[index], "g")
+        for k, dense in enumerate(opt.dense_inverses):
+            layer = opt.dense_layer[k]
+            blocks = opt.a_inverses[layer] if opt.dense_slot[k] == 0 else opt.g_inverses[layer]
+            converter.dense(dense, blocks, opt.dense_dims[k])
     converter.force_refresh()
     return converter.entries
 

@@ -14,10 +14,11 @@ from ms_boost.thor import math as thor_math
 
 __all__ = [
     "dot", "REDUCE_SUM", "scale_and_decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
+    "masked_update", "momentum_apply", "nesterov_apply",
     "pick_direction", "preconditioned_dot", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
     "cholesky_inverse", "eigen_inverse", "blocks_bad", "old_blocks", "keep_or_replace", "job_inverse", "precondition",
-    "diagonal_inverse",
+    "diagonal_inverse", "dense_inverse",
     "trace",
     "direction_sum", "MAP", "CONCAT",
 ]
@@ -36,6 +37,10 @@ clip_to_unit_norm = ops.MultitypeFuncGraph("thor_clip")
 momentum_step = ops.MultitypeFuncGraph("thor_momentum")
 nesterov_step = ops.MultitypeFuncGraph("thor_nesterov")
 set_flag = ops.MultitypeFuncGraph("thor_set_flag")
+masked_update = ops.MultitypeFuncGraph("thor_masked_update")
+momentum_apply = ops.MultitypeFuncGraph("thor_momentum_apply")
+nesterov_apply = ops.MultitypeFuncGraph("thor_nesterov_apply")
+MUL_NO_NAN = ops.MulNoNan()
 pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
 preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
 
@@ -59,6 +64,7 @@ keep_or_replace = ops.MultitypeFuncGraph("thor_keep_or_replace")
 job_inverse = ops.MultitypeFuncGraph("thor_job_inverse")
 diagonal_inverse = ops.MultitypeFuncGraph("thor_diagonal_inverse")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
+dense_inverse = ops.MultitypeFuncGraph("thor_dense_inverse")
 trace = ops.MultitypeFuncGraph("thor_trace")
 direction_sum = ops.MultitypeFuncGraph("thor_direction_sum")
 MAP = ops.Map()
@@ -249,9 +255,29 @@ def _job_inverse_tuple(diagonals, kept, a_inverses, g_inverses, assign, spec, di
     return value
 
 
-@precondition.register("Tuple", "Bool", "Number", "Number", "Number", "Number", "Tensor", "Tensor")
-def _precondition_tensor(gradients, embedding, weight_index, bias_index, groups, g_dim, a_inverse, g_inverse):
-    """``(weight direction, bias direction or None)`` of one THOR layer after THOR preconditioning."""
+@dense_inverse.register("Tuple", "Tuple", "Tensor", "Tensor", "Number", "Number", "Number")
+def _dense_inverse_tensor(a_inverses, g_inverses, token, dense, layer, slot, dim):
+    """Write layer ``layer``'s stored block inverse ``slot`` (0: A, 1: G) out into ``dense``, ``(g, dim, dim)``.
+
+    Run at the end of a refresh, after ``token`` (the blocks' assignments): the written-out matrix follows the
+    blocks whether they were replaced, kept or received from their owner rank.
+    """
+    blocks = ops.depend(a_inverses[layer] if slot == 0 else g_inverses[layer], token)
+    return ops.assign(dense, thor_math.dense_block_diagonal(blocks, dim))
+
+
+@precondition.register("Tuple", "Tuple", "Bool", "Number", "Number", "Number", "Number", "Tuple", "Tensor", "Tensor")
+def _precondition_tensor(gradients, dense_inverses, embedding, weight_index, bias_index, groups, g_dim, dense,
+                         a_inverse, g_inverse):
+    """``(weight direction, bias direction or None)`` of one THOR layer after THOR preconditioning.
+
+    ``dense``: per factor (A, G) the index of its written-out block-diagonal inverse in ``dense_inverses`` (one
+    product instead of the blocks' pad, tiling and slicing), -1 to use the stored blocks.
+    """
+    if dense[0] >= 0:
+        a_inverse = dense_inverses[dense[0]]
+    if dense[1] >= 0:
+        g_inverse = dense_inverses[dense[1]]
     grad = gradients[weight_index]
     if embedding:
         return thor_math.embedding_precondition(grad, a_inverse, g_inverse), None
@@ -297,6 +323,36 @@ def _scale_and_decay_tensor(scale, nu, weight_decay, layer, flag, weight, direct
     return direction
 
 
+@masked_update.register("Bool", "Tensor", "Tensor", "Tensor", "Number", "Bool", "Tensor", "Tensor")
+def _masked_update_tensor(scale, nu, keep, decay, layer, flag, weight, direction):
+    r"""A parameter's update before the momentum step, already zero when the step is skipped (no ``where``).
+
+    ``MulNoNan`` gives 0 wherever its factor is 0, whatever the other operand holds (inf, NaN): the direction times
+    ``nu`` (where ``scale`` and the parameter belongs to a THOR layer; the trust region) or times ``keep`` (1.0), both
+    0 on a skipped step, plus ``decay * weight`` where ``flag`` (``decay`` also 0 on a skipped step; the weights are
+    finite). On a step that is applied this is :func:`scale_and_decay`'s value bit for bit (a product by a nonzero
+    factor, by 1.0, the same sum); on a skipped one every element is an exact zero, so the momentum call (lr 0,
+    momentum 1) leaves weight and moment as they were. One kernel per parameter fewer than zeroing with ``where``.
+    """
+    factor = nu if scale and layer >= 0 else keep
+    direction = MUL_NO_NAN(direction, ops.cast(factor, direction.dtype))
+    if flag:
+        return direction + weight * decay
+    return direction
+
+
+@momentum_apply.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _momentum_apply_tensor(apply_momentum, lr, momentum, weight, moment, grad):
+    """The momentum update of one parameter whose update is already zero on a skipped step (:func:`masked_update`)."""
+    return apply_momentum(weight, moment, lr, grad, momentum)
+
+
+@nesterov_apply.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_apply_tensor(lr, momentum, weight, moment, grad):
+    new_weight, new_moment = thor_math.momentum_step(weight, moment, grad, lr, momentum, True)
+    return ops.depend(ops.assign(moment, new_moment), ops.assign(weight, new_weight))
+
+
 @clip_to_unit_norm.register("Tensor")
 def _clip_tensor(grad):
     return thor_math.clip_by_norm(grad, 1.0)
@@ -310,9 +366,7 @@ def _momentum_tensor(apply_momentum, lr, momentum, finite, weight, moment, grad)
 
 @nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
 def _nesterov_tensor(lr, momentum, finite, weight, moment, grad):
-    grad = ops.where(finite, grad, ops.zeros_like(grad))
-    new_weight, new_moment = thor_math.momentum_step(weight, moment, grad, lr, momentum, True)
-    return ops.depend(ops.assign(moment, new_moment), ops.assign(weight, new_weight))
+    return _nesterov_apply_tensor(lr, momentum, weight, moment, ops.where(finite, grad, ops.zeros_like(grad)))
 
 
 @set_flag.register("Tensor", "Tensor")

@@ -51,7 +51,7 @@ __all__ = [
     "conv_pads", "im2col", "split_groups", "append_ones", "input_factor", "output_factor", "block_gram",
     "block_input_factor", "block_output_factor", "factor_trace",
     "token_frequencies", "running_average", "block_layout", "diagonal_blocks", "diagonal_tiles", "damped_block_inverse",
-    "damped_diagonal_inverse", "block_diag_left", "block_diag_right", "kronecker_precondition",
+    "damped_diagonal_inverse", "block_diag_left", "block_diag_right", "dense_block_diagonal", "kronecker_precondition",
     "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
     "all_finite", "blocks_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse",
     "clamped_eigen_block_inverse",
@@ -488,8 +488,11 @@ def block_diag_left(blocks: Tensor, x: Tensor) -> Tensor:
     r"""Left product by a block-diagonal matrix: ``(g, n_b, b, b)`` times ``(g, d, m)`` -> ``(g, d, m)``.
 
     :math:`x` is zero-padded to :math:`n_b b` rows (the padded part of the block-diagonal matrix never
-    mixes with real rows), each row block multiplied by its block, and the padding cut off.
+    mixes with real rows), each row block multiplied by its block, and the padding cut off. ``blocks`` may
+    also be the block-diagonal matrix written out, ``(g, d, d)`` (:func:`dense_block_diagonal`): one product.
     """
+    if blocks.ndim == 3:
+        return ops.matmul(blocks, x)
     groups, dim, width = x.shape
     n_blocks, block = blocks.shape[1], blocks.shape[2]
     if n_blocks == 1:
@@ -502,7 +505,14 @@ def block_diag_left(blocks: Tensor, x: Tensor) -> Tensor:
 
 
 def block_diag_right(x: Tensor, blocks: Tensor) -> Tensor:
-    r"""Right product by a block-diagonal matrix: ``(g, m, d)`` times ``(g, n_b, b, b)`` -> ``(g, m, d)``."""
+    r"""Right product by a block-diagonal matrix: ``(g, m, d)`` times ``(g, n_b, b, b)`` or ``(g, d, d)``.
+
+    The blocks' form pads :math:`x` to :math:`n_b b` columns, tiles it, multiplies each column block by its
+    block and cuts the padding off (pad, two transposes, a batched product, a slice); the written-out form
+    (:func:`dense_block_diagonal`) is one product.
+    """
+    if blocks.ndim == 3:
+        return ops.matmul(x, blocks)
     groups, height, dim = x.shape
     n_blocks, block = blocks.shape[1], blocks.shape[2]
     if n_blocks == 1:
@@ -513,6 +523,23 @@ def block_diag_right(x: Tensor, blocks: Tensor) -> Tensor:
     tiles = _TRANSPOSE(x.reshape(groups, height, n_blocks, block), (0, 2, 1, 3))
     y = _TRANSPOSE(ops.matmul(tiles, blocks), (0, 2, 1, 3)).reshape(groups, height, padded)
     return narrow(y, 2, 0, dim) if padded != dim else y
+
+
+def dense_block_diagonal(blocks: Tensor, dim: int) -> Tensor:
+    r"""The block-diagonal matrix of ``(g, n_b, b, b)`` blocks written out and cut to ``(g, dim, dim)``.
+
+    Off the diagonal blocks every entry is an exact zero (the blocks times a 0/1 mask), so a product with it sums
+    the same nonzero terms as the blockwise product, only in another order (round-off). The identity padding of
+    the last block is cut off.
+    """
+    groups, n_blocks, block = blocks.shape[0], blocks.shape[1], blocks.shape[2]
+    mask = _eye(n_blocks).reshape(1, n_blocks, 1, n_blocks, 1)
+    full = (blocks.reshape(groups, n_blocks, block, 1, block) * mask).reshape(groups, n_blocks * block,
+                                                                            n_blocks * block)
+    padded = n_blocks * block
+    if padded == dim:
+        return full
+    return _SLICE(full, (0, 0, 0), (groups, dim, dim))
 
 
 def kronecker_precondition(grad: Tensor, g_inverse: Tensor, a_inverse: Tensor) -> Tensor:

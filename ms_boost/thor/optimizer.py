@@ -71,6 +71,19 @@ def _identity_blocks(shape) -> np.ndarray:
     return np.broadcast_to(np.eye(shape[-1], dtype=np.float32), shape).copy()
 
 
+def written_out_inverse(blocks: np.ndarray, dim: int) -> np.ndarray:
+    """Host copy of :func:`ms_boost.thor.math.dense_block_diagonal`: ``(g, n_b, b, b)`` blocks -> ``(g, dim, dim)``.
+
+    The blocks placed on the diagonal, zeros elsewhere, the identity padding of the last block cut off: the same
+    values the refresh writes on the device (exact, no arithmetic).
+    """
+    groups, n_blocks, block = blocks.shape[0], blocks.shape[1], blocks.shape[2]
+    full = np.zeros((groups, n_blocks * block, n_blocks * block), np.float32)
+    for i in range(n_blocks):
+        full[:, i * block:(i + 1) * block, i * block:(i + 1) * block] = blocks[:, i]
+    return np.ascontiguousarray(full[:, :dim, :dim])
+
+
 def _block_owners(groups: Tuple[int, ...], blocks: Tuple[int, ...]) -> np.ndarray:
     """``(jobs, blocks)`` float32 0/1: row ``i`` marks the consecutive blocks of a batch's ``i``-th factor."""
     counts = [g * b for g, b in zip(groups, blocks)]
@@ -171,6 +184,14 @@ class THOR(nn.Optimizer, ThorStepVariants):
             non-finite loss or a skipped update (0: never).
     """
 
+    #: A Kronecker factor of 2 up to this many blocks also keeps its block-diagonal inverse written out,
+    #: ``(groups, d, d)`` (Parameters ``thor_a_dense.<layer>``, ``thor_g_dense.<layer>``, rebuilt from the blocks at
+    #: every refresh): the step multiplies by it in one product instead of padding, tiling and slicing the gradient
+    #: around a batched product of the blocks (docs/thor.md "Eighth round"; 5, not 4, since the ninth). Only where
+    #: the blocks cost more than their product: a factor applied from the right (A; an embedding's G), or from the left
+    #: (G) when its last block is padded. 0 or 1: never.
+    dense_inverse_blocks = 5
+
     def __init__(self, net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0,
                  batch_size: int = 32, use_nesterov: bool = False, decay_filter: Optional[Callable] = None,
                  split_indices=None, enable_clip_grad: bool = False, frequency: int = 100, *,
@@ -253,6 +274,18 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # None: the refresh is decided on the device; False: compiled out (the plain step variant, see
         # ms_boost.thor.variants: the host knows whether a step refreshes)
         self.static_refresh = None
+        # True while a step compiles (or runs op by op) that the host prepared with sync_dense_inverses: a step
+        # variant chosen on the host, THOR called from Python (PyNative). Only there do the products use the
+        # written-out inverses; a graph no host call precedes (MindSpore's train cell in Graph mode, a sink graph)
+        # multiplies by the blocks, which a loaded checkpoint cannot leave out of step with themselves
+        self.use_dense_inverses = False
+        self._blocks_only = tuple((-1, -1) for _ in self.layer_dense)
+        # the memory of every block inverse with a written-out copy and of the copies, as last checked: loading a
+        # checkpoint (set_data) replaces it. The buffers are held (pinned), so no later one can take their address
+        object.__setattr__(self, "_dense_watched", tuple(p for k in range(len(self.dense_layer))
+                                                        for p in (self._dense_source(k), self.dense_inverses[k])))
+        object.__setattr__(self, "_dense_key", tuple(p.data_ptr() for p in self._dense_watched))
+        object.__setattr__(self, "_dense_pins", tuple(Tensor(p) for p in self._dense_watched))
 
     # ------------------------------------------------------------------ build time
     def _collect_layers(self, net: nn.Cell) -> None:
@@ -278,6 +311,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
         a_fac: list = []
         g_fac: list = []
         factors: list = []
+        dense: list = []  # written-out block-diagonal inverses of the factors of a few blocks
+        dense_records: list = []  # per written-out inverse: (layer, slot, dim)
+        layer_dense: list = []  # per layer: (index of A's, of G's) in dense, -1 for none
         for li, (layer, path) in enumerate(zip(layers, paths)):
             weight = layer.embedding_table if layer.kind == "embedding" else layer.weight
             source[index_of[id(weight)]] = (li, 0)
@@ -305,6 +341,20 @@ class THOR(nn.Optimizer, ThorStepVariants):
                                    requires_grad=False))
             g_inv.append(Parameter(Tensor(_identity_blocks(g_inv_shape)),
                                    name=f"thor_g_inverse.{path}", requires_grad=False))
+            indices = []
+            for slot, (shape, dim) in enumerate(((a_inv_shape, layer.a_dim), (g_inv_shape, layer.g_dim))):
+                # a factor applied from the right (A; an embedding's G) is tiled by two transposes around the blocks'
+                # product, one applied from the left only padded and cut when its blocks overhang
+                right = slot == 0 or layer.kind == "embedding"
+                if (len(shape) == 4 and 1 < shape[1] <= self.dense_inverse_blocks
+                        and (right or dim % self.block_size)):
+                    indices.append(len(dense))
+                    dense_records.append((li, slot, dim))
+                    dense.append(Parameter(Tensor(np.broadcast_to(np.eye(dim, dtype=np.float32), (groups, dim, dim))),
+                                           name=f"thor_{'ag'[slot]}_dense.{path}", requires_grad=False))
+                else:
+                    indices.append(-1)
+            layer_dense.append(tuple(indices))
             state = layer.thor_parameters()
             flags.append(state["thor_capture"])
             a_batch.append(state["matrix_a_batch"])
@@ -334,6 +384,11 @@ class THOR(nn.Optimizer, ThorStepVariants):
         self.layer_factors = tuple(factors)
         self.a_inverses = ParameterTuple(a_inv)
         self.g_inverses = ParameterTuple(g_inv)
+        self.dense_inverses = ParameterTuple(dense)
+        self.layer_dense = tuple(layer_dense)
+        self.dense_layer = tuple(r[0] for r in dense_records)
+        self.dense_slot = tuple(r[1] for r in dense_records)
+        self.dense_dims = tuple(r[2] for r in dense_records)
         self.capture_flags = ParameterTuple(_unique(flags))
         self.a_batches = ParameterTuple(a_batch)
         self.g_batches = ParameterTuple(g_batch)
@@ -555,6 +610,10 @@ class THOR(nn.Optimizer, ThorStepVariants):
                     value = thor_math.narrow(received[k], 0, offset, self.inverse_sizes[j]).reshape(
                         self.inverse_shapes[j])
                 token = ops.depend(token, ops.assign(self._inverse_param(j), value))
+        if self.dense_layer:  # the written-out inverses follow the stored blocks (replaced, kept or received)
+            token = ops.depend(token, hyper_map(ops.partial(kernels.dense_inverse, self.a_inverses, self.g_inverses,
+                                                            token), self.dense_inverses, self.dense_layer,
+                                                self.dense_slot, self.dense_dims))
         return self._finish_refresh(token, unsafe, bad_inverses, ok_vector)
 
     def _changed_layers(self, folds, ok_vector):
@@ -627,15 +686,16 @@ class THOR(nn.Optimizer, ThorStepVariants):
         else:
             summaries = self.hyper_map(kernels.direction_sum, self.param_layer, directions)
         scale = self.kl_clip > 0.0 and self.n_layers > 0
-        if scale or self.weight_decay > 0.0:  # the trust-region scaling and the weight decay in one map
+        if self.enable_clip_grad and (scale or self.weight_decay > 0.0):  # trust-region scaling and decay in one map
             new_grads = self.hyper_map(ops.partial(kernels.scale_and_decay, scale, nu, self.weight_decay),
                                        self.param_layer, self.step_decay_flags, params, directions)
         if self.enable_clip_grad:
             new_grads = self.hyper_map(kernels.clip_to_unit_norm, new_grads)
         # a non-finite update (gradient, preconditioned direction or nu) skips the whole step. The THOR layers'
         # parameters are judged by their scalar summaries (non-finite when the direction or the gradient is), the
-        # others by one check over them concatenated: an isfinite over every update cost 0.035x a Momentum step
-        # (docs/thor.md "What the plain step's pieces cost")
+        # others by one check over them concatenated (their gradients, or with clipping their updates; a non-finite
+        # weight makes the forward pass and so every gradient non-finite): an isfinite over every update cost 0.035x
+        # a Momentum step (docs/thor.md "What the plain step's pieces cost")
         summary_finite = ops.isfinite(ops.stack(summaries))
         finite = ops.logical_and(_REDUCE_ALL(summary_finite, ()), ops.isfinite(nu))
         if self.other_positions:
@@ -646,9 +706,20 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # for bit as it was (v = 1 v + 0, w = w - 0 v); the step counter, flags and health follow ``finite``.
         lr = ops.where(finite, lr, ops.zeros_like(lr))
         momentum = ops.where(finite, self.momentum, ops.ones_like(self.momentum))
-        # each parameter's update is zeroed (where not finite) inside its momentum call: a flat buffer (concat,
-        # one where, a slice per parameter) cost two more calls per parameter to compile
-        if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
+        if not self.enable_clip_grad:
+            # the zeroing folded into the scaling: MulNoNan by nu or 1, both 0 on a skipped step (and the decay 0),
+            # one kernel per parameter fewer than a where per update (docs/thor.md "Ninth round")
+            keep = ops.cast(finite, ms.float32)
+            kept_nu = ops.where(finite, nu, ops.zeros_like(nu))
+            update = ops.partial(kernels.masked_update, scale, kept_nu, keep, keep * self.weight_decay)
+            new_grads = self.hyper_map(update, self.param_layer, self.step_decay_flags, params, directions)
+            if self.use_nesterov:  # ApplyMomentum ignores use_nesterov on CPU: the formula, written out
+                success = self.hyper_map(ops.partial(kernels.nesterov_apply, lr, momentum), params, moments,
+                                         new_grads)
+            else:
+                success = self.hyper_map(ops.partial(kernels.momentum_apply, self.apply_momentum, lr, momentum),
+                                         params, moments, new_grads)
+        elif self.use_nesterov:  # clipped updates: zeroed (where not finite) inside each parameter's momentum call
             success = self.hyper_map(ops.partial(kernels.nesterov_step, lr, momentum, finite), params, moments,
                                      new_grads)
         else:
@@ -673,10 +744,15 @@ class THOR(nn.Optimizer, ThorStepVariants):
         return ops.depend(done, ops.assign(self.step_health, (kept + new).astype(ms.float32)))
 
     def directions(self, gradients):
-        """Per parameter: its THOR-preconditioned direction (parameters of THOR layers) or its gradient."""
-        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients), self.layer_embedding,
-                                     self.weight_index, self.bias_index, self.layer_groups, self.g_dims,
-                                     self.a_inverses, self.g_inverses)
+        """Per parameter: its THOR-preconditioned direction (parameters of THOR layers) or its gradient.
+
+        The products take a factor's written-out inverse only where the host checked it against its blocks before
+        the step (``use_dense_inverses``), else the blocks.
+        """
+        layer_dense = self.layer_dense if self.use_dense_inverses else self._blocks_only
+        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients, self.dense_inverses),
+                                     self.layer_embedding, self.weight_index, self.bias_index, self.layer_groups,
+                                     self.g_dims, layer_dense, self.a_inverses, self.g_inverses)
         return self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
                               self.param_slot, self.param_position)
 
@@ -691,6 +767,36 @@ class THOR(nn.Optimizer, ThorStepVariants):
         index = ops.where(summary_finite, float(self.n_layers), self._param_layer_numbers)
         first = _REDUCE_MIN(index, ())
         return ops.where(first >= float(self.n_layers), ops.zeros((), ms.float32) - 1.0, first)
+
+    def _dense_source(self, k: int) -> Parameter:
+        """The block inverse written out by ``dense_inverses[k]``."""
+        layer = self.dense_layer[k]
+        return self.a_inverses[layer] if self.dense_slot[k] == 0 else self.g_inverses[layer]
+
+    def sync_dense_inverses(self) -> bool:
+        """Before a step the host prepares: rewrite the written-out inverses from their blocks if either was replaced.
+
+        The refresh rewrites them on the device after the blocks; what else replaces a block inverse is a checkpoint
+        loaded by ``set_data`` (``mindspore.load_param_into_net``), which leaves the copies as they were when the
+        checkpoint predates them. A replaced Parameter has new memory, so the check compares addresses (no device
+        read: about 0.4 us per Parameter); on a change every copy is written again from its block inverse on the host
+        (:func:`written_out_inverse`, exact), in place. A false alarm costs that rewrite and nothing else.
+
+        Returns:
+            Whether the copies were rewritten.
+        """
+        if not self._dense_watched:
+            return False
+        key = tuple(p.data_ptr() for p in self._dense_watched)
+        if key == self._dense_key:
+            return False
+        for k, dense in enumerate(self.dense_inverses):
+            ops.assign(dense, Tensor(written_out_inverse(self._dense_source(k).asnumpy(), self.dense_dims[k])))
+        object.__setattr__(self, "_dense_key", tuple(p.data_ptr() for p in self._dense_watched))
+        object.__setattr__(self, "_dense_pins", tuple(Tensor(p) for p in self._dense_watched))
+        _log.info("thor: block inverses replaced since the last step (a loaded checkpoint?): their %d written-out "
+                  "copies rewritten from them", len(self.dense_inverses))
+        return True
 
     # ------------------------------------------------------------------ health
     def health(self) -> dict:
@@ -733,8 +839,12 @@ class THOR(nn.Optimizer, ThorStepVariants):
         (``set_data``, e.g. a loaded checkpoint). Not when the collectives of a multi-rank run come from a
         stand-in backend (``comm.use_backend``, a test's loopback world), which runs only op by op. Either way
         the step rewrites the capture flags, so the layers' :class:`~ms_boost.thor.layers.CaptureGate` reads
-        them again at the next forward pass.
+        them again at the next forward pass. Before the step the written-out inverses are checked against their
+        blocks (:meth:`sync_dense_inverses`), so this step may multiply by them.
         """
+        self.sync_dense_inverses()
+        checked = self.use_dense_inverses
+        self.use_dense_inverses = True
         try:
             if (self.compile_pynative_step and len(args) == 1 and not kwargs
                     and ms.get_context("mode") == ms.PYNATIVE_MODE):
@@ -751,6 +861,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
                     ms.set_context(mode=ms.PYNATIVE_MODE)
             return super().__call__(*args, **kwargs)
         finally:
+            self.use_dense_inverses = checked
             self._capture_gate.clear()
 
     def training_guard(self):

@@ -39,7 +39,8 @@ class ThorStepVariants(StageHooks):
     """THOR's stage hook choosing the compiled step variant on the host (a mixin of the THOR optimizer).
 
     Reads the optimizer's ``capture_flags``, ``thor_initialised``, ``refresh_next``, ``global_step``, ``frequency``,
-    and sets its ``thor_layers``' static capture and its ``static_refresh`` while a variant runs.
+    has it check its written-out inverses against their blocks (``sync_dense_inverses``), and sets its
+    ``thor_layers``' static capture, its ``static_refresh`` and ``use_dense_inverses`` while a variant runs.
     """
 
     _planned_variant: Optional[str] = None  # the variant chosen for the running step (None: none chosen)
@@ -50,10 +51,15 @@ class ThorStepVariants(StageHooks):
     global_step: Parameter
     frequency: int
     static_refresh: Optional[bool]
+    use_dense_inverses: bool
 
     @property
     def thor_layers(self) -> tuple:
         """The THOR layers whose static capture a variant sets (the optimizer that inherits this provides them)."""
+        raise NotImplementedError
+
+    def sync_dense_inverses(self) -> bool:
+        """Bring the written-out inverses in line with their blocks before a step (the THOR optimizer provides it)."""
         raise NotImplementedError
 
     def next_step_variant(self) -> Variant:
@@ -79,6 +85,7 @@ class ThorStepVariants(StageHooks):
         if runs_as_python():
             return None
         capture, refresh = self.next_step_variant()
+        self.sync_dense_inverses()  # a variant multiplies by the written-out inverses: checked here
         self._set_static_modes(capture, refresh)
         self._planned_variant = f"thor_{'capture' if capture else 'plain'}{'_refresh' if refresh else ''}"
         return self._planned_variant, None
@@ -97,6 +104,7 @@ class ThorStepVariants(StageHooks):
             layer.set_static_capture(capture)
         # a refresh stays a device condition (see THOR.construct); a step without refresh compiles it out
         self.static_refresh = None if refresh is None or refresh else False
+        self.use_dense_inverses = capture is not None  # sync_dense_inverses ran before a chosen variant
 
 
 class ThorTrainStep:
