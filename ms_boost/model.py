@@ -373,11 +373,11 @@ class Model(_MsModel):
         return report
 
     # -- training ------------------------------------------------------------------------------
-    def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
-        """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
+    def _prepare_training(self, epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch):
+        """Before MindSpore's loop, for ``train`` and ``fit``: the trial (``"auto"``), the plan's log, extra callbacks.
 
-        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train; when its pick
-        trained copies, their values are written back to the given network and optimizer at the end.
+        Returns:
+            The callbacks to hand to MindSpore (the user's, plus the optimizer's own, e.g. THOR's guard).
         """
         if self._auto_config is not None and self.autotune_report is None:
             per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
@@ -391,10 +391,39 @@ class Model(_MsModel):
             if callbacks is None:
                 callbacks = []
             callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
+        return callbacks
+
+    def _end_training(self) -> None:
+        if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
+            self._trained_copies.sync_to(self._user_network, self._user_optimizer)
+
+    def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
+        """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
+
+        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train; when its pick
+        trained copies, their values are written back to the given network and optimizer at the end.
+        """
+        callbacks = self._prepare_training(epoch, train_dataset, callbacks, dataset_sink_mode, sink_size,
+                                           initial_epoch)
         try:
             return super().train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
                                  sink_size=sink_size, initial_epoch=initial_epoch)
         finally:
-            if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
-                self._trained_copies.sync_to(self._user_network, self._user_optimizer)
+            self._end_training()
 
+    def fit(self, epoch, train_dataset, valid_dataset=None, valid_frequency=1, callbacks=None,
+            dataset_sink_mode=False, valid_dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
+        """Train and evaluate as ``mindspore.train.Model.fit``, with what :meth:`train` adds.
+
+        (MindSpore's ``fit`` runs its own loop, not ``train``: without this, ``boost_level="auto"`` never ran its
+        trial and THOR's guard callback was left out.)
+        """
+        callbacks = self._prepare_training(epoch, train_dataset, callbacks, dataset_sink_mode, sink_size,
+                                           initial_epoch)
+        try:
+            return super().fit(epoch, train_dataset, valid_dataset=valid_dataset, valid_frequency=valid_frequency,
+                               callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
+                               valid_dataset_sink_mode=valid_dataset_sink_mode, sink_size=sink_size,
+                               initial_epoch=initial_epoch)
+        finally:
+            self._end_training()
