@@ -209,6 +209,11 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
+def _holds_optimizer(network) -> bool:
+    """Whether ``network`` contains an optimizer: a train step cell (``nn.TrainOneStepCell`` and the like)."""
+    return isinstance(network, nn.Cell) and any(isinstance(cell, nn.Optimizer) for _, cell in network.cells_and_names())
+
+
 class _PendingAutotune(nn.Cell):
     """The train network of a ``boost_level="auto"`` Model before its trial.
 
@@ -270,12 +275,21 @@ class Model(_MsModel):
             boost_level, boost_config_dict = "O0", None  # until the trial has picked
         self.boost = AutoBoost(boost_level, boost_config_dict)
         self._plan_logged = False
+        self._train_cell_given = False  # set when the network is a train step cell of its own (no boost applied)
         super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,
                          eval_indexes=eval_indexes, amp_level=amp_level, boost_level=boost_level, **kwargs)
 
     # -- construction hooks of mindspore.train.Model ------------------------------------------------
     def _build_boost_network(self, kwargs):
         if not self.boost.is_active:
+            return
+        if self._optimizer is None and _holds_optimizer(self._network):
+            # Model(train_step_cell): the network trains itself; an evaluation rewrite (done in place) would change
+            # what it trains. As mindspore.train.Model: not boosted, with a warning.
+            self._train_cell_given = True
+            logger.warning("Model: boost_level=%r is not applied: the network holds its own optimizer (a train step "
+                           "cell) and Model got none, so it trains as it is. To boost it, give Model the backbone, "
+                           "loss_fn and optimizer.", self.boost.level)
             return
         if self._optimizer is None:  # an evaluation/prediction Model: the structure the weights were trained in
             self._network = rewrite_eval(self.boost, self._network)
@@ -312,7 +326,10 @@ class Model(_MsModel):
         A THOR from ``thor()`` has one: the plan alone would read as a plain training step.
         """
         text = self.boost.summary()
-        if self._optimizer is None and self.boost.is_active:
+        if self._train_cell_given:
+            text += ("\n  note: not applied: the network holds its own optimizer (a train step cell) and Model got "
+                     "none; it trains as it is")
+        elif self._optimizer is None and self.boost.is_active:
             text += ("\n  note: Model has no optimizer: only the evaluation rewrites were applied, and no boost "
                      "algorithm takes part in training")
         if self._optimizer is not None and self._optimizer is self._user_optimizer:  # not built by the plan

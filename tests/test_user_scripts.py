@@ -125,3 +125,26 @@ def test_freezing_with_a_per_group_learning_rate_graph_matches_pynative(group_lr
     np.testing.assert_allclose(graph_losses, py_losses, rtol=1e-6)
     for a, b in zip(py_weights, graph_weights):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+def test_a_train_step_cell_given_as_network_trains_as_in_mindspore(mode):
+    """``Model(nn.TrainOneStepCell(...), boost_level="O1")``: no optimizer given to Model, the network trains itself.
+
+    ms_boost took it for an evaluation network and converted it in place (LessBN's FN head replaced the last Dense),
+    so the script trained another network than the one it built. MindSpore's Model (and upstream boost) train it
+    as it is; now so does ms_boost, with a warning that boost is not applied.
+    """
+    x, y = _dense_data()
+    results = []
+    for model_cls, kwargs in ((MsModel, {}), (Model, {"boost_level": "O1"})):
+        net = _dense_net()
+        train_cell = nn.TrainOneStepCell(nn.WithLossCell(net, ce()), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+        model = model_cls(train_cell, **kwargs)
+        losses = _StepLosses()
+        model.train(2, dataset(x, y), callbacks=[losses])
+        results.append((losses.losses, [p.name for p in net.get_parameters()], weights(net)))
+    (ms_losses, ms_names, ms_weights), (our_losses, our_names, our_weights) = results
+    assert our_names == ms_names  # no FN head's multiplier: the network was not converted
+    assert our_losses == ms_losses
+    for a, b in zip(ms_weights, our_weights):
+        np.testing.assert_array_equal(a, b)
