@@ -148,3 +148,37 @@ def test_a_train_step_cell_given_as_network_trains_as_in_mindspore(mode):
     assert our_losses == ms_losses
     for a, b in zip(ms_weights, our_weights):
         np.testing.assert_array_equal(a, b)
+
+
+def test_less_bn_says_why_it_added_no_fn_head():
+    """O1 on a net whose last Dense has an activation: LessBN leaves it (no FN head) and now logs why.
+
+    The plan says ``fn_flag: True``; before, nothing told the user that no head was added.
+    """
+    import logging
+
+    class ActivationHead(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Dense(16, 8)
+            self.head = nn.Dense(8, 4, activation="relu")
+
+        def construct(self, x):
+            return self.head(self.fc(x))
+
+    records = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = _Keep()
+    logger = logging.getLogger("ms_boost")
+    logger.addHandler(handler)
+    try:
+        net = ActivationHead()
+        Model(net, ce(), nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_level="O1")
+    finally:
+        logger.removeHandler(handler)
+    assert isinstance(net.head, nn.Dense)  # left unchanged
+    assert any("LessBN" in m and "'head' has an activation" in m for m in records), records
