@@ -182,3 +182,10 @@ def test_less_bn_says_why_it_added_no_fn_head():
         logger.removeHandler(handler)
     assert isinstance(net.head, nn.Dense)  # left unchanged
     assert any("LessBN" in m and "'head' has an activation" in m for m in records), records
+
+
+def test_a_misspelt_boost_level_names_every_allowed_value():
+    """``boost_level="Auto"`` (or ``"o1"``): the error lists what Model takes, ``"auto"`` included."""
+    net = _dense_net()
+    with pytest.raises(ValueError, match=r"boost_level='Auto'.*'O0', 'O1', 'O2'.*'auto'"):
+        Model(net, ce(), nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_level="Auto")
