@@ -189,3 +189,36 @@ def test_a_misspelt_boost_level_names_every_allowed_value():
     net = _dense_net()
     with pytest.raises(ValueError, match=r"boost_level='Auto'.*'O0', 'O1', 'O2'.*'auto'"):
         Model(net, ce(), nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_level="Auto")
+
+
+def test_loss_scale_cell_with_the_docs_float32_max_scale_trains_as_unscaled(mode):
+    """MindSpore's docs build the loss-scale cell with ``scale_sense = Tensor(np.full((1), np.finfo(np.float32).max))``.
+
+    ms_boost unscaled the gradients by multiplying with ``1 / scale``, a float32 subnormal there: Graph mode flushed
+    it to zero (every gradient 0, no overflow reported: training silently stopped) and PyNative rounded it coarsely.
+    Dividing by the scale gives the unscaled step (this small net's gradients stay below 1, so ``g * scale`` is finite).
+    """
+    from ms_boost import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
+
+    x, y = _dense_data(32)
+    runs = []
+    for scale in (None, ms.Tensor(np.full((1), np.finfo(np.float32).max), dtype=ms.float32)):
+        net = _dense_net()
+        opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+        if scale is None:
+            cell = BoostTrainOneStepCell(nn.WithLossCell(net, ce()), opt)
+        else:
+            cell = BoostTrainOneStepWithLossScaleCell(nn.WithLossCell(net, ce()), opt, scale_sense=scale)
+        cell.set_train()
+        losses, overflows = [], []
+        for i in range(3):
+            out = cell(ms.Tensor(x[8 * i:8 * i + 8]), ms.Tensor(y[8 * i:8 * i + 8]))
+            losses.append(float((out[0] if isinstance(out, tuple) else out).asnumpy()))
+            if isinstance(out, tuple):
+                overflows.append(bool(out[1].asnumpy()))
+        runs.append((losses, weights(net), overflows))
+    (plain_losses, plain_weights, _), (scaled_losses, scaled_weights, overflows) = runs
+    assert overflows == [False, False, False]
+    np.testing.assert_allclose(scaled_losses, plain_losses, rtol=1e-6)
+    for a, b in zip(plain_weights, scaled_weights):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
