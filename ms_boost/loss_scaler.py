@@ -26,7 +26,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ms_boost import comm
 from ms_boost.loss_scale_group import GroupLossScaleManager, is_group_manager
-from ms_boost.stages import scale_gradients
+from ms_boost.stages import unscale_gradients
 
 __all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScaler", "make_loss_scaler",
            "forward_non_finite", "non_finite_count", "is_group_manager"]
@@ -98,7 +98,7 @@ class FixedLossScaler(LossScaler):
 
     def unscale(self, scale, grads, forward_bad=0.0) -> Tuple[Any, Tensor]:
         """``(grads / scale, overflow)``; overflow counts non-finite gradients and ``forward_bad`` over every rank."""
-        grads = scale_gradients(ops.reciprocal(scale), grads)
+        grads = unscale_gradients(scale, grads)
         bad = non_finite_count(grads) + forward_bad
         overflow = self.overflow_reduce(ops.reshape(bad, (1,)))[0] > 0.5
         return grads, overflow

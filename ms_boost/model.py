@@ -221,6 +221,11 @@ def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, option
     return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
+def _holds_optimizer(network) -> bool:
+    """Whether ``network`` contains an optimizer: a train step cell (``nn.TrainOneStepCell`` and the like)."""
+    return isinstance(network, nn.Cell) and any(isinstance(cell, nn.Optimizer) for _, cell in network.cells_and_names())
+
+
 class _PendingAutotune(nn.Cell):
     """The train network of a ``boost_level="auto"`` Model before its trial.
 
@@ -282,12 +287,21 @@ class Model(_MsModel):
             boost_level, boost_config_dict = "O0", None  # until the trial has picked
         self.boost = AutoBoost(boost_level, boost_config_dict)
         self._plan_logged = False
+        self._train_cell_given = False  # set when the network is a train step cell of its own (no boost applied)
         super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,
                          eval_indexes=eval_indexes, amp_level=amp_level, boost_level=boost_level, **kwargs)
 
     # -- construction hooks of mindspore.train.Model ------------------------------------------------
     def _build_boost_network(self, kwargs):
         if not self.boost.is_active:
+            return
+        if self._optimizer is None and _holds_optimizer(self._network):
+            # Model(train_step_cell): the network trains itself; an evaluation rewrite (done in place) would change
+            # what it trains. As mindspore.train.Model: not boosted, with a warning.
+            self._train_cell_given = True
+            logger.warning("Model: boost_level=%r is not applied: the network holds its own optimizer (a train step "
+                           "cell) and Model got none, so it trains as it is. To boost it, give Model the backbone, "
+                           "loss_fn and optimizer.", self.boost.level)
             return
         if self._optimizer is None:  # an evaluation/prediction Model: the structure the weights were trained in
             self._network = rewrite_eval(self.boost, self._network)
@@ -324,7 +338,10 @@ class Model(_MsModel):
         A THOR from ``thor()`` has one: the plan alone would read as a plain training step.
         """
         text = self.boost.summary()
-        if self._optimizer is None and self.boost.is_active:
+        if self._train_cell_given:
+            text += ("\n  note: not applied: the network holds its own optimizer (a train step cell) and Model got "
+                     "none; it trains as it is")
+        elif self._optimizer is None and self.boost.is_active:
             text += ("\n  note: Model has no optimizer: only the evaluation rewrites were applied, and no boost "
                      "algorithm takes part in training")
         if self._optimizer is not None and self._optimizer is self._user_optimizer:  # not built by the plan
@@ -385,11 +402,11 @@ class Model(_MsModel):
         return report
 
     # -- training ------------------------------------------------------------------------------
-    def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
-        """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
+    def _prepare_training(self, epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch):
+        """Before MindSpore's loop, for ``train`` and ``fit``: the trial (``"auto"``), the plan's log, extra callbacks.
 
-        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train; when its pick
-        trained copies, their values are written back to the given network and optimizer at the end.
+        Returns:
+            The callbacks to hand to MindSpore (the user's, plus the optimizer's own, e.g. THOR's guard).
         """
         if self._auto_config is not None and self.autotune_report is None:
             per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
@@ -403,10 +420,39 @@ class Model(_MsModel):
             if callbacks is None:
                 callbacks = []
             callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
+        return callbacks
+
+    def _end_training(self) -> None:
+        if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
+            self._trained_copies.sync_to(self._user_network, self._user_optimizer)
+
+    def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
+        """Train as ``mindspore.train.Model.train``; logs the boost plan once first (rank 0).
+
+        With ``boost_level="auto"`` the trial runs first (once), planned over the epochs left to train; when its pick
+        trained copies, their values are written back to the given network and optimizer at the end.
+        """
+        callbacks = self._prepare_training(epoch, train_dataset, callbacks, dataset_sink_mode, sink_size,
+                                           initial_epoch)
         try:
             return super().train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
                                  sink_size=sink_size, initial_epoch=initial_epoch)
         finally:
-            if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
-                self._trained_copies.sync_to(self._user_network, self._user_optimizer)
+            self._end_training()
 
+    def fit(self, epoch, train_dataset, valid_dataset=None, valid_frequency=1, callbacks=None,
+            dataset_sink_mode=False, valid_dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
+        """Train and evaluate as ``mindspore.train.Model.fit``, with what :meth:`train` adds.
+
+        (MindSpore's ``fit`` runs its own loop, not ``train``: without this, ``boost_level="auto"`` never ran its
+        trial and THOR's guard callback was left out.)
+        """
+        callbacks = self._prepare_training(epoch, train_dataset, callbacks, dataset_sink_mode, sink_size,
+                                           initial_epoch)
+        try:
+            return super().fit(epoch, train_dataset, valid_dataset=valid_dataset, valid_frequency=valid_frequency,
+                               callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
+                               valid_dataset_sink_mode=valid_dataset_sink_mode, sink_size=sink_size,
+                               initial_epoch=initial_epoch)
+        finally:
+            self._end_training()

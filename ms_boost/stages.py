@@ -36,7 +36,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 __all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients",
-           "plan_graph_variant", "phase_suffix", "PlansStepVariants", "OptimizerHooks", "register_optimizer_hooks",
+           "unscale_gradients", "plan_graph_variant", "phase_suffix", "PlansStepVariants", "OptimizerHooks",
+           "register_optimizer_hooks",
            "optimizer_hooks", "learning_rate_parameters"]
 
 
@@ -169,6 +170,24 @@ def scale_gradients(factor, grads):
     ``factor`` is cast to each gradient's dtype; usable in PyNative and inside Graph-mode constructs.
     """
     return _MAP(ops.partial(_scale_by, factor), grads)
+
+
+_divide_by = ops.MultitypeFuncGraph("divide_by")
+
+
+@_divide_by.register("Tensor", "Tensor")
+def _divide_tensor(divisor, grad):
+    return grad / ops.cast(divisor, grad.dtype)
+
+
+def unscale_gradients(scale, grads):
+    """Every gradient of the tuple ``grads`` divided by the scalar Tensor ``scale`` (the loss scale).
+
+    A division, not a product with ``1 / scale``: above :math:`2^{126}` (e.g. the float32 maximum of MindSpore's
+    loss-scale examples) the reciprocal is a float32 subnormal, rounded coarsely, and Graph mode's kernels flush it to
+    zero, so every gradient became 0 without an overflow. ``g * S / S`` is ``g`` while ``g * S`` is finite.
+    """
+    return _MAP(ops.partial(_divide_by, scale), grads)
 
 
 def stage_chain(stage: Optional[nn.Cell]) -> Iterator[nn.Cell]:

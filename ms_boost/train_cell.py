@@ -32,8 +32,8 @@ from ms_boost.stages import (
     phase_suffix,
     plan_graph_variant,
     runs_as_python,
-    scale_gradients,
     stage_chain,
+    unscale_gradients,
 )
 from ms_boost.topology import Topology
 
@@ -241,7 +241,7 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
 
         The gradients are divided by ``sens`` first: the stages work on the gradients of the loss itself.
         """
-        grads = scale_gradients(ops.reciprocal(ops.cast(sens, ms.float32)), grads)
+        grads = unscale_gradients(ops.cast(sens, ms.float32), grads)
         return ops.depend(loss, self.update(loss, grads, *inputs))
 
     def adasum_process(self, loss, grads):

@@ -231,7 +231,12 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         # Graph mode: every inner optimizer is MindSpore's Momentum -> one straight graph without control flow
         self.momentum_fast = all(not isinstance(o, nn.LARS) and _momentum_fast_path(o) for o in opts)
         self.always_trained = tuple(bool(v) for v in self._mask.all(axis=0))  # atoms that every train set holds
-        self.atom_step_read = tuple(bool(o.is_group_lr and o.dynamic_lr or o.dynamic_weight_decay) for o in inners)
+        # atoms that read their own learning rate (Graph fast path): all of them when the user's optimizer has per-group
+        # learning rates, since an atom rebuilt from a group without 'lr' is no group-lr optimizer but still has its own
+        # rate (the constructor's), which is not the first atom's
+        self.atom_own_lr = tuple(bool(o.is_group_lr or inner.is_group_lr) for o in inners)
+        self.atom_step_read = tuple(bool(own and o.dynamic_lr or o.dynamic_weight_decay)
+                                    for own, o in zip(self.atom_own_lr, inners))
         if self.momentum_fast:  # per train set and atom: 1.0 / 0.0, trained or not (read by the fast path only)
             self.train_factor = Tensor(self._mask.astype(np.float32))
             self.unstack = ops.Unstack(axis=0)
@@ -531,7 +536,7 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         grads = inner.decay_weight(grads)
         grads = inner.gradients_centralization(grads)
         grads = inner.scale_grad(grads)
-        if inner.is_group_lr:
+        if self.atom_own_lr[a]:
             lr = inner.get_lr()
         else:  # one learning rate for every atom: the FreezeOpt's (read once per step by the graph's CSE)
             lr = self.get_lr()

@@ -382,6 +382,8 @@ def convert_less_bn(network: nn.Cell, fn_flag: bool = False, fn_scale: Optional[
                 report.fn_head = prefix.rstrip(".")
     if report.removed_bn or report.fn_head:
         logger.info("LessBN: removed BatchNorm %s; FN head at %s", report.removed_bn, report.fn_head)
+    for note in report.notes:  # fn_flag asked for a head that was not added: say why
+        logger.info("LessBN: %s", note)
     return report
 
 

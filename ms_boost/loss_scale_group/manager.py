@@ -247,7 +247,7 @@ class GroupLossScaleManager(nn.Cell):
         nonfinite = ()
         for k in range(len(grads)):
             grad = grads[k]
-            unscaled = unscaled + (grad * (1.0 / used[self._weight_group[k]]).astype(grad.dtype),)
+            unscaled = unscaled + (grad / used[self._weight_group[k]].astype(grad.dtype),)  # not * (1 / s): subnormal
             nonfinite = nonfinite + (ops.logical_not(ops.isfinite(grad).all()).astype(mstype.float32),)
         flags = ()
         for i in range(self.loss_scale_number):

@@ -1,0 +1,247 @@
+"""Scripts as users write them from MindSpore's tutorials and API docs, with ``from ms_boost import Model``.
+
+Each test is a bug found by running such a script (docs/compatibility.md, "User scripts checked"), reduced to
+its smallest form: the call that broke, checked against plain MindSpore (O0 must be bit for bit the same) or an
+invariant (Graph mode gives what PyNative gives, whose path runs MindSpore's own optimizer).
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+from mindspore.train import Callback
+from mindspore.train import Model as MsModel
+
+from ms_boost import Model
+from tests.helpers.nets import dataset, learnable_data, make_net, weights
+
+
+def ce():
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+class _StepLosses(Callback):
+    """The loss of every training step (``fit`` accepts only ``on_train_*``/``on_eval_*`` methods)."""
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_step_end(self, run_context):
+        out = run_context.original_args().net_outputs
+        self.losses.append(float(np.asarray((out[0] if isinstance(out, (tuple, list)) else out).asnumpy())))
+
+
+class _DenseBN(nn.Cell):
+    """Dense-BN-ReLU-Dense on 16 features: four weight tensors in two layers (two freezing atoms at least)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(16, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Dense(32, 4)
+
+    def construct(self, x):
+        return self.fc2(self.relu(self.bn(self.fc1(x))))
+
+
+def _dense_net(seed: int = 0) -> _DenseBN:
+    net = _DenseBN()
+    rng = np.random.RandomState(seed)
+    for p in net.trainable_params():
+        p.set_data(ms.Tensor(rng.normal(0, 0.1, p.shape).astype(np.float32)))
+    return net
+
+
+def _dense_data(n: int = 64, seed: int = 0):
+    rng = np.random.RandomState(seed)
+    x = rng.normal(size=(n, 16)).astype(np.float32)
+    y = np.argmax(x @ rng.normal(size=(16, 4)), axis=1).astype(np.int32)
+    return x, y
+
+
+def test_fit_at_o0_matches_mindspore(mode):
+    """``model.fit`` (train + evaluation per epoch) at O0 trains and evaluates exactly as MindSpore's."""
+    x, y = learnable_data(64)
+    results = []
+    for model_cls in (MsModel, Model):
+        net = make_net()
+        model = model_cls(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), metrics={"acc", "loss"})
+        losses = _StepLosses()
+        model.fit(2, dataset(x, y), dataset(x[:32], y[:32]), callbacks=[losses])
+        results.append((losses.losses, weights(net), model.eval(dataset(x[:32], y[:32]))))
+    (ms_losses, ms_weights, ms_eval), (our_losses, our_weights, our_eval) = results
+    assert our_losses == ms_losses and len(our_losses) == 8
+    for a, b in zip(ms_weights, our_weights):
+        np.testing.assert_array_equal(a, b)
+    assert our_eval == ms_eval
+
+
+def test_fit_with_boost_level_auto_runs_the_trial(mode):
+    """``Model(boost_level="auto").fit`` runs the trial first, as ``train`` does.
+
+    MindSpore's ``fit`` has its own loop and never calls ``train``: it ran the pending network, which raised
+    "the plan is chosen when train() starts".
+    """
+    x, y = _dense_data()
+    net = _dense_net()
+    before = weights(net)
+    model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), metrics={"acc"}, boost_level="auto")
+    losses = _StepLosses()
+    model.fit(2, dataset(x, y), dataset(x[:32], y[:32]), callbacks=[losses])
+    assert model.autotune_report is not None
+    assert len(losses.losses) == 8 and np.all(np.isfinite(losses.losses))
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(before, weights(net)))  # the user's net was trained
+
+
+@pytest.mark.parametrize("group_lr", [0.02, "dynamic"])
+def test_freezing_with_a_per_group_learning_rate_graph_matches_pynative(group_lr):
+    """Momentum with parameter groups where one group sets its own ``lr`` (MindSpore's docs example), at O1.
+
+    Gradient freezing rebuilds one Momentum per layer group; a group without ``lr`` becomes an optimizer with one
+    learning rate while the user's had per-group ones. Graph mode read the first group's rates for it and crashed
+    ("'int' object is not callable"). PyNative runs each rebuilt MindSpore Momentum as it is: Graph must match it.
+    """
+    x, y = _dense_data()
+    cfg = {"boost": {"mode": "manual", "less_bn": False, "grad_freeze": True},
+           "grad_freeze": {"param_groups": 2, "freeze_p": 0.5, "total_steps": 8}}
+    results = []
+    for mode in (ms.PYNATIVE_MODE, ms.GRAPH_MODE):
+        ms.set_context(mode=mode)
+        net = _dense_net()
+        fc1 = [p for p in net.trainable_params() if p.name.startswith("fc1")]
+        rest = [p for p in net.trainable_params() if not p.name.startswith("fc1")]
+        lr = nn.piecewise_constant_lr([2, 100], [0.05, 0.02]) if group_lr == "dynamic" else group_lr
+        groups = [{"params": fc1, "lr": lr, "weight_decay": 0.01}, {"params": rest},
+                  {"order_params": net.trainable_params()}]
+        model = Model(net, ce(), nn.Momentum(groups, 0.1, 0.9), boost_level="O1", boost_config_dict=cfg)
+        losses = _StepLosses()
+        model.train(2, dataset(x, y), callbacks=[losses])
+        results.append((losses.losses, weights(net)))
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    (py_losses, py_weights), (graph_losses, graph_weights) = results
+    np.testing.assert_allclose(graph_losses, py_losses, rtol=1e-6)
+    for a, b in zip(py_weights, graph_weights):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+def test_a_train_step_cell_given_as_network_trains_as_in_mindspore(mode):
+    """``Model(nn.TrainOneStepCell(...), boost_level="O1")``: no optimizer given to Model, the network trains itself.
+
+    ms_boost took it for an evaluation network and converted it in place (LessBN's FN head replaced the last Dense),
+    so the script trained another network than the one it built. MindSpore's Model (and upstream boost) train it
+    as it is; now so does ms_boost, with a warning that boost is not applied.
+    """
+    x, y = _dense_data()
+    results = []
+    for model_cls, kwargs in ((MsModel, {}), (Model, {"boost_level": "O1"})):
+        net = _dense_net()
+        train_cell = nn.TrainOneStepCell(nn.WithLossCell(net, ce()), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+        model = model_cls(train_cell, **kwargs)
+        losses = _StepLosses()
+        model.train(2, dataset(x, y), callbacks=[losses])
+        results.append((losses.losses, [p.name for p in net.get_parameters()], weights(net)))
+    (ms_losses, ms_names, ms_weights), (our_losses, our_names, our_weights) = results
+    assert our_names == ms_names  # no FN head's multiplier: the network was not converted
+    assert our_losses == ms_losses
+    for a, b in zip(ms_weights, our_weights):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_less_bn_says_why_it_added_no_fn_head():
+    """O1 on a net whose last Dense has an activation: LessBN leaves it (no FN head) and now logs why.
+
+    The plan says ``fn_flag: True``; before, nothing told the user that no head was added.
+    """
+    import logging
+
+    class ActivationHead(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Dense(16, 8)
+            self.head = nn.Dense(8, 4, activation="relu")
+
+        def construct(self, x):
+            return self.head(self.fc(x))
+
+    records = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = _Keep()
+    logger = logging.getLogger("ms_boost")
+    logger.addHandler(handler)
+    try:
+        net = ActivationHead()
+        Model(net, ce(), nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_level="O1")
+    finally:
+        logger.removeHandler(handler)
+    assert isinstance(net.head, nn.Dense)  # left unchanged
+    assert any("LessBN" in m and "'head' has an activation" in m for m in records), records
+
+
+def test_a_misspelt_boost_level_names_every_allowed_value():
+    """``boost_level="Auto"`` (or ``"o1"``): the error lists what Model takes, ``"auto"`` included."""
+    net = _dense_net()
+    with pytest.raises(ValueError, match=r"boost_level='Auto'.*'O0', 'O1', 'O2'.*'auto'"):
+        Model(net, ce(), nn.Momentum(net.trainable_params(), 0.1, 0.9), boost_level="Auto")
+
+
+def test_loss_scale_cell_with_the_docs_float32_max_scale_trains_as_unscaled(mode):
+    """MindSpore's docs build the loss-scale cell with ``scale_sense = Tensor(np.full((1), np.finfo(np.float32).max))``.
+
+    ms_boost unscaled the gradients by multiplying with ``1 / scale``, a float32 subnormal there: Graph mode flushed
+    it to zero (every gradient 0, no overflow reported: training silently stopped) and PyNative rounded it coarsely.
+    Dividing by the scale gives the unscaled step (this small net's gradients stay below 1, so ``g * scale`` is finite).
+    """
+    from ms_boost import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
+
+    x, y = _dense_data(32)
+    runs = []
+    for scale in (None, ms.Tensor(np.full((1), np.finfo(np.float32).max), dtype=ms.float32)):
+        net = _dense_net()
+        opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+        if scale is None:
+            cell = BoostTrainOneStepCell(nn.WithLossCell(net, ce()), opt)
+        else:
+            cell = BoostTrainOneStepWithLossScaleCell(nn.WithLossCell(net, ce()), opt, scale_sense=scale)
+        cell.set_train()
+        losses, overflows = [], []
+        for i in range(3):
+            out = cell(ms.Tensor(x[8 * i:8 * i + 8]), ms.Tensor(y[8 * i:8 * i + 8]))
+            losses.append(float((out[0] if isinstance(out, tuple) else out).asnumpy()))
+            if isinstance(out, tuple):
+                overflows.append(bool(out[1].asnumpy()))
+        runs.append((losses, weights(net), overflows))
+    (plain_losses, plain_weights, _), (scaled_losses, scaled_weights, overflows) = runs
+    assert overflows == [False, False, False]
+    np.testing.assert_allclose(scaled_losses, plain_losses, rtol=1e-6)
+    for a, b in zip(plain_weights, scaled_weights):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+def test_group_loss_scale_above_2_to_126_trains_as_unscaled(mode):
+    """A GroupLossScaleManager group at a scale above :math:`2^{126}` unscales by division too (as the loss-scale cell).
+
+    ``grad * (1 / scale)`` flushed the subnormal reciprocal to zero in Graph mode (that group stopped training
+    with no overflow) and rounded it coarsely in PyNative.
+    """
+    from tests.test_loss_scale import LOSS, GroupScaleStep, build, data, plain
+
+    manager, net = build(init_scale=[2.0 ** 127, 16.0], max_loss_scale=2.0 ** 127)
+    reference = plain()
+    step = GroupScaleStep(nn.WithLossCell(net, LOSS), nn.Momentum(net.trainable_params(), 0.05, 0.9), manager)
+    ref_step = nn.TrainOneStepCell(nn.WithLossCell(reference, LOSS),
+                                   nn.Momentum(reference.trainable_params(), 0.05, 0.9))
+    for i in range(3):
+        x, y = data(seed=i)
+        loss, overflow = step(x, y)
+        ref_loss = ref_step(x, y)
+        assert not bool(overflow.asnumpy())
+        np.testing.assert_allclose(loss.asnumpy(), ref_loss.asnumpy(), rtol=1e-5)
+    for p, q in zip(net.trainable_params(), reference.trainable_params()):
+        np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-5, atol=1e-6)
