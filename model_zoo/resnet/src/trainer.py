@@ -316,6 +316,15 @@ def recipe_manifest(cfg: Config) -> Dict[str, Any]:
             "config": cfg.to_dict()}
 
 
+def _plan_hint(path: Path, manifest: Dict[str, Any]) -> str:
+    """The overrides that rebuild the boost plan a checkpoint's run trained with (its autotune pick, if any)."""
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    for folder in (path.parent.parent, Path(str(config.get("output_path", "")))):
+        if (folder / AUTOTUNE_FILE).is_file():  # an autotuned run: the pick's plan file
+            return f"--boost_level {AUTO_LEVEL} --autotune.plan {folder / AUTOTUNE_FILE}"
+    return f"the run's --boost_level {manifest.get('boost_level')} (and its --boost_config_dict.* overrides)"
+
+
 def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], action: str) -> None:
     if manifest is None:
         return
@@ -330,8 +339,13 @@ def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], a
                          f"with {', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}, this config has "
                          f"{', '.join(f'{k}={mine[k]!r}' for k in diff)}; give the same "
                          f"{' '.join('--' + k for k in diff)}.")
-    hint = f" --config {manifest['recipe_path']}" if manifest.get("recipe_path") else f" the recipe {recipe!r}"
     source = config_source(cfg)
+    if source and recipe == Path(source).stem:  # this very recipe, trained with another boost plan
+        raise ValueError(f"checkpoint {str(path)!r} was written by this recipe ({recipe!r}) with another boost plan: "
+                         f"it holds {_describe(theirs)} (boost_level {manifest.get('boost_level')!r}), this config "
+                         f"builds {_describe(mine)} (boost_level {cfg.boost_level!r}); {action} it with "
+                         f"{_plan_hint(path, manifest)}.")
+    hint = f" --config {manifest['recipe_path']}" if manifest.get("recipe_path") else f" the recipe {recipe!r}"
     raise ValueError(f"checkpoint {str(path)!r} was written by recipe {recipe!r} ({_describe(theirs)}), but "
                      f"this recipe ({Path(source).stem if source else 'given config'}) builds "
                      f"{_describe(mine)}; {action} it with{hint} (and the same --net_name/--base_width/--class_num).")
