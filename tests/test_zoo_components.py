@@ -469,3 +469,26 @@ def test_a_checkpoint_of_this_recipe_with_another_boost_plan_names_the_plan_not_
                                                                 f"{run / 'autotune.yaml'}.") + "$"):
         _check_recipe(cfg, ckpt, theirs, "evaluate/export")
     _check_recipe(cfg, ckpt, recipe_manifest(cfg), "evaluate/export")  # its own plan: accepted
+
+
+def test_first_order_schedule_overrides_are_refused_for_thor_not_ignored():
+    """--lr_max 0.1 (or --lr_decay_mode, --warmup_epochs 3, ...) with the THOR recipe trained THOR's own thor.*
+    schedule and dropped the override without a word; now it is refused naming the thor.* keys to set. Given
+    to a Momentum recipe, or --warmup_epochs 0 (what THOR does anyway), they pass."""
+    import re
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import check_schedule_keys
+
+    configs = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs"
+    thor = configs / "resnet50_imagenet_thor.yaml"
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "--lr_max 0.1, --warmup_epochs 3: not used by optimizer='THOR', whose learning rate is thor.lr_init * "
+            "(1 - epoch / thor.lr_end_epoch) ** thor.lr_decay, halved at thor.decay_epochs (no warm-up); set "
+            "--thor.lr_init, --thor.lr_decay, --thor.lr_end_epoch or --thor.decay_epochs instead.") + "$"):
+        check_schedule_keys(parse_config(["--lr_max", "0.1", "--warmup_epochs", "3"], thor))
+    with pytest.raises(ValueError, match=r"^--lr_decay_mode 'cosine': not used by optimizer='THOR'"):
+        check_schedule_keys(parse_config(["--lr_decay_mode", "cosine"], thor))
+    check_schedule_keys(parse_config(["--warmup_epochs", "0", "--thor.lr_init", "0.1"], thor))
+    check_schedule_keys(parse_config(["--lr_max", "0.1"], configs / "resnet50_imagenet_momentum.yaml"))
