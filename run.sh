@@ -8,9 +8,10 @@
 # MS_BOOST_VENV=DIR chooses the virtual environment (default: .venv next to this file).
 set -euo pipefail
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 cmd="$1"; shift
+case "$cmd" in demo|test) ;; *) usage ;; esac  # before the venv: a typo must not install MindSpore first
 
 cd "$(dirname "$0")"
 venv="${MS_BOOST_VENV:-.venv}"

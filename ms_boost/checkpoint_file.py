@@ -33,6 +33,11 @@ def _size_text(size: int) -> str:
     return f"{size} byte{'' if size == 1 else 's'}"
 
 
+_EXPORTED = {".mindir": "a MINDIR file runs with nn.GraphCell(mindspore.load(path))",
+             ".onnx": "an ONNX file runs in onnxruntime",
+             ".air": "an AIR file runs on Ascend (ATC / the inference toolkit)"}
+
+
 def read_checkpoint(path: Union[str, os.PathLike], choice_func: Optional[Callable[[str], bool]] = None,
                     what: str = "checkpoint") -> Dict[str, Any]:
     """``mindspore.load_checkpoint(path, choice_func=...)``, with errors naming the file and its fault.
@@ -63,6 +68,10 @@ def read_checkpoint(path: Union[str, os.PathLike], choice_func: Optional[Callabl
     try:
         entries = ms.load_checkpoint(name, choice_func=choice_func, format=fmt)
     except Exception as exc:  # noqa: BLE001 - MindSpore raises ValueError/RuntimeError/TypeError alike
+        exported = os.path.splitext(name)[1].lower()
+        if exported in _EXPORTED:
+            raise ValueError(f"{what} {name!r} is an exported model ({exported} file), not a checkpoint: give the "
+                             f".ckpt it was exported from; {_EXPORTED[exported]}.") from exc
         raise _diagnose(name, size, fmt, choice_func, exc, what) from exc
     if not entries:  # not raised by MindSpore 2.10, kept in case a version returns an empty dict
         raise _diagnose(name, size, fmt, choice_func, None, what)

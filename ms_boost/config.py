@@ -92,7 +92,8 @@ class AutoBoost:
                             f"({type(level).__name__}).")
         if level not in _LEVEL_NAMES:
             raise BoostConfigError(f"boost_level={short_repr(level)} is not a boost level; allowed: "
-                                   f"{list(_LEVEL_NAMES)} (and 'auto' for ms_boost.Model: a measured trial picks).")
+                                   f"{list(_LEVEL_NAMES)}, or 'auto' for ms_boost.Model (a measured trial picks "
+                                   f"the plan).")
         self.specs: Tuple[AlgorithmSpec, ...] = registry.specs()  # snapshot: later registrations change nothing
         self._by_name = {spec.name: spec for spec in self.specs}
         names = tuple(self._by_name)

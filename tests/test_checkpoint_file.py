@@ -86,6 +86,25 @@ def test_read_checkpoint_missing_folder_and_none_wanted(tmp_path):
         read_checkpoint(good, choice_func=lambda n: n == "c")
 
 
+def test_an_exported_model_given_as_a_checkpoint_is_named_as_such(tmp_path):
+    """eval.py --checkpoint_file_path net.mindir (a user evaluating what export.py wrote) said 'cannot be read
+    (...; truncated, corrupt, or not a MindSpore ckpt file)', as for a broken file; now it says the file is an
+    export, asks for the .ckpt it came from and says how an exported file runs."""
+    from mindspore import nn
+
+    ms.export(nn.Dense(2, 2), ms.Tensor(np.ones((1, 2), np.float32)), file_name=str(tmp_path / "net"),
+              file_format="MINDIR")
+    mindir = tmp_path / "net.mindir"
+    with pytest.raises(ValueError, match=rf"^checkpoint_file_path '{mindir}' is an exported model \(\.mindir file\), "
+                                         r"not a checkpoint: give the \.ckpt it was exported from; a MINDIR file runs "
+                                         r"with nn\.GraphCell\(mindspore\.load\(path\)\)\.$"):
+        read_checkpoint(mindir, what="checkpoint_file_path")
+    onnx = tmp_path / "Net.ONNX"
+    onnx.write_bytes(b"\x08\x07\x12\x04onnx")
+    with pytest.raises(ValueError, match=r"is an exported model \(\.onnx file\).*runs in onnxruntime"):
+        read_checkpoint(onnx)
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_dim_reduce_stage1_checkpoints_name_the_bad_file(tmp_path, fault):
     """``weight_load_dir`` with one faulty file among good ones: the PCA (stage 2's ``prepare_pca_matrix`` reads

@@ -128,6 +128,20 @@ def test_unknown_level(level):
         AutoBoost(level)
 
 
+def test_an_unknown_level_given_to_model_lists_auto_among_the_allowed_levels():
+    """Model (and the zoo's --boost_level) take 'auto' too; the error listed only O0/O1/O2, so a user who had
+    typed 'Auto' or 'O7' never learnt that the measured trial was one of the choices."""
+    from mindspore import nn
+
+    from ms_boost import Model
+
+    net = nn.Dense(2, 2)
+    opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    with pytest.raises(ValueError, match=r"^boost_level='Auto' is not a boost level; allowed: \['O0', 'O1', 'O2'\], "
+                                         r"or 'auto' for ms_boost.Model"):
+        Model(net, nn.MSELoss(), opt, boost_level="Auto")
+
+
 def test_level_wrong_type():
     with pytest.raises(TypeError, match="boost_level must be a str"):
         AutoBoost(1)

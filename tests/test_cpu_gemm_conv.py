@@ -239,3 +239,29 @@ def test_switched_off_skipped_or_not_on_cpu_leaves_nn_conv2d(monkeypatch):
     assert "off: device" in gemm_spec._describe(gemm_spec.CpuGemmConvConfig(), None)
     with pytest.raises(ms_boost.validation.BoostConfigError, match=r"cpu_gemm_conv.skip' must be a list of layer"):
         AutoBoost("O1", {"cpu_gemm_conv": {"skip": "stem"}})
+
+
+def test_the_log_groups_the_layers_left_alone_by_reason(caplog):
+    """A zoo network (its own GemmConv2d subclass) logged all its layers one by one with the same reason on every
+    O1 run and evaluation on CPU, 2,000 characters for ResNet-18; now each reason once, with 3 names and a count."""
+    import logging
+
+    class Sub(nn.Conv2d):
+        pass
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.subs = nn.CellList([Sub(3, 3, 3) for _ in range(5)])
+            self.grouped = nn.Conv2d(4, 4, 3, group=2)
+            self.plain = nn.Conv2d(3, 3, 3)
+
+        def construct(self, x):
+            return x
+
+    with caplog.at_level(logging.INFO, logger="ms_boost"):
+        report = swap_convolutions(Net())
+    assert [r for _, r in report["left"]] == ["a subclass of nn.Conv2d (Sub)"] * 5 + ["group=2"]  # unchanged
+    assert ("cpu_gemm_conv: 1 nn.Conv2d layer(s) computed as im2col + GEMM; left as nn.Conv2d: 5 x a subclass of "
+            "nn.Conv2d (Sub): subs.0, subs.1, subs.2 and 2 more; 1 x group=2: grouped (swap_report lists them all)"
+            ) in caplog.text

@@ -565,3 +565,17 @@ def test_stuck_ranks_line_reads_pynative_and_graph_failures_and_other_nodes(tmp_
         (tmp_path / f"worker_{r}.log").write_text(f"Launch kernel failed: Default/{op}\n")
     none = _stuck_ranks_line(tmp_path, 4, 4)
     assert none.returncode == 1 and none.stdout == ""
+
+
+def test_run_sh_refuses_an_unknown_command_before_making_the_venv(tmp_path):
+    """`bash run.sh demoo` created .venv and pip-installed MindSpore (minutes) before printing its usage, and the
+    usage ended with the script's 'set -euo pipefail' line. Now the command is checked first (the venv path here
+    cannot be created, so an attempt would fail with another status) and the usage is the comment alone."""
+    venv = tmp_path / "file" / "venv"
+    (tmp_path / "file").write_text("")  # a file where the venv's parent folder would be
+    done = subprocess.run(["bash", str(ROOT / "run.sh"), "demoo"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MS_BOOST_VENV": str(venv)})
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.startswith("ms_boost quick start.\n") and "bash run.sh demo [args...]" in done.stdout
+    assert "set -e" not in done.stdout
+    assert not venv.exists()

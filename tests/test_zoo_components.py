@@ -439,3 +439,56 @@ def test_run_sizes_are_checked_by_their_config_names():
                                 ("train_image_size", "0", "an int >= 1"), ("warmup_epochs", "-1", "an int >= 0")):
         with pytest.raises(ValueError, match=rf"^{key}={value} is not allowed; allowed: {allowed}\.$"):
             check_run_sizes(parse_config([f"--{key}", value], recipe))
+
+
+def test_a_checkpoint_of_this_recipe_with_another_boost_plan_names_the_plan_not_the_recipe(tmp_path):
+    """eval.py --config <quick start> on the quick start's own autotuned (or --boost_level O0) checkpoint said
+    'written by recipe resnet18_synthetic_quickstart ... evaluate/export it with --config <the same file>': advice
+    that repeats the failing command. Now the plan is named: the run's --boost_level, or --boost_level auto
+    --autotune.plan <run>/autotune.yaml when the run was autotuned."""
+    import re
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import _check_recipe, recipe_manifest
+
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet18_synthetic_quickstart.yaml"
+    cfg = parse_config([], recipe)  # O1: LessBN
+    run = tmp_path / "run"
+    theirs = recipe_manifest(cfg.replace(boost_level="O0", output_path=str(run)))  # plain BatchNorm
+    ckpt = run / "checkpoint" / "resnet-1_1.ckpt"
+    head = (f"checkpoint '{ckpt}' was written by this recipe ('resnet18_synthetic_quickstart') with another boost "
+            f"plan: it holds resnet18 width 8, 10 classes, plain BatchNorm (boost_level 'O0'), this config builds "
+            f"resnet18 width 8, 10 classes, LessBN (FN head) (boost_level 'O1'); evaluate/export it with ")
+    with pytest.raises(ValueError, match="^" + re.escape(head + "the run's --boost_level O0 (and its "
+                                                         "--boost_config_dict.* overrides).") + "$"):
+        _check_recipe(cfg, ckpt, theirs, "evaluate/export")
+    run.mkdir()
+    (run / "autotune.yaml").write_text("boost: {mode: manual}\n")
+    with pytest.raises(ValueError, match="^" + re.escape(head + f"--boost_level auto --autotune.plan "
+                                                                f"{run / 'autotune.yaml'}.") + "$"):
+        _check_recipe(cfg, ckpt, theirs, "evaluate/export")
+    _check_recipe(cfg, ckpt, recipe_manifest(cfg), "evaluate/export")  # its own plan: accepted
+
+
+def test_first_order_schedule_overrides_are_refused_for_thor_not_ignored():
+    """--lr_max 0.1 (or --lr_decay_mode, --warmup_epochs 3, ...) with the THOR recipe trained THOR's own thor.*
+    schedule and dropped the override without a word; now it is refused naming the thor.* keys to set. Given
+    to a Momentum recipe, or --warmup_epochs 0 (what THOR does anyway), they pass."""
+    import re
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import check_schedule_keys
+
+    configs = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs"
+    thor = configs / "resnet50_imagenet_thor.yaml"
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "--lr_max 0.1, --warmup_epochs 3: not used by optimizer='THOR', whose learning rate is thor.lr_init * "
+            "(1 - epoch / thor.lr_end_epoch) ** thor.lr_decay, halved at thor.decay_epochs (no warm-up); set "
+            "--thor.lr_init, --thor.lr_decay, --thor.lr_end_epoch or --thor.decay_epochs instead.") + "$"):
+        check_schedule_keys(parse_config(["--lr_max", "0.1", "--warmup_epochs", "3"], thor))
+    with pytest.raises(ValueError, match=r"^--lr_decay_mode 'cosine': not used by optimizer='THOR'"):
+        check_schedule_keys(parse_config(["--lr_decay_mode", "cosine"], thor))
+    check_schedule_keys(parse_config(["--warmup_epochs", "0", "--thor.lr_init", "0.1"], thor))
+    check_schedule_keys(parse_config(["--lr_max", "0.1"], configs / "resnet50_imagenet_momentum.yaml"))

@@ -50,6 +50,21 @@ def test_base_cycle_and_bad_files(tmp_path):
         load_yaml(tmp_path / "unsafe.yaml")
 
 
+def test_a_base_that_is_not_there_is_named_with_the_recipe_that_gives_it(tmp_path):
+    """A recipe copied out of configs/ keeps ``base: resnet50_imagenet_boost_o1.yaml``; the error named only
+    '<copy's folder>/resnet50_imagenet_boost_o1.yaml', not the recipe whose ``base:`` it was nor where the shipped
+    recipes are."""
+    (tmp_path / "mine.yaml").write_text("base: resnet50_imagenet_boost_o1.yaml\nepoch_size: 2\n")
+    missing = tmp_path / "resnet50_imagenet_boost_o1.yaml"
+    with pytest.raises(ValueError, match=rf"^config '{tmp_path / 'mine.yaml'}': base='resnet50_imagenet_boost_o1.yaml' "
+                                         rf"names '{missing}', which does not exist or is not a file; a base is a path "
+                                         rf"relative to the recipe's own folder \(the shipped recipes are in "
+                                         rf"'{CONFIGS}'\)\.$"):
+        load_yaml(tmp_path / "mine.yaml")
+    (tmp_path / "mine.yaml").write_text(f"base: {CONFIGS / 'resnet50_imagenet_boost_o1.yaml'}\nepoch_size: 2\n")
+    assert load_yaml(tmp_path / "mine.yaml")["epoch_size"] == 2  # an absolute base is read as given
+
+
 def test_overrides_take_the_type_of_the_default(recipe):
     cfg = parse_config(["--lr", "1e-3", "--epochs=7", "--name", "resnet18", "--flag", "yes", "--path", "/x.npy",
                         "--ids", "8,16", "--empty", "[1, 2.5, a]", "--section.deeper.leaf", "z",

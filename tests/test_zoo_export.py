@@ -79,6 +79,15 @@ def agreeing_export(checkpoint, tmp_path_factory) -> Path:
                                                          str(tmp_path_factory.mktemp("agreeing") / "net")])
 
 
+def test_the_mindir_file_of_an_o1_checkpoint_holds_conv2d_operators_not_the_cpu_gemm_rewrite(agreeing_export):
+    """The O1 plan's evaluation rewrite includes cpu_gemm_conv, which on CPU turned every ``nn.Conv2d`` into
+    Im2Col + MatMul; export.py exported that graph to MINDIR although it promises ``Conv2D`` operators (a file
+    that runs on any device). The exported MINDIR now holds one ``Conv2D`` per convolution and no ``Im2Col``."""
+    blob = agreeing_export.read_bytes()
+    assert b"Im2Col" not in blob
+    assert b"Conv2D" in blob
+
+
 @pytest.mark.parametrize("key,value,recorded", [("net_name", "resnet18", "'resnet10'"), ("base_width", "8", "4"),
                                                 ("class_num", "1001", "10")])
 def test_a_command_line_shape_that_contradicts_the_manifest_is_refused_naming_both(checkpoint, agreeing_export,

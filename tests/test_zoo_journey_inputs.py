@@ -227,6 +227,16 @@ def test_metrics_file_and_plot_render_png(tmp_path):
         plot_run.main([str(tmp_path / "nothing"), "-o", str(out)])
 
 
+def test_plot_labels_of_another_count_name_the_option_and_the_runs(tmp_path, capsys):
+    """--labels a for two runs said 'plot_run: error: plot_run: 1 labels for 2 runs.' (the prefix twice, no option
+    name); now the option, the names and the runs are named."""
+    with pytest.raises(SystemExit) as exited:
+        plot_run.main(["r1", "r2", "-o", str(tmp_path / "x.png"), "--labels", "a"])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == ("plot_run: error: --labels gives 1 name(s) ['a'] for 2 run(s) ['r1', 'r2']; "
+                                       "give one name per run, comma-separated.\n")
+
+
 def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "step", "step": 1, "loss": 1.0}) + "\n")
     monkeypatch.setitem(sys.modules, "matplotlib", None)

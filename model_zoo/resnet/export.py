@@ -24,6 +24,7 @@ from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
 from model_zoo.resnet.src.resnet import onnx_exportable  # noqa: E402
 from model_zoo.resnet.src.trainer import inference_network  # noqa: E402
+from ms_boost.cpu_gemm_conv import restore_convolutions  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "resnet50_imagenet_momentum.yaml"
 _EXTENSIONS = {"MINDIR": ".mindir", "AIR": ".air", "ONNX": ".onnx"}
@@ -43,6 +44,7 @@ def export_checkpoint(cfg: Config) -> Path:
                          f"{', '.join(_EXTENSIONS)}.")
     cfg = checkpoint_config(cfg, "export.py")
     net = inference_network(cfg, conv_impl="native")  # Conv2D operators in the file, portable to any device
+    restore_convolutions(net)  # undo the O1/O2 plan's cpu_gemm_conv rewrite on CPU (Im2Col + MatMul in the file)
     if cfg.export_file_format == "AIR" and ms.get_context("device_target") != "Ascend":
         raise ValueError(f"export_file_format='AIR' cannot be written here: MindSpore writes AIR only on an Ascend "
                          f"device, this process runs on {ms.get_context('device_target')}; export MINDIR (loads on "

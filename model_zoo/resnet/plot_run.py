@@ -59,7 +59,8 @@ def plot_runs(runs: Sequence[str], output: str, labels: Optional[Sequence[str]] 
     if not runs:
         raise ValueError("plot_run: give at least one run folder (or metrics file).")
     if labels is not None and len(labels) != len(runs):
-        raise ValueError(f"plot_run: {len(labels)} labels for {len(runs)} runs.")
+        raise ValueError(f"--labels gives {len(labels)} name(s) {list(labels)} for {len(runs)} run(s) {list(runs)}; "
+                         f"give one name per run, comma-separated.")
     data = [read_metrics(run) for run in runs]
     for run, records in zip(runs, data):
         if not any(r.get("kind") == "step" for r in records):

@@ -93,8 +93,20 @@ def swap_convolutions(network: nn.Cell, skip: Sequence[str] = ()) -> Dict[str, L
     report = {"swapped": swapped, "left": left}
     network._cpu_gemm_conv_report = report
     logger.info("cpu_gemm_conv: %d nn.Conv2d layer(s) computed as im2col + GEMM; left as nn.Conv2d: %s",
-                len(swapped), ", ".join(f"{n} ({r})" for n, r in left) or "none")
+                len(swapped), _left_text(left))
     return report
+
+
+def _left_text(left: Sequence[Tuple[str, str]], shown: int = 3) -> str:
+    """The layers left alone, grouped by reason, ``shown`` names per reason (all of them: :func:`swap_report`)."""
+    by_reason: Dict[str, List[str]] = {}
+    for name, reason in left:
+        by_reason.setdefault(reason, []).append(name)
+    parts = []
+    for reason, names in by_reason.items():
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        parts.append(f"{len(names)} x {reason}: {', '.join(names[:shown])}{more}")
+    return "; ".join(parts) + (" (swap_report lists them all)" if len(left) > shown else "") if parts else "none"
 
 
 def restore_convolutions(network: nn.Cell) -> List[str]:

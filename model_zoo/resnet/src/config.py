@@ -259,6 +259,10 @@ def load_yaml(path: Union[str, Path], _seen: Tuple[Path, ...] = ()) -> Dict[str,
     if not isinstance(base, str):
         raise ValueError(f"config {str(path)!r}: 'base' must be a file name, got {quote(base)}.")
     base_path = (path.parent / base).resolve()
+    if not base_path.is_file():
+        raise ValueError(f"config {str(path)!r}: base={quote(base)} names {str(base_path)!r}, which does not exist or "
+                         f"is not a file; a base is a path relative to the recipe's own folder (the shipped recipes "
+                         f"are in {str(Path(__file__).resolve().parents[1] / 'configs')!r}).")
     inherited = load_yaml(base_path, (*_seen, path))
     return _deep_merge(inherited, check_against_base(data, inherited, path, base_path))
 

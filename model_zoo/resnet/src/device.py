@@ -39,7 +39,8 @@ def run_script(main: Callable[[], object], script: str,
     """Run a zoo script's ``main``: an ``expected`` error, or MindSpore's "unsupported device target", becomes
     ``<script>: error: <message>`` on stderr and exit status 1 instead of a traceback; Ctrl-C (SIGINT) and
     SIGTERM end it with status 130 / 143 and no traceback (``main`` sees a ``KeyboardInterrupt`` for both, so
-    it can say how to resume); anything else is raised."""
+    it can say how to resume); anything else is raised. Once MindSpore has run a graph its own SIGINT handler
+    turns a Ctrl-C into a SIGTERM to this process, so a Ctrl-C during training exits 143 (docs/model_zoo.md)."""
     stopped_by = {"signal": signal.SIGINT}
 
     def on_sigterm(signum, _frame):

@@ -30,7 +30,7 @@ from mindspore import Tensor, nn
 from mindspore.train import DynamicLossScaleManager, FixedLossScaleManager
 
 from model_zoo.resnet.src.callbacks import ProgressMonitor, format_duration
-from model_zoo.resnet.src.config import Config, config_source
+from model_zoo.resnet.src.config import Config, command_line_keys, config_source
 from model_zoo.resnet.src.data_check import check_images
 from model_zoo.resnet.src.dataset import class_folders, create_dataset
 from model_zoo.resnet.src.loss import CrossEntropySmooth
@@ -102,6 +102,26 @@ def check_run_sizes(cfg: Config) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{key}={value!r} is not allowed; allowed: an int >= {low}.")
+
+
+_FIRST_ORDER_SCHEDULE = ("lr_init", "lr_max", "lr_end", "lr_decay_mode", "warmup_epochs")
+
+
+def check_schedule_keys(cfg: Config) -> None:
+    """Refuse first-order schedule overrides that ``optimizer: THOR`` would ignore (its schedule is ``thor.*``).
+
+    Raises:
+        ValueError: naming the keys given, their values and the ``thor.*`` keys to set instead.
+    """
+    if cfg.optimizer != "THOR":
+        return
+    given = [key for key in _FIRST_ORDER_SCHEDULE if key in command_line_keys(cfg)
+             and not (key == "warmup_epochs" and not cfg.warmup_epochs)]  # 0: THOR has no warm-up, as given
+    if given:
+        raise ValueError(f"{', '.join(f'--{key} {getattr(cfg, key)!r}' for key in given)}: not used by "
+                         f"optimizer='THOR', whose learning rate is thor.lr_init * (1 - epoch / thor.lr_end_epoch) ** "
+                         f"thor.lr_decay, halved at thor.decay_epochs (no warm-up); set --thor.lr_init, "
+                         f"--thor.lr_decay, --thor.lr_end_epoch or --thor.decay_epochs instead.")
 
 
 def setup_runtime(cfg: Config) -> RunInfo:
@@ -316,6 +336,15 @@ def recipe_manifest(cfg: Config) -> Dict[str, Any]:
             "config": cfg.to_dict()}
 
 
+def _plan_hint(path: Path, manifest: Dict[str, Any]) -> str:
+    """The overrides that rebuild the boost plan a checkpoint's run trained with (its autotune pick, if any)."""
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    for folder in (path.parent.parent, Path(str(config.get("output_path", "")))):
+        if (folder / AUTOTUNE_FILE).is_file():  # an autotuned run: the pick's plan file
+            return f"--boost_level {AUTO_LEVEL} --autotune.plan {folder / AUTOTUNE_FILE}"
+    return f"the run's --boost_level {manifest.get('boost_level')} (and its --boost_config_dict.* overrides)"
+
+
 def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], action: str) -> None:
     if manifest is None:
         return
@@ -330,8 +359,13 @@ def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], a
                          f"with {', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}, this config has "
                          f"{', '.join(f'{k}={mine[k]!r}' for k in diff)}; give the same "
                          f"{' '.join('--' + k for k in diff)}.")
-    hint = f" --config {manifest['recipe_path']}" if manifest.get("recipe_path") else f" the recipe {recipe!r}"
     source = config_source(cfg)
+    if source and recipe == Path(source).stem:  # this very recipe, trained with another boost plan
+        raise ValueError(f"checkpoint {str(path)!r} was written by this recipe ({recipe!r}) with another boost plan: "
+                         f"it holds {_describe(theirs)} (boost_level {manifest.get('boost_level')!r}), this config "
+                         f"builds {_describe(mine)} (boost_level {cfg.boost_level!r}); {action} it with "
+                         f"{_plan_hint(path, manifest)}.")
+    hint = f" --config {manifest['recipe_path']}" if manifest.get("recipe_path") else f" the recipe {recipe!r}"
     raise ValueError(f"checkpoint {str(path)!r} was written by recipe {recipe!r} ({_describe(theirs)}), but "
                      f"this recipe ({Path(source).stem if source else 'given config'}) builds "
                      f"{_describe(mine)}; {action} it with{hint} (and the same --net_name/--base_width/--class_num).")
@@ -657,6 +691,7 @@ def train(cfg: Config) -> Dict[str, Any]:
         ValueError: bad configuration, undecodable images, or a checkpoint ``--resume`` cannot continue from.
     """
     check_run_sizes(cfg)
+    check_schedule_keys(cfg)
     divergence_policy(cfg)
     run = setup_runtime(cfg)
     started = time.time()
