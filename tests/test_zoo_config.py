@@ -230,3 +230,47 @@ def test_tutorial_values_of_the_recipes():
         build_optimizer(baseline.replace(optimizer="Adam"), None, 10)
     with pytest.raises(ValueError, match="boost_level='O1' does not combine with optimizer='THOR'.*allowed: 'O0'"):
         build_optimizer(parse_config(["--boost_level", "O1"], CONFIGS / "resnet50_imagenet_thor.yaml"), None, 10)
+
+
+@pytest.mark.parametrize("key, value", [("mode", "grph"), ("boost_level", "O7"), ("optimizer", "Adam"),
+                                        ("device_target", "cpu"), ("loss_scale_type", "static"),
+                                        ("resume_data", "quick"), ("export_file_format", "PNG")])
+def test_a_misspelt_choice_stops_the_parse_naming_key_value_and_allowed(key, value):
+    """The choice keys are checked where the command line is parsed (MindSpore not needed): a launcher's dry run,
+    which parses through scripts/check_overrides.py, stops on them as train.py would."""
+    from model_zoo.resnet.src.config import CHOICES
+
+    allowed = ", ".join(CHOICES[key])
+    with pytest.raises(ValueError, match=rf"^{key}='{value}' \(config .*momentum.yaml' or the command line\) is "
+                                         rf"not allowed; allowed.*: {allowed}\.$"):
+        parse_config([f"--{key}", value], CONFIGS / "resnet50_imagenet_momentum.yaml")
+
+
+def test_the_launchers_check_stops_on_a_misspelt_choice():
+    import subprocess
+    import sys
+
+    root = CONFIGS.parents[2]
+    args = [sys.executable, str(root / "scripts" / "check_overrides.py"), "--config",
+            str(CONFIGS / "resnet50_imagenet_momentum.yaml")]
+    bad = subprocess.run(args + ["--mode", "grph"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "mode='grph'" in bad.stderr and "graph, pynative" in bad.stderr
+    good = subprocess.run(args + ["--mode", "PyNative", "--boost_level", "auto"], capture_output=True, text=True,
+                          timeout=60)
+    assert good.returncode == 0, good.stderr
+
+
+def test_case_free_choices_are_normalised_and_the_tables_agree_with_their_users():
+    from model_zoo.resnet import export
+    from model_zoo.resnet.src.config import CHOICES
+    from ms_boost.autotune.options import AUTO_LEVEL
+    from ms_boost.config import _LEVEL_NAMES
+
+    cfg = parse_config(["--mode", "GRAPH", "--export_file_format", "onnx"],
+                       CONFIGS / "resnet50_imagenet_momentum.yaml")
+    assert (cfg.mode, cfg.export_file_format) == ("graph", "ONNX")
+    assert CHOICES["boost_level"] == (*_LEVEL_NAMES, AUTO_LEVEL)
+    assert CHOICES["export_file_format"] == tuple(export._EXTENSIONS)
+    assert CHOICES["optimizer"] == OPTIMIZERS and CHOICES["loss_scale_type"] == LOSS_SCALE_TYPES
+    for name in RECIPES:  # every shipped recipe's own values pass
+        parse_config([], CONFIGS / name)

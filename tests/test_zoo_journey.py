@@ -227,6 +227,10 @@ def test_recipe_resumes_exactly_and_its_checkpoint_evaluates_and_exports(cache_d
             zoo_eval.main(plain)
         with pytest.raises(ValueError, match="written by recipe 'resnet50_imagenet_boost_o1'"):
             run("resnet50_imagenet_momentum.yaml", small(cache_dir, tmp_path / "x", mode) + ["--resume", str(stopped)])
+        # steps_per_epoch fixed: another batch size gives the same step counts but not the same images
+        with pytest.raises(ValueError, match=r"batch_size 8, this run has 4 .*give --batch_size 8"):
+            run(recipe, small(cache_dir, tmp_path / "y", mode) + extra + ["--resume", str(stopped),
+                                                                         "--batch_size", "4"])
 
 
 # the O2 resume under msrun: tests/test_zoo_journey_inputs.py (xdist balance between the two files)

@@ -39,7 +39,7 @@ def export_checkpoint(cfg: Config) -> Path:
     """
     import mindspore as ms
 
-    if cfg.export_file_format not in _EXTENSIONS:
+    if cfg.export_file_format not in _EXTENSIONS:  # parse_config checks and upper-cases it; a Config built by hand
         raise ValueError(f"export_file_format={cfg.export_file_format!r} is not allowed; allowed: "
                          f"{', '.join(_EXTENSIONS)}.")
     cfg = checkpoint_config(cfg, "export.py")

@@ -38,7 +38,8 @@ import yaml
 
 from ms_boost.validation import MAX_FILE_VALUES, load_mapping_file
 
-__all__ = ["Config", "ConfigHelp", "MAX_NODES", "MAX_QUOTE", "OPEN_SECTIONS", "OPTIONAL_SECTIONS", "load_yaml",
+__all__ = ["CHOICES", "check_choices",
+           "Config", "ConfigHelp", "MAX_NODES", "MAX_QUOTE", "OPEN_SECTIONS", "OPTIONAL_SECTIONS", "load_yaml",
            "check_against_base", "parse_value", "apply_overrides", "parse_config", "config_source",
            "command_line_keys", "quote"]
 
@@ -422,6 +423,41 @@ class ConfigHelp:
         return "\n".join(lines)
 
 
+#: keys whose value is one of a few names: checked when the command line is parsed, before MindSpore loads, so a
+#: launcher's check (``scripts/check_overrides.py``, dry runs included) stops on a misspelt one as train.py would.
+#: ``mode`` and ``export_file_format`` take any case (``GRAPH``, ``onnx``) and are stored as listed here.
+CHOICES: Dict[str, Tuple[str, ...]] = {
+    "mode": ("graph", "pynative"),
+    "device_target": ("auto", "Ascend", "GPU", "CPU"),
+    "optimizer": ("Momentum", "SGD", "THOR"),
+    "loss_scale_type": ("fixed", "dynamic", "none"),
+    "resume_data": ("exact", "fast"),
+    "boost_level": ("O0", "O1", "O2", "auto"),
+    "export_file_format": ("MINDIR", "AIR", "ONNX"),
+}
+_ANY_CASE = {"mode": str.lower, "export_file_format": str.upper}
+
+
+def check_choices(data: Dict[str, Any], source: Union[str, Path] = "") -> Dict[str, Any]:
+    """Check the :data:`CHOICES` keys ``data`` holds (top level), in place; the case-free ones are normalised.
+
+    Raises:
+        ValueError: naming the key, its value, where it came from and the allowed values.
+    """
+    for key, allowed in CHOICES.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if isinstance(value, str) and key in _ANY_CASE:
+            value = _ANY_CASE[key](value)
+        if not isinstance(value, str) or value not in allowed:
+            where = f" (config {str(source)!r} or the command line)" if source else ""
+            case = " (any case)" if key in _ANY_CASE else ""
+            raise ValueError(f"{key}={quote(data[key])}{where} is not allowed; allowed{case}: {', '.join(allowed)}.")
+        data[key] = value
+    return data
+
+
 def parse_config(argv: Sequence[str], default_config: Union[str, Path], prog: str = "train.py") -> Config:
     """Read ``--config FILE`` (else ``default_config``) and apply the other ``--key value`` arguments.
 
@@ -454,7 +490,7 @@ def parse_config(argv: Sequence[str], default_config: Union[str, Path], prog: st
         if not all(_KEY_RE.match(part) for part in key.split(".")):
             raise ValueError(f"config {str(config_path)!r}: key {quote(key)} is not an identifier.")
     overrides = _split_argv(rest)
-    data = apply_overrides(data, overrides)
+    data = check_choices(apply_overrides(data, overrides), config_path)
     if want_help:
         print(ConfigHelp.render(data, config_path, prog))
         raise SystemExit(0)

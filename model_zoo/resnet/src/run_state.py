@@ -351,6 +351,11 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
         raise ValueError(f"resume: checkpoint {str(path)!r} was written with {saved_spe} steps per epoch, this run "
                          f"has {steps_per_epoch} (batch_size, rank count, data set or steps_per_epoch changed); "
                          f"exact resume needs the same.")
+    saved_batch = (manifest.get("config") or {}).get("batch_size")
+    if saved_batch is not None and saved_batch != cfg.get("batch_size", saved_batch):
+        raise ValueError(f"resume: checkpoint {str(path)!r} was written with batch_size {saved_batch}, this run has "
+                         f"{cfg.get('batch_size')} (steps_per_epoch fixed, so the step counts agree, but not the "
+                         f"images a step reads); exact resume needs the same: give --batch_size {saved_batch}.")
     if step < 1:
         raise ValueError(f"resume: checkpoint {str(path)!r} records global step {step}; nothing to resume.")
     if step >= int(cfg.epoch_size) * steps_per_epoch:

@@ -30,7 +30,7 @@ from mindspore import Tensor, nn
 from mindspore.train import DynamicLossScaleManager, FixedLossScaleManager
 
 from model_zoo.resnet.src.callbacks import ProgressMonitor, format_duration
-from model_zoo.resnet.src.config import Config, command_line_keys, config_source
+from model_zoo.resnet.src.config import CHOICES, Config, command_line_keys, config_source
 from model_zoo.resnet.src.data_check import check_images
 from model_zoo.resnet.src.dataset import class_folders, create_dataset
 from model_zoo.resnet.src.loss import CrossEntropySmooth
@@ -64,8 +64,8 @@ __all__ = [
     "TrainingDiverged", "divergence_policy",
 ]
 
-OPTIMIZERS = ("Momentum", "SGD", "THOR")
-LOSS_SCALE_TYPES = ("fixed", "dynamic", "none")
+OPTIMIZERS = CHOICES["optimizer"]
+LOSS_SCALE_TYPES = CHOICES["loss_scale_type"]
 EVAL_METRICS = {"top_1_accuracy", "top_5_accuracy"}
 
 
@@ -131,9 +131,9 @@ def setup_runtime(cfg: Config) -> RunInfo:
     ``DEVICE_ID`` environment variable the launchers export. Distributed runs initialise the
     backend's communication (HCCL, NCCL or MCCL) and set data-parallel mode with mean gradients.
     """
-    mode = _choice("mode", str(cfg.mode).lower(), ("graph", "pynative"))
+    mode = _choice("mode", str(cfg.mode).lower(), CHOICES["mode"])
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-    target = _choice("device_target", cfg.device_target, ("auto", "Ascend", "GPU", "CPU"))
+    target = _choice("device_target", cfg.device_target, CHOICES["device_target"])
     if target != "auto":
         device_id = os.environ.get("DEVICE_ID")
         ms.set_device(target, int(device_id) if device_id is not None and target == "Ascend" else None)
@@ -609,7 +609,7 @@ def _divergence_healer(cfg: Config, run: RunInfo, callbacks: List[Any], total_st
                               snapshot_at=lambda step: step == total_steps or any(g.visits(step) for g in guards))
 
 
-RESUME_DATA = ("exact", "fast")
+RESUME_DATA = CHOICES["resume_data"]
 
 
 def resume_state(cfg: Config, model: Model, steps_per_epoch: int) -> Tuple[int, Optional[Path]]:
