@@ -105,14 +105,14 @@ def test_markers_scale_each_group_by_its_loss_scale(mode):
         np.testing.assert_allclose(g.asnumpy(), scale * w.asnumpy(), rtol=1e-4, atol=1e-6)
 
 
-def test_matches_unscaled_training_when_no_overflow(mode):
-    manager, net = build(init_scale=[4096.0, 16.0])
+def assert_trains_as_unscaled(manager, net, steps: int) -> None:
+    """``steps`` group-scaled steps of ``net`` give the losses and weights of plain unscaled training, no overflow."""
     reference = plain()
     opt = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
     step = GroupScaleStep(nn.WithLossCell(net, LOSS), opt, manager)
     ref_step = nn.TrainOneStepCell(nn.WithLossCell(reference, LOSS),
                                    nn.Momentum(reference.trainable_params(), learning_rate=0.05, momentum=0.9))
-    for i in range(5):
+    for i in range(steps):
         x, y = data(seed=i)
         loss, overflow = step(x, y)
         ref_loss = ref_step(x, y)
@@ -120,6 +120,11 @@ def test_matches_unscaled_training_when_no_overflow(mode):
         np.testing.assert_allclose(loss.asnumpy(), ref_loss.asnumpy(), rtol=1e-5)
     for p, q in zip(net.trainable_params(), reference.trainable_params()):
         np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_matches_unscaled_training_when_no_overflow(mode):
+    manager, net = build(init_scale=[4096.0, 16.0])
+    assert_trains_as_unscaled(manager, net, 5)
     np.testing.assert_allclose(manager.group_loss_scales(), [4096.0 * ALPHA ** 5, 16.0 * ALPHA ** 5], rtol=1e-5)
 
 

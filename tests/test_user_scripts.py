@@ -230,18 +230,7 @@ def test_group_loss_scale_above_2_to_126_trains_as_unscaled(mode):
     ``grad * (1 / scale)`` flushed the subnormal reciprocal to zero in Graph mode (that group stopped training
     with no overflow) and rounded it coarsely in PyNative.
     """
-    from tests.test_loss_scale import LOSS, GroupScaleStep, build, data, plain
+    from tests.test_loss_scale import assert_trains_as_unscaled, build
 
     manager, net = build(init_scale=[2.0 ** 127, 16.0], max_loss_scale=2.0 ** 127)
-    reference = plain()
-    step = GroupScaleStep(nn.WithLossCell(net, LOSS), nn.Momentum(net.trainable_params(), 0.05, 0.9), manager)
-    ref_step = nn.TrainOneStepCell(nn.WithLossCell(reference, LOSS),
-                                   nn.Momentum(reference.trainable_params(), 0.05, 0.9))
-    for i in range(3):
-        x, y = data(seed=i)
-        loss, overflow = step(x, y)
-        ref_loss = ref_step(x, y)
-        assert not bool(overflow.asnumpy())
-        np.testing.assert_allclose(loss.asnumpy(), ref_loss.asnumpy(), rtol=1e-5)
-    for p, q in zip(net.trainable_params(), reference.trainable_params()):
-        np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-5, atol=1e-6)
+    assert_trains_as_unscaled(manager, net, 3)
