@@ -118,8 +118,11 @@ def test_formats_that_cannot_hold_the_network_are_clear_errors(checkpoint, tmp_p
                                          r"export MINDIR"):
         zoo_export.main(args + ["--export_file_format", "ONNX"])
     assert not (tmp_path / "net.onnx").exists()
-    with pytest.raises(ValueError, match=r"export_file_format='TFLITE' is not allowed; allowed: MINDIR, AIR, ONNX"):
+    with pytest.raises(ValueError, match=r"export_file_format='TFLITE' \(config .* or the command line\) is not "
+                                         r"allowed; allowed \(any case\): MINDIR, AIR, ONNX"):
         zoo_export.main(args + ["--export_file_format", "TFLITE"])
+    cfg = parse_config(args + ["--export_file_format", "onnx"], zoo_export.DEFAULT_CONFIG)  # any case
+    assert cfg.export_file_format == "ONNX"
 
 
 def test_command_line_keys_are_the_overrides_given():
