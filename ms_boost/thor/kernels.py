@@ -329,15 +329,16 @@ def _masked_update_tensor(scale, nu, keep, decay, layer, flag, weight, direction
 
     ``MulNoNan`` gives 0 wherever its factor is 0, whatever the other operand holds (inf, NaN): the direction times
     ``nu`` (where ``scale`` and the parameter belongs to a THOR layer; the trust region) or times ``keep`` (1.0), both
-    0 on a skipped step, plus ``decay * weight`` where ``flag`` (``decay`` also 0 on a skipped step; the weights are
-    finite). On a step that is applied this is :func:`scale_and_decay`'s value bit for bit (a product by a nonzero
-    factor, by 1.0, the same sum); on a skipped one every element is an exact zero, so the momentum call (lr 0,
-    momentum 1) leaves weight and moment as they were. One kernel per parameter fewer than zeroing with ``where``.
+    0 on a skipped step, plus ``decay * weight`` where ``flag`` (``decay`` also 0 on a skipped step, by ``MulNoNan``
+    too, so a non-finite weight adds no NaN). On a step that is applied this is :func:`scale_and_decay`'s value bit
+    for bit (a product by a nonzero factor, by 1.0, the same sum); on a skipped one every element is an exact zero,
+    so the momentum call (lr 0, momentum 1) leaves weight and moment as they were. One kernel per parameter fewer
+    than zeroing with ``where``.
     """
     factor = nu if scale and layer >= 0 else keep
     direction = MUL_NO_NAN(direction, ops.cast(factor, direction.dtype))
-    if flag:
-        return direction + weight * decay
+    if flag:  # MulNoNan here too: a weight already non-finite (a loaded checkpoint) leaves the moment untouched
+        return direction + MUL_NO_NAN(weight, ops.cast(decay, weight.dtype))
     return direction
 
 
