@@ -117,6 +117,10 @@ class CellTrialRun:
         return total / max(1, len(batches))
 
 
+def _as_tensors(row: Sequence[Any]) -> Tuple[Tensor, ...]:
+    return tuple(Tensor(np.asarray(col)) for col in row)
+
+
 def take_batches(dataset: Any, count: int) -> List[Tuple[Tensor, ...]]:
     """The first ``count`` batches of one pass over ``dataset`` (fewer if it is shorter), as Tensors."""
     out: List[Tuple[Tensor, ...]] = []
@@ -124,14 +128,10 @@ def take_batches(dataset: Any, count: int) -> List[Tuple[Tensor, ...]]:
         return out
     iterator: Iterable = dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)
     for row in iterator:
-        out.append(tuple(Tensor(np.asarray(col)) for col in row))
+        out.append(_as_tensors(row))
         if len(out) >= count:
             break
     return out
-
-
-def _as_tensors(row: Sequence[Any]) -> Tuple[Tensor, ...]:
-    return tuple(Tensor(np.asarray(col)) for col in row)
 
 
 def _release(iterator: Any) -> None:
