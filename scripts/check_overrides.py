@@ -38,8 +38,12 @@ def main(argv) -> int:
         print(__doc__.strip())
         return 0
     parse_config = _parse_config()
+    default = ROOT / "model_zoo" / "resnet" / "configs" / "resnet50_imagenet_momentum.yaml"
     try:
-        parse_config(argv, ROOT / "model_zoo" / "resnet" / "configs" / "resnet50_imagenet_momentum.yaml")
+        # no --config but a checkpoint: the recipe its run manifest names, as eval.py/export.py take it (this
+        # reads the checkpoint, so MindSpore is imported here)
+        from model_zoo.resnet.src.recipe_lookup import default_recipe
+        parse_config(argv, default_recipe(argv, default, "check_overrides.py"))
     except (ValueError, OSError) as err:
         print(f"bad override (train.py and eval.py would stop on it): {err}", file=sys.stderr)
         return 2

@@ -118,11 +118,12 @@ input_path() {
 }
 
 # split_options [CONFIG_PATH] ARGS...: sets CONFIG_PATH (an optional first argument not starting with --,
-# else the Momentum baseline recipe), DRY_RUN from --dry-run, LAUNCHER from --launcher X, and EXTRA_ARGS to
+# else the Momentum baseline recipe) and CONFIG_GIVEN (1 when it was given), DRY_RUN from --dry-run, LAUNCHER from --launcher X, and EXTRA_ARGS to
 # the remaining --key value (or --key=value) overrides, the values of input keys (INPUT_KEYS) made absolute.
 split_options() {
     CONFIG_PATH="${CONFIG_DIR}/resnet50_imagenet_momentum.yaml"
-    if [ $# -ge 1 ] && [[ "$1" != --* ]]; then CONFIG_PATH="$(config_arg "$1")"; shift; fi
+    CONFIG_GIVEN=0
+    if [ $# -ge 1 ] && [[ "$1" != --* ]]; then CONFIG_PATH="$(config_arg "$1")"; CONFIG_GIVEN=1; shift; fi
     EXTRA_ARGS=()
     local key=""
     while [ $# -gt 0 ]; do
@@ -228,9 +229,11 @@ run_logged() {
 # check_overrides CONFIG: let the zoo's config parser read CONFIG with EXTRA_ARGS, as train.py/eval.py will; exit 2
 # with its message on an unknown key, a bad value or a stray argument (a typo fails here, before any process
 # starts, instead of in every rank). Reads the YAML only: no MindSpore import (scripts/check_overrides.py).
+# check_overrides with no argument: no --config (a checkpoint's own recipe, see run_eval.sh).
 check_overrides() {
-    local message
-    if ! message="$("${PYTHON}" "${SCRIPT_DIR}/check_overrides.py" --config "$1" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} 2>&1)"; then
+    local message config=()
+    [ $# -ge 1 ] && config=(--config "$1")
+    if ! message="$("${PYTHON}" "${SCRIPT_DIR}/check_overrides.py" "${config[@]}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} 2>&1)"; then
         die "${message}"
     fi
 }

@@ -6,7 +6,8 @@ Usage: bash scripts/run_eval.sh DATASET_PATH CHECKPOINT_PATH [CONFIG_PATH] [--dr
 
   DATASET_PATH     ImageNet root holding val/ (eval_dir), or "synthetic" for the built-in data set
   CHECKPOINT_PATH  checkpoint to evaluate (.ckpt)
-  CONFIG_PATH      recipe YAML the checkpoint was trained with (default: resnet50_imagenet_momentum.yaml)
+  CONFIG_PATH      recipe YAML the checkpoint was trained with (default: the recipe its run manifest names,
+                   else resnet50_imagenet_momentum.yaml)
   --dry-run        print the command, start nothing (also DRY_RUN=1)
   --key value      any config key, forwarded to eval.py (e.g. --device_target CPU)
 
@@ -26,9 +27,13 @@ split_options "$@"
 
 RUN_DIR="$(abs_path "${RUN_DIR:-./eval}")"
 export DEVICE_ID="${DEVICE_ID:-0}"
-CMD=("${PYTHON}" "${EVAL_PY}" --config "${CONFIG_PATH}" --data_path "${DATASET_PATH}"
+# without CONFIG_PATH, eval.py takes the recipe the checkpoint's run manifest names (model_zoo/resnet/src/recipe_lookup.py)
+CONFIG_ARGS=()
+[ "${CONFIG_GIVEN}" = "1" ] && CONFIG_ARGS=(--config "${CONFIG_PATH}")
+CMD=("${PYTHON}" "${EVAL_PY}" ${CONFIG_ARGS[@]+"${CONFIG_ARGS[@]}"} --data_path "${DATASET_PATH}"
      --checkpoint_file_path "${CHECKPOINT_PATH}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})
-check_overrides "${CONFIG_PATH}"
+EXTRA_ARGS=(--checkpoint_file_path "${CHECKPOINT_PATH}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"})  # for the check alone
+if [ "${CONFIG_GIVEN}" = "1" ]; then check_overrides "${CONFIG_PATH}"; else check_overrides; fi
 if [ "${DRY_RUN}" = "1" ]; then
     echo "rank 0: $(print_env DEVICE_ID)"
     echo "  cwd: ${RUN_DIR}  log: ${RUN_DIR}/log.txt"

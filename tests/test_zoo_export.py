@@ -9,6 +9,9 @@ THOR, dimension reduce) gets the same export check in tests/test_zoo_journey.py,
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import pytest
 from model_zoo.resnet import eval as zoo_eval
 from model_zoo.resnet import export as zoo_export
 from model_zoo.resnet import train as zoo_train
-from model_zoo.resnet.src.config import command_line_keys, parse_config
+from model_zoo.resnet.src.config import command_line_keys, config_source, parse_config
 from tests.helpers.exports import assert_exports_match
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,3 +134,33 @@ def test_command_line_keys_are_the_overrides_given():
     assert command_line_keys(cfg) == {"net_name", "synthetic.image_size", "run_eval"}
     assert command_line_keys(cfg.replace(base_width=8)) == {"net_name", "synthetic.image_size", "run_eval"}
     assert command_line_keys(parse_config([], RECIPE)) == frozenset()
+
+
+def test_without_config_eval_export_and_run_eval_take_the_recipe_the_checkpoint_names(checkpoint, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """A user evaluates an O1 run's checkpoint giving only the file: the recipe comes from its run manifest (the
+    Momentum default refused it, asking for --config). The launcher passes no --config then, and its override
+    check reads the same recipe, so a key only that recipe has passes."""
+    path, _ = checkpoint
+    args = ["--device_target", "CPU", "--checkpoint_file_path", str(path)]
+    result = zoo_eval.main(args + ["--eval_batch_size", "10"])
+    said = ("no --config given: using the recipe the checkpoint was trained with (its run manifest): "
+            f"{RECIPE}")
+    assert f"eval.py: {said}" in capsys.readouterr().err
+    assert 0.0 <= result["top_1_accuracy"] <= result["top_5_accuracy"] <= 1.0
+    seen = {}
+    monkeypatch.setattr(zoo_export, "export_checkpoint", lambda cfg: seen.setdefault("cfg", cfg) and tmp_path)
+    zoo_export.main(args)
+    assert f"export.py: {said}" in capsys.readouterr().err
+    assert Path(config_source(seen["cfg"])) == RECIPE and seen["cfg"].boost_level == "O1"
+    # --config on the command line wins (here the Momentum recipe, which this checkpoint does not fit)
+    with pytest.raises(ValueError, match="was written by recipe 'resnet50_imagenet_boost_o1'"):
+        zoo_eval.main(args + ["--config", str(RECIPE.with_name("resnet50_imagenet_momentum.yaml"))])
+    env = dict(os.environ, PYTHON=sys.executable, GLOG_v="3")
+    env.pop("CONFIG_PATH", None)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "run_eval.sh"), "synthetic", str(path), "--dry-run",
+                           "--boost_config_dict.less_bn.fn_flag", "true"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    command = proc.stdout.strip().splitlines()[-1]
+    assert "--config" not in command and f"--checkpoint_file_path {path}" in command

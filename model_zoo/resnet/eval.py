@@ -30,6 +30,7 @@ from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.data_check import check_images  # noqa: E402
 from model_zoo.resnet.src.dataset import class_folders  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
+from model_zoo.resnet.src.recipe_lookup import default_recipe  # noqa: E402
 from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
     BUILTIN_DATA,
@@ -86,7 +87,8 @@ def evaluate_checkpoint(cfg: Config) -> dict:
 
 def main(argv=None) -> dict:
     """Parse the config, evaluate, print ``top-1``/``top-5`` and the result dict."""
-    cfg = parse_config(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG, prog="eval.py")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg = parse_config(argv, default_recipe(argv, DEFAULT_CONFIG, "eval.py"), prog="eval.py")
     result = evaluate_checkpoint(cfg)
     print(f"top-1 accuracy: {result['top_1_accuracy']:.4f}  top-5 accuracy: {result['top_5_accuracy']:.4f}  "
           f"({result['seconds']:.1f} s)")

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 from model_zoo.resnet.src.checkpoint_shape import checkpoint_config  # noqa: E402
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
+from model_zoo.resnet.src.recipe_lookup import default_recipe  # noqa: E402
 from model_zoo.resnet.src.resnet import onnx_exportable  # noqa: E402
 from model_zoo.resnet.src.trainer import inference_network  # noqa: E402
 from ms_boost.cpu_gemm_conv import restore_convolutions  # noqa: E402
@@ -69,7 +70,8 @@ def export_checkpoint(cfg: Config) -> Path:
 
 def main(argv=None) -> Path:
     """Parse the config, export, print the file written."""
-    cfg = parse_config(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG, prog="export.py")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg = parse_config(argv, default_recipe(argv, DEFAULT_CONFIG, "export.py"), prog="export.py")
     path = export_checkpoint(cfg)
     print(f"exported {cfg.checkpoint_file_path} -> {path}", flush=True)
     return path

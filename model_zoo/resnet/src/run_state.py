@@ -27,6 +27,7 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
+from model_zoo.resnet.src.recipe_lookup import MANIFEST_KEY, read_manifest
 from ms_boost import comm
 from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.divergence import callback_mark, first_non_finite
@@ -37,7 +38,6 @@ __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheck
            "find_resume_checkpoint", "checkpoint_step", "run_checkpoints", "restore_train_network",
            "schedule_parameter_names", "RESUME_FREE_KEYS", "DIVERGENCE_KEYS"]
 
-MANIFEST_KEY = "ms_boost_run"
 _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 
 
@@ -214,23 +214,6 @@ class GuardedCheckpoint(Callback):
         for old in files[:-self.keep_max]:
             if old != newest:  # never the newest (finite) checkpoint
                 old.unlink(missing_ok=True)
-
-
-def read_manifest(path: Path, entries: Optional[Dict[str, Any]] = None,
-                  what: str = "checkpoint") -> Optional[Dict[str, Any]]:
-    """The ``ms_boost_run`` manifest of a checkpoint (``None`` for checkpoints written before it existed).
-
-    ``what`` names the file in a read error (the option that gave it, e.g. ``checkpoint_file_path``).
-    """
-    entries = read_checkpoint(path, what=what) if entries is None else entries
-    raw = entries.get(MANIFEST_KEY)
-    if not isinstance(raw, str):
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def find_resume_checkpoint(target: str, checkpoint_dir: str, prefix: str) -> Path:

@@ -1,0 +1,101 @@
+"""Which recipe evaluates or exports a checkpoint when the command line names none (no ``--config``).
+
+Every checkpoint train.py writes carries its run manifest (``ms_boost_run``, :mod:`.run_state`), which names the
+recipe file the run was started with (``recipe_path``) and the recipe's name (``recipe``). eval.py, export.py and
+``scripts/run_eval.sh`` given no ``--config`` take that recipe, in this order: the recorded file if it still
+exists, else the zoo's ``configs/<recipe>.yaml``; and say which they took. A checkpoint without a manifest, or whose
+recipe cannot be found here, keeps the script's default recipe (the Momentum baseline), and the recipe check of
+eval/export names the ``--config`` to give when the two do not fit. A ``--config`` on the command line always wins.
+
+Only the checkpoint file and the YAML paths are read here; MindSpore is imported by the checkpoint reader alone (the
+launchers' override check loads this module without the rest of the zoo).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Union
+
+from ms_boost.checkpoint_file import read_checkpoint
+
+__all__ = ["CONFIG_DIR", "MANIFEST_KEY", "checkpoint_argument", "config_given", "read_manifest",
+           "recipe_of_checkpoint", "default_recipe"]
+
+MANIFEST_KEY = "ms_boost_run"
+"""The checkpoint entry holding a run's manifest (a JSON string)."""
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""The zoo's recipe folder, searched for ``<recipe>.yaml`` when the recorded recipe file is gone."""
+
+_CONFIG_FLAGS = ("--config", "--config_path")
+
+
+def config_given(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` names a recipe (``--config FILE``, ``--config=FILE`` or the ``--config_path`` forms)."""
+    return any(arg in _CONFIG_FLAGS or arg.startswith(tuple(f"{flag}=" for flag in _CONFIG_FLAGS)) for arg in argv)
+
+
+def checkpoint_argument(argv: Sequence[str]) -> Optional[str]:
+    """The last ``--checkpoint_file_path`` value in ``argv`` (``None`` if none is given)."""
+    found = None
+    for index, arg in enumerate(argv):
+        if arg == "--checkpoint_file_path" and index + 1 < len(argv):
+            found = argv[index + 1]
+        elif arg.startswith("--checkpoint_file_path="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def read_manifest(path: Path, entries: Optional[Dict[str, Any]] = None,
+                  what: str = "checkpoint") -> Optional[Dict[str, Any]]:
+    """The ``ms_boost_run`` manifest of a checkpoint (``None`` for checkpoints written before it existed).
+
+    ``entries``: the checkpoint's entries if already read; ``what`` names the file in a read error (the option that
+    gave it, e.g. ``checkpoint_file_path``).
+    """
+    entries = read_checkpoint(path, what=what) if entries is None else entries
+    raw = entries.get(MANIFEST_KEY)
+    if not isinstance(raw, str):
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def recipe_of_checkpoint(path: Union[str, os.PathLike]) -> Optional[Path]:
+    """The recipe file a checkpoint's run was trained with, if its manifest names one that exists here."""
+    manifest = read_manifest(Path(path), what="checkpoint_file_path")
+    if manifest is None:
+        return None
+    recorded = manifest.get("recipe_path")
+    if isinstance(recorded, str) and Path(os.path.expanduser(recorded)).is_file():
+        return Path(os.path.expanduser(recorded))
+    name = manifest.get("recipe")
+    if isinstance(name, str) and name and (CONFIG_DIR / f"{name}.yaml").is_file():
+        return CONFIG_DIR / f"{name}.yaml"
+    return None
+
+
+def default_recipe(argv: Sequence[str], fallback: Union[str, Path], prog: str) -> Union[str, Path]:
+    """The recipe to read when ``argv`` gives no ``--config``: the checkpoint's (said on stderr), else ``fallback``.
+
+    With ``--config`` given, or no readable checkpoint file given, ``fallback`` is returned unchanged (a missing or
+    unreadable checkpoint is reported by the script where it loads it).
+    """
+    if config_given(argv):
+        return fallback
+    checkpoint = checkpoint_argument(argv)
+    if not checkpoint or not Path(os.path.expanduser(checkpoint)).is_file():
+        return fallback
+    try:
+        recipe = recipe_of_checkpoint(Path(os.path.expanduser(checkpoint)))
+    except ValueError:
+        return fallback  # not a checkpoint: the script's own load names the fault
+    if recipe is None:
+        return fallback
+    print(f"{prog}: no --config given: using the recipe the checkpoint was trained with (its run manifest): "
+          f"{recipe}", file=sys.stderr, flush=True)
+    return recipe
