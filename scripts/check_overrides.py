@@ -16,10 +16,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _parse_config():
-    """``model_zoo.resnet.src.config.parse_config`` without running ``ms_boost/__init__`` (MindSpore)."""
-    sys.path.insert(0, str(ROOT))
-    if "ms_boost" not in sys.modules:
+def check_boost_sections(cfg) -> None:
+    """The recipe's ``boost_config_dict`` with the overrides, checked as the run will: refused with THOR, else by
+    ``ms_boost.AutoBoost`` (unknown section or key, wrong type: its error names them and what is allowed)."""
+    from model_zoo.resnet.src.trainer import boost_config_dict, check_schedule_keys
+    from ms_boost import AutoBoost
+
+    check_schedule_keys(cfg)  # THOR takes no boost section
+    level = cfg.boost_level if cfg.boost_level in ("O0", "O1", "O2") else "O0"  # auto: its candidates' base
+    AutoBoost(level, boost_config_dict(cfg, total_steps=1, for_structure=True))  # the zoo's conventions filled in
+
+
+def _forget_light_imports() -> None:
+    for name in [n for n in sys.modules if n == "ms_boost" or n.startswith(("ms_boost.", "model_zoo"))]:
+        del sys.modules[name]
+
+
+def _parse_config(light: bool = True):
+    """``model_zoo.resnet.src.config.parse_config``; with ``light`` without running ``ms_boost/__init__``
+    (MindSpore), else the real one (what a light import loaded is forgotten first)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    if not light and isinstance(sys.modules.get("ms_boost"), types.ModuleType) \
+            and not hasattr(sys.modules["ms_boost"], "AutoBoost"):
+        _forget_light_imports()
+    if light and "ms_boost" not in sys.modules:
         stub = types.ModuleType("ms_boost")
         stub.__path__ = [str(ROOT / "ms_boost")]  # submodules load; the package's __init__ does not run
         sys.modules["ms_boost"] = stub
@@ -27,8 +48,7 @@ def _parse_config():
             from model_zoo.resnet.src.config import parse_config
             return parse_config
         except ImportError:  # the parser came to need more of ms_boost: import it for real
-            for name in [n for n in sys.modules if n == "ms_boost" or n.startswith(("ms_boost.", "model_zoo"))]:
-                del sys.modules[name]
+            _forget_light_imports()
     from model_zoo.resnet.src.config import parse_config
     return parse_config
 
@@ -42,9 +62,14 @@ def main(argv) -> int:
     try:
         # no --config but a checkpoint: the recipe its run manifest names, as eval.py/export.py take it (this
         # reads the checkpoint, so MindSpore is imported here)
+        from model_zoo.resnet.src.config import added_keys
         from model_zoo.resnet.src.recipe_lookup import default_recipe
-        parse_config(argv, default_recipe(argv, default, "check_overrides.py"))
-    except (ValueError, OSError) as err:
+        recipe = default_recipe(argv, default, "check_overrides.py")
+        cfg = parse_config(argv, recipe)
+        if added_keys(cfg):  # boost_config_dict keys the recipe lacks: ms_boost checks them (MindSpore: seconds)
+            cfg = _parse_config(light=False)(argv, recipe)
+            check_boost_sections(cfg)
+    except (ValueError, TypeError, OSError) as err:
         print(f"bad override (train.py and eval.py would stop on it): {err}", file=sys.stderr)
         return 2
     return 0

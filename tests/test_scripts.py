@@ -225,6 +225,19 @@ def test_stage_scripts_dry_run(env, tmp_path):
     assert bad.returncode == 2 and "'pca.txt' is neither a PCA matrix (.npy) nor a rank table (.json)" in bad.stderr
 
 
+def test_boost_keys_a_recipe_lacks_are_checked_by_ms_boost_before_the_launch(env, tmp_path):
+    """--boost_config_dict.* keys the Momentum recipe lacks are taken (O1 tuned on it); a typo among them stops the
+    dry run with ms_boost's own message (unknown key and the allowed ones), as train.py would stop."""
+    key = "--boost_config_dict.grad_freeze.freeze_p"
+    good = run("run_standalone_train.sh", "synthetic", "--boost_level", "O1", key, "0.5", "--dry-run", env=env,
+               cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip().splitlines()[-1].endswith(f"--boost_level O1 {key} 0.5")
+    bad = run("run_standalone_train.sh", "synthetic", "--boost_level", "O1", key[:-1] + "q", "0.5", "--dry-run",
+              env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown boost config key 'grad_freeze.freeze_q'; allowed keys:" in bad.stderr
+
+
 def test_relative_paths_in_overrides_become_absolute(env, tmp_path):
     (tmp_path / "weights.ckpt").write_bytes(b"")
     proc = run("run_standalone_train.sh", "synthetic", "--pretrained", "weights.ckpt", "--dry-run", env=env,

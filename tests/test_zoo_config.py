@@ -8,10 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model_zoo.resnet.src.config import Config, apply_overrides, load_yaml, parse_config, parse_value
+from model_zoo.resnet.src.config import Config, added_keys, apply_overrides, load_yaml, parse_config, parse_value
 from model_zoo.resnet.src.lr_generator import LR_DECAY_MODES
 from model_zoo.resnet.src.resnet import CONV_INITS, DENSE_INITS, list_models
-from model_zoo.resnet.src.trainer import LOSS_SCALE_TYPES, OPTIMIZERS, boost_config_dict, build_optimizer
+from model_zoo.resnet.src.trainer import (
+    LOSS_SCALE_TYPES,
+    OPTIMIZERS,
+    boost_config_dict,
+    build_optimizer,
+    check_schedule_keys,
+)
 from ms_boost.config import AutoBoost
 
 CONFIGS = Path(__file__).resolve().parents[1] / "model_zoo" / "resnet" / "configs"
@@ -160,6 +166,33 @@ def test_recipe_values_that_fit_the_base(recipe):
                      f"boost_config_dict:\n  grad_freeze:\n    freeze_p: high\n")
     with pytest.raises(ValueError, match="boost_config_dict.grad_freeze.freeze_p='high' \\(str\\): expected a float"):
         load_yaml(child)
+
+
+def test_boost_config_dict_keys_a_recipe_lacks_can_be_given_on_the_command_line():
+    """The Momentum recipe's boost_config_dict is {}: a user tuning O1 on it gives the sections' keys on the command
+    line, as a child recipe may add them (before, each was an unknown config key); YAML types the values, ms_boost
+    checks them when the plan is built. THOR takes none (it trains alone at O0)."""
+    momentum = CONFIGS / "resnet50_imagenet_momentum.yaml"
+    cfg = parse_config(["--boost_level", "O1", "--boost_config_dict.grad_freeze.freeze_p", "0.5",
+                        "--boost_config_dict.less_bn.fn_flag=false", "--boost_config_dict.grad_freeze.freeze_p",
+                        "0.25"], momentum)
+    assert cfg.boost_config_dict.to_dict() == {"grad_freeze": {"freeze_p": 0.25}, "less_bn": {"fn_flag": False}}
+    assert added_keys(cfg) == ["boost_config_dict.grad_freeze.freeze_p", "boost_config_dict.less_bn.fn_flag"]
+    boost = AutoBoost(cfg.boost_level, boost_config_dict(cfg, total_steps=100))
+    assert boost.section("grad_freeze").freeze_p == 0.25 and boost.section("less_bn").fn_flag is False
+    with pytest.raises(ValueError, match="unknown boost config key 'less_bn.fn_flg'"):
+        AutoBoost("O1", boost_config_dict(parse_config(["--boost_config_dict.less_bn.fn_flg", "1"], momentum), 100))
+    with pytest.raises(ValueError, match="--boost_config_dict.less_bn.fn_flag needs a value"):
+        parse_config(["--boost_config_dict.less_bn.fn_flag"], momentum)
+    o1 = CONFIGS / "resnet50_imagenet_boost_o1.yaml"  # below a value, or outside the open section: unknown keys
+    with pytest.raises(ValueError, match="unknown config key --boost_config_dict.less_bn.fn_flag.x"):
+        parse_config(["--boost_config_dict.less_bn.fn_flag.x", "1"], o1)
+    with pytest.raises(ValueError, match="unknown config key --synthetic.colour"):
+        parse_config(["--synthetic.colour", "1"], o1)
+    assert added_keys(parse_config(["--boost_config_dict.less_bn.fn_flag", "false"], o1)) == []
+    thor = parse_config(["--boost_config_dict.common.device_number", "2"], CONFIGS / "resnet50_imagenet_thor.yaml")
+    with pytest.raises(ValueError, match="--boost_config_dict.common.device_number: not used by optimizer='THOR'"):
+        check_schedule_keys(thor)
 
 
 def test_parse_value_and_apply_overrides_do_not_mutate():

@@ -17,7 +17,11 @@ the value is converted to the type of the YAML default:
 * ``null`` default: ``null``/``none`` give ``None``, anything else is taken as a string;
 * list: ``a,b,c`` or a YAML flow list ``[a, b]``; items take the type of the default's first item.
 
-An unknown key raises ``ValueError`` naming it and the closest known keys. ``--help`` prints every key
+A key under an :data:`OPEN_SECTIONS` section that the recipe does not have (``--boost_config_dict.grad_freeze.freeze_p
+0.5`` on a recipe whose ``boost_config_dict`` is ``{}``) is added with YAML's reading of its text, as a child recipe
+may add it; ms_boost checks it when the boost plan is built (the launchers check it before starting, see
+``scripts/check_overrides.py``). Any other unknown key raises ``ValueError`` naming it and the closest known
+keys. ``--help`` prints every key
 with its value, type and the comment written next to it in the YAML file. Files are read with ms_boost's one
 safe loader (:func:`ms_boost.validation.load_mapping_file`, also used for ``boost_config_dict`` files): a
 ``yaml.SafeLoader`` (nothing read is ever evaluated) that also rejects a key given twice in one mapping
@@ -41,7 +45,7 @@ from ms_boost.validation import MAX_FILE_VALUES, load_mapping_file
 __all__ = ["CHOICES", "check_choices",
            "Config", "ConfigHelp", "MAX_NODES", "MAX_QUOTE", "OPEN_SECTIONS", "OPTIONAL_SECTIONS", "load_yaml",
            "check_against_base", "parse_value", "apply_overrides", "parse_config", "config_source",
-           "command_line_keys", "quote"]
+           "command_line_keys", "added_keys", "quote"]
 
 MAX_NODES = MAX_FILE_VALUES
 """Most values (mappings, lists and scalars, aliases counted as expanded) a recipe may hold."""
@@ -120,6 +124,15 @@ def config_source(cfg: Config) -> Optional[str]:
 def command_line_keys(cfg: Config) -> frozenset:
     """The dotted keys :func:`parse_config` was given as ``--key value`` (empty for a config built in code)."""
     return cfg.__dict__.get("_given", frozenset())
+
+
+def added_keys(cfg: Config) -> List[str]:
+    """The command-line keys the recipe file does not have (keys added below an :data:`OPEN_SECTIONS` section)."""
+    source = config_source(cfg)
+    if not source:
+        return []
+    known = _flatten(load_yaml(source))
+    return sorted(key for key in command_line_keys(cfg) if key not in known)
 
 
 def _deep_merge(base: Dict[str, Any], update: Mapping) -> Dict[str, Any]:
@@ -356,6 +369,41 @@ def _set_dotted(data: Dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _open_key(data: Mapping, key: str) -> bool:
+    """Whether ``key`` may be added on the command line: below an :data:`OPEN_SECTIONS` section, through mappings
+    only (a child recipe may add such keys too; ms_boost checks them when the boost plan is built)."""
+    parts = key.split(".")
+    if len(parts) < 2 or parts[0] not in OPEN_SECTIONS or not all(_KEY_RE.match(part) for part in parts):
+        return False
+    node: Any = data
+    for part in parts[:-1]:
+        if not isinstance(node, Mapping):
+            return False
+        node = node.get(part, {})
+    return isinstance(node, Mapping)
+
+
+def _open_value(key: str, text: Optional[str]) -> Any:
+    """A value for a key the recipe does not have: YAML's reading of the text (``0.5`` a float, ``true`` a bool,
+    ``[1, 2]`` a list, anything else a string); the key's type is checked where the section is used."""
+    if text is None:
+        raise ValueError(f"--{key} needs a value (the recipe has no such key, so no type or default is known).")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _set_open(data: Dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if not node.get(part):  # absent, or an empty section ({} in the recipe)
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
 def apply_overrides(data: Mapping, overrides: Sequence[Tuple[str, Optional[str]]]) -> Dict[str, Any]:
     """Apply ``(key, text)`` overrides to a copy of ``data`` with type conversion (see module doc).
 
@@ -365,6 +413,10 @@ def apply_overrides(data: Mapping, overrides: Sequence[Tuple[str, Optional[str]]
     result = copy.deepcopy(dict(data))
     flat = _flatten(result)
     for key, text in overrides:
+        if key not in flat and _open_key(result, key):
+            _set_open(result, key, _open_value(key, text))
+            flat = _flatten(result)
+            continue
         if key not in flat:
             sections = {name.rsplit(".", 1)[0] for name in flat if "." in name}
             if key in sections:

@@ -108,13 +108,19 @@ _FIRST_ORDER_SCHEDULE = ("lr_init", "lr_max", "lr_end", "lr_decay_mode", "warmup
 
 
 def check_schedule_keys(cfg: Config) -> None:
-    """Refuse first-order schedule overrides that ``optimizer: THOR`` would ignore (its schedule is ``thor.*``).
+    """Refuse overrides that ``optimizer: THOR`` would ignore: the first-order schedule (its schedule is ``thor.*``)
+    and ``boost_config_dict`` keys (THOR trains alone at boost level O0).
 
     Raises:
         ValueError: naming the keys given, their values and the ``thor.*`` keys to set instead.
     """
     if cfg.optimizer != "THOR":
         return
+    boost = [key for key in command_line_keys(cfg) if key.startswith("boost_config_dict.")]
+    if boost:
+        raise ValueError(f"{', '.join('--' + key for key in boost)}: not used by optimizer='THOR', which trains alone "
+                         f"at boost_level O0 (no boost algorithm runs beside it); THOR's own settings are the thor.* "
+                         f"keys (--help lists them).")
     given = [key for key in _FIRST_ORDER_SCHEDULE if key in command_line_keys(cfg)
              and not (key == "warmup_epochs" and not cfg.warmup_epochs)]  # 0: THOR has no warm-up, as given
     if given:
