@@ -181,6 +181,28 @@ def optimizer_params(opt: nn.Optimizer):
     return list(opt.parameters)
 
 
+def share_learning_rate(old: nn.Optimizer, new: nn.Optimizer) -> bool:
+    """Let ``new`` (an optimizer rebuilt from ``old``) train with ``old``'s learning-rate Parameter itself.
+
+    A script keeps its own optimizer object: a callback that assigns ``opt.learning_rate`` then changes the rate that
+    trains, and reading it shows that rate, as without boost. Done where both hold one fixed learning rate (a
+    scalar Parameter), not per-group or per-step rates, which a rebuild may regroup. The value is the same at this
+    point, except where the script changed the rate after building its optimizer, which now counts too.
+
+    Returns:
+        whether the Parameter is shared.
+    """
+    mine, theirs = getattr(old, "learning_rate", None), getattr(new, "learning_rate", None)
+    if not (isinstance(mine, Parameter) and isinstance(theirs, Parameter)):
+        return False
+    if any(getattr(o, flag, False) for o in (old, new) for flag in ("is_group_lr", "dynamic_lr")):
+        return False
+    if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
+        return False
+    new.learning_rate = mine
+    return True
+
+
 def _learning_rate_value(lr):
     """A learning rate as a constructor argument: a float (fixed), a Tensor (per-step list) or the schedule Cell."""
     if isinstance(lr, nn.Cell):

@@ -234,3 +234,37 @@ def test_group_loss_scale_above_2_to_126_trains_as_unscaled(mode):
 
     manager, net = build(init_scale=[2.0 ** 127, 16.0], max_loss_scale=2.0 ** 127)
     assert_trains_as_unscaled(manager, net, 3)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_a_callback_setting_the_scripts_optimizer_learning_rate_changes_the_trained_rate(level, mode):
+    """A callback written as the docs write one, holding the script's own optimizer: ``ops.assign(opt.learning_rate,
+    0)`` after step 2. At O1/O2 boost rebuilds the optimizer (LessBN's groups, one optimizer per freezing group); the
+    rebuilt ones trained with a copy of the rate, so the assignment did nothing and training went on at 0.1. They
+    now train with the script's Parameter itself: from step 3 on no weight moves, and the script reads the rate
+    that trains."""
+    x, y = _dense_data()
+    net = _dense_net()
+    opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+
+    class ZeroRateAfterTwo(Callback):
+        def __init__(self):
+            super().__init__()
+            self.after = []
+
+        def step_end(self, run_context):
+            step = run_context.original_args().cur_step_num
+            if step == 2:
+                ms.ops.assign(opt.learning_rate, ms.Tensor(0.0, ms.float32))
+            if step >= 2:
+                self.after.append(weights(net))
+
+    model = Model(net, ce(), opt, boost_level=level)
+    seen = ZeroRateAfterTwo()
+    model.train(1, dataset(x, y), callbacks=[seen])
+    assert len(seen.after) == 3  # steps 2, 3, 4
+    for later in seen.after[1:]:
+        for a, b in zip(seen.after[0], later):
+            np.testing.assert_array_equal(a, b)
+    trained = model.train_network.optimizer
+    assert float(trained.learning_rate.asnumpy()) == 0.0 == float(opt.learning_rate.asnumpy())

@@ -222,7 +222,11 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         self.global_step = Parameter(Tensor([0], mstype.int32), name="global_step")
         self.atom_steps = ParameterTuple([o.global_step for o in inners])
         if self.sync_lr:
-            self.learning_rate = Parameter(Tensor(inner.learning_rate.asnumpy(), mstype.float32), name="learning_rate")
+            # the given optimizer's own Parameter: assigning it (a script's callback on its optimizer object) changes
+            # the rate that trains; a float32 copy where it is of another type
+            lr = inner.learning_rate
+            self.learning_rate = lr if isinstance(lr, Parameter) and lr.dtype == mstype.float32 and lr.shape == () \
+                else Parameter(Tensor(lr.asnumpy(), mstype.float32), name="learning_rate")
             self.atom_lrs = ParameterTuple([o.learning_rate for o in inners])
         else:
             self.learning_rate = inners[0].learning_rate

@@ -43,7 +43,7 @@ from mindspore.nn.layer.normalization import _BatchNorm
 from mindspore.ops.primitive import Primitive
 
 from ms_boost.fn_head import CommonHeadLastFN, default_fn_scale, l2_normalize
-from ms_boost.grad_process import OptimizerProcess, ParameterProcess
+from ms_boost.grad_process import OptimizerProcess, ParameterProcess, share_learning_rate
 
 logger = logging.getLogger("ms_boost")
 
@@ -449,7 +449,10 @@ def apply_less_bn(network: nn.Cell, optimizer: nn.Optimizer, less_bn_cfg, common
     process.origin_params = ParameterProcess.generate_group_params(params, process.origin_params)
     if less_bn_cfg.gc_flag:
         process.add_grad_centralization(wrapped)
-    return wrapped, process.generate_new_optimizer()
+    rebuilt = process.generate_new_optimizer()
+    share_learning_rate(optimizer.opt if isinstance(optimizer, nn.LARS) else optimizer,
+                        rebuilt.opt if isinstance(rebuilt, nn.LARS) else rebuilt)
+    return wrapped, rebuilt
 
 
 def apply_less_bn_eval(network: nn.Cell, less_bn_cfg) -> nn.Cell:
