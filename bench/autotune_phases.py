@@ -503,11 +503,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def worker_result(command: List[str], env: Dict[str, str]) -> dict:
-    """Run a worker process (``command``) to its end; its result: the JSON of its stdout line tagged :data:`TAG`."""
+def worker_result(command: List[str], env: Dict[str, str], tag: str = TAG) -> dict:
+    """Run a worker process (``command``) to its end; its result: the JSON of its stdout line tagged ``tag``."""
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    line = next(x for x in out.splitlines() if x.startswith(TAG))
-    return json.loads(line[len(TAG):])
+    line = next(x for x in out.splitlines() if x.startswith(tag))
+    return json.loads(line[len(tag):])
 
 
 def finish(out: str, payload: dict, render_page) -> None:
