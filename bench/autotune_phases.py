@@ -77,6 +77,45 @@ def thread_delta(before: Dict[str, float], after: Dict[str, float]) -> Dict[str,
     return out
 
 
+#: how an autotuned run reads its trial's batches (``--variants``), for comparing them paired in one invocation
+VARIANTS = {
+    "": "as the code does it",
+    "eager": "the batches past the first probe's read by the background reader started at once, beside the first "
+             "probe's compile (the code before it started the reader only for a second probe)",
+    "upfront": "every batch the trial may use read before its first compile (no background reading)",
+    "three": "only the first probe's batches read (a trial that needs no more: no held-out, no window batches)",
+}
+
+
+def apply_variant(variant: str, ms_model) -> None:
+    """Make this process's autotuned run read its trial's batches as ``variant`` (:data:`VARIANTS`) says."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not one of {sorted(VARIANTS)}.")
+    if variant == "eager":
+        lazy = ms_model.TrialBatches
+
+        class Eager(lazy):  # type: ignore[misc, valid-type]
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.start()
+        ms_model.TrialBatches = Eager
+    elif variant == "upfront":
+        inner = ms_model.TrialBatches
+
+        class Upfront(inner):  # type: ignore[misc, valid-type]
+            def __init__(self, dataset, holdout, steps, ready):
+                super().__init__(dataset, holdout, steps, ready=0)
+        ms_model.TrialBatches = Upfront
+    elif variant == "three":
+        needed = ms_model.batches_needed
+        ms_model.batches_needed = lambda options, planned: (0, min(needed(options, planned)[1], options.probe_steps))
+
+
+def label(contender: str, variant: str) -> str:
+    """The contender's name on the page: ``ms_boost auto [variant]`` for a variant, else the contender."""
+    return f"{contender} [{variant}]" if variant else contender
+
+
 def cell_of(key: str, form: str = "quick"):
     """The :class:`bench.tta_autotune.Cell` ``key`` (``dataset/net``) of the autotune page's ``form`` (its data set's
     size and classes, the network's width, its epochs); a cell the form does not have: the quick form's defaults."""
@@ -88,7 +127,7 @@ def cell_of(key: str, form: str = "quick"):
     return next((c for c in FORMS[form] if c.key == key), Cell(dataset, net_name, 3))
 
 
-def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[float]]:
+def measure(contender: str, cell, epochs: int, seed: int, variant: str = "") -> Dict[str, List[float]]:
     """One run of ``contender`` on ``cell`` (in this process): ``{phase: [wall, process CPU, main-thread CPU]}``,
     up to the end of epoch 1 (the phases of module docstring, and the data iterators' creation, first batch and
     release, each under ``trial:`` or ``run:`` by when it happened)."""
@@ -100,6 +139,8 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
 
     import ms_boost.autotune.cells as cells
     import ms_boost.model as ms_model
+
+    apply_variant(variant, ms_model)
     from bench.bench_tta import RunSpec, _model, build_network
     from bench.tta_autotune import data_root
     from model_zoo.resnet.src.dataset import class_folders, create_dataset
@@ -142,6 +183,7 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
     create_inner, next_inner, stop_inner = (ds_engine.Dataset.create_tuple_iterator, iterators.Iterator.__next__,
                                             iterators.Iterator.stop)
     nexted: Set[int] = set()
+    released: List[Dict[str, float]] = []  # thread CPU snapshots taken just before each iterator release
 
     def create(self, *args, **kwargs):
         begin = _clock()
@@ -161,6 +203,7 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
             add(f"{where[0]}: iterator's first batch", begin)
 
     def stop(self):
+        released.append(thread_cpu())  # the threads the release ends (the pipeline's): their CPU up to here
         live, begin = bool(getattr(self, "_runtime_context", None)), _clock()
         try:
             stop_inner(self)
@@ -179,13 +222,18 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
     def step(self, *batch):
         begin, first = _clock(), id(self) not in stepped
         before = thread_cpu() if first else {}
+        mark = len(released)
         try:
             return step_inner(self, *batch)
         finally:
             add("trial: probe step 1 (compile)" if first else "trial: probe steps 2+", begin)
             stepped.add(id(self))
             if first:  # the compile's CPU by thread: the main thread compiles; any other is competing work
-                for name, cpu in thread_delta(before, thread_cpu()).items():
+                after: Dict[str, float] = {}  # a thread that ended during the compile counts up to its end
+                for snap in released[mark:]:  # (the trial's iterator, released by the reader: its pipeline)
+                    after.update(snap)
+                after.update(thread_cpu())
+                for name, cpu in thread_delta(before, after).items():
                     add(f"trial: probe step 1 (compile), thread {name}", (0.0, 0.0, 0.0), (0.0, cpu, 0.0))
 
     def restore(self):
@@ -225,6 +273,8 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
         def on_train_step_begin(self, run_context):
             add("epoch 1: before step 1 (its first batch)" if self.steps == 0 else "epoch 1: gaps (data, callbacks)",
                 self.last)
+            if self.steps == 0:
+                self.step1_threads = thread_cpu()
             self.begin = _clock()
 
         def on_train_step_end(self, run_context):
@@ -233,6 +283,8 @@ def measure(contender: str, cell, epochs: int, seed: int) -> Dict[str, List[floa
                 "epoch 1: steps 4+", self.begin)
             if self.steps == 1:
                 add(STARTUP, called)
+                for name, cpu in thread_delta(self.step1_threads, thread_cpu()).items():
+                    add(f"epoch 1: step 1, thread {name}", (0.0, 0.0, 0.0), (0.0, cpu, 0.0))
             self.last = _clock()
 
         def on_train_epoch_end(self, run_context):
@@ -335,6 +387,74 @@ def startup_gap(runs: Dict[str, Dict[str, dict]], fixed: str) -> List[str]:
             f"trial's own steps {median_range(excess, 2)} s."]
 
 
+def _compile_of(run: dict, auto: bool) -> List[float]:
+    """The run's compile ``[wall, process CPU, main-thread CPU]``: auto's first probe step, a fixed run's step 1."""
+    return list(run.get("trial: probe step 1 (compile)" if auto else "epoch 1: step 1", [0.0, 0.0, 0.0]))
+
+
+def _threads_of(run: dict, auto: bool) -> Dict[str, float]:
+    """CPU seconds by thread name during the run's compile (the ``, thread`` rows)."""
+    head = ("trial: probe step 1 (compile)" if auto else "epoch 1: step 1") + ", thread "
+    return {k[len(head):]: v[1] for k, v in run.items() if k.startswith(head)}
+
+
+def render_variants(payload: dict) -> str:
+    """The page of a ``--variants`` invocation: per way of reading the trial's batches, auto's compile, trial and
+    start-up minus the fixed run's, paired per seed, with the CPU the other threads used during each compile."""
+    from bench.common import median_range, page_footer
+
+    runs, fixed = payload["runs"], payload.get("fixed", "ms_boost O0")
+    autos = [label(AUTO, v) for v in ["", *payload["variants"]]]
+    form = f" --form {payload['form']}" if payload.get("form", "quick") != "quick" else ""
+    command = (f"python bench/autotune_phases.py --cell {payload['cell']}{form} --epochs {payload['epochs']} "
+               f"--fixed '{fixed}' --variants {','.join(payload['variants'])} --seeds "
+               f"{' '.join(str(s) for s in payload['seeds'])}")
+    lines = ["# Autotune: the trial's compile against the fixed run's, by how the trial reads its batches", "",
+             f"Written by `{command}`. Each seed: the fixed run and one autotuned run per way of reading (each "
+             "its own process, one after the other, the order rotated each seed). The ways: "
+             + "; ".join(f"`{label(AUTO, v)}`: {VARIANTS[v]}" for v in ["", *payload["variants"]]) + ". "
+             "The compile: auto's first probe step, the fixed run's first step (each holds the same graph's "
+             "compile). Waiting = wall minus the main thread's CPU; other threads = the process's CPU minus the "
+             "main thread's during the compile.", "",
+             f"Load average (1/5/15 min) before: {payload['load_before']}; after: {payload['load_after']}.", "",
+             "| per seed, auto minus fixed: median [min, max] | " + " | ".join(a for a in autos) + " |",
+             "|---" * (1 + len(autos)) + "|"]
+    rows = {k: {a: [] for a in autos} for k in (
+        "the compile, wall s", "the compile, main-thread CPU s", "the compile, main thread waiting s",
+        "the compile, other threads' CPU s", "the trial (all) minus the fixed step 1, wall s",
+        "start-up (train() to the end of epoch 1's step 1), wall s", "start-up, process CPU s")}
+    per_run = []
+    for a in autos:
+        for seed in sorted(set(runs[fixed]) & set(runs[a]), key=int):
+            f, r = runs[fixed][seed], runs[a][seed]
+            fc, ac = _compile_of(f, False), _compile_of(r, True)
+            fs, as_ = f.get(STARTUP, [0.0] * 3), r.get(STARTUP, [0.0] * 3)
+            rows["the compile, wall s"][a].append(ac[0] - fc[0])
+            rows["the compile, main-thread CPU s"][a].append(ac[2] - fc[2])
+            rows["the compile, main thread waiting s"][a].append((ac[0] - ac[2]) - (fc[0] - fc[2]))
+            rows["the compile, other threads' CPU s"][a].append((ac[1] - ac[2]) - (fc[1] - fc[2]))
+            rows["the trial (all) minus the fixed step 1, wall s"][a].append(r.get("trial (all)", [0.0])[0] - fc[0])
+            rows["start-up (train() to the end of epoch 1's step 1), wall s"][a].append(as_[0] - fs[0])
+            rows["start-up, process CPU s"][a].append(as_[1] - fs[1])
+            per_run.append((a, seed, ac, _threads_of(r, True), r.get("trial (all)", [0.0])[0], as_[0]))
+    for seed in sorted(runs[fixed], key=int):
+        f = runs[fixed][seed]
+        per_run.append((fixed, seed, _compile_of(f, False), _threads_of(f, False), None, f.get(STARTUP, [0.0])[0]))
+    for name, by in rows.items():
+        lines.append(f"| {name} | " + " | ".join(median_range(by[a], 2) for a in autos) + " |")
+    lines += ["", "Each run (the compile: wall, process CPU, main-thread CPU; the other threads' CPU during it by "
+              "name; "
+              "load average at the run's start):", "",
+              "| run | seed | load | compile wall s | CPU s | main-thread CPU s | other threads during it (CPU s) | "
+              "trial (all) s | start-up s |", "|---|---|---|---|---|---|---|---|---|"]
+    for a, seed, c, threads, trial, start in sorted(per_run, key=lambda x: (int(x[1]), x[0])):
+        others = ", ".join(f"{k} {v:.2f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if k != "main")
+        load = payload.get("loads", {}).get(f"{a} {seed}", ["-"])[0]
+        lines.append(f"| {a} | {seed} | {load} | {c[0]:.2f} | {c[1]:.2f} | {c[2]:.2f} | {others or '-'} | "
+                     f"{'-' if trial is None else f'{trial:.2f}'} | {start:.2f} |")
+    return "\n".join(lines + page_footer(command, payload["load_before"]))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="per-phase wall and CPU time, fixed O0 against auto")
     parser.add_argument("--cell", default="generated/gemm")
@@ -345,39 +465,49 @@ def main(argv=None) -> int:
     parser.add_argument("--fixed", default="ms_boost O0", help="the fixed contender of the plan auto picks")
     parser.add_argument("--seeds", nargs="+", default=["0,1,2"], help="seeds, space- or comma-separated")
     parser.add_argument("--out", default="autotune_phases", help="results stem (bench/results/<out>.{json,md})")
+    parser.add_argument("--variants", default="", help="comma-separated ways of reading the trial's batches to pair "
+                        f"with the code's own and the fixed run ({', '.join(v for v in VARIANTS if v)}); the page "
+                        "then compares the trial's compile and start-up paired per seed")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cell = cell_of(args.cell, args.form)
     args.epochs = args.epochs or cell.epochs
     if args.worker:
-        contender, seed = json.loads(args.worker)
-        print(TAG + json.dumps(measure(contender, cell, args.epochs, seed)), flush=True)
+        contender, seed, *variant = json.loads(args.worker)
+        print(TAG + json.dumps(measure(contender, cell, args.epochs, seed, *variant)), flush=True)
         return 0
     from bench.common import load_average
     from bench.tta_autotune import parse_seeds
 
     seeds = parse_seeds(args.seeds)
+    variants = [""] + [v.strip() for v in args.variants.split(",") if v.strip()]
+    for v in variants:
+        if v not in VARIANTS:
+            parser.error(f"--variants: {v!r} is not one of {sorted(x for x in VARIANTS if x)}")
+    runs = [(args.fixed, "")] + [(AUTO, v) for v in variants]
     payload = {"cell": args.cell, "form": args.form, "epochs": args.epochs, "seeds": seeds,
-               "load_before": load_average(), "fixed": args.fixed, "runs": {c: {} for c in (args.fixed, AUTO)},
-               "order": "rotated"}
+               "load_before": load_average(), "fixed": args.fixed, "variants": variants[1:],
+               "runs": {label(*r): {} for r in runs}, "order": "rotated", "loads": {}}
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(ROOT))
     from bench.bench_tta import paired_order
 
-    for seed, order in paired_order([args.fixed, AUTO], seeds):  # neither always first
-        for contender in order:
-            payload["runs"][contender][str(seed)] = worker_result(
+    for seed, order in paired_order(runs, seeds):  # none always first
+        for contender, variant in order:
+            name = label(contender, variant)
+            payload["loads"][f"{name} {seed}"] = load_average()
+            payload["runs"][name][str(seed)] = worker_result(
                 [sys.executable, __file__, f"--cell={args.cell}", f"--form={args.form}", f"--epochs={args.epochs}",
-                 f"--worker={json.dumps([contender, seed])}"], env)
-            print(f"[phases] {contender} seed {seed} done", flush=True)
-    finish(args.out, payload, render)
+                 f"--worker={json.dumps([contender, seed, variant])}"], env)
+            print(f"[phases] {name} seed {seed} done", flush=True)
+    finish(args.out, payload, render_variants if variants[1:] else render)
     return 0
 
 
-def worker_result(command: List[str], env: Dict[str, str]) -> dict:
-    """Run a worker process (``command``) to its end; its result: the JSON of its stdout line tagged :data:`TAG`."""
+def worker_result(command: List[str], env: Dict[str, str], tag: str = TAG) -> dict:
+    """Run a worker process (``command``) to its end; its result: the JSON of its stdout line tagged ``tag``."""
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    line = next(x for x in out.splitlines() if x.startswith(TAG))
-    return json.loads(line[len(TAG):])
+    line = next(x for x in out.splitlines() if x.startswith(tag))
+    return json.loads(line[len(tag):])
 
 
 def finish(out: str, payload: dict, render_page) -> None:

@@ -189,7 +189,8 @@ def autotune_plan(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer, train
     per_epoch = int(train_dataset.get_dataset_size()) if steps_per_epoch is None else int(steps_per_epoch)
     started = time.perf_counter()  # reading the trial's batches is part of its cost
     held, steps = batches_needed(options, per_epoch * epochs)  # only what the budget lets the trial use
-    # the held-out batches and the first probe's now; the others in the background while that probe compiles
+    # the held-out batches and the first probe's now; the others in the background only if the trial goes on past
+    # that probe (a second plan, or a progress window): its compile, which the run may reuse, has no reader beside it
     batches = TrialBatches(train_dataset, held, steps, ready=options.probe_steps)
     try:
         return _run_trial(network, loss_fn, optimizer, amp_level, kwargs, options, sections, per_epoch * epochs,

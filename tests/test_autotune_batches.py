@@ -1,5 +1,6 @@
 """The trial's batches (ms_boost.autotune.cells.TrialBatches): the first batches of one pass, in order, the ones
-past the first probe's read by a background thread; nothing of it outlives the trial.
+past the first probe's read by a background thread only when the trial goes on past its first probe (or asks for
+them); nothing of it outlives the trial.
 
 References are the numpy arrays the data sets are sliced from; nothing is timed.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import List
 
 import mindspore as ms
 import numpy as np
@@ -16,7 +18,10 @@ from mindspore.dataset.engine import iterators
 
 import ms_boost.model as ms_model
 from ms_boost import Model
+from ms_boost.autotune import engine
+from ms_boost.autotune.candidates import TrialContext
 from ms_boost.autotune.cells import TrialBatches
+from ms_boost.autotune.options import AutotuneOptions
 from tests.helpers.nets import all_params, dataset, learnable_data, make_net
 
 MODES = [ms.PYNATIVE_MODE, ms.GRAPH_MODE]
@@ -49,7 +54,8 @@ def test_the_batches_are_the_first_of_one_pass_held_out_first_whoever_reads_them
     live = _live_iterators()
     batches = TrialBatches(dataset(x, y, BATCH), holdout, steps, ready=ready)
     background = 0 < ready < steps
-    assert batches.read >= (steps if not background else ready)  # the first probe's batches are there at once
+    assert batches.read == (ready if background else steps)  # the first probe's batches are there at once
+    assert not _readers() and batches.started is not background  # the rest is read only when asked for
     _same(batches.holdout, _expected(x, y, 0, holdout))
     _same(batches[:ready or steps], _expected(x, y, holdout, ready or steps))  # a bounded slice
     _same(batches[:], _expected(x, y, holdout, steps))  # all of them: waits for the reader
@@ -104,10 +110,26 @@ class _GatedIterator:
         self.owner.stopped += 1
 
 
+def test_a_reader_never_started_reads_nothing_more_and_close_releases_its_iterator():
+    data = _Gated(rows=50, open_rows=50)
+    batches = TrialBatches(data, 1, 40, ready=3)  # 1 held out + 3 read now; nothing else until asked
+    assert [int(b[0].asnumpy()[0, 0]) for b in batches[:3]] == [2, 3, 4]
+    assert data.read == 4 and data.stopped == 0 and not _readers()
+    batches.close()
+    assert data.read == 4 and data.stopped == 1 and not _readers() and len(batches) == 3
+    batches.start()  # after close: nothing is read
+    assert data.read == 4 and not _readers()
+    batches.close()
+    assert data.stopped == 1
+
+
 def test_close_stops_the_reader_after_the_batch_it_is_reading_and_releases_the_iterator():
     data = _Gated(rows=50, open_rows=4)
-    batches = TrialBatches(data, 1, 40, ready=3)  # 1 held out + 3 read now; the reader waits at the 5th row
+    batches = TrialBatches(data, 1, 40, ready=3)  # 1 held out + 3 read now; the reader will wait at the 5th row
     assert batches.read == 3 and [int(b[0].asnumpy()[0, 0]) for b in batches[:3]] == [2, 3, 4]
+    batches.start()
+    batches.start()  # a second start does nothing
+    assert len(_readers()) == 1
     closer = threading.Thread(target=batches.close)
     closer.start()
     batches._stop.wait()  # close() asked the reader to stop; let the row it waits for through
@@ -129,14 +151,15 @@ def test_a_read_failure_in_the_background_is_raised_where_the_batch_is_needed_an
     batches.close()
     assert data.stopped == 1 and not _readers()
     unread = TrialBatches(_Gated(rows=20, open_rows=20, fail_at=5), 0, 10, ready=3)
+    unread.start()
+    unread._thread.join()  # the reader met the failure
     with caplog.at_level(logging.WARNING, logger="ms_boost"):
         unread.close()  # the trial never needed batch 6: the failure is logged, not lost
     assert "failed after 5 batches (OSError: unreadable row 5)" in caplog.text
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_model_auto_reads_the_trial_batches_past_the_probe_in_the_background_and_still_trains_as_plain_o0(
-        mode, monkeypatch):
+def test_a_one_probe_model_trial_reads_no_batch_past_its_probe_and_still_trains_as_plain_o0(mode, monkeypatch):
     made = []
 
     class Recorded(TrialBatches):
@@ -155,15 +178,16 @@ def test_model_auto_reads_the_trial_batches_past_the_probe_in_the_background_and
     net = make_net(width=4)
     opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
     live = _live_iterators()
-    # 16 planned steps, budget 0.9: 14 steps pay a probe and two progress windows of 4, so the trial reads 2
-    # held-out and 4 training batches, the 4th in the background while the probe compiles; O0 alone is tried
+    # 16 planned steps, budget 0.9: 14 steps would pay a probe and two progress windows of 4, so the trial may use 2
+    # held-out and 4 training batches; O0 alone is tried, so it needs only its probe's 3: the 4th is never read (the
+    # probe's compile has no reader beside it) and the iterator is released when the trial ends
     options = {"autotune": {"budget": 0.9, "candidates": ["O0"], "max_trial_steps": 4}}
     model = Model(net, loss, opt, boost_level="auto", boost_config_dict=options)
     model.train(1, dataset(x, y, BATCH))
     (batches,) = made
-    assert batches.reader == READER and not _readers() and _live_iterators() == live
+    assert not hasattr(batches, "reader") and batches.read == 3 and not _readers() and _live_iterators() == live
     _same(batches.holdout, _expected(x, y, 0, 2))
-    _same(batches[:], _expected(x, y, 2, 4))
+    _same(batches[:], _expected(x, y, 2, 3))
     assert model.autotune_report.pick == "O0" and model.autotune_report.trial_steps == 3
     plain_net = make_net(width=4)
     plain_opt = nn.Momentum(plain_net.trainable_params(), 0.05, 0.9)
@@ -171,3 +195,52 @@ def test_model_auto_reads_the_trial_batches_past_the_probe_in_the_background_and
     auto_state, plain_state = {**all_params(net), **all_params(opt)}, {**all_params(plain_net), **all_params(plain_opt)}
     assert auto_state.keys() == plain_state.keys()
     assert all(np.array_equal(auto_state[k], plain_state[k]) for k in plain_state)
+
+
+class _Source(list):
+    """The trial's batches as a list that records when the engine starts and stops reading the rest."""
+
+    def __init__(self, rows, log):
+        super().__init__(rows)
+        self.log = log
+
+    def start(self):
+        self.log.append("start reading")
+
+    def close(self):
+        self.log.append("stop reading")
+
+
+@pytest.mark.parametrize("candidates,events", [
+    (["O0"], ["build O0", "O0 step", "O0 step", "O0 step", "stop reading"]),
+    (["O0", "grad_accumulation_2"], ["build O0", "O0 step", "O0 step", "O0 step", "start reading",
+                                     "build grad_accumulation_2", "grad_accumulation_2 step"]),
+])
+def test_the_engine_starts_reading_the_rest_only_before_a_second_probe(candidates, events):
+    log: List[str] = []
+
+    class Run:
+        def __init__(self, name):
+            self.name, self.train_cell, self.on_originals = name, object(), False
+
+        def step(self, *batch):
+            log.append(f"{self.name} step")
+            return 1.0
+
+        def holdout_loss(self, batches):
+            return 1.0
+
+        def restore(self):
+            pass
+
+    def build(boost, on_originals):
+        name = "grad_accumulation_2" if boost.enabled("grad_accumulation") else "O0"
+        log.append(f"build {name}")
+        return Run(name)
+
+    ctx = TrialContext(ranks=1, batch_size=BATCH, planned_steps=200, user_sections={}, device="CPU")
+    options = AutotuneOptions(candidates=candidates, time_budget=False, measure_progress=False)
+    batches = _Source([(np.zeros(1),)] * 10, log)
+    engine.run_trials(build, ctx, options, batches, [])
+    assert log[:len(events)] == events and log.count("start reading") == len(candidates) - 1
+    assert log[-1] == "stop reading"

@@ -210,7 +210,8 @@ def test_the_phases_driver_rotates_fixed_and_auto_each_seed(monkeypatch):
     calls = []
 
     def run(cmd, **kw):
-        contender, seed = json.loads(next(a for a in cmd if a.startswith("--worker="))[len("--worker="):])
+        contender, seed, variant = json.loads(next(a for a in cmd if a.startswith("--worker="))[len("--worker="):])
+        assert variant == ""
         calls.append((contender, seed))
         return types.SimpleNamespace(stdout=phases.TAG + json.dumps({"model": [0.1, 0.1], "pick: O0": [0.0, 0.0]}))
 
@@ -226,6 +227,56 @@ def test_the_phases_driver_rotates_fixed_and_auto_each_seed(monkeypatch):
     assert calls == [("ms_boost O0", 3), (AUTO, 3), (AUTO, 4), ("ms_boost O0", 4)]
     with pytest.raises(ValueError, match="--seeds 1 is given twice"):
         phases.main(["--seeds", "1,1"])
+
+
+def test_the_phases_variants_run_beside_the_fixed_run_rotated_and_the_page_pairs_each_with_it(monkeypatch):
+    """``--variants eager``: per seed the fixed run, auto and auto [eager], rotated; the page's gaps are each auto
+    run's compile minus the fixed run's first step, per seed (numbers made up, exact)."""
+    import types
+
+    import bench.autotune_phases as phases
+    import bench.common
+
+    calls = []
+    eager = f"{AUTO} [eager]"
+    compiles = {("ms_boost O0", 0): [3.0, 3.25, 3.0], (AUTO, 0): [3.5, 3.75, 3.25], (eager, 0): [4.0, 4.5, 3.25],
+                ("ms_boost O0", 1): [2.0, 2.25, 2.0], (AUTO, 1): [2.125, 2.375, 2.125], (eager, 1): [3.0, 3.5, 2.25]}
+
+    real_run = phases.subprocess.run
+
+    def run(cmd, **kw):
+        worker = [a for a in cmd if a.startswith("--worker=")]
+        if not worker:  # the page's footer asking the platform (uname)
+            return real_run(cmd, **kw)
+        contender, seed, variant = json.loads(worker[0][len("--worker="):])
+        name = phases.label(contender, variant)
+        calls.append((name, seed))
+        wall = compiles[(name, seed)]
+        out = {phases.STARTUP: [w + 0.5 for w in wall]}
+        if contender == AUTO:
+            out.update({"trial: probe step 1 (compile)": wall, "trial (all)": [wall[0] + 0.2, 0.0, 0.0],
+                        "trial: probe step 1 (compile), thread python": [0.0, 0.1, 0.0], "pick: O0": [0.0, 0.0, 0.0]})
+        else:
+            out["epoch 1: step 1"] = wall
+        return types.SimpleNamespace(stdout=phases.TAG + json.dumps(out))
+
+    monkeypatch.setattr(phases.subprocess, "run", run)
+    pages = []
+    monkeypatch.setattr(bench.common, "write_results", lambda name, payload, page: pages.append(page))
+    assert phases.main(["--seeds", "0,1", "--variants", "eager"]) == 0
+    assert calls == [("ms_boost O0", 0), (AUTO, 0), (eager, 0), (AUTO, 1), (eager, 1), ("ms_boost O0", 1)]
+    page = pages[0]
+    # compile wall: auto 0.5 and 0.125 over the fixed run (median 0.3125), eager 1.0 and 1.0 (binary fractions: exact)
+    assert "| the compile, wall s | 0.31 [0.12, 0.50] | 1.00 [1.00, 1.00] |" in page
+    # other threads (CPU - main): fixed 0.25 both seeds; auto 0.5 and 0.25 (+0.25, +0); eager 1.25 both (+1.0)
+    assert "| the compile, other threads' CPU s | 0.12 [0.00, 0.25] | 1.00 [1.00, 1.00] |" in page
+    # main thread waiting (wall - main): fixed 0 both; auto +0.25 and 0; eager +0.75 both
+    assert "| the compile, main thread waiting s | 0.12 [0.00, 0.25] | 0.75 [0.75, 0.75] |" in page
+    assert "| ms_boost auto [eager] | 0 |" in page and "python 0.10" in page
+    with pytest.raises(SystemExit):
+        phases.main(["--seeds", "0", "--variants", "sideways"])
+    with pytest.raises(ValueError, match="variant='sideways' is not one of"):
+        phases.apply_variant("sideways", types.SimpleNamespace())
 
 
 def test_the_phases_bench_measures_a_cell_as_its_form_sizes_it(monkeypatch):

@@ -145,19 +145,21 @@ class TrialBatches(Sequence):
     """The trial's batches, read while the trial runs: the first ``holdout + steps`` of one pass, as Tensors.
 
     The held-out batches (the first ``holdout``) and the first ``ready`` training batches are read when it is made,
-    in the calling thread (the first probe trains on them); the other training batches are read by a background
-    thread from the same iterator, in the same order, while the trial's first probe compiles its step, so that
-    reading them does not hold the trial up. The iterator is released as soon as the last batch is read (its
-    pipeline stops). The sequence is the training batches; an index or slice past what is read so far waits for
-    the reader. :meth:`close` stops the reader early (the trial did not need the rest) and waits for it, so no
-    thread or pipeline outlives the trial.
+    in the calling thread (the first probe trains on them). The other training batches are read from the same
+    iterator, in the same order, by a background thread that starts only when they are asked for: :meth:`start`
+    (the trial calls it when it is about to build a second plan, whose compile the reading then overlaps), or an
+    index or slice past what is read so far, which waits for the reader. So a trial that probes one plan and
+    measures no progress reads nothing beyond its first batches, and its first compile -- the run's own compile when
+    the run reuses that plan's step -- runs with no reader beside it, as a fixed run's first step does (its data
+    iterator open, as the fixed run's is). The iterator is released as soon as the last batch is read (its
+    pipeline stops); :meth:`close` stops the reader early (the trial did not need the rest) and waits for it, or
+    releases the iterator of a reader never started, so no thread or pipeline outlives the trial.
 
     Args:
         dataset: the training data set (``create_tuple_iterator``).
         holdout: held-out batches to read first (:attr:`holdout`).
         steps: training batches to read after them (fewer if the data set is shorter).
-        ready: training batches read before returning (the others in the background; 0 or ``>= steps``: none in
-            the background).
+        ready: training batches read before returning (the others when asked for; 0 or ``>= steps``: all now).
 
     Attributes:
         holdout: the held-out batches (a list).
@@ -173,6 +175,7 @@ class TrialBatches(Sequence):
         self._error: Optional[BaseException] = None
         self._reported = False
         self._thread: Optional[threading.Thread] = None
+        self._pending: Optional[Tuple[Any, Iterator]] = None  # the iterator the rest is read from, until started
         if holdout <= 0 and self._steps == 0:
             self._done = True
             return
@@ -193,9 +196,23 @@ class TrialBatches(Sequence):
             _release(iterator)
             self._done = True
             return
-        self._thread = threading.Thread(target=self._background, args=(iterator, rows), daemon=True,
-                                        name="autotune-batches")
-        self._thread.start()
+        self._pending = (iterator, rows)  # the rest is read when asked for (start, or an index past what is read)
+
+    def start(self) -> None:
+        """Start reading the other batches in the background, if they are not read or being read already."""
+        with self._cond:
+            if self._pending is None or self._stop.is_set():
+                return
+            iterator, rows = self._pending
+            self._pending = None
+            self._thread = threading.Thread(target=self._background, args=(iterator, rows), daemon=True,
+                                            name="autotune-batches")
+            self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether the background reading started (or nothing was left to read in the background)."""
+        return self._pending is None
 
     def _read(self, rows: Iterator, upto: int) -> bool:
         """Read training batches until ``upto`` are held (or a stop); False when the data set ended first."""
@@ -222,7 +239,12 @@ class TrialBatches(Sequence):
                     self._cond.notify_all()
 
     def _wait(self, count: Optional[int]) -> None:
-        """Wait until ``count`` training batches are read (None: all), the reader is done, or it failed."""
+        """Wait until ``count`` training batches are read (None: all), the reader is done, or it failed.
+
+        Starts the reader when those batches are not read yet and it has not started.
+        """
+        if self._pending is not None and (count is None or len(self._rows) < count):
+            self.start()
         with self._cond:
             while not self._done and (count is None or len(self._rows) < count):
                 self._cond.wait()
@@ -250,7 +272,16 @@ class TrialBatches(Sequence):
 
     def close(self) -> None:
         """Stop the reader (the batches not read yet are not needed), wait for it; its iterator is released."""
-        self._stop.set()
+        with self._cond:
+            self._stop.set()
+            pending, self._pending = self._pending, None
+        if pending is not None:  # never started: nothing more is read; the pipeline stops now
+            try:
+                _release(pending[0])
+            finally:
+                with self._cond:
+                    self._done = True
+                    self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

@@ -300,6 +300,8 @@ class _Trial:
                 _say(f"autotune: not probed: {stop}: {[self.candidates[j].name for j in left]}")
                 return
             left.remove(i)
+            if self.probed:  # a second plan: the rest of the batches are read while it builds and compiles
+                _start_reading(batches)
             self._probe_one(i, batches[:steps], i == reuse)
             self.probed.append(i)
 
@@ -401,8 +403,9 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
         options: the validated autotune options.
         batches: the trial's training batches, in order (at least as many as a trial may take): a list, or a
             sequence still being read (:class:`~ms_boost.autotune.cells.TrialBatches`: the probes slice only the
-            batches they train on, so the rest can be read meanwhile; its ``close()`` is called when the trial needs
-            no more).
+            batches they train on, so the rest need not be read before; its ``start()`` is called before a second
+            probe, so that the reading overlaps that probe's compile, and its ``close()`` when the trial needs no
+            more).
         holdout: the held-out batches progress is measured on.
         started: ``time.perf_counter()`` when the trial began (e.g. before reading its batches; default: now),
             from which its wall time is counted.
@@ -467,6 +470,17 @@ def run_trials(build: Callable[[AutoBoost, bool], TrialRun], ctx: TrialContext, 
         notes.append(decision.reasons[decision.index])
     _stop_reading(batches)
     return _finish(trial, plans, list(decision.reasons), decision.index, decision.measured, notes)
+
+
+def _start_reading(batches: Sequence[tuple]) -> None:
+    """The trial goes on past its first probe: a source that reads the rest of its batches on demand starts now.
+
+    (:meth:`~ms_boost.autotune.cells.TrialBatches.start`: the reading overlaps the next plan's build and compile.
+    The first probe's compile, the one a run that picks it reuses, has no reader beside it.)
+    """
+    start = getattr(batches, "start", None)
+    if callable(start):
+        start()
 
 
 def _stop_reading(batches: Sequence[tuple]) -> None:
