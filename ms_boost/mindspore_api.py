@@ -109,9 +109,11 @@ def rewrite_leaves(leaf_types: Sequence[type]) -> Iterator[None]:
         yield
         return
     black_list = getattr(namespace, "_subtree_black_list", None)
-    added = [t for t in leaf_types if isinstance(black_list, list) and t not in black_list]
-    if isinstance(black_list, list):
-        black_list.extend(added)
+    if not isinstance(black_list, list):  # a release without it: the rewrite parses every cell
+        yield
+        return
+    added = [t for t in leaf_types if t not in black_list]
+    black_list.extend(added)
     try:
         yield
     finally:
