@@ -304,3 +304,27 @@ def test_amp_o1_with_boost_o1_on_a_conv_net(mode, tmp_path, monkeypatch):
     np.testing.assert_allclose(o1_losses, o0_losses, rtol=1e-4)
     for a, b in zip(o0_weights, o1_weights):
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("sens", ["a", True, float("inf"), [1.0, 2.0]])
+def test_boost_train_cell_names_a_bad_sens(sens):
+    """``BoostTrainOneStepCell(net, opt, sens=...)`` with something not a finite number: the error names ``sens``.
+
+    ``sens="a"`` raised Python's bare "could not convert string to float: 'a'"; ``True`` and ``inf`` were taken.
+    """
+    from ms_boost import BoostTrainOneStepCell
+
+    net = _dense_net()
+    with pytest.raises(TypeError, match=r"sens must be a finite number.*got"):
+        BoostTrainOneStepCell(nn.WithLossCell(net, ce()), nn.Momentum(net.trainable_params(), 0.1, 0.9), sens=sens)
+
+
+def test_boost_train_cell_takes_the_sens_users_pass():
+    """Numbers, numpy scalars and one-element Tensors stay accepted as ``sens`` (MindSpore's TrainOneStepCell's)."""
+    from ms_boost import BoostTrainOneStepCell
+
+    net = _dense_net()
+    for sens, expected in ((2, 2.0), (1024.0, 1024.0), (np.float32(0.5), 0.5), (ms.Tensor(4.0, ms.float32), 4.0)):
+        cell = BoostTrainOneStepCell(nn.WithLossCell(net, ce()), nn.Momentum(net.trainable_params(), 0.1, 0.9),
+                                     sens=sens)
+        assert cell.sens == expected
