@@ -53,13 +53,6 @@ def build_reducer(boost: AutoBoost, weights, topology: Optional[Topology] = None
     return pipeline.build_reducer(boost, weights, pipeline.build_context(boost, topology))
 
 
-# Per-tensor steps mapped over tuples with HyperMap (a Python loop would unroll one call per tensor).
-_copy_into = ops.MultitypeFuncGraph("copy_into")
-_zeros = ops.MultitypeFuncGraph("zeros")
-_hyper_map = ops.HyperMap()
-
-
-@_copy_into.register("Tensor", "Tensor")
 def _sens_value(sens) -> float:
     """``sens`` as a float: a finite number (int, float, numpy or a one-element Tensor), else a clear error."""
     try:
@@ -72,6 +65,13 @@ def _sens_value(sens) -> float:
     return value
 
 
+# Per-tensor steps mapped over tuples with HyperMap (a Python loop would unroll one call per tensor).
+_copy_into = ops.MultitypeFuncGraph("copy_into")
+_zeros = ops.MultitypeFuncGraph("zeros")
+_hyper_map = ops.HyperMap()
+
+
+@_copy_into.register("Tensor", "Tensor")
 def _copy_tensor(dst, src):
     return ops.assign(dst, src)
 
