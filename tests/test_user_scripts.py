@@ -300,7 +300,7 @@ def test_amp_o1_with_boost_o1_on_a_conv_net(mode, tmp_path, monkeypatch):
         assert isinstance(net.conv1, GemmConv2dSwap) and isinstance(net.conv2, GemmConv2dSwap)
         results.append((losses.losses, weights(net)))
     (o0_losses, o0_weights), (o1_losses, o1_weights) = results
-    assert len(o1_losses) == 3 and np.all(np.isfinite(o1_losses))
+    assert len(o1_losses) == 3 and np.all(np.isfinite(o1_losses)) and o1_losses[-1] != o1_losses[0]
     np.testing.assert_allclose(o1_losses, o0_losses, rtol=1e-4)
     for a, b in zip(o0_weights, o1_weights):
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5)
@@ -328,3 +328,49 @@ def test_boost_train_cell_takes_the_sens_users_pass():
         cell = BoostTrainOneStepCell(nn.WithLossCell(net, ce()), nn.Momentum(net.trainable_params(), 0.1, 0.9),
                                      sens=sens)
         assert cell.sens == expected
+
+
+class _ConvDense(nn.Cell):
+    """Conv-ReLU-Dense without BatchNorm (module level: MindSpore's amp rewrite subclasses it by name)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, pad_mode="same", has_bias=False)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(4 * 8 * 8, 4)
+
+    def construct(self, x):
+        return self.fc(self.flatten(self.relu(self.conv(x))))
+
+
+def test_thor_with_amp_o1_runs_its_layers_as_they_are(mode, tmp_path, monkeypatch):
+    """``thor(net, ...)`` + ``Model(..., amp_level="O1", frequency=2)`` on a conv net.
+
+    MindSpore's amp "O1" rewrite regenerated the THOR layers' source in a new module without this package's helpers
+    (NameError '_write_input_statistic'). THOR layers are now called as they are, in float32; every other white-list
+    layer of this net is a THOR layer, so the run stays within 1e-4 of amp O0's.
+    """
+    from ms_boost import thor
+    from ms_boost.thor import Conv2dThor, DenseThor
+
+    from tests.helpers.nets import learnable_data
+
+    monkeypatch.chdir(tmp_path)  # MindSpore's rewrite writes the rewritten source to ./rewritten_network
+    x, y = learnable_data(48)
+    results = []
+    for amp_level in ("O0", "O1"):
+        ms.set_seed(0)
+        net = _ConvDense()
+        opt = thor(net, 0.05, 0.03, 0.9, 1e-4, 1.0, 16, frequency=2)
+        model = Model(net, ce(), opt, amp_level=amp_level, frequency=2)
+        losses = _StepLosses()
+        model.train(1, dataset(x, y), callbacks=[losses])
+        layers = [type(cell) for _, cell in opt.thor_network.cells_and_names()]
+        assert Conv2dThor in layers and DenseThor in layers  # the THOR layers themselves trained
+        results.append((losses.losses, weights(net)))
+    (o0_losses, o0_weights), (o1_losses, o1_weights) = results
+    assert len(o1_losses) == 3 and np.all(np.isfinite(o1_losses)) and o1_losses[-1] != o1_losses[0]
+    np.testing.assert_allclose(o1_losses, o0_losses, rtol=1e-4)
+    for a, b in zip(o0_weights, o1_weights):
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5)
