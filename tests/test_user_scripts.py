@@ -353,7 +353,6 @@ def test_thor_with_amp_o1_runs_its_layers_as_they_are(mode, tmp_path, monkeypatc
     """
     from ms_boost import thor
     from ms_boost.thor import Conv2dThor, DenseThor
-
     from tests.helpers.nets import learnable_data
 
     monkeypatch.chdir(tmp_path)  # MindSpore's rewrite writes the rewritten source to ./rewritten_network
