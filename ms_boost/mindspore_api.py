@@ -12,6 +12,10 @@ this module offers the same three steps through public API:
 * :func:`with_loss` - the loss network, casting the backbone's output (and the label) to float32 before the
   loss when the backbone runs in float16/bfloat16.
 
+:func:`apply_amp_level` takes ``leaf_types``: cells that MindSpore's amp rewrite (level ``O1``, and ``O2``/``O3``
+under ``MS_AMP_BY_REWRITE``) calls as they are instead of regenerating their source, through the rewrite's
+private ``mindspore.rewrite.common.namespace._subtree_black_list`` (ignored where a release lacks it).
+
 Also :func:`cells_compile_cache`: MindSpore's registry of per-cell compile caches, which moved from
 ``mindspore.common.api`` (2.7.x) to ``mindspore.graph.api`` (2.10); ``ms_boost.thor.convert`` needs it.
 
@@ -21,16 +25,17 @@ MindSpore still has them with the expected signature, so results are identical t
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import mindspore as ms
 from mindspore import nn, ops
 from mindspore.amp import DynamicLossScaleManager, auto_mixed_precision
 
 __all__ = ["AMP_LEVELS", "amp_level_config", "apply_amp_level", "cells_compile_cache", "has_private_amp",
-           "with_loss"]
+           "rewrite_leaves", "with_loss"]
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _LOW = (ms.float16, ms.bfloat16)
@@ -90,7 +95,34 @@ def amp_level_config(level: str) -> dict:
             "loss_scale_manager": DynamicLossScaleManager() if level == "O2" else None}
 
 
-def apply_amp_level(network: nn.Cell, config: dict, level: str, use_private: Optional[bool] = None) -> nn.Cell:
+@contextlib.contextmanager
+def rewrite_leaves(leaf_types: Sequence[type]) -> Iterator[None]:
+    """While open, MindSpore's source rewrite calls cells of ``leaf_types`` as they are (no regenerated source).
+
+    The rewrite regenerates every sub-cell's class from its source into a new module, which loses the names that
+    source reads from its own module (module-level helpers): such a cell fails with a NameError when the rewritten
+    network is built. A leaf keeps its own class; the rewrite inserts no cast inside it.
+    """
+    try:
+        namespace = importlib.import_module("mindspore.rewrite.common.namespace")
+    except ImportError:  # pragma: no cover - a MindSpore without the rewrite package
+        yield
+        return
+    black_list = getattr(namespace, "_subtree_black_list", None)
+    if not isinstance(black_list, list):  # a release without it: the rewrite parses every cell
+        yield
+        return
+    added = [t for t in leaf_types if t not in black_list]
+    black_list.extend(added)
+    try:
+        yield
+    finally:
+        for t in added:
+            black_list.remove(t)
+
+
+def apply_amp_level(network: nn.Cell, config: dict, level: str, use_private: Optional[bool] = None,
+                    leaf_types: Sequence[type] = ()) -> nn.Cell:
     """Cast ``network`` for an amp level, as ``build_train_network`` does.
 
     Args:
@@ -98,10 +130,16 @@ def apply_amp_level(network: nn.Cell, config: dict, level: str, use_private: Opt
         config: :func:`amp_level_config` of ``level``, possibly with user overrides.
         level: the amp level.
         use_private: see the module docstring.
+        leaf_types: cell classes the amp rewrite calls as they are (:func:`rewrite_leaves`).
 
     Returns:
         The processed network (may be a new cell).
     """
+    with rewrite_leaves(leaf_types):
+        return _apply_amp_level(network, config, level, use_private)
+
+
+def _apply_amp_level(network: nn.Cell, config: dict, level: str, use_private: Optional[bool]) -> nn.Cell:
     _check_level(level)
     private = _select(use_private)
     if private is not None:

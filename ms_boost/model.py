@@ -110,9 +110,26 @@ def _scope_cache(boost: AutoBoost, level, optimizer, kwargs: dict) -> None:
     scope_compile_cache("\n".join((boost.summary(), f"amp_level: {level!r} {amp}", optimizer_settings(optimizer))))
 
 
+def _cast_for_amp(network: nn.Cell, config: dict, level: str) -> nn.Cell:
+    """``apply_amp_level``, on the network a pass-through wrapper calls (``forwards_to_network``, e.g. LessBN's).
+
+    The wrapper computes nothing, so the cast is the same; and MindSpore's amp ``"O1"`` (a rewrite of the source)
+    fails on a wrapper that forwards ``*inputs`` to a ``SequentialCell`` ("Please handle custom-object first"),
+    where the user's network alone is cast fine. Cells of a class with ``amp_rewrite_leaf`` are left to the rewrite
+    as opaque calls (their inner operators stay in their own precision).
+    """
+    while level != "O0" and getattr(type(network), "forwards_to_network", False):
+        network = network.network
+    # cells whose source MindSpore's rewrite cannot regenerate (amp_rewrite_leaf, e.g. cpu_gemm_conv's convolution,
+    # which reads helpers of its own module) are called as they are
+    leaves = sorted({type(cell) for _, cell in network.cells_and_names()
+                     if getattr(type(cell), "amp_rewrite_leaf", False)}, key=lambda t: t.__qualname__)
+    return apply_amp_level(network, config, level, leaf_types=leaves)
+
+
 def _build(network, optimizer, loss_fn, level: str, boost: AutoBoost, kwargs: dict) -> nn.Cell:
     config = _amp_config(level, kwargs)
-    network = apply_amp_level(network, config, level)
+    network = _cast_for_amp(network, config, level)
     if loss_fn is not None:
         network = with_loss(network, loss_fn, config["cast_model_type"])
     return _train_cell(network, optimizer, boost, config["loss_scale_manager"])

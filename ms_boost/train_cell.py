@@ -16,6 +16,7 @@ state or algorithm state changes.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Optional, Union
 
 import mindspore as ms
@@ -50,6 +51,18 @@ def build_reducer(boost: AutoBoost, weights, topology: Optional[Topology] = None
     averaged only among the ranks of a server; AdaSum combines the servers.
     """
     return pipeline.build_reducer(boost, weights, pipeline.build_context(boost, topology))
+
+
+def _sens_value(sens) -> float:
+    """``sens`` as a float: a finite number (int, float, numpy or a one-element Tensor), else a clear error."""
+    try:
+        value = None if isinstance(sens, (bool, str, bytes)) else float(sens)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not math.isfinite(value):
+        raise TypeError(f"BoostTrainOneStepCell: sens must be a finite number (the gradient sensitivity, a constant "
+                        f"scale of the loss) or None for 1.0; got {sens!r} ({type(sens).__name__}).")
+    return value
 
 
 # Per-tensor steps mapped over tuples with HyperMap (a Python loop would unroll one call per tensor).
@@ -118,7 +131,7 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         # call self.grad(self.network, self.weights)(*inputs, sens)
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.scaled_loss = _ScaledLoss(network)
-        self.sens = 1.0 if sens is None else float(sens)
+        self.sens = 1.0 if sens is None else _sens_value(sens)
         self.sens_tensor = Tensor(self.sens, ms.float32)
         self.topology = Topology.current(self.boost.common.device_number)  # built and validated once
         ctx = pipeline.build_context(self.boost, self.topology)

@@ -26,6 +26,11 @@ class GemmConv2dSwap(nn.Conv2d):
     changed, nothing else), so every Parameter, name and attribute is the original's.
     """
 
+    # MindSpore's amp "O1" rewrite regenerates a cell's source in a new module, where this construct's module helpers
+    # (_conv_pads, conv2d_gemm's own) are missing (NameError): ms_boost.model has it call this cell as it is, in
+    # float32 (on CPU the GEMM is the fast path in float32 too)
+    amp_rewrite_leaf = True
+
     def construct(self, x):
         """The convolution of ``x`` as im2col + GEMM (same result as ``nn.Conv2d``)."""
         pads = self._gemm_pads if self._gemm_pads is not None else _conv_pads(

@@ -405,6 +405,11 @@ class LessBN(nn.Cell):
         - **\*inputs** -- whatever ``network`` takes.
     """
 
+    # a pass-through wrapper: it holds no parameter and computes nothing of its own, so mixed precision cast to its
+    # ``network`` is the same computation (ms_boost.model casts that one: MindSpore's amp "O1" rewrite cannot parse
+    # ``self.network(*inputs)`` when ``network`` is a SequentialCell)
+    forwards_to_network = True
+
     def __init__(self, network: nn.Cell, fn_flag: bool = False, fn_scale: Optional[float] = None):
         super().__init__(auto_prefix=False)
         self.report = convert_less_bn(network, fn_flag, fn_scale)

@@ -285,6 +285,9 @@ class ThorLayer(nn.Cell):
     """
 
     kind = "kronecker"
+    # MindSpore's amp "O1" rewrite regenerates a cell's source in a new module, without the helpers of this module
+    # (NameError '_write_input_statistic'): ms_boost.model has it call THOR layers as they are
+    amp_rewrite_leaf = True
 
     def _init_thor(self, a_dim: int, g_dim: int, groups: int, bias_in_factor: bool, factor_decay: float) -> None:
         """THOR state of a layer; its factors take the default layout until the optimizer sets its own.
