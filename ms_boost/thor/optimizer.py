@@ -559,10 +559,14 @@ class THOR(nn.Optimizer, ThorStepVariants):
             batch_shifts = hyper_map(kernels.field_1, prepared)
             batch_ok = hyper_map(kernels.field_2, prepared)
             unsafe = ops.addn(hyper_map(kernels.field_3, prepared))
-            # every batch is inverted, also with the adaptive rule: the blocks of the layers it keeps are identity
-            # stand-ins whose inverses are discarded. A device condition per batch skipping the batches whose layers
-            # all keep their inverses cost more than the inversions it saved (docs/thor.md "Tenth round")
-            if unsafe > 0.5:
+            if self.refresh_threshold > 0.0:  # a batch whose layers all keep their inverses is not inverted
+                for k in range(len(self.inverse_batches)):
+                    if thor_math.any_true(batch_ok[k]):
+                        inverse = self._invert_batch(batch_blocks[k], batch_shifts[k], unsafe)
+                    else:
+                        inverse = batch_blocks[k]  # identity stand-ins, discarded
+                    raw += (inverse,)
+            elif unsafe > 0.5:
                 raw = hyper_map(kernels.eigen_inverse, batch_blocks, batch_shifts)
             else:
                 raw = hyper_map(kernels.cholesky_inverse, batch_blocks, batch_shifts)
@@ -633,6 +637,13 @@ class THOR(nn.Optimizer, ThorStepVariants):
         token = ops.assign(self.inverted_traces, ops.where(per_job, traces, last))
         token = ops.depend(token, ops.assign(self.stable_refreshes, self.stable_refreshes + stable))
         return ops.depend(use, token)
+
+    @staticmethod
+    def _invert_batch(blocks, shifts, unsafe):
+        """One batch's inverses: Cholesky, or the clamped eigen-inverse when any block of the step is unsafe."""
+        if unsafe > 0.5:
+            return thor_math.clamped_eigen_block_inverse(blocks, shifts)
+        return thor_math.cholesky_block_inverse(blocks, shifts)
 
     def _finish_refresh(self, token, unsafe, bad_inverses, ok_vector):
         """Count the refresh's health events and mark the refresh done; returns the dependency token."""
