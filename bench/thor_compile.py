@@ -3,7 +3,9 @@
 The benchmark's step-time network (``bench/bench_thor.py``: zoo ResNet-18 width 16, batch 32, 32 px, Graph mode,
 CPU) is built in a fresh process and one train step compiled by its first call: Momentum's, THOR's refresh
 variant (capture + refresh), THOR's plain variant (the state set so that the first step is a plain one), the
-variant that captures without refreshing (``capture``), or the graph with the device-side switches (``switch``).
+variant that captures without refreshing (``capture``), the graph with the device-side switches (``switch``), or
+THOR's optimizer step alone on fixed gradients, refresh included (``optimizer``: the refresh path's compile without
+the network's, a smaller and so less noisy figure for changes inside the optimizer).
 Reported: the CPU seconds of the process (all threads) in that first call less those of a later call of the same
 compiled graph (the step itself), and the wall seconds likewise. ``--child KIND --profile`` prints MindSpore's
 compile profile (seconds per frontend action and pass).
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("momentum", "refresh", "plain", "capture", "switch")
+KINDS = ("momentum", "refresh", "plain", "capture", "switch", "optimizer")
 
 
 def child(kind: str, args) -> dict:
@@ -68,6 +70,12 @@ def child(kind: str, args) -> dict:
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((args.batch, 3, args.size, args.size)).astype(np.float32))
     y = Tensor(rng.integers(0, 20, args.batch).astype(np.int32))
+    if kind == "optimizer":  # the optimizer alone: fixed gradients, every call refreshes (device-side switch)
+        grads = tuple(Tensor(np.full(p.shape, 1e-3, np.float32)) for p in opt.parameters)
+
+        def call(*_):
+            ops.assign(opt.refresh_next, Tensor(True, ms.bool_))
+            return opt(grads)
 
     def plain_next(capture=False):  # the next step between refreshes: initialised, step 1, capture or not
         ops.assign(opt.thor_initialised, Tensor(True, ms.bool_))
