@@ -295,7 +295,9 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         # FixedLossScaleManager(drop_overflow_update=False)): the scaler removes the whole scale, so every
         # stage sees true gradients, and the optimizer's apply stage puts S back just before the optimizer.
         optimizer_loss_scale = optimizer_hooks(optimizer).own_loss_scale()
-        self.loss_scaler = make_loss_scaler(scale_sense, self.weights)
+        # the ranks agree on overflow only when they train one model (data parallel): ranks that train on their own
+        # (stand-alone parallel mode after init()) run no collective here, as MindSpore's loss-scale cell
+        self.loss_scaler = make_loss_scaler(scale_sense, self.weights, reduce_overflow=self.topology.data_parallel)
         for stage in stage_chain(self.update):
             if isinstance(stage, OptimizerUpdate):
                 stage.gradient_scale = optimizer_loss_scale or 1.0

@@ -199,14 +199,15 @@ class AllReduce(nn.Cell):
     Args:
         op: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"prod"``.
         group: group name from :func:`create_group`/:func:`server_groups`; ``None`` is the world.
+        enabled: False makes the cell the identity (e.g. ranks that train independently, not data parallel).
     """
 
-    def __init__(self, op: str = "sum", group: Optional[str] = None):
+    def __init__(self, op: str = "sum", group: Optional[str] = None, enabled: bool = True):
         super().__init__()
         if op not in _REDUCE_OPS:
             raise ValueError(f"AllReduce: op={op!r} is not one of {sorted(_REDUCE_OPS)}.")
         self.size = get_size(group)
-        self.active = self.size > 1
+        self.active = bool(enabled) and self.size > 1
         self.mean = op == "mean"
         self.gathered = op in ("max", "min", "prod")
         self.op = op
