@@ -128,3 +128,19 @@ def test_stand_alone_ranks_decide_overflow_alone_and_need_no_peer():
     assert np.abs(w_0 - w_1).max() > 0
     for got, ref in zip(alone, _train_alone()):  # one process, no world: the same numbers
         np.testing.assert_array_equal(got, ref)
+
+
+def test_data_parallel_context_without_init_trains_alone_with_a_warning():
+    """``set_auto_parallel_context(parallel_mode=DATA_PARALLEL)`` in a script that never called ``init()`` (or was
+    run with python instead of msrun): the process trains alone, as one process would, and says so (before: nothing
+    said; plain MindSpore's Model crashes in this case on CPU). Third round of user scripts."""
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    try:
+        assert not comm.is_initialized()
+        with pytest.warns(UserWarning, match=r"parallel_mode='data_parallel' is set but communication is not "
+                                             r"initialised: this process trains alone"):
+            got = single_process_reference(1)
+    finally:
+        ms.reset_auto_parallel_context()
+    np.testing.assert_array_equal(np.concatenate([w.ravel() for w in got]),
+                                  np.concatenate([w.ravel() for w in single_process_reference(1)]))

@@ -30,7 +30,7 @@ from mindspore.communication import management as _mgmt
 __all__ = [
     "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_size", "server_ranks",
     "server_groups", "barrier", "data_parallel_reduce_config", "use_backend", "uses_stand_in_backend", "AllReduce",
-    "AllGather", "Broadcast", "GradReducer", "collectives_compile",
+    "AllGather", "Broadcast", "GradReducer", "collectives_compile", "uninitialised_parallel_mode",
 ]
 
 _CREATED_GROUPS: dict = {}
@@ -184,6 +184,16 @@ def data_parallel_reduce_config() -> tuple:
     degree = int(_api(ms).get_auto_parallel_context("device_num") or 0) if reduce else 0
     # device_num defaults to 1 when the user did not set it: the world size is the degree then
     return reduce, mean, degree if degree > 1 else get_size()
+
+
+def uninitialised_parallel_mode() -> Optional[str]:
+    """The context's ``parallel_mode`` when it asks for data/hybrid parallel training but communication is not
+    initialised (the script never called ``mindspore.communication.init()``, or was started without msrun); else
+    None. Such a process trains alone: there are no other ranks to reduce with."""
+    mode = _api(ms).get_auto_parallel_context("parallel_mode")
+    if mode in ("data_parallel", "hybrid_parallel") and not is_initialized():
+        return str(mode)
+    return None
 
 
 _REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
