@@ -187,9 +187,11 @@ def data_parallel_reduce_config() -> tuple:
 
 
 def uninitialised_parallel_mode() -> Optional[str]:
-    """The context's ``parallel_mode`` when it asks for data/hybrid parallel training but communication is not
-    initialised (the script never called ``mindspore.communication.init()``, or was started without msrun); else
-    None. Such a process trains alone: there are no other ranks to reduce with."""
+    """The context's data/hybrid ``parallel_mode`` when communication is not initialised, else None.
+
+    (The script never called ``mindspore.communication.init()``, or was started without msrun.) Such a process
+    trains alone: there are no other ranks to reduce with.
+    """
     mode = _api(ms).get_auto_parallel_context("parallel_mode")
     if mode in ("data_parallel", "hybrid_parallel") and not is_initialized():
         return str(mode)
