@@ -305,7 +305,8 @@ class DivergenceRollback(Callback):
                              f"it as a float or a per-step array, or set the factor to 1.")
         self._kept = {p.name for p in (*lrs, *dampings)}
         self._kept.update(p.name for p in self.network.get_parameters() if p.name.split(".")[-1] == "global_step")
-        self._decide = comm.AllReduce("max")
+        # data-parallel ranks train one model and agree on the verdict; ranks that train on their own do not
+        self._decide = comm.AllReduce("max", enabled=comm.data_parallel_reduce_config()[0])
         self._pending = (self.step_offset, self._copy())  # the starting state, confirmed by the first step
 
     def on_train_step_end(self, run_context) -> None:

@@ -89,12 +89,15 @@ class FixedLossScaler(LossScaler):
 
     Args:
         value: the loss scale ``S`` (> 0, finite).
+        reduce_overflow: sum the non-finite counts over the ranks (data parallel: one rank's overflow skips the
+            step on every rank); False for ranks that train on their own (no collective, as MindSpore's cell).
     """
 
-    def __init__(self, value: float):
+    def __init__(self, value: float, reduce_overflow: bool = True):
         super().__init__(auto_prefix=False)
         self.initial_scale = float(value)
-        self.overflow_reduce = comm.AllReduce("sum")  # non-finite gradients, summed over the ranks
+        # non-finite gradients, summed over the data-parallel ranks
+        self.overflow_reduce = comm.AllReduce("sum", enabled=reduce_overflow)
 
     def unscale(self, scale, grads, forward_bad=0.0) -> Tuple[Any, Tensor]:
         """``(grads / scale, overflow)``; overflow counts non-finite gradients and ``forward_bad`` over every rank."""
@@ -111,8 +114,8 @@ class FixedLossScaler(LossScaler):
 class DynamicLossScaler(FixedLossScaler):
     """:class:`FixedLossScaler`, then ``update_cell(scale, overflow)`` updates the scale in place."""
 
-    def __init__(self, update_cell: nn.Cell):
-        super().__init__(float(update_cell.get_loss_scale()))
+    def __init__(self, update_cell: nn.Cell, reduce_overflow: bool = True):
+        super().__init__(float(update_cell.get_loss_scale()), reduce_overflow)
         self.update_cell = update_cell
 
     def construct(self, scale, grads, forward_bad=0.0):
@@ -125,9 +128,9 @@ class DynamicLossScaler(FixedLossScaler):
 class GroupLossScaler(LossScaler):
     """Per-group scales of a :class:`~ms_boost.loss_scale_group.GroupLossScaleManager` (the train cell's scale is 1)."""
 
-    def __init__(self, manager: GroupLossScaleManager, weights):
+    def __init__(self, manager: GroupLossScaleManager, weights, reduce_overflow: bool = True):
         super().__init__(auto_prefix=False)
-        self.manager = manager.bind(weights)  # learns the order of the gradients
+        self.manager = manager.bind(weights, reduce_overflow)  # learns the order of the gradients
 
     def state_parameters(self) -> Sequence[Parameter]:
         """The manager's scales and counters (an overflow back-off must stick, so they are never restored)."""
@@ -138,29 +141,30 @@ class GroupLossScaler(LossScaler):
         return self.manager.unscale_and_update(grads, forward_bad)
 
 
-def make_loss_scaler(scale_sense: Any, weights: Sequence[Parameter]) -> LossScaler:
+def make_loss_scaler(scale_sense: Any, weights: Sequence[Parameter], reduce_overflow: bool = True) -> LossScaler:
     """The scaler for what the user passed as ``scale_sense``.
 
     Args:
         scale_sense: a :class:`GroupLossScaleManager`, a loss-scale update Cell (``manager.get_update_cell()``),
             a Tensor holding one value, or a positive number.
         weights: the parameters in gradient order (a group manager needs them).
+        reduce_overflow: agree on overflow across the ranks (data parallel); False: this rank decides alone.
 
     Raises:
         TypeError: ``scale_sense`` is none of these.
         ValueError: the scale is not a positive finite number, or the Tensor holds more than one value.
     """
     if isinstance(scale_sense, GroupLossScaleManager):
-        return GroupLossScaler(scale_sense, weights)
+        return GroupLossScaler(scale_sense, weights, reduce_overflow)
     if isinstance(scale_sense, nn.Cell):
-        scaler = DynamicLossScaler(scale_sense)
+        scaler = DynamicLossScaler(scale_sense, reduce_overflow)
     elif isinstance(scale_sense, Tensor):
         arr = scale_sense.asnumpy()
         if arr.size != 1:
             raise ValueError(f"scale_sense must hold one value (shape () or (1,)), got shape {arr.shape}.")
-        scaler = FixedLossScaler(float(arr.reshape(())))
+        scaler = FixedLossScaler(float(arr.reshape(())), reduce_overflow)
     elif isinstance(scale_sense, (int, float)) and not isinstance(scale_sense, bool):
-        scaler = FixedLossScaler(float(scale_sense))
+        scaler = FixedLossScaler(float(scale_sense), reduce_overflow)
     else:
         raise TypeError("scale_sense must be a loss-scale update Cell, a Tensor, a number or a "
                         f"GroupLossScaleManager, got {type(scale_sense).__name__}.")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any, Optional, Union
 
 import mindspore as ms
@@ -134,6 +135,12 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         self.sens = 1.0 if sens is None else _sens_value(sens)
         self.sens_tensor = Tensor(self.sens, ms.float32)
         self.topology = Topology.current(self.boost.common.device_number)  # built and validated once
+        mode = comm.uninitialised_parallel_mode()
+        if mode is not None:  # said, not silently trained alone (MindSpore's own train cell crashes here on CPU)
+            warnings.warn(f"parallel_mode={mode!r} is set but communication is not initialised: this process trains "
+                          f"alone and its gradients are not reduced across ranks. Call "
+                          f"mindspore.communication.init() and start the script with msrun (or another launcher).",
+                          UserWarning, stacklevel=2)
         ctx = pipeline.build_context(self.boost, self.topology)
         self.reducer = pipeline.build_reducer(self.boost, self.weights, ctx)
         self.update = pipeline.build_update(self.boost, network, optimizer, self.weights, ctx)
@@ -295,7 +302,9 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
         # FixedLossScaleManager(drop_overflow_update=False)): the scaler removes the whole scale, so every
         # stage sees true gradients, and the optimizer's apply stage puts S back just before the optimizer.
         optimizer_loss_scale = optimizer_hooks(optimizer).own_loss_scale()
-        self.loss_scaler = make_loss_scaler(scale_sense, self.weights)
+        # the ranks agree on overflow only when they train one model (data parallel): ranks that train on their own
+        # (stand-alone parallel mode after init()) run no collective here, as MindSpore's loss-scale cell
+        self.loss_scaler = make_loss_scaler(scale_sense, self.weights, reduce_overflow=self.topology.data_parallel)
         for stage in stage_chain(self.update):
             if isinstance(stage, OptimizerUpdate):
                 stage.gradient_scale = optimizer_loss_scale or 1.0

@@ -95,3 +95,52 @@ def test_overflow_on_one_rank_skips_the_step_on_every_rank():
         assert changed == 0.0
     np.testing.assert_array_equal(ranks[0][3], ranks[1][3])
     assert ms.get_context("mode") == ms.PYNATIVE_MODE
+
+
+def _train_alone() -> list:
+    """A Model with a dynamic loss-scale manager trained by one rank on its own (a few steps of a fixed batch)."""
+    from mindspore.train import DynamicLossScaleManager
+
+    x, y = learnable_data(STEPS * BATCH, seed=2)
+    net = make_plain_net()
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.Momentum(net.trainable_params(), 0.1, 0.9),
+                  loss_scale_manager=DynamicLossScaleManager(2.0 ** 10, 2, 10))
+    model.train(1, dataset(x, y, batch_size=BATCH), dataset_sink_mode=False)
+    return weights(net)
+
+
+def test_stand_alone_ranks_decide_overflow_alone_and_need_no_peer():
+    """``init()`` without DATA_PARALLEL (ranks that each train a model of their own under msrun): the loss-scale cell
+    runs no collective, as MindSpore's. Rank 1's inf loss skips only rank 1's step, and rank 0 alone trains a Model
+    with a loss-scale manager while rank 1 trains nothing, as one process would. (Third round of user scripts: the
+    overflow flag was all-reduced over every rank whatever the parallel mode, so rank 0 skipped rank 1's overflow
+    step, and under msrun the rank-0-only run failed after the collective timeout, "AllReduceCPUKernelMod launch
+    failed".)"""
+    def rank_fn(rank):
+        out = overflow_scenario(rank)  # rank 1's loss is inf on the second step
+        return bool(out["of2"]), float(out["changed"]), out["w"], _train_alone() if rank == 0 else None
+
+    ranks = run_ranks(2, rank_fn, parallel_mode="stand_alone")
+    (of_0, changed_0, w_0, alone), (of_1, changed_1, w_1, _) = ranks
+    assert not of_0 and changed_0 > 0  # rank 0's step is its own: applied
+    assert of_1 and changed_1 == 0.0  # rank 1 skips its overflow step
+    assert np.abs(w_0 - w_1).max() > 0
+    for got, ref in zip(alone, _train_alone()):  # one process, no world: the same numbers
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_data_parallel_context_without_init_trains_alone_with_a_warning():
+    """``set_auto_parallel_context(parallel_mode=DATA_PARALLEL)`` in a script that never called ``init()`` (or was
+    run with python instead of msrun): the process trains alone, as one process would, and says so (before: nothing
+    said; plain MindSpore's Model crashes in this case on CPU). Third round of user scripts."""
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    try:
+        assert not comm.is_initialized()
+        with pytest.warns(UserWarning, match=r"parallel_mode='data_parallel' is set but communication is not "
+                                             r"initialised: this process trains alone"):
+            got = single_process_reference(1)
+    finally:
+        ms.reset_auto_parallel_context()
+    np.testing.assert_array_equal(np.concatenate([w.ravel() for w in got]),
+                                  np.concatenate([w.ravel() for w in single_process_reference(1)]))

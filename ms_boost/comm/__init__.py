@@ -27,6 +27,7 @@ from ms_boost.comm.collectives import (
     server_groups,
     server_ranks,
     server_size,
+    uninitialised_parallel_mode,
     use_backend,
     uses_stand_in_backend,
     world_group,
@@ -47,7 +48,7 @@ from ms_boost.comm.status_board import (
 __all__ = [
     "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_size", "server_ranks",
     "server_groups", "barrier", "data_parallel_reduce_config", "use_backend", "uses_stand_in_backend",
-    "collectives_compile", "AllReduce", "AllGather", "Broadcast", "GradReducer",
+    "collectives_compile", "uninitialised_parallel_mode", "AllReduce", "AllGather", "Broadcast", "GradReducer",
     "StatusBoard", "Handshake", "PeerFailed", "Settled", "open_status_board", "CollectiveStatusBoard",
     "StoreStatusBoard",
     "status_store_address", "status_store", "poll",

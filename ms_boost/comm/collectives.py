@@ -30,7 +30,7 @@ from mindspore.communication import management as _mgmt
 __all__ = [
     "is_initialized", "get_rank", "get_size", "world_group", "create_group", "server_size", "server_ranks",
     "server_groups", "barrier", "data_parallel_reduce_config", "use_backend", "uses_stand_in_backend", "AllReduce",
-    "AllGather", "Broadcast", "GradReducer", "collectives_compile",
+    "AllGather", "Broadcast", "GradReducer", "collectives_compile", "uninitialised_parallel_mode",
 ]
 
 _CREATED_GROUPS: dict = {}
@@ -186,6 +186,18 @@ def data_parallel_reduce_config() -> tuple:
     return reduce, mean, degree if degree > 1 else get_size()
 
 
+def uninitialised_parallel_mode() -> Optional[str]:
+    """The context's data/hybrid ``parallel_mode`` when communication is not initialised, else None.
+
+    (The script never called ``mindspore.communication.init()``, or was started without msrun.) Such a process
+    trains alone: there are no other ranks to reduce with.
+    """
+    mode = _api(ms).get_auto_parallel_context("parallel_mode")
+    if mode in ("data_parallel", "hybrid_parallel") and not is_initialized():
+        return str(mode)
+    return None
+
+
 _REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 
 
@@ -199,14 +211,15 @@ class AllReduce(nn.Cell):
     Args:
         op: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"prod"``.
         group: group name from :func:`create_group`/:func:`server_groups`; ``None`` is the world.
+        enabled: False makes the cell the identity (e.g. ranks that train independently, not data parallel).
     """
 
-    def __init__(self, op: str = "sum", group: Optional[str] = None):
+    def __init__(self, op: str = "sum", group: Optional[str] = None, enabled: bool = True):
         super().__init__()
         if op not in _REDUCE_OPS:
             raise ValueError(f"AllReduce: op={op!r} is not one of {sorted(_REDUCE_OPS)}.")
         self.size = get_size(group)
-        self.active = self.size > 1
+        self.active = bool(enabled) and self.size > 1
         self.mean = op == "mean"
         self.gathered = op in ("max", "min", "prod")
         self.op = op

@@ -200,12 +200,16 @@ class GroupLossScaleManager(nn.Cell):
         self.loss_scale_number = int(loss_scale_number)
         self.scales.set_data(Tensor(np.array([1.0, *inner, 1.0], np.float32)))
 
-    def bind(self, weights: Sequence[Parameter]) -> GroupLossScaleManager:
+    def bind(self, weights: Sequence[Parameter], reduce_overflow: bool = True) -> GroupLossScaleManager:
         """Tell the manager the order of the gradients it will receive (the train cell's weights).
 
         Called once by the train cell when it is built (after communication is initialised). A weight
         in no group is taken as unscaled (it must lie outside the marked region, before ``amp(x, 0, 1)``
         or after ``amp(x, n, n+1)``).
+
+        Args:
+            weights: the train cell's weights, in gradient order.
+            reduce_overflow: agree on overflow across the ranks (data parallel); False: this rank decides alone.
 
         Returns:
             ``self``.
@@ -217,7 +221,7 @@ class GroupLossScaleManager(nn.Cell):
         object.__setattr__(self, "_weight_group", weight_group)
         object.__setattr__(self, "_group_members", members)
         self._edge = Tensor(np.array([True] + [False] * self.loss_scale_number + [True]))
-        self._all_reduce_max = comm.AllReduce("max")
+        self._all_reduce_max = comm.AllReduce("max", enabled=reduce_overflow)  # the data-parallel ranks agree
         return self
 
     # -- network side ------------------------------------------------------------------------------

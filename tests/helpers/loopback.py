@@ -17,7 +17,8 @@ meets the k-th call on the others, which must be the same kind of collective on 
 every rank fails with a message naming both). A rank that raises fails the whole world (the others
 raise too, as an msrun job would); ranks that wait for each other forever fail with a deadlock error.
 
-The world reports ``parallel_mode="data_parallel"`` with ``gradients_mean`` (default True) to
+The world reports ``parallel_mode="data_parallel"`` (or the ``parallel_mode`` given, e.g. ``"stand_alone"``: ranks
+that train on their own) with ``gradients_mean`` (default True) to
 ``comm.data_parallel_reduce_config``; MindSpore's own parallel context is untouched.
 
 Limits: PyNative mode only (a collective is Python code that meets the other threads; Graph-mode
@@ -59,11 +60,12 @@ class LoopbackWorld:
 
     GlobalComm = _GlobalComm
 
-    def __init__(self, size: int, gradients_mean: bool = True, device_num: int = 0):
+    def __init__(self, size: int, gradients_mean: bool = True, device_num: int = 0,
+                 parallel_mode: str = "data_parallel"):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"LoopbackWorld: size={size!r} must be an int >= 1.")
         self.size = size
-        self.context = {"parallel_mode": "data_parallel", "gradients_mean": bool(gradients_mean),
+        self.context = {"parallel_mode": parallel_mode, "gradients_mean": bool(gradients_mean),
                         "device_num": int(device_num)}
         self.groups = {WORLD_GROUP: tuple(range(size))}
         self._local = threading.local()
