@@ -460,13 +460,15 @@ def test_a_checkpoint_of_this_recipe_with_another_boost_plan_names_the_plan_not_
     head = (f"checkpoint '{ckpt}' was written by this recipe ('resnet18_synthetic_quickstart') with another boost "
             f"plan: it holds resnet18 width 8, 10 classes, plain BatchNorm (boost_level 'O0'), this config builds "
             f"resnet18 width 8, 10 classes, LessBN (FN head) (boost_level 'O1'); evaluate/export it with ")
+    without = (", or give neither --config nor --boost_level/--boost_config_dict.*: eval.py and export.py then take "
+               "the recipe and its boost plan from the checkpoint's run manifest.")
     with pytest.raises(ValueError, match="^" + re.escape(head + "the run's --boost_level O0 (and its "
-                                                         "--boost_config_dict.* overrides).") + "$"):
+                                                         "--boost_config_dict.* overrides)" + without) + "$"):
         _check_recipe(cfg, ckpt, theirs, "evaluate/export")
     run.mkdir()
     (run / "autotune.yaml").write_text("boost: {mode: manual}\n")
     with pytest.raises(ValueError, match="^" + re.escape(head + f"--boost_level auto --autotune.plan "
-                                                                f"{run / 'autotune.yaml'}.") + "$"):
+                                                                f"{run / 'autotune.yaml'}" + without) + "$"):
         _check_recipe(cfg, ckpt, theirs, "evaluate/export")
     _check_recipe(cfg, ckpt, recipe_manifest(cfg), "evaluate/export")  # its own plan: accepted
 

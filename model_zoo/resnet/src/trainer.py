@@ -351,6 +351,11 @@ def _plan_hint(path: Path, manifest: Dict[str, Any]) -> str:
     return f"the run's --boost_level {manifest.get('boost_level')} (and its --boost_config_dict.* overrides)"
 
 
+EVAL_ACTION = "evaluate/export"
+_WITHOUT_CONFIG = (", or give neither --config nor --boost_level/--boost_config_dict.*: eval.py and export.py then "
+                   "take the recipe and its boost plan from the checkpoint's run manifest")
+
+
 def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], action: str) -> None:
     if manifest is None:
         return
@@ -370,7 +375,7 @@ def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], a
         raise ValueError(f"checkpoint {str(path)!r} was written by this recipe ({recipe!r}) with another boost plan: "
                          f"it holds {_describe(theirs)} (boost_level {manifest.get('boost_level')!r}), this config "
                          f"builds {_describe(mine)} (boost_level {cfg.boost_level!r}); {action} it with "
-                         f"{_plan_hint(path, manifest)}.")
+                         f"{_plan_hint(path, manifest)}{_WITHOUT_CONFIG if action == EVAL_ACTION else ''}.")
     hint = f" --config {manifest['recipe_path']}" if manifest.get("recipe_path") else f" the recipe {recipe!r}"
     raise ValueError(f"checkpoint {str(path)!r} was written by recipe {recipe!r} ({_describe(theirs)}), but "
                      f"this recipe ({Path(source).stem if source else 'given config'}) builds "
@@ -391,7 +396,7 @@ def inference_network(cfg: Config, conv_impl: Optional[str] = None) -> nn.Cell:
     setup_runtime(cfg.replace(run_distribute=False))
     path = Path(os.path.expanduser(str(cfg.checkpoint_file_path)))
     entries = read_checkpoint(path, what="checkpoint_file_path")
-    _check_recipe(cfg, path, read_manifest(path, entries), "evaluate/export")
+    _check_recipe(cfg, path, read_manifest(path, entries), EVAL_ACTION)
     net = create_model(cfg.net_name, class_num=cfg.class_num, base_width=cfg.base_width,
                        zero_init_residual=cfg.zero_init_residual,
                        conv_impl=cfg.conv_impl if conv_impl is None else conv_impl)
