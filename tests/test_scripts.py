@@ -238,6 +238,17 @@ def test_boost_keys_a_recipe_lacks_are_checked_by_ms_boost_before_the_launch(env
     assert bad.returncode == 2 and "unknown boost config key 'grad_freeze.freeze_q'; allowed keys:" in bad.stderr
 
 
+def test_a_boost_value_out_of_range_on_a_key_the_recipe_has_stops_the_launch(env, tmp_path):
+    """Journeys, second round: ``--boost_config_dict.grad_freeze.freeze_p 1.5`` on the O1 recipe (which has the key)
+    passed the launcher's check (only keys the recipe lacked went to ms_boost) and stopped train.py on every rank;
+    every override of the plan is now checked before the launch (the cases: tests/test_zoo_components.py)."""
+    bad = run("run_standalone_train.sh", "synthetic", CONFIGS / "resnet50_imagenet_boost_o1.yaml",
+              "--boost_config_dict.grad_freeze.freeze_p", "1.5", "--dry-run", env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith(
+        "error: bad override (train.py and eval.py would stop on it): boost config grad_freeze.freeze_p=1.5 is out "
+        "of range; allowed: 0.0 <= value <= 1.0."), bad.stderr
+
+
 def test_relative_paths_in_overrides_become_absolute(env, tmp_path):
     (tmp_path / "weights.ckpt").write_bytes(b"")
     proc = run("run_standalone_train.sh", "synthetic", "--pretrained", "weights.ckpt", "--dry-run", env=env,

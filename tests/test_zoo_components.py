@@ -494,3 +494,50 @@ def test_first_order_schedule_overrides_are_refused_for_thor_not_ignored():
         check_schedule_keys(parse_config(["--lr_decay_mode", "cosine"], thor))
     check_schedule_keys(parse_config(["--warmup_epochs", "0", "--thor.lr_init", "0.1"], thor))
     check_schedule_keys(parse_config(["--lr_max", "0.1"], configs / "resnet50_imagenet_momentum.yaml"))
+
+
+def test_the_boost_plan_is_checked_before_the_run_as_the_run_builds_it(tmp_path):
+    """Journeys, second round: overrides of the plan that passed train.py's start (and the launchers' check) and
+    failed later -- THOR with --boost_level O1/auto, an autotune option out of range, an unknown candidate,
+    --autotune.plan without boost_level auto, a 'boost' section under auto -- or were dropped with only a note in the
+    plan's summary (a --boost_config_dict.<section>.* key of an algorithm the plan leaves off) stop with one message
+    naming the key and the way on. Recipe-file sections of an off algorithm stay valid (the quick start at O0)."""
+    import re
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import check_boost_plan
+
+    configs = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs"
+    momentum, thor = configs / "resnet50_imagenet_momentum.yaml", configs / "resnet50_imagenet_thor.yaml"
+    refused = [
+        (momentum, ["--boost_config_dict.grad_freeze.freeze_p", "0.5"],
+         "--boost_config_dict.grad_freeze.*: the 'grad_freeze' algorithm is off in this run's plan (boost_level O0, "
+         "boost.mode 'auto'), so these values would be unused; switch it on (--boost_level O1, or "
+         "--boost_config_dict.boost.mode manual --boost_config_dict.boost.grad_freeze true) or leave them out."),
+        (momentum, ["--boost_config_dict.grad_accumulation.grad_accumulation_step", "2"],
+         "the 'grad_accumulation' algorithm is off in this run's plan"),
+        (configs / "resnet50_imagenet_boost_o1.yaml", ["--boost_config_dict.grad_freeze.freeze_p", "1.5"],
+         "boost config grad_freeze.freeze_p=1.5 is out of range; allowed: 0.0 <= value <= 1.0."),
+        (thor, ["--boost_level", "O1"], "boost_level='O1' does not combine with optimizer='THOR'"),
+        (thor, ["--boost_level", "auto"], "boost_level='auto' does not combine with optimizer='THOR'"),
+        (momentum, ["--boost_level", "auto", "--autotune.budget", "1.5"],
+         "boost config autotune.budget=1.5 is out of range; allowed: 0.0 < value < 1.0."),
+        (momentum, ["--boost_level", "auto", "--autotune.candidates", "[O0, O3]"], "unknown candidate 'O3'; allowed"),
+        (momentum, ["--boost_level", "auto", "--boost_config_dict.boost.mode", "manual"],
+         "is not allowed with boost_level='auto'"),
+        (momentum, ["--autotune.plan", str(tmp_path / "autotune.yaml")],
+         "is only read with boost_level auto (this run has boost_level O0)"),
+        (momentum, ["--boost_level", "auto", "--autotune.plan", str(tmp_path / "autotune.yaml")], "is not a file"),
+    ]
+    for recipe, args, message in refused:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_boost_plan(parse_config(args, recipe))
+    for recipe, args in [(momentum, ["--boost_level", "O1", "--boost_config_dict.grad_freeze.freeze_p", "0.5"]),
+                         (momentum, ["--boost_level", "auto", "--boost_config_dict.grad_freeze.freeze_p", "0.5"]),
+                         (momentum, ["--boost_level", "O2", "--boost_config_dict.common.device_num", "2"]),
+                         (momentum, ["--boost_config_dict.boost.mode", "manual", "--boost_config_dict.boost.adasum",
+                                     "true", "--boost_config_dict.common.device_number", "1"]),
+                         (configs / "resnet18_synthetic_quickstart.yaml", ["--boost_level", "O0"]),
+                         (thor, [])]:
+        check_boost_plan(parse_config(args, recipe))

@@ -164,6 +164,11 @@ def test_without_config_eval_export_and_run_eval_take_the_recipe_the_checkpoint_
     assert proc.returncode == 0, proc.stderr
     command = proc.stdout.strip().splitlines()[-1]
     assert "--config" not in command and f"--checkpoint_file_path {path}" in command
+    # a bad override is the launcher's error alone (the check's note on the recipe it read had become its first line)
+    bad = subprocess.run(["bash", str(ROOT / "scripts" / "run_eval.sh"), "synthetic", str(path), "--dry-run",
+                          "--boost_level", "O7"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: bad override (train.py and eval.py would stop on it): "
+                                                         "boost_level='O7'"), bad.stderr
 
 
 def _as_momentum_run_tuned_to_o1(path: Path, out: Path) -> Path:

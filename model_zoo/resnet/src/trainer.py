@@ -49,7 +49,7 @@ from model_zoo.resnet.src.run_state import (
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
 from ms_boost import AutoBoost, Model, comm
-from ms_boost.autotune.options import AUTO_LEVEL
+from ms_boost.autotune.options import AUTO_LEVEL, split_auto_config
 from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.dim_reduce.pca import write_weight_manifest
 from ms_boost.divergence import DivergencePolicy, DivergenceRollback
@@ -128,6 +128,52 @@ def check_schedule_keys(cfg: Config) -> None:
                          f"optimizer='THOR', whose learning rate is thor.lr_init * (1 - epoch / thor.lr_end_epoch) ** "
                          f"thor.lr_decay, halved at thor.decay_epochs (no warm-up); set --thor.lr_init, "
                          f"--thor.lr_decay, --thor.lr_end_epoch or --thor.decay_epochs instead.")
+
+
+def _thor_level(cfg: Config) -> None:
+    if cfg.optimizer == "THOR" and str(cfg.boost_level) != "O0":
+        raise ValueError(f"boost_level={cfg.boost_level!r} does not combine with optimizer='THOR' (THOR replaces the "
+                         f"optimizer and trains alone, so the level's algorithms would be dropped); allowed: 'O0'.")
+
+
+def check_boost_plan(cfg: Config) -> None:
+    """The run's boost plan checked as the run will build it, before anything is built (train.py, and the launchers'
+    override check, ``scripts/check_overrides.py``).
+
+    THOR takes no boost key and only level O0 (:func:`check_schedule_keys`); ``autotune.plan`` needs ``boost_level:
+    auto`` and an existing file (:func:`saved_plan`); with ``boost_level: auto`` the ``autotune`` options and the
+    sections are checked as the trial reads them, else ``ms_boost.AutoBoost`` checks the sections (unknown section or
+    key, type, range). A ``--boost_config_dict.<section>.*`` key given on the command line for an algorithm the plan
+    leaves off is refused (its value would be unused; a section written in the recipe file is not: the quick start's
+    sections stay valid under ``--boost_level O0``).
+
+    Raises:
+        ValueError / TypeError: naming the key, the value and what is allowed.
+    """
+    check_schedule_keys(cfg)
+    _thor_level(cfg)
+    plan = saved_plan(cfg)
+    sections = boost_config_dict(cfg, total_steps=1, for_structure=True) or {}
+    if cfg.boost_level == AUTO_LEVEL:
+        if plan is not None:
+            AutoBoost("O0", load_mapping_file(plan, "autotune.plan file"))
+        else:
+            options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
+            split_auto_config(dict(sections, autotune=options))
+        return
+    boost = AutoBoost(cfg.boost_level, sections)
+    given = sorted({key.split(".")[1] for key in command_line_keys(cfg)
+                    if key.startswith("boost_config_dict.") and key.count(".") >= 2})
+    for name in given:
+        if name in ("boost", "common") or boost.enabled(name):
+            continue
+        spec = next(spec for spec in boost.specs if spec.name == name)
+        levels = [level for level in ("O1", "O2") if level in spec.levels]
+        way = f"--boost_level {levels[0]}, or " if levels else ""
+        raise ValueError(f"--boost_config_dict.{name}.*: the {name!r} algorithm is off in this run's plan "
+                         f"(boost_level {cfg.boost_level}, boost.mode {boost.mode!r}), so these values would be "
+                         f"unused; switch it on ({way}--boost_config_dict.boost.mode manual "
+                         f"--boost_config_dict.boost.{name} true) or leave them out.")
 
 
 def setup_runtime(cfg: Config) -> RunInfo:
@@ -436,9 +482,7 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
     if cfg.optimizer == "THOR" and "thor" not in cfg:
         raise ValueError("optimizer='THOR' needs the 'thor' section of schedules and settings; start from "
                          "configs/resnet50_imagenet_thor.yaml.")
-    if cfg.optimizer == "THOR" and str(cfg.boost_level) != "O0":
-        raise ValueError(f"boost_level={cfg.boost_level!r} does not combine with optimizer='THOR' (THOR replaces the "
-                         f"optimizer and trains alone, so the level's algorithms would be dropped); allowed: 'O0'.")
+    _thor_level(cfg)
     lr = learning_rate(cfg, steps_per_epoch)
     lr = Tensor(lr) if isinstance(lr, np.ndarray) else lr
     opt_scale = float(cfg.loss_scale) if _uses_optimizer_loss_scale(cfg) else 1.0
@@ -702,7 +746,7 @@ def train(cfg: Config) -> Dict[str, Any]:
         ValueError: bad configuration, undecodable images, or a checkpoint ``--resume`` cannot continue from.
     """
     check_run_sizes(cfg)
-    check_schedule_keys(cfg)
+    check_boost_plan(cfg)
     divergence_policy(cfg)
     run = setup_runtime(cfg)
     started = time.time()
