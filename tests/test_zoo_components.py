@@ -466,7 +466,14 @@ def test_a_checkpoint_of_this_recipe_with_another_boost_plan_names_the_plan_not_
                                                          "--boost_config_dict.* overrides)" + without) + "$"):
         _check_recipe(cfg, ckpt, theirs, "evaluate/export")
     run.mkdir()
+    # journeys, second round: a stale autotune.yaml of an earlier run in the folder (--overwrite_output keeps it) was
+    # named as this checkpoint's plan; only the file holding the plan the manifest records is
     (run / "autotune.yaml").write_text("boost: {mode: manual}\n")
+    with pytest.raises(ValueError, match="^" + re.escape(head + "the run's --boost_level O0 (and its "
+                                                         "--boost_config_dict.* overrides)" + without) + "$"):
+        _check_recipe(cfg, ckpt, theirs, "evaluate/export")
+    import yaml
+    (run / "autotune.yaml").write_text(yaml.safe_dump(theirs["config"]["boost_config_dict"]))
     with pytest.raises(ValueError, match="^" + re.escape(head + f"--boost_level auto --autotune.plan "
                                                                 f"{run / 'autotune.yaml'}" + without) + "$"):
         _check_recipe(cfg, ckpt, theirs, "evaluate/export")

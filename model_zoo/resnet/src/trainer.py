@@ -388,11 +388,20 @@ def recipe_manifest(cfg: Config) -> Dict[str, Any]:
             "config": cfg.to_dict()}
 
 
+def _holds_plan(plan: Path, config: Dict[str, Any]) -> bool:
+    """Whether ``plan`` (an ``autotune.yaml``) is the plan a run's recorded ``config`` trained (not a stale file of an
+    earlier run in the same folder)."""
+    try:
+        return load_mapping_file(plan, "autotune.plan file") == config.get("boost_config_dict")
+    except (ValueError, OSError):
+        return False
+
+
 def _plan_hint(path: Path, manifest: Dict[str, Any]) -> str:
     """The overrides that rebuild the boost plan a checkpoint's run trained with (its autotune pick, if any)."""
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     for folder in (path.parent.parent, Path(str(config.get("output_path", "")))):
-        if (folder / AUTOTUNE_FILE).is_file():  # an autotuned run: the pick's plan file
+        if (folder / AUTOTUNE_FILE).is_file() and _holds_plan(folder / AUTOTUNE_FILE, config):
             return f"--boost_level {AUTO_LEVEL} --autotune.plan {folder / AUTOTUNE_FILE}"
     return f"the run's --boost_level {manifest.get('boost_level')} (and its --boost_config_dict.* overrides)"
 
