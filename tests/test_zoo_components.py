@@ -548,3 +548,37 @@ def test_the_boost_plan_is_checked_before_the_run_as_the_run_builds_it(tmp_path)
                          (configs / "resnet18_synthetic_quickstart.yaml", ["--boost_level", "O0"]),
                          (thor, [])]:
         check_boost_plan(parse_config(args, recipe))
+
+
+def test_a_saved_plan_keeps_its_level_and_takes_the_command_lines_boost_keys(tmp_path):
+    """Journeys, second round: ``--boost_level auto --autotune.plan <another run's autotune.yaml>
+    --boost_config_dict.grad_freeze.total_steps 30`` trained the file's sections and dropped the override without a
+    word (the plan replaced the whole boost_config_dict), and a resumed autotuned run said 'these keys differ from the
+    checkpoint's run: [boost_level]' (the trial's run recorded O1, the saved plan was read as O0). The command line's
+    keys now go over the file's sections, the level is the one its header names, and a key of an algorithm the plan
+    leaves off is refused as for a fixed plan."""
+    from pathlib import Path
+
+    import yaml
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import check_boost_plan, concrete_plan
+
+    momentum = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    body = {"boost": {"mode": "manual", "less_bn": True, "grad_freeze": True, "grad_accumulation": False},
+            "grad_freeze": {"total_steps": 20, "graph_variants": False}, "less_bn": {"fn_flag": True}}
+    plan = tmp_path / "autotune.yaml"
+    plan.write_text("# ms_boost autotune pick: O1 (boost_level O1), measured 2026-11-27 18:45 UTC\n"
+                    "#   pick: O1 -> boost_level O1\n" + yaml.safe_dump(body))
+    cfg = parse_config(["--boost_level", "auto", "--autotune.plan", str(plan),
+                        "--boost_config_dict.grad_freeze.total_steps", "30"], momentum)
+    concrete = concrete_plan(cfg, plan)
+    assert concrete.boost_level == "O1"
+    assert concrete.boost_config_dict.to_dict() == dict(body, grad_freeze={"total_steps": 30, "graph_variants": False})
+    check_boost_plan(cfg)
+    with pytest.raises(ValueError, match=r"^--boost_config_dict\.grad_accumulation\.\*: the 'grad_accumulation' "
+                                         r"algorithm is off in this run's plan \(boost_level O1, boost\.mode 'manual'\)"):
+        check_boost_plan(parse_config(["--boost_level", "auto", "--autotune.plan", str(plan),
+                                       "--boost_config_dict.grad_accumulation.grad_accumulation_step", "2"], momentum))
+    plan.write_text(yaml.safe_dump(body))  # no header (written by hand): level O0, the manual switches decide
+    assert concrete_plan(parse_config([], momentum), plan).boost_level == "O0"

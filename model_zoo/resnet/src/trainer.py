@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,13 +155,13 @@ def check_boost_plan(cfg: Config) -> None:
     _thor_level(cfg)
     plan = saved_plan(cfg)
     sections = boost_config_dict(cfg, total_steps=1, for_structure=True) or {}
-    if cfg.boost_level == AUTO_LEVEL:
-        if plan is not None:
-            AutoBoost("O0", load_mapping_file(plan, "autotune.plan file"))
-        else:
-            options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
-            split_auto_config(dict(sections, autotune=options))
+    if cfg.boost_level == AUTO_LEVEL and plan is None:
+        options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
+        split_auto_config(dict(sections, autotune=options))
         return
+    if plan is not None:  # the saved pick with the command line's keys over it: checked as a fixed plan
+        cfg = concrete_plan(cfg, plan)
+        sections = boost_config_dict(cfg, total_steps=1, for_structure=True) or {}
     boost = AutoBoost(cfg.boost_level, sections)
     given = sorted({key.split(".")[1] for key in command_line_keys(cfg)
                     if key.startswith("boost_config_dict.") and key.count(".") >= 2})
@@ -323,10 +324,31 @@ def saved_plan(cfg: Config) -> Optional[Path]:
     return None
 
 
+_PICK_LEVEL = re.compile(r"^# ms_boost autotune pick: .*\(boost_level (O[0-2])\)", re.MULTILINE)
+
+
 def concrete_plan(cfg: Config, plan: Path) -> Config:
-    """``cfg`` with the saved pick ``plan`` as its boost plan (level O0, the file's manual switches decide)."""
+    """``cfg`` with the saved pick ``plan`` as its boost plan: the file's sections (its manual switches decide) with
+    the command line's ``--boost_config_dict.*`` keys over them, at the level its header names (the trial's run
+    recorded that level; O0 for a file without the header: the switches decide either way)."""
     data = load_mapping_file(plan, "autotune.plan file")
-    return cfg.replace(boost_level="O0", boost_config_dict=data)
+    try:
+        found = _PICK_LEVEL.search(Path(plan).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        found = None
+    section = cfg.boost_config_dict.to_dict() if isinstance(cfg.boost_config_dict, Config) else {}
+    for key in sorted(command_line_keys(cfg)):  # your overrides win over the saved sections, as over a recipe's
+        if not key.startswith("boost_config_dict."):
+            continue
+        parts, value, node = key.split(".")[1:], section, data
+        for part in parts:
+            value = value[part]
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return cfg.replace(boost_level=found.group(1) if found else "O0", boost_config_dict=data)
 
 
 def autotune_recipe(cfg: Config, run: RunInfo, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer, dataset: ds.Dataset,
@@ -340,10 +362,17 @@ def autotune_recipe(cfg: Config, run: RunInfo, net: nn.Cell, loss: nn.Cell, opt:
     values are written back into ``net`` and ``opt`` when training ends). The trial's options are the ``autotune``
     section (its ``plan`` aside); the pick is written to ``<output_path>/autotune.yaml``."""
     plan = saved_plan(cfg)
+    total_steps = steps_per_epoch * int(cfg.epoch_size)
     if plan is not None:
         _say(run, f"autotune: no trial, training the saved plan {str(plan)!r}")
-        return concrete_plan(cfg, plan), None
-    total_steps = steps_per_epoch * int(cfg.epoch_size)
+        cfg = concrete_plan(cfg, plan)
+        sections = cfg.boost_config_dict.to_dict()
+        length = (sections.get("grad_freeze") or {}).get("total_steps")
+        if (sections.get("boost") or {}).get("grad_freeze") and isinstance(length, int) and length != total_steps:
+            _say(run, f"autotune: note: the plan's grad_freeze.total_steps={length} is the length of the run that "
+                      f"picked it, not this run's {total_steps} steps: the freezing schedule repeats every {length} "
+                      f"steps (--boost_config_dict.grad_freeze.total_steps {total_steps} sets this run's length)")
+        return cfg, None
     sections = boost_config_dict(cfg, total_steps) or {}
     options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
     options["save_path"] = str(Path(os.path.expanduser(str(cfg.output_path))) / AUTOTUNE_FILE)
