@@ -582,3 +582,26 @@ def test_a_saved_plan_keeps_its_level_and_takes_the_command_lines_boost_keys(tmp
                                        "--boost_config_dict.grad_accumulation.grad_accumulation_step", "2"], momentum))
     plan.write_text(yaml.safe_dump(body))  # no header (written by hand): level O0, the manual switches decide
     assert concrete_plan(parse_config([], momentum), plan).boost_level == "O0"
+
+
+def test_resuming_another_optimizers_checkpoint_is_refused_naming_its_recipe(tmp_path):
+    """Journeys, second round: --resume of a THOR run's checkpoint with the Momentum recipe (the same plain-BatchNorm
+    network) went on training with Momentum, THOR's moments loaded as Momentum's, with only a note listing the keys
+    that differ. It is refused now, naming the recipe to resume with (and --pretrained for its weights alone)."""
+    import re
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import _check_recipe, recipe_manifest
+
+    configs = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs"
+    thor = recipe_manifest(parse_config([], configs / "resnet50_imagenet_thor.yaml"))
+    momentum = parse_config([], configs / "resnet50_imagenet_momentum.yaml")
+    ckpt = tmp_path / "resnet-1_2.ckpt"
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"resume: checkpoint '{ckpt}' was written by recipe 'resnet50_imagenet_thor' with optimizer='THOR', this "
+            f"run trains optimizer='Momentum': the optimizer's state does not carry over, so this would be another "
+            f"run, not its continuation; resume it with --config {configs / 'resnet50_imagenet_thor.yaml'}, or start "
+            f"a new run from its weights with --pretrained {ckpt}.") + "$"):
+        _check_recipe(momentum, ckpt, thor, "resume")
+    _check_recipe(momentum, ckpt, thor, "evaluate/export")  # evaluating it needs only the network: accepted

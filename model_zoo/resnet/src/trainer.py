@@ -443,6 +443,13 @@ _WITHOUT_CONFIG = (", or give neither --config nor --boost_level/--boost_config_
 def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], action: str) -> None:
     if manifest is None:
         return
+    if action == "resume" and manifest.get("optimizer") not in (None, cfg.optimizer):
+        where = manifest.get("recipe_path") or manifest.get("recipe") or "?"
+        raise ValueError(f"resume: checkpoint {str(path)!r} was written by recipe {manifest.get('recipe')!r} with "
+                         f"optimizer={manifest.get('optimizer')!r}, this run trains optimizer={cfg.optimizer!r}: the "
+                         f"optimizer's state does not carry over, so this would be another run, not its continuation; "
+                         f"resume it with --config {where}, or start a new run from its weights with --pretrained "
+                         f"{str(path)}.")
     mine, theirs = recipe_structure(cfg), manifest.get("structure")
     if theirs == mine:
         return
