@@ -577,7 +577,8 @@ def test_a_saved_plan_keeps_its_level_and_takes_the_command_lines_boost_keys(tmp
     assert concrete.boost_config_dict.to_dict() == dict(body, grad_freeze={"total_steps": 30, "graph_variants": False})
     check_boost_plan(cfg)
     with pytest.raises(ValueError, match=r"^--boost_config_dict\.grad_accumulation\.\*: the 'grad_accumulation' "
-                                         r"algorithm is off in this run's plan \(boost_level O1, boost\.mode 'manual'\)"):
+                                         r"algorithm is off in this run's plan \(boost_level O1, boost\.mode "
+                                         r"'manual'\)"):
         check_boost_plan(parse_config(["--boost_level", "auto", "--autotune.plan", str(plan),
                                        "--boost_config_dict.grad_accumulation.grad_accumulation_step", "2"], momentum))
     plan.write_text(yaml.safe_dump(body))  # no header (written by hand): level O0, the manual switches decide

@@ -11,8 +11,9 @@ is an error, eval classes missing are named in a warning.
 The network's shape (``net_name``, ``base_width``, ``class_num``) and ``eval_image_size`` come from the
 checkpoint's run manifest unless the command line gives them (src/checkpoint_shape.py): the training run's
 overrides need not be repeated. Without ``--config`` the recipe is the one the manifest names and the boost plan the
-run's own (``--boost_level O1`` given to the Momentum recipe, an autotuned pick) unless the command line sets it. Without any train split the eval split's own
-sorted class folders are used, with a warning (a class missing there would shift every later label).
+run's own (``--boost_level O1`` given to the Momentum recipe, an autotuned pick) unless the command line sets it.
+Without any train split the eval split's own sorted class folders are used, with a warning (a class missing there
+would shift every later label).
 """
 from __future__ import annotations
 

@@ -158,8 +158,8 @@ def split_auto_config(boost_config_dict: Any) -> Tuple[AutotuneOptions, Dict[str
                         f"{short_repr(boost_config_dict)} ({type(boost_config_dict).__name__}).")
     boost = raw.pop("boost", None) or {}
     if not isinstance(boost, Mapping) or any(k != "mode" for k in boost) or boost.get("mode", "auto") != "auto":
+        hint = _SAVED_PICK if isinstance(boost, Mapping) and boost.get("mode") == "manual" else ""
         raise BoostConfigError(f"boost config 'boost'={short_repr(boost)} is not allowed with boost_level='auto': "
                                f"the autotune chooses the switches (allowed: no 'boost' section, or "
-                               f"{{'mode': 'auto'}}); give a fixed boost_level to set them yourself"
-                               f"{_SAVED_PICK if isinstance(boost, Mapping) and boost.get('mode') == 'manual' else ''}.")
+                               f"{{'mode': 'auto'}}); give a fixed boost_level to set them yourself{hint}.")
     return parse_options(raw.pop("autotune", None)), raw

@@ -104,8 +104,10 @@ _LR_ALLOWED = "a float >= 0, a per-step array (list, numpy array or 1-D Tensor o
 
 
 def _check_learning_rate(learning_rate) -> None:
-    """Refuse what MindSpore's optimizer would take apart with a bare error (a str is iterated character by
-    character: "could not convert string to float: '.'")."""
+    """Refuse a learning rate MindSpore's optimizer would take apart with a bare error.
+
+    A str is iterated character by character: "could not convert string to float: '.'".
+    """
     if isinstance(learning_rate, (Tensor, LearningRateSchedule)):
         return
     if isinstance(learning_rate, bool) or isinstance(learning_rate, (str, bytes)):
@@ -124,8 +126,11 @@ def _check_learning_rate(learning_rate) -> None:
 
 
 def _per_step_lr_last(learning_rate) -> Optional[int]:
-    """The last index of a per-step learning-rate array as MindSpore's optimizer holds it (a schedule over one 1-D
-    Parameter of values); None for a float or a user's LearningRateSchedule."""
+    """The last index of a per-step learning-rate array as MindSpore's optimizer holds it.
+
+    MindSpore holds such an array as a schedule over one 1-D Parameter of values; None for a float or a user's
+    LearningRateSchedule.
+    """
     values = getattr(learning_rate, "learning_rate", None)
     if type(learning_rate).__name__ == "_IteratorLearningRate" and isinstance(values, Parameter) \
             and len(values.shape) == 1:
@@ -499,8 +504,10 @@ class THOR(nn.Optimizer, ThorStepVariants):
         return self._thor_layers
 
     def get_lr(self):
-        """This step's learning rate; a per-step array keeps its last value after its end (MindSpore's optimizers
-        index past it and stop with a Gather error)."""
+        """This step's learning rate; a per-step array keeps its last value after its end.
+
+        MindSpore's optimizers index past the end and stop with a Gather error.
+        """
         if self._lr_last is None:
             return super().get_lr()
         index = ops.minimum(self.global_step.reshape(()), self._lr_last)
