@@ -250,6 +250,9 @@ def test_bad_options_name_the_key(tmp_path):
     with pytest.raises(BoostConfigError, match=r"^boost config autotune\.save_path='.*' is a folder; allowed: the "
                                                r"path of a file to write the pick to, e\.g\. '.*autotune\.yaml'\.$"):
         parse_options({"save_path": str(tmp_path)})
+    with pytest.raises(TypeError, match=r"^boost config autotune\.candidates='O0, O1' is one string; give a list of "
+                                        r"candidate names, e\.g\. \['O0', 'O1'\]\.$"):
+        parse_options({"candidates": "O0, O1"})  # was "unknown candidate 'O0, O1'"
     with pytest.raises(BoostConfigError, match=r"a saved pick .* is reused without a trial as Model\(\.\.\., "
                                                r"boost_level='O0', boost_config_dict=<the file>\)"):
         split_auto_config({"boost": {"mode": "manual", "less_bn": False, "thor": False}})

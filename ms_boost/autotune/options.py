@@ -91,6 +91,10 @@ class AutotuneOptions:
 
 
 def _names(value: Any) -> Tuple[str, ...]:
+    if isinstance(value, str) and "," in value:  # "O0, O1": one string, not the list it looks like
+        names = [name.strip() for name in value.split(",")]
+        raise TypeError(f"boost config autotune.candidates={short_repr(value)} is one string; give a list of candidate "
+                        f"names, e.g. {names!r}.")
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
