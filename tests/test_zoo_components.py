@@ -606,3 +606,18 @@ def test_resuming_another_optimizers_checkpoint_is_refused_naming_its_recipe(tmp
             f"a new run from its weights with --pretrained {ckpt}.") + "$"):
         _check_recipe(momentum, ckpt, thor, "resume")
     _check_recipe(momentum, ckpt, thor, "evaluate/export")  # evaluating it needs only the network: accepted
+
+
+def test_steps_per_epoch_above_the_data_sets_batches_is_said():
+    """Journeys, second round: --steps_per_epoch 4 on a set of 2 batches trained 2-step epochs without a word."""
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import short_epoch_note
+
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    assert short_epoch_note(parse_config(["--steps_per_epoch", "4", "--batch_size", "8"], recipe), 2) == (
+        "note: steps_per_epoch=4 is more than the 2 batches of batch_size 8 an epoch of this data set has (per rank): "
+        "each epoch trains 2 steps.")
+    assert short_epoch_note(parse_config(["--steps_per_epoch", "2"], recipe), 2) is None
+    assert short_epoch_note(parse_config([], recipe), 5) is None  # 0: whole epochs

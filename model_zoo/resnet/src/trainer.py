@@ -771,6 +771,16 @@ def claim_output(cfg: Config, run: RunInfo) -> None:
               f"checkpoint(s) of the previous run in {str(directory)!r}", flush=True)
 
 
+def short_epoch_note(cfg: Config, steps_per_epoch: int) -> Optional[str]:
+    """The note when ``steps_per_epoch`` asks for more steps than an epoch of the data set has (``take`` keeps them
+    all, so the epochs are shorter than asked), else None."""
+    asked = int(cfg.steps_per_epoch or 0)
+    if asked <= steps_per_epoch:
+        return None
+    return (f"note: steps_per_epoch={asked} is more than the {steps_per_epoch} batches of batch_size {cfg.batch_size} "
+            f"an epoch of this data set has (per rank): each epoch trains {steps_per_epoch} steps.")
+
+
 def _say(run: RunInfo, text: str) -> None:
     if run.rank == 0:
         print(text, flush=True)
@@ -799,6 +809,9 @@ def train(cfg: Config) -> Dict[str, Any]:
     check_training_data(cfg, run)
     dataset = train_dataset(cfg, run)
     steps_per_epoch = dataset.get_dataset_size()
+    short = short_epoch_note(cfg, steps_per_epoch)
+    if short:
+        _say(run, short)
     total_steps = steps_per_epoch * int(cfg.epoch_size)
     net = build_network(cfg)
     loss = build_loss(cfg)
