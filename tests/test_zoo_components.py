@@ -621,3 +621,26 @@ def test_steps_per_epoch_above_the_data_sets_batches_is_said():
         "each epoch trains 2 steps.")
     assert short_epoch_note(parse_config(["--steps_per_epoch", "2"], recipe), 2) is None
     assert short_epoch_note(parse_config([], recipe), 5) is None  # 0: whole epochs
+
+
+def test_a_command_line_key_in_ms_boosts_other_spelling_replaces_the_recipes():
+    """Journeys, second round: upstream's docs spell ``dim_reduce.n_components`` (the stage-2 recipe: ``n_component``)
+    and the stage-2 tutorial ``common.device_num`` (the O1 recipe: ``device_number``); given on the command line, the
+    other spelling stayed in the recipe's section and ms_boost refused the pair as 'given twice ... give it once',
+    although the user gave it once. The command line's spelling now replaces the recipe's."""
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import boost_config_dict, check_boost_plan
+    from ms_boost import AutoBoost
+
+    configs = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs"
+    stage2 = parse_config(["--pretrained", "/stage1/resnet-70_625.ckpt", "--boost_config_dict.dim_reduce.n_components",
+                           "8"], configs / "resnet50_imagenet_dim_reduce_stage2.yaml")
+    dim = boost_config_dict(stage2, total_steps=10)["dim_reduce"]
+    assert dim["n_components"] == 8 and "n_component" not in dim
+    check_boost_plan(stage2)
+    o2 = parse_config(["--boost_level", "O2", "--boost_config_dict.common.device_num", "2"],
+                      configs / "resnet50_imagenet_boost_o1.yaml")
+    assert boost_config_dict(o2, total_steps=10)["common"] == {"device_num": 2}
+    assert AutoBoost("O2", boost_config_dict(o2, total_steps=10)).common.device_number == 2

@@ -49,11 +49,12 @@ from model_zoo.resnet.src.run_state import (
     schedule_parameter_names,
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
-from ms_boost import AutoBoost, Model, comm
+from ms_boost import AutoBoost, Model, comm, registry
 from ms_boost.autotune.options import AUTO_LEVEL, split_auto_config
 from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.dim_reduce.pca import write_weight_manifest
 from ms_boost.divergence import DivergencePolicy, DivergenceRollback
+from ms_boost.spec import CommonConfig
 from ms_boost.validation import load_mapping_file
 
 __all__ = [
@@ -558,6 +559,28 @@ def loss_scale_manager(cfg: Config):
     return FixedLossScaleManager(float(cfg.loss_scale), drop_overflow_update=bool(cfg.drop_overflow_update))
 
 
+def _section_aliases() -> Dict[str, Dict[str, str]]:
+    """Section name -> {alias: key} of ms_boost's sections (``common.device_num``, ``dim_reduce.n_component``)."""
+    classes = {"common": CommonConfig, **{spec.name: spec.section for spec in registry.specs()}}
+    return {name: dict(getattr(cls, "ALIASES", {}) or {}) for name, cls in classes.items()}
+
+
+def _one_spelling(sections: Dict[str, Any], given) -> None:
+    """A command-line key of a section drops the recipe's other spelling of it (upstream's ``n_components`` over the
+    stage-2 recipe's ``n_component``, ``device_num`` over ``device_number``), in place: the two together were refused
+    as the key given twice although the user gave it once."""
+    aliases = _section_aliases()
+    for key in sorted(given):
+        parts = key.split(".")
+        if len(parts) != 3 or parts[0] != "boost_config_dict" or not isinstance(sections.get(parts[1]), dict):
+            continue
+        section, name = parts[1], parts[2]
+        table = aliases.get(section, {})
+        canonical = table.get(name, name)
+        for spelling in {canonical, *[a for a, c in table.items() if c == canonical]} - {name}:
+            sections[section].pop(spelling, None)
+
+
 def boost_config_dict(cfg: Config, total_steps: int, for_structure: bool = False) -> Optional[Dict[str, Any]]:
     """The recipe's ``boost_config_dict`` with the model zoo's conventions filled in.
 
@@ -573,6 +596,7 @@ def boost_config_dict(cfg: Config, total_steps: int, for_structure: bool = False
     if not raw:
         return None
     result = copy.deepcopy(raw)
+    _one_spelling(result, command_line_keys(cfg))
     freeze = result.get("grad_freeze")
     if isinstance(freeze, dict) and freeze.get("total_steps") == 0:
         freeze["total_steps"] = int(total_steps)
