@@ -32,10 +32,14 @@ PLAN_SECTIONS = ("boost_config_dict.", "autotune.")
 
 
 def touches_plan(cfg) -> bool:
-    """Whether the command line sets part of the boost plan (a key of :data:`PLAN_KEYS` or below
-    :data:`PLAN_SECTIONS`), or adds a key the recipe lacks."""
-    from model_zoo.resnet.src.config import added_keys, command_line_keys
+    """Whether the boost plan may hold something the zoo's own recipes were not checked with: the command line sets part
+    of it (a key of :data:`PLAN_KEYS` or below :data:`PLAN_SECTIONS`) or adds a key the recipe lacks, or the recipe is
+    a user's (not one of ``model_zoo/resnet/configs``; its sections and levels are checked as the run builds them)."""
+    from model_zoo.resnet.src.config import added_keys, command_line_keys, config_source
 
+    source = config_source(cfg)
+    if source and Path(source).resolve().parent != (ROOT / "model_zoo" / "resnet" / "configs").resolve():
+        return True
     return bool(added_keys(cfg)) or any(key in PLAN_KEYS or key.startswith(PLAN_SECTIONS)
                                         for key in command_line_keys(cfg))
 
