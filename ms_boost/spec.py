@@ -104,6 +104,7 @@ def build_section(name: str, cls: type, raw: Any) -> Any:
     allowed = tuple(f.name for f in fields(cls))
     aliases = dict(getattr(cls, "ALIASES", {}) or {})
     values: Dict[str, Any] = {}
+    spelled_as: Dict[str, Any] = {}
     for key, value in raw.items():
         canonical = aliases.get(key, key)
         if canonical not in allowed:
@@ -111,9 +112,11 @@ def build_section(name: str, cls: type, raw: Any) -> Any:
             shown = key if isinstance(key, str) and len(key) <= 80 else short_repr(key)
             raise BoostConfigError(f"unknown boost config key '{name}.{shown}'; allowed keys: {spelled or 'none'}.")
         if canonical in values:
-            raise BoostConfigError(f"boost config '{name}.{canonical}' is given twice (as '{canonical}' and "
-                                   f"its alias); give it once.")
+            raise BoostConfigError(f"boost config '{name}.{canonical}' is given twice, as "
+                                   f"'{name}.{spelled_as[canonical]}' and as '{name}.{key}' (two spellings of one "
+                                   f"key; a dict or recipe merged over another may hold the other one); give it once.")
         values[canonical] = value
+        spelled_as[canonical] = key
     return cls(**values)
 
 

@@ -17,14 +17,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def check_boost_sections(cfg) -> None:
-    """The recipe's ``boost_config_dict`` with the overrides, checked as the run will: refused with THOR, else by
-    ``ms_boost.AutoBoost`` (unknown section or key, wrong type: its error names them and what is allowed)."""
-    from model_zoo.resnet.src.trainer import boost_config_dict, check_schedule_keys
-    from ms_boost import AutoBoost
+    """The recipe's boost plan with the overrides, checked as the run will (``trainer.check_boost_plan``: THOR takes no
+    boost key and only level O0; ``autotune.plan`` and the ``autotune`` options; ``ms_boost.AutoBoost``'s check of
+    every section; a command-line section of an algorithm the plan leaves off): its error names the key and what is
+    allowed."""
+    from model_zoo.resnet.src.trainer import check_boost_plan
 
-    check_schedule_keys(cfg)  # THOR takes no boost section
-    level = cfg.boost_level if cfg.boost_level in ("O0", "O1", "O2") else "O0"  # auto: its candidates' base
-    AutoBoost(level, boost_config_dict(cfg, total_steps=1, for_structure=True))  # the zoo's conventions filled in
+    check_boost_plan(cfg)
+
+
+#: command-line keys that change the boost plan: with one of them the plan is checked (imports MindSpore: seconds)
+PLAN_KEYS = ("boost_level", "optimizer")
+PLAN_SECTIONS = ("boost_config_dict.", "autotune.")
+
+
+def touches_plan(cfg) -> bool:
+    """Whether the boost plan may hold something the zoo's own recipes were not checked with: the command line sets part
+    of it (a key of :data:`PLAN_KEYS` or below :data:`PLAN_SECTIONS`) or adds a key the recipe lacks, or the recipe is
+    a user's (not one of ``model_zoo/resnet/configs``; its sections and levels are checked as the run builds them)."""
+    from model_zoo.resnet.src.config import added_keys, command_line_keys, config_source
+
+    source = config_source(cfg)
+    if source and Path(source).resolve().parent != (ROOT / "model_zoo" / "resnet" / "configs").resolve():
+        return True
+    return bool(added_keys(cfg)) or any(key in PLAN_KEYS or key.startswith(PLAN_SECTIONS)
+                                        for key in command_line_keys(cfg))
 
 
 def _forget_light_imports() -> None:
@@ -62,11 +79,10 @@ def main(argv) -> int:
     try:
         # no --config but a checkpoint: the recipe its run manifest names, as eval.py/export.py take it (this
         # reads the checkpoint, so MindSpore is imported here)
-        from model_zoo.resnet.src.config import added_keys
         from model_zoo.resnet.src.recipe_lookup import default_recipe
-        recipe = default_recipe(argv, default, "check_overrides.py")
+        recipe = default_recipe(argv, default, None)
         cfg = parse_config(argv, recipe)
-        if added_keys(cfg):  # boost_config_dict keys the recipe lacks: ms_boost checks them (MindSpore: seconds)
+        if touches_plan(cfg):  # the plan as the run builds it: ms_boost checks it (MindSpore: seconds)
             cfg = _parse_config(light=False)(argv, recipe)
             check_boost_sections(cfg)
     except (ValueError, TypeError, OSError) as err:

@@ -232,7 +232,7 @@ def test_budget_outside_zero_one_names_the_key(budget):
         parse_options({"budget": budget})
 
 
-def test_bad_options_name_the_key():
+def test_bad_options_name_the_key(tmp_path):
     with pytest.raises(TypeError, match=r"autotune\.budget must be a number"):
         parse_options({"budget": "5%"})
     with pytest.raises(BoostConfigError, match=r"unknown candidate 'O3'; allowed: \['O0', 'O0_cpu_gemm_conv', 'O1'"):
@@ -245,6 +245,17 @@ def test_bad_options_name_the_key():
         parse_options({"max_trial_steps": 2})
     with pytest.raises(BoostConfigError, match="the autotune chooses the switches"):
         split_auto_config({"boost": {"mode": "manual", "thor": True}})
+    # journeys, second round: a folder as save_path failed with IsADirectoryError once the trial had run; a saved pick
+    # given back with boost_level auto is named as such
+    with pytest.raises(BoostConfigError, match=r"^boost config autotune\.save_path='.*' is a folder; allowed: the "
+                                               r"path of a file to write the pick to, e\.g\. '.*autotune\.yaml'\.$"):
+        parse_options({"save_path": str(tmp_path)})
+    with pytest.raises(TypeError, match=r"^boost config autotune\.candidates='O0, O1' is one string; give a list of "
+                                        r"candidate names, e\.g\. \['O0', 'O1'\]\.$"):
+        parse_options({"candidates": "O0, O1"})  # was "unknown candidate 'O0, O1'"
+    with pytest.raises(BoostConfigError, match=r"a saved pick .* is reused without a trial as Model\(\.\.\., "
+                                               r"boost_level='O0', boost_config_dict=<the file>\)"):
+        split_auto_config({"boost": {"mode": "manual", "less_bn": False, "thor": False}})
     options, sections = split_auto_config({"boost": {"mode": "auto"}, "grad_freeze": {"param_groups": 2},
                                            "autotune": {"budget": 0.1}})
     assert options.budget == 0.1 and sections == {"grad_freeze": {"param_groups": 2}}

@@ -165,7 +165,10 @@ def test_unknown_key_names_path_and_allowed():
 
 
 def test_alias_and_canonical_given_twice():
-    with pytest.raises(ValueError, match="given twice"):
+    # journeys, second round: both spellings named (a user recipe's device_num over its base's device_number said
+    # "given twice (as 'device_number' and its alias)", although the user wrote one)
+    with pytest.raises(ValueError, match=r"^boost config 'common\.device_number' is given twice, as "
+                                         r"'common\.device_num' and as 'common\.device_number' \(two spellings"):
         AutoBoost("O1", {"common": {"device_num": 8, "device_number": 8}})
 
 

@@ -162,11 +162,18 @@ def test_command_line(tmp_path, capsys):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "7 checkpoints, 5 parameters" in proc.stderr and "wrote" in proc.stderr
+    # journeys, second round: every run of the documented command printed runpy's "RuntimeWarning: 'ms_boost.dim_reduce
+    # .pca' found in sys.modules ... unpredictable behaviour" (the package imports the module first)
+    assert "RuntimeWarning" not in proc.stderr, proc.stderr
     _assert_equal_up_to_sign(np.load(out, allow_pickle=False), _svd_components(rows, 3))
     # too few checkpoints: exit status 2 and the reason (``main`` in this process: the entry point above is the
     # same function; a second interpreter only imported MindSpore again, ~2 CPU-s)
     assert pca_main(cmd[3:-3] + ["7", "--output", out]) == 2
     assert "needs at least 8" in capsys.readouterr().err
+    # --output naming a folder: said up front (was "[Errno 20] Not a directory: '/tmp/.pca_...npy.tmp' -> '<folder>/'"
+    # after the whole computation)
+    assert pca_main(cmd[3:-1] + [str(tmp_path) + os.sep]) == 2
+    assert f"output='{tmp_path}{os.sep}' is a folder; give the .npy file to write, e.g. " in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -238,6 +238,35 @@ def test_boost_keys_a_recipe_lacks_are_checked_by_ms_boost_before_the_launch(env
     assert bad.returncode == 2 and "unknown boost config key 'grad_freeze.freeze_q'; allowed keys:" in bad.stderr
 
 
+def test_a_boost_value_out_of_range_on_a_key_the_recipe_has_stops_the_launch(env, tmp_path):
+    """Journeys, second round: ``--boost_config_dict.grad_freeze.freeze_p 1.5`` on the O1 recipe (which has the key)
+    passed the launcher's check (only keys the recipe lacked went to ms_boost) and stopped train.py on every rank;
+    every override of the plan is now checked before the launch (the cases: tests/test_zoo_components.py)."""
+    bad = run("run_standalone_train.sh", "synthetic", CONFIGS / "resnet50_imagenet_boost_o1.yaml",
+              "--boost_config_dict.grad_freeze.freeze_p", "1.5", "--dry-run", env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith(
+        "error: bad override (train.py and eval.py would stop on it): boost config grad_freeze.freeze_p=1.5 is out "
+        "of range; allowed: 0.0 <= value <= 1.0."), bad.stderr
+
+
+def test_a_users_recipe_has_its_boost_plan_checked_before_the_launch(tmp_path):
+    """Journeys, second round: a recipe of one's own (``base:`` the O1 recipe, ``freeze_p: 1.5``) passed the launchers'
+    check with no override given, and stopped train.py on every rank; a recipe outside the zoo's configs/ has its plan
+    checked as the run builds it (in this process: the check's ``main``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_overrides_under_test", SCRIPTS / "check_overrides.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    mine = tmp_path / "my_o1.yaml"
+    mine.write_text(f"base: {CONFIGS / 'resnet50_imagenet_boost_o1.yaml'}\nboost_config_dict:\n  grad_freeze:\n"
+                    f"    freeze_p: 1.5\n")
+    assert module.main(["--config", str(mine)]) == 2
+    mine.write_text(f"base: {CONFIGS / 'resnet50_imagenet_boost_o1.yaml'}\nboost_config_dict:\n  grad_freeze:\n"
+                    f"    freeze_p: 0.5\n")
+    assert module.main(["--config", str(mine)]) == 0
+
+
 def test_relative_paths_in_overrides_become_absolute(env, tmp_path):
     (tmp_path / "weights.ckpt").write_bytes(b"")
     proc = run("run_standalone_train.sh", "synthetic", "--pretrained", "weights.ckpt", "--dry-run", env=env,

@@ -112,3 +112,20 @@ def test_training_the_copy_trains_the_original():
     assert not np.allclose(net[0].weight.asnumpy(), before)
     assert type(net[0]) is nn.Dense and isinstance(opt.thor_network[0], DenseThor)
     assert isinstance(opt.thor_network.cell_list[0], DenseThor)
+
+
+def test_convert_to_thor_model_with_another_optimizer_warns_and_returns_the_model():
+    """Journeys, second round: docs/thor.md's convert_to_thor_model given a Momentum optimizer (a THOR optimizer
+    forgotten) returned the model unchanged without a word, as upstream does; it still returns it, and says so."""
+    from mindspore.train import Model
+
+    from ms_boost.thor import ConvertModelUtils
+
+    net = nn.Dense(3, 2)
+    loss = nn.MSELoss()
+    opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    model = Model(net, loss, opt)
+    with pytest.warns(UserWarning, match=r"^convert_to_thor_model: the optimizer is Momentum, not THOR, so the model "
+                                         r"is returned unchanged and trains with it; build the optimizer with "
+                                         r"ms_boost\.thor\.thor\("):
+        assert ConvertModelUtils().convert_to_thor_model(model, net, loss, opt) is model

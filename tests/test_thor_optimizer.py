@@ -364,3 +364,27 @@ def test_pynative_compiled_step_equals_op_by_op_and_follows_set_data():
         for a, b in zip(nets[0].trainable_params(), nets[1].trainable_params()):
             np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
     assert int(opts[0].global_step.asnumpy().reshape(-1)[0]) == 5
+
+
+def test_a_per_step_learning_rate_keeps_its_last_value_after_its_end(mode):
+    """docs/thor.md: ``lr`` may be a per-step array whose last value is kept after its end, as the damping's is.
+    Journeys, second round: a 2-value array on a 4-step run stopped at step 3 with MindSpore's "For 'Gather', the
+    'input_indices' should be in the range [0, 2), but got 2". Now it trains exactly as the array padded with its
+    last value; a str learning rate is refused naming the argument (was "could not convert string to float")."""
+    weights, x, y = _mlp_data()
+
+    def trained(lr):
+        net = MLP(*weights)
+        opt = thor(net, lr, 0.05, 0.9, frequency=2)
+        cell = _train_cell(opt.thor_network, opt)
+        for _ in range(4):
+            cell(Tensor(x), Tensor(y))
+        return [p.asnumpy() for p in net.trainable_params()]
+
+    short = trained([0.3, 0.2])
+    padded = trained(np.array([0.3, 0.2, 0.2, 0.2], np.float32))
+    for a, b in zip(short, padded):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match=r"^thor: learning_rate='0\.1' \(str\) is not allowed; allowed: a float >= 0, "
+                                        r"a per-step array"):
+        thor(MLP(*weights), "0.1", 0.05, 0.9)

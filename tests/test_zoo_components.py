@@ -460,13 +460,22 @@ def test_a_checkpoint_of_this_recipe_with_another_boost_plan_names_the_plan_not_
     head = (f"checkpoint '{ckpt}' was written by this recipe ('resnet18_synthetic_quickstart') with another boost "
             f"plan: it holds resnet18 width 8, 10 classes, plain BatchNorm (boost_level 'O0'), this config builds "
             f"resnet18 width 8, 10 classes, LessBN (FN head) (boost_level 'O1'); evaluate/export it with ")
+    without = (", or give neither --config nor --boost_level/--boost_config_dict.*: eval.py and export.py then take "
+               "the recipe and its boost plan from the checkpoint's run manifest.")
     with pytest.raises(ValueError, match="^" + re.escape(head + "the run's --boost_level O0 (and its "
-                                                         "--boost_config_dict.* overrides).") + "$"):
+                                                         "--boost_config_dict.* overrides)" + without) + "$"):
         _check_recipe(cfg, ckpt, theirs, "evaluate/export")
     run.mkdir()
+    # journeys, second round: a stale autotune.yaml of an earlier run in the folder (--overwrite_output keeps it) was
+    # named as this checkpoint's plan; only the file holding the plan the manifest records is
     (run / "autotune.yaml").write_text("boost: {mode: manual}\n")
+    with pytest.raises(ValueError, match="^" + re.escape(head + "the run's --boost_level O0 (and its "
+                                                         "--boost_config_dict.* overrides)" + without) + "$"):
+        _check_recipe(cfg, ckpt, theirs, "evaluate/export")
+    import yaml
+    (run / "autotune.yaml").write_text(yaml.safe_dump(theirs["config"]["boost_config_dict"]))
     with pytest.raises(ValueError, match="^" + re.escape(head + f"--boost_level auto --autotune.plan "
-                                                                f"{run / 'autotune.yaml'}.") + "$"):
+                                                                f"{run / 'autotune.yaml'}" + without) + "$"):
         _check_recipe(cfg, ckpt, theirs, "evaluate/export")
     _check_recipe(cfg, ckpt, recipe_manifest(cfg), "evaluate/export")  # its own plan: accepted
 
@@ -492,3 +501,146 @@ def test_first_order_schedule_overrides_are_refused_for_thor_not_ignored():
         check_schedule_keys(parse_config(["--lr_decay_mode", "cosine"], thor))
     check_schedule_keys(parse_config(["--warmup_epochs", "0", "--thor.lr_init", "0.1"], thor))
     check_schedule_keys(parse_config(["--lr_max", "0.1"], configs / "resnet50_imagenet_momentum.yaml"))
+
+
+def test_the_boost_plan_is_checked_before_the_run_as_the_run_builds_it(tmp_path):
+    """Journeys, second round: overrides of the plan that passed train.py's start (and the launchers' check) and
+    failed later -- THOR with --boost_level O1/auto, an autotune option out of range, an unknown candidate,
+    --autotune.plan without boost_level auto, a 'boost' section under auto -- or were dropped with only a note in the
+    plan's summary (a --boost_config_dict.<section>.* key of an algorithm the plan leaves off) stop with one message
+    naming the key and the way on. Recipe-file sections of an off algorithm stay valid (the quick start at O0)."""
+    import re
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import check_boost_plan
+
+    configs = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs"
+    momentum, thor = configs / "resnet50_imagenet_momentum.yaml", configs / "resnet50_imagenet_thor.yaml"
+    refused = [
+        (momentum, ["--boost_config_dict.grad_freeze.freeze_p", "0.5"],
+         "--boost_config_dict.grad_freeze.*: the 'grad_freeze' algorithm is off in this run's plan (boost_level O0, "
+         "boost.mode 'auto'), so these values would be unused; switch it on (--boost_level O1, or "
+         "--boost_config_dict.boost.mode manual --boost_config_dict.boost.grad_freeze true) or leave them out."),
+        (momentum, ["--boost_config_dict.grad_accumulation.grad_accumulation_step", "2"],
+         "the 'grad_accumulation' algorithm is off in this run's plan"),
+        (configs / "resnet50_imagenet_boost_o1.yaml", ["--boost_config_dict.grad_freeze.freeze_p", "1.5"],
+         "boost config grad_freeze.freeze_p=1.5 is out of range; allowed: 0.0 <= value <= 1.0."),
+        (thor, ["--boost_level", "O1"], "boost_level='O1' does not combine with optimizer='THOR'"),
+        (thor, ["--boost_level", "auto"], "boost_level='auto' does not combine with optimizer='THOR'"),
+        (momentum, ["--boost_level", "auto", "--autotune.budget", "1.5"],
+         "boost config autotune.budget=1.5 is out of range; allowed: 0.0 < value < 1.0."),
+        (momentum, ["--boost_level", "auto", "--autotune.candidates", "[O0, O3]"], "unknown candidate 'O3'; allowed"),
+        (momentum, ["--boost_level", "auto", "--boost_config_dict.boost.mode", "manual"],
+         "is not allowed with boost_level='auto'"),
+        (momentum, ["--autotune.plan", str(tmp_path / "autotune.yaml")],
+         "is only read with boost_level auto (this run has boost_level O0)"),
+        (momentum, ["--boost_level", "auto", "--autotune.plan", str(tmp_path / "autotune.yaml")], "is not a file"),
+    ]
+    for recipe, args, message in refused:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_boost_plan(parse_config(args, recipe))
+    for recipe, args in [(momentum, ["--boost_level", "O1", "--boost_config_dict.grad_freeze.freeze_p", "0.5"]),
+                         (momentum, ["--boost_level", "auto", "--boost_config_dict.grad_freeze.freeze_p", "0.5"]),
+                         (momentum, ["--boost_level", "O2", "--boost_config_dict.common.device_num", "2"]),
+                         (momentum, ["--boost_config_dict.boost.mode", "manual", "--boost_config_dict.boost.adasum",
+                                     "true", "--boost_config_dict.common.device_number", "1"]),
+                         (configs / "resnet18_synthetic_quickstart.yaml", ["--boost_level", "O0"]),
+                         (thor, [])]:
+        check_boost_plan(parse_config(args, recipe))
+
+
+def test_a_saved_plan_keeps_its_level_and_takes_the_command_lines_boost_keys(tmp_path):
+    """Journeys, second round: ``--boost_level auto --autotune.plan <another run's autotune.yaml>
+    --boost_config_dict.grad_freeze.total_steps 30`` trained the file's sections and dropped the override without a
+    word (the plan replaced the whole boost_config_dict), and a resumed autotuned run said 'these keys differ from the
+    checkpoint's run: [boost_level]' (the trial's run recorded O1, the saved plan was read as O0). The command line's
+    keys now go over the file's sections, the level is the one its header names, and a key of an algorithm the plan
+    leaves off is refused as for a fixed plan."""
+    from pathlib import Path
+
+    import yaml
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import check_boost_plan, concrete_plan
+
+    momentum = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    body = {"boost": {"mode": "manual", "less_bn": True, "grad_freeze": True, "grad_accumulation": False},
+            "grad_freeze": {"total_steps": 20, "graph_variants": False}, "less_bn": {"fn_flag": True}}
+    plan = tmp_path / "autotune.yaml"
+    plan.write_text("# ms_boost autotune pick: O1 (boost_level O1), measured 2026-11-27 18:45 UTC\n"
+                    "#   pick: O1 -> boost_level O1\n" + yaml.safe_dump(body))
+    cfg = parse_config(["--boost_level", "auto", "--autotune.plan", str(plan),
+                        "--boost_config_dict.grad_freeze.total_steps", "30"], momentum)
+    concrete = concrete_plan(cfg, plan)
+    assert concrete.boost_level == "O1"
+    assert concrete.boost_config_dict.to_dict() == dict(body, grad_freeze={"total_steps": 30, "graph_variants": False})
+    check_boost_plan(cfg)
+    with pytest.raises(ValueError, match=r"^--boost_config_dict\.grad_accumulation\.\*: the 'grad_accumulation' "
+                                         r"algorithm is off in this run's plan \(boost_level O1, boost\.mode "
+                                         r"'manual'\)"):
+        check_boost_plan(parse_config(["--boost_level", "auto", "--autotune.plan", str(plan),
+                                       "--boost_config_dict.grad_accumulation.grad_accumulation_step", "2"], momentum))
+    plan.write_text(yaml.safe_dump(body))  # no header (written by hand): level O0, the manual switches decide
+    assert concrete_plan(parse_config([], momentum), plan).boost_level == "O0"
+
+
+def test_resuming_another_optimizers_checkpoint_is_refused_naming_its_recipe(tmp_path):
+    """Journeys, second round: --resume of a THOR run's checkpoint with the Momentum recipe (the same plain-BatchNorm
+    network) went on training with Momentum, THOR's moments loaded as Momentum's, with only a note listing the keys
+    that differ. It is refused now, naming the recipe to resume with (and --pretrained for its weights alone)."""
+    import re
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import _check_recipe, recipe_manifest
+
+    configs = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs"
+    thor = recipe_manifest(parse_config([], configs / "resnet50_imagenet_thor.yaml"))
+    momentum = parse_config([], configs / "resnet50_imagenet_momentum.yaml")
+    ckpt = tmp_path / "resnet-1_2.ckpt"
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"resume: checkpoint '{ckpt}' was written by recipe 'resnet50_imagenet_thor' with optimizer='THOR', this "
+            f"run trains optimizer='Momentum': the optimizer's state does not carry over, so this would be another "
+            f"run, not its continuation; resume it with --config {configs / 'resnet50_imagenet_thor.yaml'}, or start "
+            f"a new run from its weights with --pretrained {ckpt}.") + "$"):
+        _check_recipe(momentum, ckpt, thor, "resume")
+    _check_recipe(momentum, ckpt, thor, "evaluate/export")  # evaluating it needs only the network: accepted
+
+
+def test_steps_per_epoch_above_the_data_sets_batches_is_said():
+    """Journeys, second round: --steps_per_epoch 4 on a set of 2 batches trained 2-step epochs without a word."""
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import short_epoch_note
+
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    assert short_epoch_note(parse_config(["--steps_per_epoch", "4", "--batch_size", "8"], recipe), 2) == (
+        "note: steps_per_epoch=4 is more than the 2 batches of batch_size 8 an epoch of this data set has (per rank): "
+        "each epoch trains 2 steps.")
+    assert short_epoch_note(parse_config(["--steps_per_epoch", "2"], recipe), 2) is None
+    assert short_epoch_note(parse_config([], recipe), 5) is None  # 0: whole epochs
+
+
+def test_a_command_line_key_in_ms_boosts_other_spelling_replaces_the_recipes():
+    """Journeys, second round: upstream's docs spell ``dim_reduce.n_components`` (the stage-2 recipe: ``n_component``)
+    and the stage-2 tutorial ``common.device_num`` (the O1 recipe: ``device_number``); given on the command line, the
+    other spelling stayed in the recipe's section and ms_boost refused the pair as 'given twice ... give it once',
+    although the user gave it once. The command line's spelling now replaces the recipe's."""
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import boost_config_dict, check_boost_plan
+    from ms_boost import AutoBoost
+
+    configs = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs"
+    stage2 = parse_config(["--pretrained", "/stage1/resnet-70_625.ckpt", "--boost_config_dict.dim_reduce.n_components",
+                           "8"], configs / "resnet50_imagenet_dim_reduce_stage2.yaml")
+    dim = boost_config_dict(stage2, total_steps=10)["dim_reduce"]
+    assert dim["n_components"] == 8 and "n_component" not in dim
+    check_boost_plan(stage2)
+    o2 = parse_config(["--boost_level", "O2", "--boost_config_dict.common.device_num", "2"],
+                      configs / "resnet50_imagenet_boost_o1.yaml")
+    assert boost_config_dict(o2, total_steps=10)["common"] == {"device_num": 2}
+    assert AutoBoost("O2", boost_config_dict(o2, total_steps=10)).common.device_number == 2

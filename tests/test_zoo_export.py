@@ -149,7 +149,7 @@ def test_without_config_eval_export_and_run_eval_take_the_recipe_the_checkpoint_
     assert f"eval.py: {said}" in capsys.readouterr().err
     assert 0.0 <= result["top_1_accuracy"] <= result["top_5_accuracy"] <= 1.0
     seen = {}
-    monkeypatch.setattr(zoo_export, "export_checkpoint", lambda cfg: seen.setdefault("cfg", cfg) and tmp_path)
+    monkeypatch.setattr(zoo_export, "export_checkpoint", lambda cfg, **_: seen.setdefault("cfg", cfg) and tmp_path)
     zoo_export.main(args)
     assert f"export.py: {said}" in capsys.readouterr().err
     assert Path(config_source(seen["cfg"])) == RECIPE and seen["cfg"].boost_level == "O1"
@@ -164,3 +164,52 @@ def test_without_config_eval_export_and_run_eval_take_the_recipe_the_checkpoint_
     assert proc.returncode == 0, proc.stderr
     command = proc.stdout.strip().splitlines()[-1]
     assert "--config" not in command and f"--checkpoint_file_path {path}" in command
+    # a bad override is the launcher's error alone (the check's note on the recipe it read had become its first line)
+    bad = subprocess.run(["bash", str(ROOT / "scripts" / "run_eval.sh"), "synthetic", str(path), "--dry-run",
+                          "--boost_level", "O7"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: bad override (train.py and eval.py would stop on it): "
+                                                         "boost_level='O7'"), bad.stderr
+
+
+def _as_momentum_run_tuned_to_o1(path: Path, out: Path) -> Path:
+    """The fixture's checkpoint as the Momentum recipe run with ``--boost_level O1 --boost_config_dict.grad_freeze
+    .freeze_p 0.5`` writes it: the same LessBN network, a manifest naming the Momentum recipe with that plan."""
+    import json
+
+    import mindspore as ms
+
+    from model_zoo.resnet.src.run_state import MANIFEST_KEY
+    entries = ms.load_checkpoint(str(path))
+    manifest = json.loads(entries.pop(MANIFEST_KEY))
+    momentum = RECIPE.with_name("resnet50_imagenet_momentum.yaml")
+    manifest.update(recipe=momentum.stem, recipe_path=str(momentum))
+    manifest["config"].update(boost_level="O1", boost_config_dict={"grad_freeze": {"freeze_p": 0.5}})
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in entries.items() if not isinstance(v, str)], str(out),
+                       append_dict={MANIFEST_KEY: json.dumps(manifest)})
+    return out
+
+
+def test_without_config_the_boost_plan_and_the_built_in_set_are_the_runs_own(checkpoint, tmp_path, capsys):
+    """Journeys, second round: the Momentum recipe tuned to O1 on the command line, then eval.py / export.py /
+    run_eval.sh with only the checkpoint. The recipe came from the manifest but its plan from the file (O0), so every
+    one of them refused the run's own checkpoint ('written by this recipe with another boost plan'). Now the plan is
+    the manifest's too unless the command line sets it; and ``--data_path synthetic`` (what run_eval.sh passes)
+    still takes the run's built-in set (its image size, split sizes), as no --data_path does."""
+    from model_zoo.resnet.src.checkpoint_shape import with_checkpoint_shape
+
+    path = _as_momentum_run_tuned_to_o1(checkpoint[0], tmp_path / "tuned.ckpt")
+    args = ["--device_target", "CPU", "--checkpoint_file_path", str(path), "--eval_batch_size", "10",
+            "--data_path", "synthetic"]
+    result = zoo_eval.main(args)
+    out = capsys.readouterr()
+    assert "resnet50_imagenet_momentum.yaml" in out.err
+    assert "boost_level='O1', boost_config_dict={'grad_freeze': {'freeze_p': 0.5}}" in out.out
+    assert "synthetic.image_size=16" in out.out
+    assert 0.0 <= result["top_1_accuracy"] <= result["top_5_accuracy"] <= 1.0
+    cfg = parse_config(args, zoo_export.DEFAULT_CONFIG)
+    taken = with_checkpoint_shape(cfg, plan=True)[0]
+    assert taken.boost_level == "O1" and taken.boost_config_dict.to_dict() == {"grad_freeze": {"freeze_p": 0.5}}
+    assert with_checkpoint_shape(cfg)[0].boost_level == "O0"  # --config given: the recipe's plan, as before
+    # the command line sets the plan: it wins, and the refusal says how to get the run's own
+    with pytest.raises(ValueError, match=r"another boost plan.*or give neither --config nor --boost_level"):
+        zoo_eval.main(args + ["--boost_level", "O0"])

@@ -10,8 +10,10 @@ is an error, eval classes missing are named in a warning.
 
 The network's shape (``net_name``, ``base_width``, ``class_num``) and ``eval_image_size`` come from the
 checkpoint's run manifest unless the command line gives them (src/checkpoint_shape.py): the training run's
-overrides need not be repeated. Without any train split the eval split's own
-sorted class folders are used, with a warning (a class missing there would shift every later label).
+overrides need not be repeated. Without ``--config`` the recipe is the one the manifest names and the boost plan the
+run's own (``--boost_level O1`` given to the Momentum recipe, an autotuned pick) unless the command line sets it.
+Without any train split the eval split's own sorted class folders are used, with a warning (a class missing there
+would shift every later label).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.data_check import check_images  # noqa: E402
 from model_zoo.resnet.src.dataset import class_folders  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
-from model_zoo.resnet.src.recipe_lookup import default_recipe  # noqa: E402
+from model_zoo.resnet.src.recipe_lookup import config_given, default_recipe  # noqa: E402
 from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
     BUILTIN_DATA,
@@ -66,14 +68,15 @@ def train_classes(cfg: Config) -> Optional[List[str]]:
     return None
 
 
-def evaluate_checkpoint(cfg: Config) -> dict:
+def evaluate_checkpoint(cfg: Config, manifest_plan: bool = False) -> dict:
     """Load ``checkpoint_file_path`` into the recipe's inference network and return top-1/top-5 accuracy.
 
-    The eval images are Pillow-checked first (``check_data``), as train.py does.
+    The eval images are Pillow-checked first (``check_data``), as train.py does. ``manifest_plan``: the boost plan
+    is the checkpoint run's (its manifest's), unless the command line sets it (no ``--config`` was given).
     """
     from mindspore.train import Model
 
-    cfg = checkpoint_config(cfg, "eval.py")
+    cfg = checkpoint_config(cfg, "eval.py", plan=manifest_plan)
     net = inference_network(cfg)
     folder = split_folder(cfg, train=False)
     check_images(folder, cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)))
@@ -89,7 +92,7 @@ def main(argv=None) -> dict:
     """Parse the config, evaluate, print ``top-1``/``top-5`` and the result dict."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg = parse_config(argv, default_recipe(argv, DEFAULT_CONFIG, "eval.py"), prog="eval.py")
-    result = evaluate_checkpoint(cfg)
+    result = evaluate_checkpoint(cfg, manifest_plan=not config_given(argv))
     print(f"top-1 accuracy: {result['top_1_accuracy']:.4f}  top-5 accuracy: {result['top_5_accuracy']:.4f}  "
           f"({result['seconds']:.1f} s)")
     print(f"result: {result} ckpt={cfg.checkpoint_file_path}", flush=True)

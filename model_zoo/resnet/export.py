@@ -4,7 +4,8 @@
         --checkpoint_file_path output/checkpoint/resnet-90_625.ckpt --export_file_name resnet50
 
 The network's shape (``net_name``, ``base_width``, ``class_num``) and ``eval_image_size`` come from the
-checkpoint's run manifest unless the command line gives them (src/checkpoint_shape.py). A MINDIR file loads
+checkpoint's run manifest unless the command line gives them (src/checkpoint_shape.py); without ``--config`` the
+boost plan too (the run's own). A MINDIR file loads
 back with ``nn.GraphCell(mindspore.load(path))``, an ONNX file runs in onnxruntime; both give the network's
 outputs (tests/test_zoo_export.py). A format that cannot hold the network is a ``ValueError`` saying why.
 """
@@ -22,7 +23,7 @@ import numpy as np  # noqa: E402
 from model_zoo.resnet.src.checkpoint_shape import checkpoint_config  # noqa: E402
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
-from model_zoo.resnet.src.recipe_lookup import default_recipe  # noqa: E402
+from model_zoo.resnet.src.recipe_lookup import config_given, default_recipe  # noqa: E402
 from model_zoo.resnet.src.resnet import onnx_exportable  # noqa: E402
 from model_zoo.resnet.src.trainer import inference_network  # noqa: E402
 from ms_boost.cpu_gemm_conv import restore_convolutions  # noqa: E402
@@ -32,8 +33,11 @@ _EXTENSIONS = {"MINDIR": ".mindir", "AIR": ".air", "ONNX": ".onnx"}
 _NO_CONVERTER = re.compile(r"Can not find key (\w+) in convert map")
 
 
-def export_checkpoint(cfg: Config) -> Path:
+def export_checkpoint(cfg: Config, manifest_plan: bool = False) -> Path:
     """Export ``checkpoint_file_path`` with input ``(export_batch_size, 3, eval_image_size, eval_image_size)``.
+
+    ``manifest_plan``: the boost plan is the checkpoint run's (its manifest's), unless the command line sets it (no
+    ``--config`` was given).
 
     Returns:
         the written file.
@@ -43,7 +47,7 @@ def export_checkpoint(cfg: Config) -> Path:
     if cfg.export_file_format not in _EXTENSIONS:  # parse_config checks and upper-cases it; a Config built by hand
         raise ValueError(f"export_file_format={cfg.export_file_format!r} is not allowed; allowed: "
                          f"{', '.join(_EXTENSIONS)}.")
-    cfg = checkpoint_config(cfg, "export.py")
+    cfg = checkpoint_config(cfg, "export.py", plan=manifest_plan)
     net = inference_network(cfg, conv_impl="native")  # Conv2D operators in the file, portable to any device
     restore_convolutions(net)  # undo the O1/O2 plan's cpu_gemm_conv rewrite on CPU (Im2Col + MatMul in the file)
     if cfg.export_file_format == "AIR" and ms.get_context("device_target") != "Ascend":
@@ -72,7 +76,7 @@ def main(argv=None) -> Path:
     """Parse the config, export, print the file written."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg = parse_config(argv, default_recipe(argv, DEFAULT_CONFIG, "export.py"), prog="export.py")
-    path = export_checkpoint(cfg)
+    path = export_checkpoint(cfg, manifest_plan=not config_given(argv))
     print(f"exported {cfg.checkpoint_file_path} -> {path}", flush=True)
     return path
 

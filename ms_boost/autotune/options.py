@@ -82,11 +82,19 @@ class AutotuneOptions:
         set_(self, "divergence_ratio", check_float("autotune.divergence_ratio", self.divergence_ratio, low=1.0,
                                                    low_open=True))
         set_(self, "save_path", check_optional_path("autotune.save_path", self.save_path))
+        if self.save_path is not None and os.path.isdir(self.save_path):  # found only when the pick is written
+            raise BoostConfigError(f"boost config autotune.save_path={short_repr(self.save_path)} is a folder; "
+                                   f"allowed: the path of a file to write the pick to, e.g. "
+                                   f"{short_repr(os.path.join(self.save_path, 'autotune.yaml'))}.")
         set_(self, "time_budget", check_bool("autotune.time_budget", self.time_budget))
         set_(self, "measure_progress", check_bool("autotune.measure_progress", self.measure_progress))
 
 
 def _names(value: Any) -> Tuple[str, ...]:
+    if isinstance(value, str) and "," in value:  # "O0, O1": one string, not the list it looks like
+        names = [name.strip() for name in value.split(",")]
+        raise TypeError(f"boost config autotune.candidates={short_repr(value)} is one string; give a list of candidate "
+                        f"names, e.g. {names!r}.")
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
@@ -124,6 +132,11 @@ def parse_options(section: Any) -> AutotuneOptions:
 AUTO_LEVEL = "auto"
 
 
+_SAVED_PICK = ("; a saved pick (its 'boost' section is manual, with every switch) is reused without a trial as "
+               "Model(..., boost_level='O0', boost_config_dict=<the file>), in the model zoo --boost_level auto "
+               "--autotune.plan <the file>")
+
+
 def split_auto_config(boost_config_dict: Any) -> Tuple[AutotuneOptions, Dict[str, Any]]:
     """The ``boost_config_dict`` of ``boost_level="auto"``: ``(options, algorithm sections)``.
 
@@ -149,7 +162,8 @@ def split_auto_config(boost_config_dict: Any) -> Tuple[AutotuneOptions, Dict[str
                         f"{short_repr(boost_config_dict)} ({type(boost_config_dict).__name__}).")
     boost = raw.pop("boost", None) or {}
     if not isinstance(boost, Mapping) or any(k != "mode" for k in boost) or boost.get("mode", "auto") != "auto":
+        hint = _SAVED_PICK if isinstance(boost, Mapping) and boost.get("mode") == "manual" else ""
         raise BoostConfigError(f"boost config 'boost'={short_repr(boost)} is not allowed with boost_level='auto': "
                                f"the autotune chooses the switches (allowed: no 'boost' section, or "
-                               f"{{'mode': 'auto'}}); give a fixed boost_level to set them yourself.")
+                               f"{{'mode': 'auto'}}); give a fixed boost_level to set them yourself{hint}.")
     return parse_options(raw.pop("autotune", None)), raw

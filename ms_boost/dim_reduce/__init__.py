@@ -9,6 +9,8 @@ See ``docs/dim_reduce.md``.
 """
 from __future__ import annotations
 
+import warnings
+
 from ms_boost.dim_reduce.handshake import local_pca_rows, prepare_pca_matrix
 from ms_boost.dim_reduce.math import (
     armijo_accepts,
@@ -30,6 +32,12 @@ from ms_boost.dim_reduce.pca import (
 )
 from ms_boost.dim_reduce.spec import SPEC, DimReduceConfig
 from ms_boost.dim_reduce.stage import DimReduce, DimReduceUpdate, build_dim_reduce_update
+
+# `python -m ms_boost.dim_reduce.pca` (the documented command) runs the module after this package imported it, which
+# runpy reports on every run ("found in sys.modules ... unpredictable behaviour"): the command only calls main(), so
+# the notice is noise to its users. This package is imported before runpy's check, so the filter is in time.
+warnings.filterwarnings("ignore", message=r"'ms_boost\.dim_reduce\.pca' found in sys\.modules after import of package",
+                        category=RuntimeWarning)
 
 __all__ = [
     "DimReduce", "DimReduceUpdate", "build_dim_reduce_update", "prepare_pca_matrix", "local_pca_rows",

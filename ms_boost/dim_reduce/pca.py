@@ -503,6 +503,9 @@ def compute_pca_matrix(checkpoints: Union[str, Sequence[str]], n_components: int
     """
     if isinstance(n_components, bool) or not isinstance(n_components, int) or n_components < 1:
         raise ValueError(f"n_components={n_components!r} must be a positive integer.")
+    if output is not None and (os.path.isdir(output) or str(output).endswith(("/", os.sep))):
+        raise ValueError(f"output={str(output)!r} is a folder; give the .npy file to write, e.g. "
+                         f"{os.path.join(str(output), 'pca_mat.npy')!r}.")
     if isinstance(chunk_columns, bool) or not isinstance(chunk_columns, int) or chunk_columns < 1:
         raise ValueError(f"chunk_columns={chunk_columns!r} must be a positive integer.")
     files = list_checkpoints(checkpoints) if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)

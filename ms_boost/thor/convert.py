@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
@@ -245,13 +246,17 @@ class ConvertModelUtils:
         scale that the backward pass actually used.
 
         Args:
-            model: the Model built by the user (returned as is when ``optimizer`` is not THOR).
+            model: the Model built by the user (returned as is, with a warning, when ``optimizer`` is not THOR).
             network, loss_fn, optimizer, metrics, amp_level, loss_scale_manager, keep_batchnorm_fp32: as
                 given to that Model.
         """
         if isinstance(network, nn.TrainOneStepCell) and isinstance(network.optimizer, THOR):
             return ConvertModelUtils.model_class(network)
-        if not isinstance(optimizer, THOR):
+        if not isinstance(optimizer, THOR):  # upstream's behaviour, said: the user asked for THOR
+            warnings.warn(f"convert_to_thor_model: the optimizer is {type(optimizer).__name__}, not THOR, so the model "
+                          f"is returned unchanged and trains with it; build the optimizer with "
+                          f"ms_boost.thor.thor(net, lr, damping, momentum, ...) to train THOR.", UserWarning,
+                          stacklevel=2)
             return model
         train_net = optimizer.thor_network
         if network is not None and network is not train_net and not _shares_parameters(network, train_net):

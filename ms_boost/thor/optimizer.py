@@ -100,6 +100,44 @@ def _default_decay_filter(param) -> bool:
     return True
 
 
+_LR_ALLOWED = "a float >= 0, a per-step array (list, numpy array or 1-D Tensor of floats) or a LearningRateSchedule"
+
+
+def _check_learning_rate(learning_rate) -> None:
+    """Refuse a learning rate MindSpore's optimizer would take apart with a bare error.
+
+    A str is iterated character by character: "could not convert string to float: '.'".
+    """
+    if isinstance(learning_rate, (Tensor, LearningRateSchedule)):
+        return
+    if isinstance(learning_rate, bool) or isinstance(learning_rate, (str, bytes)):
+        bad = True
+    elif isinstance(learning_rate, numbers.Real):
+        bad = False
+    else:
+        try:
+            kind = np.asarray(learning_rate).dtype.kind
+        except (TypeError, ValueError):
+            kind = "O"
+        bad = kind not in "fiu"
+    if bad:
+        raise TypeError(f"thor: learning_rate={learning_rate!r} ({type(learning_rate).__name__}) is not allowed; "
+                        f"allowed: {_LR_ALLOWED}.")
+
+
+def _per_step_lr_last(learning_rate) -> Optional[int]:
+    """The last index of a per-step learning-rate array as MindSpore's optimizer holds it.
+
+    MindSpore holds such an array as a schedule over one 1-D Parameter of values; None for a float or a user's
+    LearningRateSchedule.
+    """
+    values = getattr(learning_rate, "learning_rate", None)
+    if type(learning_rate).__name__ == "_IteratorLearningRate" and isinstance(values, Parameter) \
+            and len(values.shape) == 1:
+        return int(values.shape[0]) - 1
+    return None
+
+
 class _DampingSchedule(nn.Cell):
     r"""Damping :math:`\lambda_t` of step ``t``: constant, per-step array (last value after its end) or schedule.
 
@@ -226,7 +264,10 @@ class THOR(nn.Optimizer, ThorStepVariants):
         if params is None:
             params = [p for p in net.get_parameters() if p.requires_grad]
         params = list(params)
+        _check_learning_rate(learning_rate)
         super().__init__(learning_rate, params, 0.0, loss_scale)
+        #: a per-step learning rate keeps its last value after its end, as the damping does
+        self._lr_last = _per_step_lr_last(self.learning_rate) if self.dynamic_lr and not self.is_group_lr else None
         for name, value in checked.items():
             setattr(self, name, value)
         self.weight_decay = weight_decay
@@ -461,6 +502,16 @@ class THOR(nn.Optimizer, ThorStepVariants):
     def thor_layers(self) -> tuple:
         """The THOR layers this optimizer preconditions, in network order."""
         return self._thor_layers
+
+    def get_lr(self):
+        """This step's learning rate; a per-step array keeps its last value after its end.
+
+        MindSpore's optimizers index past the end and stop with a Gather error.
+        """
+        if self._lr_last is None:
+            return super().get_lr()
+        index = ops.minimum(self.global_step.reshape(()), self._lr_last)
+        return self.learning_rate(index).reshape(())
 
     def damping_parameters(self) -> Optional[Tuple[Parameter, ...]]:
         """The Parameter holding the damping values, which a divergence rollback scales in place.

@@ -9,7 +9,12 @@ override the manifest's. A command-line value of a :data:`SHAPE_KEYS` key that d
 is an error naming both; one of :data:`INPUT_KEYS` is used as given (a ResNet evaluates at any image size).
 A run trained on the built-in data set (``data_path: synthetic``) also hands on its ``synthetic.*`` keys
 (classes, image size, split sizes, seed, cache) unless ``--data_path`` or that key is given, so eval.py
-evaluates on the set the run trained on. Checkpoints without a manifest keep the configuration as it is.
+evaluates on the set the run trained on (``--data_path synthetic``, the launchers' way of naming that set, counts as
+not given). With ``plan`` (eval.py / export.py given no ``--config``: the recipe is the checkpoint's) the run's boost
+plan, :data:`PLAN_KEYS`, comes from the manifest too unless the command line gives ``--boost_level`` or a
+``--boost_config_dict.*`` / ``--autotune.*`` key: a run whose plan came from the command line (``--boost_level O1`` on
+the Momentum recipe) or from an autotune trial evaluates and exports with that plan. Checkpoints without a manifest
+keep the configuration as it is.
 """
 from __future__ import annotations
 
@@ -17,19 +22,28 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
-from model_zoo.resnet.src.config import Config, command_line_keys
+from model_zoo.resnet.src.config import Config, command_line_keys, quote
 from model_zoo.resnet.src.run_state import read_manifest
 
-__all__ = ["SHAPE_KEYS", "INPUT_KEYS", "with_checkpoint_shape", "checkpoint_config"]
+__all__ = ["SHAPE_KEYS", "INPUT_KEYS", "PLAN_KEYS", "with_checkpoint_shape", "checkpoint_config"]
 
 SHAPE_KEYS = ("net_name", "base_width", "class_num")
 """Keys of the network's structure: from the manifest's ``structure``; a contradicting command line is an error."""
 INPUT_KEYS = ("eval_image_size",)
 """Keys of the input: from the manifest's ``config`` unless the command line gives them."""
+PLAN_KEYS = ("boost_level", "boost_config_dict")
+"""Keys of the boost plan (the run's concrete one: an autotuned run records its pick): from the manifest's ``config``
+when the recipe is the checkpoint's own (no ``--config``) and the command line sets no part of the plan."""
 
 
-def with_checkpoint_shape(cfg: Config) -> Tuple[Config, Dict[str, Any]]:
+def _plan_given(given) -> bool:
+    return any(key == "boost_level" or key.startswith(("boost_config_dict.", "autotune.")) for key in given)
+
+
+def with_checkpoint_shape(cfg: Config, plan: bool = False) -> Tuple[Config, Dict[str, Any]]:
     """``cfg`` with the shape keys of ``checkpoint_file_path``'s manifest where the command line does not give them.
+
+    ``plan``: also the run's boost plan (:data:`PLAN_KEYS`) unless the command line sets part of it (the module doc).
 
     Returns:
         ``(config, taken)``: the config to build the network from, and the keys taken from the manifest whose
@@ -62,8 +76,14 @@ def with_checkpoint_shape(cfg: Config) -> Tuple[Config, Dict[str, Any]]:
             continue
         if cfg[key] != value:
             taken[key] = value
+    if plan and not _plan_given(given) and recorded.get("boost_level") in ("O0", "O1", "O2") \
+            and isinstance(recorded.get("boost_config_dict"), dict):
+        for key in PLAN_KEYS:
+            mine = cfg[key].to_dict() if isinstance(cfg[key], Config) else cfg[key]
+            if mine != recorded[key]:
+                taken[key] = recorded[key]
     changes = dict(taken)
-    if recorded.get("data_path") == "synthetic" and "data_path" not in given and "synthetic" in cfg \
+    if recorded.get("data_path") == "synthetic" and ("data_path" not in given or cfg.data_path == "synthetic") \
             and isinstance(recorded.get("synthetic"), dict):
         # the built-in data set the run trained on (its classes, image size and split sizes), unless given
         synthetic = cfg.synthetic.to_dict()
@@ -77,11 +97,11 @@ def with_checkpoint_shape(cfg: Config) -> Tuple[Config, Dict[str, Any]]:
     return (cfg.replace(**changes) if changes else cfg), taken
 
 
-def checkpoint_config(cfg: Config, prog: str) -> Config:
+def checkpoint_config(cfg: Config, prog: str, plan: bool = False) -> Config:
     """:func:`with_checkpoint_shape`, printing ``<prog>: from the checkpoint's run manifest: key=value, ...`` when
     it took something."""
-    cfg, taken = with_checkpoint_shape(cfg)
+    cfg, taken = with_checkpoint_shape(cfg, plan=plan)
     if taken:
-        print(f"{prog}: from the checkpoint's run manifest: {', '.join(f'{k}={v!r}' for k, v in taken.items())}",
+        print(f"{prog}: from the checkpoint's run manifest: {', '.join(f'{k}={quote(v)}' for k, v in taken.items())}",
               flush=True)
     return cfg

@@ -79,8 +79,9 @@ def recipe_of_checkpoint(path: Union[str, os.PathLike]) -> Optional[Path]:
     return None
 
 
-def default_recipe(argv: Sequence[str], fallback: Union[str, Path], prog: str) -> Union[str, Path]:
-    """The recipe to read when ``argv`` gives no ``--config``: the checkpoint's (said on stderr), else ``fallback``.
+def default_recipe(argv: Sequence[str], fallback: Union[str, Path], prog: Optional[str]) -> Union[str, Path]:
+    """The recipe to read when ``argv`` gives no ``--config``: the checkpoint's (said on stderr as ``prog``; ``None``:
+    not said, as the launchers' override check, whose output becomes the launcher's error message), else ``fallback``.
 
     With ``--config`` given, or no readable checkpoint file given, ``fallback`` is returned unchanged (a missing or
     unreadable checkpoint is reported by the script where it loads it).
@@ -96,6 +97,7 @@ def default_recipe(argv: Sequence[str], fallback: Union[str, Path], prog: str) -
         return fallback  # not a checkpoint: the script's own load names the fault
     if recipe is None:
         return fallback
-    print(f"{prog}: no --config given: using the recipe the checkpoint was trained with (its run manifest): "
-          f"{recipe}", file=sys.stderr, flush=True)
+    if prog is not None:
+        print(f"{prog}: no --config given: using the recipe the checkpoint was trained with (its run manifest): "
+              f"{recipe}", file=sys.stderr, flush=True)
     return recipe

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +49,12 @@ from model_zoo.resnet.src.run_state import (
     schedule_parameter_names,
 )
 from model_zoo.resnet.src.synthetic_data import ensure_dataset
-from ms_boost import AutoBoost, Model, comm
-from ms_boost.autotune.options import AUTO_LEVEL
+from ms_boost import AutoBoost, Model, comm, registry
+from ms_boost.autotune.options import AUTO_LEVEL, split_auto_config
 from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.dim_reduce.pca import write_weight_manifest
 from ms_boost.divergence import DivergencePolicy, DivergenceRollback
+from ms_boost.spec import CommonConfig
 from ms_boost.validation import load_mapping_file
 
 __all__ = [
@@ -128,6 +130,52 @@ def check_schedule_keys(cfg: Config) -> None:
                          f"optimizer='THOR', whose learning rate is thor.lr_init * (1 - epoch / thor.lr_end_epoch) ** "
                          f"thor.lr_decay, halved at thor.decay_epochs (no warm-up); set --thor.lr_init, "
                          f"--thor.lr_decay, --thor.lr_end_epoch or --thor.decay_epochs instead.")
+
+
+def _thor_level(cfg: Config) -> None:
+    if cfg.optimizer == "THOR" and str(cfg.boost_level) != "O0":
+        raise ValueError(f"boost_level={cfg.boost_level!r} does not combine with optimizer='THOR' (THOR replaces the "
+                         f"optimizer and trains alone, so the level's algorithms would be dropped); allowed: 'O0'.")
+
+
+def check_boost_plan(cfg: Config) -> None:
+    """The run's boost plan checked as the run will build it, before anything is built (train.py, and the launchers'
+    override check, ``scripts/check_overrides.py``).
+
+    THOR takes no boost key and only level O0 (:func:`check_schedule_keys`); ``autotune.plan`` needs ``boost_level:
+    auto`` and an existing file (:func:`saved_plan`); with ``boost_level: auto`` the ``autotune`` options and the
+    sections are checked as the trial reads them, else ``ms_boost.AutoBoost`` checks the sections (unknown section or
+    key, type, range). A ``--boost_config_dict.<section>.*`` key given on the command line for an algorithm the plan
+    leaves off is refused (its value would be unused; a section written in the recipe file is not: the quick start's
+    sections stay valid under ``--boost_level O0``).
+
+    Raises:
+        ValueError / TypeError: naming the key, the value and what is allowed.
+    """
+    check_schedule_keys(cfg)
+    _thor_level(cfg)
+    plan = saved_plan(cfg)
+    sections = boost_config_dict(cfg, total_steps=1, for_structure=True) or {}
+    if cfg.boost_level == AUTO_LEVEL and plan is None:
+        options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
+        split_auto_config(dict(sections, autotune=options))
+        return
+    if plan is not None:  # the saved pick with the command line's keys over it: checked as a fixed plan
+        cfg = concrete_plan(cfg, plan)
+        sections = boost_config_dict(cfg, total_steps=1, for_structure=True) or {}
+    boost = AutoBoost(cfg.boost_level, sections)
+    given = sorted({key.split(".")[1] for key in command_line_keys(cfg)
+                    if key.startswith("boost_config_dict.") and key.count(".") >= 2})
+    for name in given:
+        if name in ("boost", "common") or boost.enabled(name):
+            continue
+        spec = next(spec for spec in boost.specs if spec.name == name)
+        levels = [level for level in ("O1", "O2") if level in spec.levels]
+        way = f"--boost_level {levels[0]}, or " if levels else ""
+        raise ValueError(f"--boost_config_dict.{name}.*: the {name!r} algorithm is off in this run's plan "
+                         f"(boost_level {cfg.boost_level}, boost.mode {boost.mode!r}), so these values would be "
+                         f"unused; switch it on ({way}--boost_config_dict.boost.mode manual "
+                         f"--boost_config_dict.boost.{name} true) or leave them out.")
 
 
 def setup_runtime(cfg: Config) -> RunInfo:
@@ -277,10 +325,31 @@ def saved_plan(cfg: Config) -> Optional[Path]:
     return None
 
 
+_PICK_LEVEL = re.compile(r"^# ms_boost autotune pick: .*\(boost_level (O[0-2])\)", re.MULTILINE)
+
+
 def concrete_plan(cfg: Config, plan: Path) -> Config:
-    """``cfg`` with the saved pick ``plan`` as its boost plan (level O0, the file's manual switches decide)."""
+    """``cfg`` with the saved pick ``plan`` as its boost plan: the file's sections (its manual switches decide) with
+    the command line's ``--boost_config_dict.*`` keys over them, at the level its header names (the trial's run
+    recorded that level; O0 for a file without the header: the switches decide either way)."""
     data = load_mapping_file(plan, "autotune.plan file")
-    return cfg.replace(boost_level="O0", boost_config_dict=data)
+    try:
+        found = _PICK_LEVEL.search(Path(plan).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        found = None
+    section = cfg.boost_config_dict.to_dict() if isinstance(cfg.boost_config_dict, Config) else {}
+    for key in sorted(command_line_keys(cfg)):  # your overrides win over the saved sections, as over a recipe's
+        if not key.startswith("boost_config_dict."):
+            continue
+        parts, value, node = key.split(".")[1:], section, data
+        for part in parts:
+            value = value[part]
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return cfg.replace(boost_level=found.group(1) if found else "O0", boost_config_dict=data)
 
 
 def autotune_recipe(cfg: Config, run: RunInfo, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer, dataset: ds.Dataset,
@@ -294,10 +363,17 @@ def autotune_recipe(cfg: Config, run: RunInfo, net: nn.Cell, loss: nn.Cell, opt:
     values are written back into ``net`` and ``opt`` when training ends). The trial's options are the ``autotune``
     section (its ``plan`` aside); the pick is written to ``<output_path>/autotune.yaml``."""
     plan = saved_plan(cfg)
+    total_steps = steps_per_epoch * int(cfg.epoch_size)
     if plan is not None:
         _say(run, f"autotune: no trial, training the saved plan {str(plan)!r}")
-        return concrete_plan(cfg, plan), None
-    total_steps = steps_per_epoch * int(cfg.epoch_size)
+        cfg = concrete_plan(cfg, plan)
+        sections = cfg.boost_config_dict.to_dict()
+        length = (sections.get("grad_freeze") or {}).get("total_steps")
+        if (sections.get("boost") or {}).get("grad_freeze") and isinstance(length, int) and length != total_steps:
+            _say(run, f"autotune: note: the plan's grad_freeze.total_steps={length} is the length of the run that "
+                      f"picked it, not this run's {total_steps} steps: the freezing schedule repeats every {length} "
+                      f"steps (--boost_config_dict.grad_freeze.total_steps {total_steps} sets this run's length)")
+        return cfg, None
     sections = boost_config_dict(cfg, total_steps) or {}
     options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
     options["save_path"] = str(Path(os.path.expanduser(str(cfg.output_path))) / AUTOTUNE_FILE)
@@ -342,18 +418,39 @@ def recipe_manifest(cfg: Config) -> Dict[str, Any]:
             "config": cfg.to_dict()}
 
 
+def _holds_plan(plan: Path, config: Dict[str, Any]) -> bool:
+    """Whether ``plan`` (an ``autotune.yaml``) is the plan a run's recorded ``config`` trained (not a stale file of an
+    earlier run in the same folder)."""
+    try:
+        return load_mapping_file(plan, "autotune.plan file") == config.get("boost_config_dict")
+    except (ValueError, OSError):
+        return False
+
+
 def _plan_hint(path: Path, manifest: Dict[str, Any]) -> str:
     """The overrides that rebuild the boost plan a checkpoint's run trained with (its autotune pick, if any)."""
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     for folder in (path.parent.parent, Path(str(config.get("output_path", "")))):
-        if (folder / AUTOTUNE_FILE).is_file():  # an autotuned run: the pick's plan file
+        if (folder / AUTOTUNE_FILE).is_file() and _holds_plan(folder / AUTOTUNE_FILE, config):
             return f"--boost_level {AUTO_LEVEL} --autotune.plan {folder / AUTOTUNE_FILE}"
     return f"the run's --boost_level {manifest.get('boost_level')} (and its --boost_config_dict.* overrides)"
+
+
+EVAL_ACTION = "evaluate/export"
+_WITHOUT_CONFIG = (", or give neither --config nor --boost_level/--boost_config_dict.*: eval.py and export.py then "
+                   "take the recipe and its boost plan from the checkpoint's run manifest")
 
 
 def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], action: str) -> None:
     if manifest is None:
         return
+    if action == "resume" and manifest.get("optimizer") not in (None, cfg.optimizer):
+        where = manifest.get("recipe_path") or manifest.get("recipe") or "?"
+        raise ValueError(f"resume: checkpoint {str(path)!r} was written by recipe {manifest.get('recipe')!r} with "
+                         f"optimizer={manifest.get('optimizer')!r}, this run trains optimizer={cfg.optimizer!r}: the "
+                         f"optimizer's state does not carry over, so this would be another run, not its continuation; "
+                         f"resume it with --config {where}, or start a new run from its weights with --pretrained "
+                         f"{str(path)}.")
     mine, theirs = recipe_structure(cfg), manifest.get("structure")
     if theirs == mine:
         return
@@ -370,7 +467,7 @@ def _check_recipe(cfg: Config, path: Path, manifest: Optional[Dict[str, Any]], a
         raise ValueError(f"checkpoint {str(path)!r} was written by this recipe ({recipe!r}) with another boost plan: "
                          f"it holds {_describe(theirs)} (boost_level {manifest.get('boost_level')!r}), this config "
                          f"builds {_describe(mine)} (boost_level {cfg.boost_level!r}); {action} it with "
-                         f"{_plan_hint(path, manifest)}.")
+                         f"{_plan_hint(path, manifest)}{_WITHOUT_CONFIG if action == EVAL_ACTION else ''}.")
     hint = f" --config {manifest['recipe_path']}" if manifest.get("recipe_path") else f" the recipe {recipe!r}"
     raise ValueError(f"checkpoint {str(path)!r} was written by recipe {recipe!r} ({_describe(theirs)}), but "
                      f"this recipe ({Path(source).stem if source else 'given config'}) builds "
@@ -391,7 +488,7 @@ def inference_network(cfg: Config, conv_impl: Optional[str] = None) -> nn.Cell:
     setup_runtime(cfg.replace(run_distribute=False))
     path = Path(os.path.expanduser(str(cfg.checkpoint_file_path)))
     entries = read_checkpoint(path, what="checkpoint_file_path")
-    _check_recipe(cfg, path, read_manifest(path, entries), "evaluate/export")
+    _check_recipe(cfg, path, read_manifest(path, entries), EVAL_ACTION)
     net = create_model(cfg.net_name, class_num=cfg.class_num, base_width=cfg.base_width,
                        zero_init_residual=cfg.zero_init_residual,
                        conv_impl=cfg.conv_impl if conv_impl is None else conv_impl)
@@ -431,9 +528,7 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
     if cfg.optimizer == "THOR" and "thor" not in cfg:
         raise ValueError("optimizer='THOR' needs the 'thor' section of schedules and settings; start from "
                          "configs/resnet50_imagenet_thor.yaml.")
-    if cfg.optimizer == "THOR" and str(cfg.boost_level) != "O0":
-        raise ValueError(f"boost_level={cfg.boost_level!r} does not combine with optimizer='THOR' (THOR replaces the "
-                         f"optimizer and trains alone, so the level's algorithms would be dropped); allowed: 'O0'.")
+    _thor_level(cfg)
     lr = learning_rate(cfg, steps_per_epoch)
     lr = Tensor(lr) if isinstance(lr, np.ndarray) else lr
     opt_scale = float(cfg.loss_scale) if _uses_optimizer_loss_scale(cfg) else 1.0
@@ -464,6 +559,28 @@ def loss_scale_manager(cfg: Config):
     return FixedLossScaleManager(float(cfg.loss_scale), drop_overflow_update=bool(cfg.drop_overflow_update))
 
 
+def _section_aliases() -> Dict[str, Dict[str, str]]:
+    """Section name -> {alias: key} of ms_boost's sections (``common.device_num``, ``dim_reduce.n_component``)."""
+    classes = {"common": CommonConfig, **{spec.name: spec.section for spec in registry.specs()}}
+    return {name: dict(getattr(cls, "ALIASES", {}) or {}) for name, cls in classes.items()}
+
+
+def _one_spelling(sections: Dict[str, Any], given) -> None:
+    """A command-line key of a section drops the recipe's other spelling of it (upstream's ``n_components`` over the
+    stage-2 recipe's ``n_component``, ``device_num`` over ``device_number``), in place: the two together were refused
+    as the key given twice although the user gave it once."""
+    aliases = _section_aliases()
+    for key in sorted(given):
+        parts = key.split(".")
+        if len(parts) != 3 or parts[0] != "boost_config_dict" or not isinstance(sections.get(parts[1]), dict):
+            continue
+        section, name = parts[1], parts[2]
+        table = aliases.get(section, {})
+        canonical = table.get(name, name)
+        for spelling in {canonical, *[a for a, c in table.items() if c == canonical]} - {name}:
+            sections[section].pop(spelling, None)
+
+
 def boost_config_dict(cfg: Config, total_steps: int, for_structure: bool = False) -> Optional[Dict[str, Any]]:
     """The recipe's ``boost_config_dict`` with the model zoo's conventions filled in.
 
@@ -479,6 +596,7 @@ def boost_config_dict(cfg: Config, total_steps: int, for_structure: bool = False
     if not raw:
         return None
     result = copy.deepcopy(raw)
+    _one_spelling(result, command_line_keys(cfg))
     freeze = result.get("grad_freeze")
     if isinstance(freeze, dict) and freeze.get("total_steps") == 0:
         freeze["total_steps"] = int(total_steps)
@@ -677,6 +795,16 @@ def claim_output(cfg: Config, run: RunInfo) -> None:
               f"checkpoint(s) of the previous run in {str(directory)!r}", flush=True)
 
 
+def short_epoch_note(cfg: Config, steps_per_epoch: int) -> Optional[str]:
+    """The note when ``steps_per_epoch`` asks for more steps than an epoch of the data set has (``take`` keeps them
+    all, so the epochs are shorter than asked), else None."""
+    asked = int(cfg.steps_per_epoch or 0)
+    if asked <= steps_per_epoch:
+        return None
+    return (f"note: steps_per_epoch={asked} is more than the {steps_per_epoch} batches of batch_size {cfg.batch_size} "
+            f"an epoch of this data set has (per rank): each epoch trains {steps_per_epoch} steps.")
+
+
 def _say(run: RunInfo, text: str) -> None:
     if run.rank == 0:
         print(text, flush=True)
@@ -697,7 +825,7 @@ def train(cfg: Config) -> Dict[str, Any]:
         ValueError: bad configuration, undecodable images, or a checkpoint ``--resume`` cannot continue from.
     """
     check_run_sizes(cfg)
-    check_schedule_keys(cfg)
+    check_boost_plan(cfg)
     divergence_policy(cfg)
     run = setup_runtime(cfg)
     started = time.time()
@@ -705,6 +833,9 @@ def train(cfg: Config) -> Dict[str, Any]:
     check_training_data(cfg, run)
     dataset = train_dataset(cfg, run)
     steps_per_epoch = dataset.get_dataset_size()
+    short = short_epoch_note(cfg, steps_per_epoch)
+    if short:
+        _say(run, short)
     total_steps = steps_per_epoch * int(cfg.epoch_size)
     net = build_network(cfg)
     loss = build_loss(cfg)
