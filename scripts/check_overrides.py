@@ -79,7 +79,8 @@ def main(argv) -> int:
     try:
         # no --config but a checkpoint: the recipe its run manifest names, as eval.py/export.py take it (this
         # reads the checkpoint, so MindSpore is imported here)
-        from model_zoo.resnet.src.recipe_lookup import default_recipe
+        from model_zoo.resnet.src.recipe_lookup import checkpoint_folder_resolved, default_recipe
+        argv = checkpoint_folder_resolved(argv, None)  # a run folder as the checkpoint: its newest, as eval.py takes
         recipe = default_recipe(argv, default, None)
         cfg = parse_config(argv, recipe)
         if touches_plan(cfg):  # the plan as the run builds it: ms_boost checks it (MindSpore: seconds)

@@ -5,7 +5,7 @@ usage() {
 Usage: bash scripts/run_eval.sh DATASET_PATH CHECKPOINT_PATH [CONFIG_PATH] [--dry-run] [--key value ...]
 
   DATASET_PATH     ImageNet root holding val/ (eval_dir), or "synthetic" for the built-in data set
-  CHECKPOINT_PATH  checkpoint to evaluate (.ckpt)
+  CHECKPOINT_PATH  checkpoint to evaluate (.ckpt), or a run's output folder (its newest checkpoint)
   CONFIG_PATH      recipe YAML the checkpoint was trained with (default: the recipe its run manifest names,
                    else resnet50_imagenet_momentum.yaml)
   --dry-run        print the command, start nothing (also DRY_RUN=1)
@@ -20,7 +20,7 @@ source "$(cd "$(dirname "$0")" && pwd)/common.sh"
 case "$1" in -h|--help) usage; exit 0 ;; esac
 [ $# -ge 2 ] || die "missing CHECKPOINT_PATH"
 DATASET_PATH="$(dataset_arg "$1")"
-require_file CHECKPOINT_PATH "$2"
+[ -f "$2" ] || [ -d "$2" ] || die "CHECKPOINT_PATH '$2' is neither a checkpoint file nor a run folder"
 CHECKPOINT_PATH="$(abs_path "$2")"
 shift 2
 split_options "$@"

@@ -90,7 +90,8 @@ def test_usage_on_missing_arguments_and_help(script, env, tmp_path):
     ("run_multinode_train.sh", ["8", "3", "0", "10.0.0.1", "synthetic"], "WORKER_NUM=8 is not a multiple of"),
     ("run_multinode_train.sh", ["8", "4", "2", "10.0.0.1", "synthetic"], "NODE_RANK=2 must be < 2"),
     ("run_multinode_train.sh", ["8", "4", "0", "10.0.0.1"], "expected WORKER_NUM LOCAL_WORKER_NUM"),
-    ("run_eval.sh", ["synthetic", "/no/model.ckpt"], "CHECKPOINT_PATH '/no/model.ckpt' is not a file"),
+    ("run_eval.sh", ["synthetic", "/no/model.ckpt"],
+     "CHECKPOINT_PATH '/no/model.ckpt' is neither a checkpoint file nor a run folder"),
     ("run_stage_1.sh", ["synthetic", "table.txt"], "must be a rank table (.json)"),
     ("run_stage_2.sh", ["synthetic"], "missing CHECKPOINT_PATH"),
     # overrides are parsed as train.py will parse them, dry runs included (scripts/check_overrides.py)

@@ -213,3 +213,21 @@ def test_without_config_the_boost_plan_and_the_built_in_set_are_the_runs_own(che
     # the command line sets the plan: it wins, and the refusal says how to get the run's own
     with pytest.raises(ValueError, match=r"another boost plan.*or give neither --config nor --boost_level"):
         zoo_eval.main(args + ["--boost_level", "O0"])
+
+
+def test_a_run_folder_given_as_the_checkpoint_is_its_newest_checkpoint(checkpoint, tmp_path, capsys, monkeypatch):
+    """``--checkpoint_file_path <run output folder>`` (as ``--resume`` takes one): eval/export use its newest
+    ``<prefix>-<epoch>_<step>.ckpt`` and say which; a folder without one is an error naming where it looked."""
+    path, _ = checkpoint
+    run_folder = Path(path).parent.parent  # <output_path>/checkpoint/resnet-1_2.ckpt
+    seen = {}
+    monkeypatch.setattr(zoo_export, "export_checkpoint", lambda cfg, **_: seen.setdefault("cfg", cfg) and tmp_path)
+    zoo_export.main(["--device_target", "CPU", "--checkpoint_file_path", str(run_folder)])
+    assert Path(str(seen["cfg"].checkpoint_file_path)) == Path(path)
+    err = capsys.readouterr().err
+    assert f"export.py: checkpoint_file_path {str(run_folder)!r} is a run folder: evaluating its newest" in err
+    assert "using the recipe the checkpoint was trained with" in err  # the recipe from the newest one's manifest
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"is a folder with no '<prefix>-<epoch>_<step>.ckpt' checkpoint in "):
+        zoo_eval.main(["--device_target", "CPU", "--checkpoint_file_path", str(empty)])

@@ -32,7 +32,11 @@ from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.data_check import check_images  # noqa: E402
 from model_zoo.resnet.src.dataset import class_folders  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
-from model_zoo.resnet.src.recipe_lookup import config_given, default_recipe  # noqa: E402
+from model_zoo.resnet.src.recipe_lookup import (  # noqa: E402
+    checkpoint_folder_resolved,
+    config_given,
+    default_recipe,
+)
 from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
     BUILTIN_DATA,
@@ -90,7 +94,8 @@ def evaluate_checkpoint(cfg: Config, manifest_plan: bool = False) -> dict:
 
 def main(argv=None) -> dict:
     """Parse the config, evaluate, print ``top-1``/``top-5`` and the result dict."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    # a run folder as --checkpoint_file_path: its newest checkpoint
+    argv = checkpoint_folder_resolved(sys.argv[1:] if argv is None else list(argv), "eval.py")
     cfg = parse_config(argv, default_recipe(argv, DEFAULT_CONFIG, "eval.py"), prog="eval.py")
     result = evaluate_checkpoint(cfg, manifest_plan=not config_given(argv))
     print(f"top-1 accuracy: {result['top_1_accuracy']:.4f}  top-5 accuracy: {result['top_5_accuracy']:.4f}  "

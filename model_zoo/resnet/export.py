@@ -23,7 +23,11 @@ import numpy as np  # noqa: E402
 from model_zoo.resnet.src.checkpoint_shape import checkpoint_config  # noqa: E402
 from model_zoo.resnet.src.config import Config, parse_config  # noqa: E402
 from model_zoo.resnet.src.device import run_script  # noqa: E402
-from model_zoo.resnet.src.recipe_lookup import config_given, default_recipe  # noqa: E402
+from model_zoo.resnet.src.recipe_lookup import (  # noqa: E402
+    checkpoint_folder_resolved,
+    config_given,
+    default_recipe,
+)
 from model_zoo.resnet.src.resnet import onnx_exportable  # noqa: E402
 from model_zoo.resnet.src.trainer import inference_network  # noqa: E402
 from ms_boost.cpu_gemm_conv import restore_convolutions  # noqa: E402
@@ -74,7 +78,8 @@ def export_checkpoint(cfg: Config, manifest_plan: bool = False) -> Path:
 
 def main(argv=None) -> Path:
     """Parse the config, export, print the file written."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    # a run folder as --checkpoint_file_path: its newest checkpoint
+    argv = checkpoint_folder_resolved(sys.argv[1:] if argv is None else list(argv), "export.py")
     cfg = parse_config(argv, default_recipe(argv, DEFAULT_CONFIG, "export.py"), prog="export.py")
     path = export_checkpoint(cfg, manifest_plan=not config_given(argv))
     print(f"exported {cfg.checkpoint_file_path} -> {path}", flush=True)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ms_boost.checkpoint_file import read_checkpoint
 
-__all__ = ["CONFIG_DIR", "MANIFEST_KEY", "checkpoint_argument", "config_given", "read_manifest",
+__all__ = ["CONFIG_DIR", "MANIFEST_KEY", "CHECKPOINT_NAME", "checkpoint_argument", "config_given", "newest_checkpoint",
+           "checkpoint_folder_resolved", "read_manifest",
            "recipe_of_checkpoint", "default_recipe"]
 
 MANIFEST_KEY = "ms_boost_run"
@@ -38,13 +40,71 @@ def config_given(argv: Sequence[str]) -> bool:
 
 def checkpoint_argument(argv: Sequence[str]) -> Optional[str]:
     """The last ``--checkpoint_file_path`` value in ``argv`` (``None`` if none is given)."""
+    return _option(argv, "checkpoint_file_path")
+
+
+CHECKPOINT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
+"""A run's checkpoint file name, ``<prefix>-<epoch>_<step>.ckpt``."""
+
+
+def newest_checkpoint(folder: Path, checkpoint_dir: str, prefix: Optional[str] = None) -> Optional[Path]:
+    """The newest ``<prefix>-<epoch>_<step>.ckpt`` (largest epoch, then step) of a run folder: searched in
+    ``<folder>/<checkpoint_dir>``, then ``<folder>``; any prefix when ``prefix`` is None. None: no such file."""
+    for where in (folder / checkpoint_dir, folder):
+        if not where.is_dir():
+            continue
+        found = [p for p in where.glob(f"{prefix}-*.ckpt" if prefix else "*.ckpt") if CHECKPOINT_NAME.match(p.name)]
+        if found:
+            def order(path: Path):
+                match = CHECKPOINT_NAME.match(path.name)
+                return int(match.group("epoch")), int(match.group("step")), path.name
+            return max(found, key=order)
+    return None
+
+
+def _option(argv: Sequence[str], name: str) -> Optional[str]:
+    """The last value of ``--name`` in ``argv`` (``--name value`` or ``--name=value``), None if not given."""
     found = None
     for index, arg in enumerate(argv):
-        if arg == "--checkpoint_file_path" and index + 1 < len(argv):
+        if arg == f"--{name}" and index + 1 < len(argv):
             found = argv[index + 1]
-        elif arg.startswith("--checkpoint_file_path="):
+        elif arg.startswith(f"--{name}="):
             found = arg.split("=", 1)[1]
     return found
+
+
+def checkpoint_folder_resolved(argv: Sequence[str], prog: Optional[str]) -> List[str]:
+    """``argv`` with a run folder given as ``--checkpoint_file_path`` replaced by its newest checkpoint (said on
+    stderr as ``prog`` unless None), as ``--resume`` takes a run folder; anything else unchanged.
+
+    Raises:
+        ValueError: the folder holds no ``<prefix>-<epoch>_<step>.ckpt`` (naming both places searched).
+    """
+    given = checkpoint_argument(argv)
+    if not given or not Path(os.path.expanduser(given)).is_dir():
+        return list(argv)
+    folder = Path(os.path.expanduser(given))
+    checkpoint_dir = _option(argv, "checkpoint_dir") or "checkpoint"
+    newest = newest_checkpoint(folder, checkpoint_dir)
+    if newest is None:
+        raise ValueError(f"checkpoint_file_path={given!r} is a folder with no '<prefix>-<epoch>_<step>.ckpt' "
+                         f"checkpoint in {str(folder / checkpoint_dir)!r} or {str(folder)!r}; give a checkpoint file "
+                         f"or a run's output folder.")
+    if prog is not None:
+        print(f"{prog}: checkpoint_file_path {given!r} is a run folder: evaluating its newest checkpoint, {newest}",
+              file=sys.stderr, flush=True)
+    out, skip = [], False
+    for index, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "--checkpoint_file_path" and index + 1 < len(argv):
+            out += [arg, str(newest)]
+            skip = True
+        elif arg.startswith("--checkpoint_file_path="):
+            out.append(f"--checkpoint_file_path={newest}")
+        else:
+            out.append(arg)
+    return out
 
 
 def read_manifest(path: Path, entries: Optional[Dict[str, Any]] = None,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -27,7 +26,8 @@ from mindspore import nn
 from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
-from model_zoo.resnet.src.recipe_lookup import MANIFEST_KEY, read_manifest
+from model_zoo.resnet.src.recipe_lookup import CHECKPOINT_NAME as _NAME
+from model_zoo.resnet.src.recipe_lookup import MANIFEST_KEY, newest_checkpoint, read_manifest
 from ms_boost import comm
 from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.divergence import callback_mark, first_non_finite
@@ -38,7 +38,6 @@ __all__ = ["MANIFEST_KEY", "TrainingDiverged", "first_non_finite", "GuardedCheck
            "find_resume_checkpoint", "checkpoint_step", "run_checkpoints", "restore_train_network",
            "schedule_parameter_names", "RESUME_FREE_KEYS", "DIVERGENCE_KEYS"]
 
-_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 
 
 class TrainingDiverged(RuntimeError):
@@ -230,13 +229,9 @@ def find_resume_checkpoint(target: str, checkpoint_dir: str, prefix: str) -> Pat
         return path
     if not path.is_dir():
         raise ValueError(f"resume={target!r} is neither a checkpoint file nor a run folder.")
-    for folder in (path / checkpoint_dir, path):
-        found = _checkpoints_in(folder, prefix)
-        if found:
-            def key(p: Path) -> Tuple[int, int]:
-                match = _NAME.match(p.name)
-                return int(match.group("epoch")), int(match.group("step"))
-            return max(found, key=key)
+    newest = newest_checkpoint(path, checkpoint_dir, prefix)
+    if newest is not None:
+        return newest
     raise ValueError(f"resume={target!r}: no '{prefix}-<epoch>_<step>.ckpt' checkpoint in {str(path)!r} or "
                      f"{str(path / checkpoint_dir)!r}.")
 
