@@ -455,8 +455,7 @@ def apply_less_bn(network: nn.Cell, optimizer: nn.Optimizer, less_bn_cfg, common
     if less_bn_cfg.gc_flag:
         process.add_grad_centralization(wrapped)
     rebuilt = process.generate_new_optimizer()
-    share_learning_rate(optimizer.opt if isinstance(optimizer, nn.LARS) else optimizer,
-                        rebuilt.opt if isinstance(rebuilt, nn.LARS) else rebuilt)
+    share_learning_rate(process.single_opt, rebuilt.opt if isinstance(rebuilt, nn.LARS) else rebuilt)
     return wrapped, rebuilt
 
 

@@ -12,6 +12,7 @@ launchers' override check loads this module without the rest of the zoo).
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -21,9 +22,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ms_boost.checkpoint_file import read_checkpoint
 
-__all__ = ["CONFIG_DIR", "MANIFEST_KEY", "CHECKPOINT_NAME", "checkpoint_argument", "config_given", "newest_checkpoint",
-           "checkpoint_folder_resolved", "read_manifest",
-           "recipe_of_checkpoint", "default_recipe"]
+__all__ = ["CONFIG_DIR", "MANIFEST_KEY", "CHECKPOINT_NAME", "checkpoint_argument", "checkpoints_in", "config_given",
+           "newest_checkpoint", "checkpoint_folder_resolved", "read_manifest", "recipe_of_checkpoint", "default_recipe"]
 
 MANIFEST_KEY = "ms_boost_run"
 """The checkpoint entry holding a run's manifest (a JSON string)."""
@@ -47,13 +47,19 @@ CHECKPOINT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckp
 """A run's checkpoint file name, ``<prefix>-<epoch>_<step>.ckpt``."""
 
 
+def checkpoints_in(folder: Path, prefix: Optional[str] = None) -> List[Path]:
+    """The ``<prefix>-<epoch>_<step>.ckpt`` files directly in ``folder`` (any prefix when None; none when the folder
+    does not exist)."""
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.glob(f"{prefix}-*.ckpt" if prefix else "*.ckpt") if CHECKPOINT_NAME.match(p.name)]
+
+
 def newest_checkpoint(folder: Path, checkpoint_dir: str, prefix: Optional[str] = None) -> Optional[Path]:
     """The newest ``<prefix>-<epoch>_<step>.ckpt`` (largest epoch, then step) of a run folder: searched in
     ``<folder>/<checkpoint_dir>``, then ``<folder>``; any prefix when ``prefix`` is None. None: no such file."""
     for where in (folder / checkpoint_dir, folder):
-        if not where.is_dir():
-            continue
-        found = [p for p in where.glob(f"{prefix}-*.ckpt" if prefix else "*.ckpt") if CHECKPOINT_NAME.match(p.name)]
+        found = checkpoints_in(where, prefix)
         if found:
             def order(path: Path):
                 match = CHECKPOINT_NAME.match(path.name)
@@ -112,9 +118,27 @@ def read_manifest(path: Path, entries: Optional[Dict[str, Any]] = None,
     """The ``ms_boost_run`` manifest of a checkpoint (``None`` for checkpoints written before it existed).
 
     ``entries``: the checkpoint's entries if already read; ``what`` names the file in a read error (the option that
-    gave it, e.g. ``checkpoint_file_path``).
+    gave it, e.g. ``checkpoint_file_path``). Without ``entries`` the file is read once per process and version (its
+    path, size and modification time): eval.py given no ``--config`` asks for the recipe, then for the shape, before
+    loading the weights, and each read loads every tensor of the file.
     """
-    entries = read_checkpoint(path, what=what) if entries is None else entries
+    if entries is None:
+        stat = os.stat(path) if os.path.isfile(path) else None
+        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns) if stat is not None else None
+        if key is None or key not in _MANIFESTS:
+            manifest = _manifest_of(read_checkpoint(path, what=what))
+            if key is None:
+                return manifest
+            _MANIFESTS.clear()  # one file's at a time: a script reads one checkpoint's manifest repeatedly
+            _MANIFESTS[key] = manifest
+        return copy.deepcopy(_MANIFESTS[key])
+    return _manifest_of(entries)
+
+
+_MANIFESTS: Dict[Any, Optional[Dict[str, Any]]] = {}
+
+
+def _manifest_of(entries: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     raw = entries.get(MANIFEST_KEY)
     if not isinstance(raw, str):
         return None

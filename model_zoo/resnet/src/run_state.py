@@ -27,7 +27,7 @@ from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
 from model_zoo.resnet.src.recipe_lookup import CHECKPOINT_NAME as _NAME
-from model_zoo.resnet.src.recipe_lookup import MANIFEST_KEY, newest_checkpoint, read_manifest
+from model_zoo.resnet.src.recipe_lookup import MANIFEST_KEY, checkpoints_in, newest_checkpoint, read_manifest
 from ms_boost import comm
 from ms_boost.checkpoint_file import read_checkpoint
 from ms_boost.divergence import callback_mark, first_non_finite
@@ -102,7 +102,7 @@ class GuardedCheckpoint(Callback):
         self._last_checked = -1
         if write:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._before = [p for p in _checkpoints_in(self.directory, prefix)
+            self._before = [p for p in checkpoints_in(self.directory, prefix)
                             if checkpoint_step(p, self.steps_per_epoch) <= self.step_offset]
 
     @property
@@ -207,7 +207,7 @@ class GuardedCheckpoint(Callback):
         self._rotate()
 
     def _rotate(self) -> None:
-        files = sorted(_checkpoints_in(self.directory, self.prefix),
+        files = sorted(checkpoints_in(self.directory, self.prefix),
                        key=lambda p: checkpoint_step(p, self.steps_per_epoch))
         newest = self.last_good
         for old in files[:-self.keep_max]:
@@ -236,17 +236,12 @@ def find_resume_checkpoint(target: str, checkpoint_dir: str, prefix: str) -> Pat
                      f"{str(path / checkpoint_dir)!r}.")
 
 
-def _checkpoints_in(folder: Path, prefix: str) -> List[Path]:
-    """The ``<prefix>-<epoch>_<step>.ckpt`` files directly in ``folder`` (none when it does not exist)."""
-    return [p for p in folder.glob(f"{prefix}-*.ckpt") if _NAME.match(p.name)] if folder.is_dir() else []
-
-
 def run_checkpoints(directory: Path, prefix: str, subfolders: Iterable[str] = ()) -> List[Path]:
     """``<prefix>-<epoch>_<step>.ckpt`` files of a run's checkpoint folder, its ``rank_<r>/`` folders and the
     given ``subfolders`` (e.g. the PCA's weight-only checkpoints), sorted by path."""
     directory = Path(directory)
     folders = [directory, *sorted(directory.glob("rank_*")), *(directory / name for name in subfolders if name)]
-    return sorted(p for folder in folders for p in _checkpoints_in(folder, prefix))
+    return sorted(p for folder in folders for p in checkpoints_in(folder, prefix))
 
 
 def _resume_path(cfg: Any) -> Path:
