@@ -3,9 +3,10 @@
 # the CUDA 11.x user-space libraries from pip, then run_check on GPU and a few steps of each algorithm against CPU.
 usage() {
     cat <<'USAGE'
-Usage: bash scripts/gpu_check.sh [--steps N] [--mode pynative|graph] [--no-install] [--dry-run]
+Usage: bash scripts/gpu_check.sh [--steps N] [--mode pynative|graph] [--wheels DIR] [--no-install] [--dry-run]
 
-On a machine with an NVIDIA GPU (nvidia-smi lists one; the driver provides libcuda.so.1):
+On a machine with an NVIDIA GPU (nvidia-smi lists one; the driver provides libcuda.so.1) whose PYTHON has the
+MindSpore 2.10 wheel installed (checked first: without it, or without its CUDA 11.6 plugin, nothing is installed):
   1. pip-installs into the Python environment of PYTHON the CUDA 11 user-space libraries that
      mindspore/lib/plugin/libmindspore_gpu.so.11.6 links against (readelf -d): runtime (libcudart.so.11.0),
      cuBLAS (libcublas.so.11), cuDNN 8 (libcudnn.so.8, 8.5 as MindSpore recommends for CUDA 11.6), NCCL 2.16.5
@@ -17,10 +18,12 @@ On a machine with an NVIDIA GPU (nvidia-smi lists one; the driver provides libcu
      ms_boost.Model on GPU and on CPU (same seed, data and initial weights) and compares the losses (step 1
      within 1e-3 relative, later steps within 1e-2), ending with one summary line.
 Without a GPU it says so and exits 0. Exit status: 0 all agree (or no GPU), 1 the losses differ, 2 bad arguments,
-3 installing failed, 4 run_check failed, 5 a training run failed.
+3 installing failed, 4 run_check failed, 5 a training run failed, 6 PYTHON has no MindSpore or no CUDA 11.6 plugin.
 
   --steps N      training steps per algorithm (default 3)
   --mode M       pynative (default) or graph
+  --wheels DIR   install from the wheels in DIR, with no package index (a machine without internet access;
+                 fill DIR elsewhere with `pip download --no-deps -d DIR <the packages the dry run lists>`)
   --no-install   use the libraries already installed (step 1 skipped)
   --dry-run      print the pip command and the environment, run nothing (also DRY_RUN=1)
 Environment: PYTHON (default python3), NVIDIA_SMI (default nvidia-smi), GPU_CHECK_DIR (where CUDA_HOME is made,
@@ -37,6 +40,7 @@ DRY_RUN="${DRY_RUN:-0}"
 STEPS=3
 MODE=pynative
 INSTALL=1
+WHEELS=""
 # pip names and versions (checked with pip index versions); cuDNN 8.5 and NCCL 2.16.5 as explained above
 CUDA_PACKAGES=(nvidia-cuda-runtime-cu11==11.8.89 nvidia-cublas-cu11==11.11.3.6 nvidia-cudnn-cu11==8.5.0.96
                nvidia-nccl-cu11==2.16.5 nvidia-curand-cu11==10.3.0.86 nvidia-cusolver-cu11==11.4.1.48
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
         -h|--help) usage; exit 0 ;;
         --steps) [ $# -ge 2 ] || die "--steps needs a value"; STEPS="$2"; shift ;;
         --mode) [ $# -ge 2 ] || die "--mode needs a value"; MODE="$2"; shift ;;
+        --wheels) [ $# -ge 2 ] || die "--wheels needs a folder"; WHEELS="$2"; shift ;;
         --no-install) INSTALL=0 ;;
         --dry-run|--dry_run) DRY_RUN=1 ;;
         *) die "unknown argument '$1'" ;;
@@ -62,6 +67,8 @@ while [ $# -gt 0 ]; do
 done
 [[ "${STEPS}" =~ ^[0123456789]+$ ]] && [ "${STEPS}" -ge 1 ] || die "--steps must be an integer >= 1, got '${STEPS}'"
 case "${MODE}" in pynative|graph) ;; *) die "--mode must be pynative or graph, got '${MODE}'" ;; esac
+[ -z "${WHEELS}" ] || [ -d "${WHEELS}" ] || die "--wheels must be a folder of wheel files, got '${WHEELS}' (no such folder)"
+[ -z "${WHEELS}" ] || [ "${INSTALL}" = "1" ] || die "--wheels and --no-install exclude each other (--no-install installs nothing)"
 
 # 0. a GPU?
 if ! command -v "${NVIDIA_SMI}" >/dev/null 2>&1; then
@@ -75,18 +82,38 @@ if [ "${GPUS}" -eq 0 ]; then
 fi
 echo "gpu_check: ${GPUS} GPU(s): $("${NVIDIA_SMI}" -L | head -n 1)"
 
-# 1. the libraries
-PIP=("${PYTHON}" -m pip install --no-input "${CUDA_PACKAGES[@]}")
+# 1. MindSpore and its CUDA 11.6 plugin in PYTHON, before anything is installed
+if ! MS_DIR="$("${PYTHON}" -c 'import os, mindspore; print(os.path.dirname(mindspore.__file__))' 2>/dev/null)"; then
+    echo "gpu_check: FAIL: ${PYTHON} ($("${PYTHON}" --version 2>&1 || echo 'not found')) cannot import mindspore:" \
+         "install the MindSpore 2.10 wheel into it first (pip install mindspore==2.10.0), or set PYTHON to the" \
+         "interpreter that has it"
+    exit 6
+fi
+PLUGIN="${MS_DIR}/lib/plugin/gpu11.6"
+if [ ! -d "${PLUGIN}" ]; then
+    echo "gpu_check: FAIL: this MindSpore has no CUDA 11.6 GPU plugin (${PLUGIN} is missing): a MindSpore 2.10 wheel" \
+         "from the package index carries it"
+    exit 6
+fi
+
+# 2. the libraries
+PIP=("${PYTHON}" -m pip install --no-input)
+[ -z "${WHEELS}" ] || PIP+=(--no-index --find-links "${WHEELS}")
+PIP+=("${CUDA_PACKAGES[@]}")
 if [ "${DRY_RUN}" = "1" ]; then
     echo "install: $(printf '%q ' "${PIP[@]}")"
 elif [ "${INSTALL}" = "1" ]; then
     echo "gpu_check: installing the CUDA 11 libraries (about 2 GB)"
-    "${PIP[@]}" || { echo "gpu_check: FAIL: pip could not install the CUDA 11 libraries (output above)"; exit 3; }
+    if ! "${PIP[@]}"; then
+        echo "gpu_check: FAIL: pip could not install the CUDA 11 libraries (output above)"
+        [ -n "${WHEELS}" ] || echo "gpu_check: without a reachable package index, download the wheels on a machine" \
+            "that has one (pip download --no-deps -d DIR, the packages above) and pass --wheels DIR"
+        exit 3
+    fi
 fi
 
-# 2. the environment
-SITE="$("${PYTHON}" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-PLUGIN="${SITE}/mindspore/lib/plugin/gpu11.6"
+# 3. the environment
+SITE="$("${PYTHON}" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"  # where pip puts nvidia/
 LIBS="${PLUGIN}"
 for dir in cuda_runtime cublas cudnn nccl curand cusolver cufft cusparse cuda_nvrtc; do
     LIBS+=":${SITE}/nvidia/${dir}/lib"
@@ -103,14 +130,14 @@ printf '#!/bin/sh\n# the release of the pip CUDA runtime, for MindSpore'"'"'s pl
     "${RUNTIME%.*}" "${RUNTIME}" >"${CUDA_HOME}/bin/nvcc"
 chmod +x "${CUDA_HOME}/bin/nvcc"
 
-# 3. run_check
+# 4. run_check
 if ! "${PYTHON}" -c 'import mindspore as ms; ms.set_device("GPU"); ms.run_check()' 2>&1 | tee /dev/stderr |
         grep 'installed on platform \[GPU\] successfully' >/dev/null; then
     echo "gpu_check: FAIL: mindspore.run_check() on GPU did not succeed (output above)"
     exit 4
 fi
 
-# 4. the algorithms against CPU
+# 5. the algorithms against CPU
 export PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
 rc=0
 "${PYTHON}" "${SCRIPT_DIR}/gpu_check.py" --device GPU --steps "${STEPS}" --mode "${MODE}" || rc=$?

@@ -31,7 +31,7 @@ gpu_check = _module()
 
 
 def run(*args, tmp_path: Path, **env):
-    full = dict(os.environ, PYTHON=sys.executable, GPU_CHECK_DIR=str(tmp_path / "gpu"), **env)
+    full = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_DIR": str(tmp_path / "gpu"), **env}
     full.pop("DRY_RUN", None)
     return subprocess.run(["bash", str(SCRIPT), *args], env=full, cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
@@ -92,7 +92,54 @@ def test_the_plugin_links_against_the_libraries_installed():
     assert b"NCCL version 2.16.5" in nccl  # nvidia-nccl-cu11==2.16.5
 
 
+def fake_python(tmp_path: Path, mindspore_dir: str | None) -> str:
+    """An interpreter that reports Python 3.12.3 and either fails to import mindspore or finds it in a given folder."""
+    python = tmp_path / "python-fake"
+    found = f'echo "{mindspore_dir}"' if mindspore_dir else "echo \"No module named 'mindspore'\" >&2; exit 1"
+    python.write_text(f'#!/bin/sh\ncase "$1" in --version) echo "Python 3.12.3" ;; *) {found} ;; esac\n')
+    python.chmod(0o755)
+    return str(python)
+
+
+def test_without_mindspore_it_stops_before_installing_anything(tmp_path):
+    smi = fake_smi(tmp_path, "GPU 0: NVIDIA H200 (UUID: GPU-0)\\n")
+    python = fake_python(tmp_path, None)
+    done = run(tmp_path=tmp_path, NVIDIA_SMI=smi, PYTHON=python)
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        f"gpu_check: FAIL: {python} (Python 3.12.3) cannot import mindspore: install the MindSpore 2.10 wheel into it "
+        "first (pip install mindspore==2.10.0), or set PYTHON to the interpreter that has it")
+    assert "installing" not in done.stdout and not (tmp_path / "gpu").exists()
+    no_plugin = tmp_path / "site" / "mindspore"
+    no_plugin.mkdir(parents=True)
+    done = run(tmp_path=tmp_path, NVIDIA_SMI=smi, PYTHON=fake_python(tmp_path, str(no_plugin)))
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert f"has no CUDA 11.6 GPU plugin ({no_plugin}/lib/plugin/gpu11.6 is missing)" in done.stdout
+
+
+def test_wheels_installs_from_a_folder_with_no_index(tmp_path):
+    smi = fake_smi(tmp_path, "GPU 0: NVIDIA H200 (UUID: GPU-0)\\n")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    dry = run("--dry-run", "--wheels", str(wheels), tmp_path=tmp_path, NVIDIA_SMI=smi)
+    assert dry.returncode == 0, dry.stderr
+    install = dry.stdout.splitlines()[1].split()
+    assert install[:9] == ["install:", sys.executable, "-m", "pip", "install", "--no-input", "--no-index",
+                           "--find-links", str(wheels)]
+    assert dict(item.split("==") for item in install[9:]) == PACKAGES
+    # an empty folder: pip finds nothing (and reaches no index), the script says what failed and exits 3
+    done = run("--wheels", str(wheels), tmp_path=tmp_path, NVIDIA_SMI=smi)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "gpu_check: FAIL: pip could not install the CUDA 11 libraries (output above)" in done.stdout
+    assert "pass --wheels DIR" not in done.stdout  # the hint is for runs that used an index
+    assert not (tmp_path / "gpu").exists()
+
+
 @pytest.mark.parametrize("args, message", [(["--steps", "0"], "--steps must be an integer >= 1, got '0'"),
+                                           (["--wheels", "/no/such/folder"],
+                                            "--wheels must be a folder of wheel files, got '/no/such/folder'"),
+                                           (["--wheels", ".", "--no-install"],
+                                            "--wheels and --no-install exclude each other"),
                                            (["--mode", "eager"], "--mode must be pynative or graph, got 'eager'"),
                                            (["--gpu"], "unknown argument '--gpu'")])
 def test_bad_arguments(args, message, tmp_path):
