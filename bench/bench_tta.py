@@ -279,7 +279,12 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
         from ms_boost.thor import ConvertModelUtils, thor
 
         damping = Tensor(np.full(spec.epochs * steps_per_epoch, spec.damping, np.float32))
-        block = {"block_size": THOR_BLOCK_SIZES[name]} if THOR_BLOCK_SIZES[name] else {}
+        unknown = sorted(set(spec.extra) - {"block_size"})
+        if unknown:
+            raise ValueError(f"extra={spec.extra!r} for contender={name!r}: the keys {unknown} are not allowed "
+                             "(THOR takes only 'block_size').")
+        size = spec.extra.get("block_size", THOR_BLOCK_SIZES[name])  # bench/thor_tta_grid.py --block_sizes
+        block = {"block_size": size} if size else {}
         opt = thor(net, lr, damping, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=spec.batch,
                    frequency=spec.frequency, **block)
         model = ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics)
