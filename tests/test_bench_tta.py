@@ -405,3 +405,16 @@ def test_worker_gives_thor_the_block_size_of_extra_and_refuses_other_keys():
     assert _model(spec, other, 2)._optimizer.block_size == DEFAULT_BLOCK_SIZE  # pylint: disable=protected-access
     with pytest.raises(ValueError, match=r"extra=\{'blocks': 4\} for contender='THOR'.*\['blocks'\]"):
         _model(RunSpec("digits", "gemm", "THOR", 0.05, 0, 1, extra={"blocks": 4}), net, 2)
+
+
+def test_run_plan_gives_thor_the_plans_frequency_of_the_network(monkeypatch):
+    from bench.bench_tta import QUICK, run_plan
+
+    _fake_runs(monkeypatch, {0.05: 0.9, 0.1: 0.95})
+    payload = run_plan(_small_plan(dim_reduce_nets=(), thor_frequency={"gemm": 25}), timeout=10)
+    cell = payload["cells"]["digits/gemm"]
+    assert [r["spec"]["frequency"] for r in cell["curves"]["THOR"].values()] == [25, 25, 25]
+    assert cell["grids"]["THOR picked"] == {"lr": 0.05, "damping": 0.03, "frequency": 25}
+    payload = run_plan(_small_plan(dim_reduce_nets=()), timeout=10)  # no entry: the run's default, 10
+    assert [r["spec"]["frequency"] for r in payload["cells"]["digits/gemm"]["curves"]["THOR"].values()] == [10] * 3
+    assert QUICK.thor_frequency == {"gemm": 25}  # the page's gemm cells (bench/results/thor_tta_grid_block.md)
