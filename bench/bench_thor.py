@@ -556,9 +556,10 @@ def main(argv=None) -> None:
         steps = saved.get("step_time")
     if adaptive is None:
         adaptive = saved.get("adaptive")
-    if args.no_write:
-        return
     env = environment()
+    if args.no_write:  # the page's text on stdout, nothing written
+        print(markdown(args, conv, steps, env, adaptive), flush=True)
+        return
     write_results("thor", {"args": vars(args), "convergence": conv, "step_time": steps, "adaptive": adaptive,
                            "environment": env}, markdown(args, conv, steps, env, adaptive))
 

@@ -279,7 +279,12 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
         from ms_boost.thor import ConvertModelUtils, thor
 
         damping = Tensor(np.full(spec.epochs * steps_per_epoch, spec.damping, np.float32))
-        block = {"block_size": THOR_BLOCK_SIZES[name]} if THOR_BLOCK_SIZES[name] else {}
+        unknown = sorted(set(spec.extra) - {"block_size"})
+        if unknown:
+            raise ValueError(f"extra={spec.extra!r} for contender={name!r}: the keys {unknown} are not allowed "
+                             "(THOR takes only 'block_size').")
+        size = spec.extra.get("block_size", THOR_BLOCK_SIZES[name])  # bench/thor_tta_grid.py --block_sizes
+        block = {"block_size": size} if size else {}
         opt = thor(net, lr, damping, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=spec.batch,
                    frequency=spec.frequency, **block)
         model = ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics)
@@ -504,6 +509,7 @@ class Plan:
     thor_lrs: Sequence[float]
     thor_dampings: Sequence[float]
     width: Dict[str, int]
+    thor_frequency: Dict[str, int] = field(default_factory=dict)  # network -> THOR's refresh frequency (default 10)
     grid_seeds: Optional[Sequence[int]] = None  # the seeds the lr grids run on (None: all); the rest: picked lr
     skip: Dict[str, Sequence[str]] = field(default_factory=dict)  # network -> contenders not run on it
     distributed_batch: int = 256  # the global batch of the x2 contenders (each rank half of it)
@@ -521,6 +527,9 @@ QUICK = Plan(datasets=("digits",), nets=("gemm", "conv"), seeds=(0, 1, 2), epoch
                          AUTO),
              # x2: O1 wants about twice O0's lr on digits (0.960 at 0.2 against 0.946 at 0.1, seeds 0-4)
              contender_lr_factors=(1.0, 2.0), thor_lrs=(0.05,), thor_dampings=(0.03,), width={"gemm": 8, "conv": 8},
+             # gemm: frequency 25 reaches the target in as many epochs as 10 on digits and MNIST-5k (3 seeds each) at
+             # a cheaper step (bench/results/thor_tta_grid_block.md); conv keeps 10 (not measured at 25)
+             thor_frequency={"gemm": 25},
              grid_seeds=(0,),
              # the zoo's ResNet is GemmConv2d already (the rewrite leaves it alone); upstream O1 on one network only
              # conv: O0 (the baseline's computation, its slow nn.Conv2d steps) left out to fit 15 min; the baseline
@@ -704,14 +713,15 @@ def _pick_contender(runner: _CellRunner, plan: Plan, net: str, contender: str, b
     pick by seed)``; a one-point grid runs nothing here."""
     if contender in THOR_BLOCK_SIZES:
         single = len(plan.thor_lrs) * len(plan.thor_dampings) == 1
+        frequency = {"frequency": plan.thor_frequency[net]} if net in plan.thor_frequency else {}
         picks = []
         for damping in plan.thor_dampings:
-            lr, runs = runner.grid(contender, plan.thor_lrs, run_single=not single, damping=damping)
+            lr, runs = runner.grid(contender, plan.thor_lrs, run_single=not single, damping=damping, **frequency)
             finals = [r["accuracy"][-1] if r["accuracy"] else 0 for r in runs.values()]
             picks.append((float(np.median(finals)) if finals else 0.0, lr, damping, runs))
         _, lr, damping, runs = max(picks, key=lambda p: p[0])
-        runner.cell["grids"][f"{contender} picked"] = {"lr": lr, "damping": damping}
-        return lr, {"damping": damping}, runs
+        runner.cell["grids"][f"{contender} picked"] = {"lr": lr, "damping": damping, **frequency}
+        return lr, {"damping": damping, **frequency}, runs
     distributed = contender in DISTRIBUTED
     factors = plan.distributed_lr_factors if distributed else plan.contender_lr_factors
     lrs = sorted({round(best_lr * f, 6) for f in factors})

@@ -12,12 +12,14 @@ the process (all threads) per step, for THOR's plain steps and refresh steps, an
 the profiler's tables are per process).
 
 ``--net bench`` times bench_thor.py's step-time network instead (the zoo's ResNet-18 width 16, 32 px, batch 32, block
-size 64, its THOR settings).
+size 64, its THOR settings). ``--block_sizes 32 64`` builds one THOR cell per (dense setting, block size)
+(``thor:<dense blocks>:<block size>``; without it, block size 64).
 
 Usage::
 
     python bench/thor_plain_kernels.py --dense 0 4 --rounds 60
     python bench/thor_plain_kernels.py --profile thor:4 --out /tmp/prof_thor4
+    python bench/thor_plain_kernels.py --dense 5 --block_sizes 32 64 --rounds 60
 """
 from __future__ import annotations
 
@@ -39,34 +41,37 @@ NET = {"name": "tta"}  # which network: the page's ("tta") or bench_thor.py's st
 
 
 def build(name: str, frequency: int):
-    """The train cell of ``momentum`` or ``thor:<dense blocks>`` (the page's network, or bench_thor.py's)."""
+    """The train cell of ``momentum`` or ``thor:<dense blocks>[:<block size>]`` (the page's network, or
+    bench_thor.py's)."""
     import mindspore as ms
 
     from ms_boost.thor import THOR
 
-    contender = "baseline"
+    contender, block_size = "baseline", 64
     if name.startswith("thor:"):
-        THOR.dense_inverse_blocks = int(name.split(":")[1])  # read when the optimizer is built
+        parts = name.split(":")
+        THOR.dense_inverse_blocks = int(parts[1])  # read when the optimizer is built
+        block_size = int(parts[2]) if len(parts) > 2 else 64
         contender = "THOR"
     if NET["name"] == "bench":
-        return _build_bench(contender, frequency)
+        return _build_bench(contender, frequency, block_size)
     from bench.bench_tta import RunSpec, _model, build_network
 
     ms.set_seed(0)
     spec = RunSpec(dataset="digits", net="gemm", contender=contender, lr=0.01, seed=0, epochs=200, image_size=16,
-                   width=8, frequency=frequency)
+                   width=8, frequency=frequency, extra={"block_size": block_size} if contender == "THOR" else {})
     net = build_network(spec, 10)
     cell = _model(spec, net, 50)._train_network
     cell.set_train(True)
     return cell
 
 
-def _build_bench(contender: str, frequency: int):
-    """bench_thor.py's step-time cell: the zoo's ResNet-18 width 16, 20 classes, its THOR settings (block size 64)."""
+def _build_bench(contender: str, frequency: int, block_size: int = 64):
+    """bench_thor.py's step-time cell: the zoo's ResNet-18 width 16, 20 classes, its THOR settings."""
     from bench.bench_thor import build as build_bench
 
     args = argparse.Namespace(classes=20, width=16, epochs=8, momentum_lr=0.1, thor_lr=0.1, damping=0.3,
-                              weight_decay=1e-4, block_size=64)
+                              weight_decay=1e-4, block_size=block_size)
     kind = "momentum" if contender == "baseline" else f"thor_{frequency}"
     cell = build_bench(kind, args, 0, 1000, (2, 2, 2, 2), 16)[2].train_network
     cell.set_train(True)
@@ -104,11 +109,12 @@ def profile(name: str, out: str) -> None:
         print(f"  {op:28s} {counts[op]:6.1f} {times[op]:8.3f} ms")
 
 
-def alternate(dense: list, rounds: int, frequency: int) -> None:
-    """CPU time per step of Momentum and THOR (one cell per dense setting), called alternately."""
+def alternate(dense: list, rounds: int, frequency: int, block_sizes: tuple = ()) -> None:
+    """CPU time per step of Momentum and THOR (one cell per dense setting and block size), called alternately."""
     x, y = _batch()
     cells = {}
-    for name in ["momentum"] + [f"thor:{d}" for d in dense]:
+    thor_names = [f"thor:{d}:{b}" for d in dense for b in block_sizes] if block_sizes else [f"thor:{d}" for d in dense]
+    for name in ["momentum"] + thor_names:
         cell = build(name, frequency)
         start = time.process_time()
         cell(x, y).asnumpy()
@@ -128,12 +134,16 @@ def alternate(dense: list, rounds: int, frequency: int) -> None:
             times.setdefault(key, []).append(time.process_time() - start)
     base = float(np.median(times["momentum"])) * 1e3
     print(f"Momentum {base:.2f} ms CPU per step")
-    for d in dense:
-        plain = float(np.median(times[(f"thor:{d}", "plain")])) * 1e3
-        refresh = float(np.median(times[(f"thor:{d}", "refresh")])) * 1e3
-        print(f"THOR dense_inverse_blocks={d}: plain {plain:.2f} ms ({plain / base:.3f}x), refresh {refresh:.2f} ms "
+    for name in thor_names:
+        plain = float(np.median(times[(name, "plain")])) * 1e3
+        refresh = float(np.median(times[(name, "refresh")])) * 1e3
+        first = thor_names[0]  # paired: the same rounds' plain (refresh) steps of the first THOR cell
+        paired = [float(np.median(np.array(times[(name, k)]) / np.array(times[(first, k)])))
+                  for k in ("plain", "refresh")]
+        print(f"THOR {name}: plain {plain:.2f} ms ({plain / base:.3f}x), refresh {refresh:.2f} ms "
               f"({refresh / base:.2f}x), amortized at {frequency} "
-              f"{((frequency - 1) * plain + refresh) / frequency / base:.3f}x")
+              f"{((frequency - 1) * plain + refresh) / frequency / base:.3f}x; paired to {first}: plain "
+              f"{paired[0]:.3f}x, refresh {paired[1]:.3f}x")
     print("load", " ".join(open("/proc/loadavg", encoding="utf-8").read().split()[:3]))
 
 
@@ -144,6 +154,8 @@ def main(argv=None) -> None:
     parser.add_argument("--frequency", type=int, default=10)
     parser.add_argument("--profile", default="", help="momentum or thor:<dense blocks>: profile this cell only")
     parser.add_argument("--out", default="/tmp/thor_plain_kernels_profile")
+    parser.add_argument("--block_sizes", type=int, nargs="*", default=[],
+                        help="THOR block sizes: one cell per dense setting and size (default: 64 only)")
     parser.add_argument("--net", choices=("tta", "bench"), default="tta",
                         help="tta: the page's gemm network; bench: bench_thor.py's step-time ResNet-18 width 16, 32 px")
     args = parser.parse_args(argv)
@@ -155,7 +167,7 @@ def main(argv=None) -> None:
     if args.profile:
         profile(args.profile, args.out)
     else:
-        alternate(args.dense, args.rounds, args.frequency)
+        alternate(args.dense, args.rounds, args.frequency, tuple(args.block_sizes))
 
 
 if __name__ == "__main__":

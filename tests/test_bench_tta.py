@@ -382,3 +382,39 @@ def test_a_driver_stopped_in_the_paired_rounds_renders_the_seeds_each_contender_
     tta.summarize_cell(cell)
     assert cell["summary"]["ms_boost O0"]["seeds"] == ["0", "1"] and cell["target"] == pytest.approx(0.94)
     assert "| ms_boost O0 | 2/2 |" in render_page(payload, payload["command"], [], payload["seconds"])
+
+
+def test_thor_tta_grid_labels_keep_the_first_pages_names_at_block_64():
+    from bench.thor_tta_grid import thor_name
+
+    assert thor_name(10, 0.05) == "THOR f10 lr0.05" == thor_name(10, 0.05, 64)  # the first pages' keys
+    assert thor_name(25, 0.1, 32) == "THOR f25 lr0.1 b32"
+
+
+def test_worker_gives_thor_the_block_size_of_extra_and_refuses_other_keys():
+    from mindspore import nn
+
+    from bench.bench_tta import RunSpec, _model
+    from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE
+
+    net = nn.SequentialCell([nn.Flatten(), nn.Dense(12, 3)])
+    spec = RunSpec("digits", "gemm", "THOR", 0.05, 0, 1, extra={"block_size": 4})
+    assert _model(spec, net, 2)._optimizer.block_size == 4  # pylint: disable=protected-access
+    spec = RunSpec("digits", "gemm", "THOR", 0.05, 0, 1)
+    other = nn.SequentialCell([nn.Flatten(), nn.Dense(12, 3)])
+    assert _model(spec, other, 2)._optimizer.block_size == DEFAULT_BLOCK_SIZE  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match=r"extra=\{'blocks': 4\} for contender='THOR'.*\['blocks'\]"):
+        _model(RunSpec("digits", "gemm", "THOR", 0.05, 0, 1, extra={"blocks": 4}), net, 2)
+
+
+def test_run_plan_gives_thor_the_plans_frequency_of_the_network(monkeypatch):
+    from bench.bench_tta import QUICK, run_plan
+
+    _fake_runs(monkeypatch, {0.05: 0.9, 0.1: 0.95})
+    payload = run_plan(_small_plan(dim_reduce_nets=(), thor_frequency={"gemm": 25}), timeout=10)
+    cell = payload["cells"]["digits/gemm"]
+    assert [r["spec"]["frequency"] for r in cell["curves"]["THOR"].values()] == [25, 25, 25]
+    assert cell["grids"]["THOR picked"] == {"lr": 0.05, "damping": 0.03, "frequency": 25}
+    payload = run_plan(_small_plan(dim_reduce_nets=()), timeout=10)  # no entry: the run's default, 10
+    assert [r["spec"]["frequency"] for r in payload["cells"]["digits/gemm"]["curves"]["THOR"].values()] == [10] * 3
+    assert QUICK.thor_frequency == {"gemm": 25}  # the page's gemm cells (bench/results/thor_tta_grid_block.md)
