@@ -13,7 +13,7 @@ Chain built by :func:`build_update` (lower order wraps higher)::
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from mindspore import nn
 
@@ -23,7 +23,8 @@ from ms_boost.spec import BuildContext, call_hook, single_hook
 from ms_boost.stages import OptimizerUpdate
 from ms_boost.topology import Topology
 
-__all__ = ["build_context", "rewrite_train", "rewrite_eval", "build_reducer", "build_update", "describe_steps"]
+__all__ = ["build_context", "rewrite_train", "not_rewritten", "rewrite_eval", "build_reducer", "build_update",
+           "describe_steps"]
 
 
 def build_context(boost: AutoBoost, topology: Optional[Topology] = None) -> BuildContext:
@@ -41,6 +42,18 @@ def rewrite_train(boost: AutoBoost, network: nn.Cell, optimizer: Any,
         if spec.rewrite_train is not None:
             network, optimizer = call_hook(spec, "rewrite_train", network, optimizer, boost.section(spec.name), ctx)
     return network, optimizer
+
+
+def not_rewritten(boost: AutoBoost, network: nn.Cell, optimizer: Any) -> List[str]:
+    """The enabled algorithms whose ``rewrite_train`` the pair evidently did not go through.
+
+    A spec without a ``rewritten`` hook cannot tell, and is not listed.
+    """
+    names = []
+    for spec in boost.enabled_specs():
+        if spec.rewrite_train is not None and spec.rewritten is not None and not spec.rewritten(network, optimizer):
+            names.append(spec.name)
+    return names
 
 
 def rewrite_eval(boost: AutoBoost, network: nn.Cell, ctx: Optional[BuildContext] = None) -> nn.Cell:

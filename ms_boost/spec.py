@@ -5,7 +5,9 @@ user's with :func:`ms_boost.register_algorithm`). The pipeline reads the enabled
 
 * ``rewrite_train(network, optimizer, cfg, ctx) -> (network, optimizer)`` -- network/optimizer
   transformations for training (LessBN's BatchNorm removal, the freezing optimizer, THOR), applied in
-  ``order``; ``rewrite_eval(network, cfg, ctx) -> network`` for the evaluation network.
+  ``order``; ``rewrite_eval(network, cfg, ctx) -> network`` for the evaluation network;
+  ``rewritten(network, optimizer) -> bool`` tells whether a pair already went through ``rewrite_train``
+  (a train cell built by hand on an unrewritten pair warns that the algorithm does not run).
 * ``reducer(weights, cfg, ctx) -> comm.GradReducer`` -- replaces the data-parallel mean of the
   gradients (AdaSum: a mean inside each server); at most one enabled spec has one.
 * ``apply(network, optimizer, weights, cfg, ctx) -> Cell`` -- replaces the optimizer step at the end
@@ -188,7 +190,7 @@ class AlgorithmSpec:
         runs_alone: switching it on switches every other algorithm off (with a note or warning).
         excludes: names switched off when this one is on.
         in_enable_all: ``boost.mode: enable_all`` switches it on.
-        rewrite_train, rewrite_eval, reducer, apply, stage, describe: hooks, see the module doc.
+        rewrite_train, rewrite_eval, rewritten, reducer, apply, stage, describe: hooks, see the module doc.
         apply_text: the summary's apply step when this algorithm is on (e.g. ``"THOR preconditioned
             optimizer"``).
         check_model: ``check_model(cfg, loss_scale_manager)`` raises when ``Model`` got arguments the
@@ -206,6 +208,7 @@ class AlgorithmSpec:
     in_enable_all: bool = False
     rewrite_train: Optional[Callable[..., Tuple[Any, Any]]] = None
     rewrite_eval: Optional[Callable[..., Any]] = None
+    rewritten: Optional[Callable[[Any, Any], bool]] = None
     reducer: Optional[Callable[..., Any]] = None
     apply: Optional[Callable[..., Any]] = None
     stage: Optional[Callable[..., Any]] = None
@@ -235,8 +238,8 @@ class AlgorithmSpec:
                             f"its defaults: {exc}") from exc
         if isinstance(self.order, bool) or not isinstance(self.order, int):
             raise TypeError(f"AlgorithmSpec {self.name!r}: order must be an int, got {self.order!r}.")
-        for hook in ("rewrite_train", "rewrite_eval", "reducer", "apply", "stage", "describe", "check_model",
-                     "warn_config"):
+        for hook in ("rewrite_train", "rewrite_eval", "rewritten", "reducer", "apply", "stage", "describe",
+                     "check_model", "warn_config"):
             value = getattr(self, hook)
             if value is not None and not callable(value):
                 raise TypeError(f"AlgorithmSpec {self.name!r}: {hook} must be callable or None.")

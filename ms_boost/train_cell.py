@@ -141,6 +141,14 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
                           f"alone and its gradients are not reduced across ranks. Call "
                           f"mindspore.communication.init() and start the script with msrun (or another launcher).",
                           UserWarning, stacklevel=2)
+        not_rewritten = pipeline.not_rewritten(self.boost, network, optimizer)
+        if not_rewritten:  # said: a hand-built cell cannot rewrite the network or optimizer it is given
+            several = len(not_rewritten) > 1
+            warnings.warn(f"boost plan {self.boost.level}: {', '.join(not_rewritten)} "
+                          f"{'rewrite' if several else 'rewrites'} the network and optimizer, which this train cell "
+                          f"was given unrewritten, so {'they do' if several else 'it does'} not run here. Pass the "
+                          f"pair through AutoBoost(...).network_auto_process_train(network, optimizer) first, or train "
+                          f"with ms_boost.Model(..., boost_level=...), which does.", UserWarning, stacklevel=2)
         ctx = pipeline.build_context(self.boost, self.topology)
         self.reducer = pipeline.build_reducer(self.boost, self.weights, ctx)
         self.update = pipeline.build_update(self.boost, network, optimizer, self.weights, ctx)

@@ -203,3 +203,33 @@ def test_upstream_per_algorithm_entry_points_of_the_train_cell(mode):
                 np.testing.assert_array_equal(p.asnumpy(), b)
     for p, b, g0, g1 in zip(net.trainable_params(), before, *seen):
         np.testing.assert_allclose(p.asnumpy(), b - 0.5 * (g0 + g1) / 2, rtol=1e-5, atol=1e-6)
+
+
+def test_a_hand_built_train_cell_says_which_rewrites_it_was_not_given():
+    """``BoostTrainOneStepCell(net, opt, boost_config="O1")`` on a network and optimizer that did not go through
+    ``network_auto_process_train`` cannot run LessBN or gradient freezing (they rewrite the pair): a warning names
+    them and the way out; after the rewrite, and at O0, it says nothing."""
+    import warnings
+
+    from ms_boost import AutoBoost
+
+    def built(boost, loss_net, opt) -> list:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            BoostTrainOneStepCell(loss_net, opt, boost_config=boost)
+        return [str(w.message) for w in seen if "given unrewritten" in str(w.message)]
+
+    net = make_net()
+    loss_net, opt = nn.WithLossCell(net, ce()), nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    said = built("O1", loss_net, opt)
+    assert len(said) == 1 and said[0].startswith("boost plan O1: less_bn, grad_freeze rewrite the network and "
+                                                 "optimizer, which this train cell was given unrewritten")
+    assert "network_auto_process_train(network, optimizer)" in said[0]
+    freeze_only = AutoBoost("O0", {"boost": {"mode": "manual", "grad_freeze": True}})
+    assert built(freeze_only, loss_net, opt) == [
+        "boost plan O0: grad_freeze rewrites the network and optimizer, which this train cell was given unrewritten, "
+        "so it does not run here. Pass the pair through AutoBoost(...).network_auto_process_train(network, "
+        "optimizer) first, or train with ms_boost.Model(..., boost_level=...), which does."]
+    assert built("O0", loss_net, opt) == []
+    boost = AutoBoost("O1")
+    assert built(boost, *boost.network_auto_process_train(loss_net, opt)) == []

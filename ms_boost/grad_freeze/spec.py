@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional
 
 from ms_boost.grad_freeze.cell import apply_grad_freeze
+from ms_boost.grad_freeze.optimizer import FreezeOpt
 from ms_boost.grad_freeze.schedule import SCHEDULE_RULES
 from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section, optional_rule
 from ms_boost.validation import check_bool
@@ -48,7 +49,11 @@ def _rewrite_train(network, optimizer, cfg: GradFreezeConfig, ctx: BuildContext)
     return apply_grad_freeze(network, optimizer, cfg)
 
 
+def _rewritten(network, optimizer) -> bool:
+    return isinstance(optimizer, FreezeOpt)
+
+
 #: Gradient freezing: the optimizer becomes a FreezeOpt updating the step's unfrozen groups.
 SPEC = AlgorithmSpec(name="grad_freeze", section=GradFreezeConfig, order=20, levels=("O1", "O2"),
-                     in_enable_all=True, rewrite_train=_rewrite_train,
+                     in_enable_all=True, rewrite_train=_rewrite_train, rewritten=_rewritten,
                      apply_text="optimizer on this step's unfrozen groups")

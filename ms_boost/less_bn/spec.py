@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Optional
 
-from ms_boost.less_bn.convert import apply_less_bn, apply_less_bn_eval
+from ms_boost.less_bn.convert import LessBN, apply_less_bn, apply_less_bn_eval
 from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section
 from ms_boost.validation import check_bool, check_float
 
@@ -41,6 +41,10 @@ def _rewrite_eval(network, cfg: LessBNConfig, ctx: BuildContext):
     return apply_less_bn_eval(network, cfg)
 
 
+def _rewritten(network, optimizer) -> bool:
+    return any(isinstance(cell, LessBN) for _, cell in network.cells_and_names())
+
+
 #: The LessBN algorithm for the pipeline (network rewrite for training and evaluation).
 SPEC = AlgorithmSpec(name="less_bn", section=LessBNConfig, order=10, levels=("O1", "O2"), in_enable_all=True,
-                     rewrite_train=_rewrite_train, rewrite_eval=_rewrite_eval)
+                     rewrite_train=_rewrite_train, rewrite_eval=_rewrite_eval, rewritten=_rewritten)
