@@ -40,7 +40,7 @@ from ms_boost.fn_head import CommonHeadLastFN
 logger = logging.getLogger("ms_boost")
 
 __all__ = [
-    "plain_decay_groups",
+    "carry_optimizer_state", "plain_decay_groups",
     "centralize_gradient", "gc_applies", "CentralizedGradients", "with_gradient_centralization",
     "optimizer_params", "OptimizerProcess", "ParameterProcess",
 ]
@@ -217,6 +217,32 @@ def _learning_rate_value(lr):
         value = lr.asnumpy()
         return float(value) if value.size == 1 else Tensor(value)
     return lr
+
+
+def carry_optimizer_state(old: nn.Optimizer, new: nn.Optimizer) -> int:
+    """Start ``new`` (rebuilt from ``old`` over some or all of its weights) from ``old``'s state.
+
+    A script that resumes the tutorials' way loads a checkpoint into its network and optimizer, then builds the
+    Model; the optimizer a boost plan rebuilds must go on from that state (the step that drives a per-step learning
+    rate, the momenta), as MindSpore's Model goes on with the script's optimizer. Each state Parameter of ``new``
+    (not a weight, not shared with ``old``) takes the value of ``old``'s of the same name, shape and dtype
+    (``moments.fc1.weight``, ``global_step``, ``beta1_power``); the rest keep their initial values.
+
+    Returns:
+        how many Parameters were copied.
+    """
+    weights = {id(p) for p in old.parameters} | {id(p) for p in new.parameters}
+    mine = {p.name: p for p in old.get_parameters() if id(p) not in weights}
+    copied = 0
+    for param in new.get_parameters():
+        source = mine.get(param.name)
+        if id(param) in weights or source is None or source is param:
+            continue
+        if source.shape != param.shape or source.dtype != param.dtype:
+            continue
+        param.set_data(Tensor(source.asnumpy(), source.dtype))
+        copied += 1
+    return copied
 
 
 def plain_decay_groups(opt: nn.Optimizer, params: Sequence[Parameter]):
@@ -455,6 +481,7 @@ class OptimizerProcess:
         opt_class = with_gradient_centralization(self.opt_class) if wants_gc else self.opt_class
         learning_rate = self.learning_rate if self.learning_rate is not None else self.single_opt.learning_rate
         opt = opt_class(params, learning_rate=learning_rate, **self.opt_init_args)
+        carry_optimizer_state(self.single_opt, opt)  # a loaded (resumed) optimizer's state goes on
         if self.is_lars:
             opt = nn.LARS(opt, **self.lars_init_args)
         return opt

@@ -219,7 +219,9 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         self.dynamic_lr = inner.dynamic_lr
         self.loss_scale = float(inner.loss_scale)  # the inner optimizers divide the gradients by it, as opt did
         self.sync_lr = not (inner.is_group_lr or inner.dynamic_lr)
-        self.global_step = Parameter(Tensor([0], mstype.int32), name="global_step")
+        # the given optimizer's step (a resumed run's, loaded into it): the schedule and the learning rate go on from it
+        self.global_step = Parameter(Tensor(inner.global_step.asnumpy().reshape(1).astype(np.int32), mstype.int32),
+                                     name="global_step")
         self.atom_steps = ParameterTuple([o.global_step for o in inners])
         if self.sync_lr:
             # the given optimizer's own Parameter: assigning it (a script's callback on its optimizer object) changes
