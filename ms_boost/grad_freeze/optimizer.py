@@ -120,7 +120,8 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         parameters: every parameter of ``opt``, in ``opt``'s order (the gradients' order).
         learning_rate: the learning rate Parameter (fixed learning rate; assigning it changes every inner
             optimizer's rate), or the first inner optimizer's learning rate (dynamic or per-group rates).
-        global_step: the step counter (int32 Parameter of shape (1,)), also the position in the schedule.
+        global_step: the step counter (int32 Parameter of shape (1,)), also the position in the schedule; it starts
+            at ``opt``'s ``global_step`` (a resumed optimizer goes on from its step).
         schedule: the schedule (``schedule[t]``, ``len(schedule)``), lazy when a :class:`FreezeSchedule`.
         train_strategy: int32 Tensor, the schedule's first ``min(len(schedule), DEVICE_TABLE_MAX)`` entries.
         loss_scale: ``opt``'s static ``loss_scale`` (every inner optimizer divides the gradients by it).
