@@ -40,6 +40,7 @@ from ms_boost.fn_head import CommonHeadLastFN
 logger = logging.getLogger("ms_boost")
 
 __all__ = [
+    "carry_optimizer_state", "plain_decay_groups",
     "centralize_gradient", "gc_applies", "CentralizedGradients", "with_gradient_centralization",
     "optimizer_params", "OptimizerProcess", "ParameterProcess",
 ]
@@ -206,14 +207,85 @@ def share_learning_rate(old: nn.Optimizer, new: nn.Optimizer) -> bool:
 def _learning_rate_value(lr):
     """A learning rate as a constructor argument: a float (fixed), a Tensor (per-step list) or the schedule Cell."""
     if isinstance(lr, nn.Cell):
-        values = getattr(lr, "learning_rate", None)  # MindSpore's wrapper of a per-step list keeps it here
-        if isinstance(values, Tensor) and not isinstance(lr, nn.LearningRateSchedule):
+        # MindSpore's wrapper of a per-step list or Tensor (a LearningRateSchedule subclass of its own, named as
+        # thor/optimizer.py does: the class is private) keeps the rates here; a user's schedule stays the Cell
+        values = getattr(lr, "learning_rate", None)
+        if type(lr).__name__ == "_IteratorLearningRate" and isinstance(values, Tensor):
             return Tensor(values.asnumpy())
         return lr
     if isinstance(lr, Tensor):
         value = lr.asnumpy()
         return float(value) if value.size == 1 else Tensor(value)
     return lr
+
+
+def carry_optimizer_state(old: nn.Optimizer, new: nn.Optimizer) -> int:
+    """Start ``new`` (rebuilt from ``old`` over some or all of its weights) from ``old``'s state.
+
+    A script that resumes the tutorials' way loads a checkpoint into its network and optimizer, then builds the
+    Model; the optimizer a boost plan rebuilds must go on from that state (the step that drives a per-step learning
+    rate, the momenta), as MindSpore's Model goes on with the script's optimizer. Each state Parameter of ``new``
+    (not a weight, not shared with ``old``) takes the value of ``old``'s of the same name, shape and dtype
+    (``moments.fc1.weight``, ``global_step``, ``beta1_power``); the rest keep their initial values.
+
+    Returns:
+        how many Parameters were copied.
+    """
+    weights = {id(p) for p in old.parameters} | {id(p) for p in new.parameters}
+    mine = {p.name: p for p in old.get_parameters() if id(p) not in weights}
+    copied = 0
+    for param in new.get_parameters():
+        source = mine.get(param.name)
+        if id(param) in weights or source is None or source is param:
+            continue
+        if source.shape != param.shape or source.dtype != param.dtype:
+            continue
+        param.set_data(Tensor(source.asnumpy(), source.dtype))
+        copied += 1
+    return copied
+
+
+def plain_decay_groups(opt: nn.Optimizer, params: Sequence[Parameter]):
+    """``params`` (a non-group optimizer's parameter list) as groups that keep MindSpore's weight-decay filter.
+
+    An optimizer built on a plain list decays only the parameters whose name holds neither ``beta`` nor ``gamma``
+    (MindSpore's filter: BatchNorm and LayerNorm scales and shifts are not decayed); one built on groups decays
+    every parameter of a group with a weight decay. A rebuild that turns the list into groups (LessBN's) keeps the
+    filter by putting those parameters in a group of their own with ``weight_decay`` 0. Returns ``params``
+    unchanged where nothing would differ: a group optimizer, no weight decay, or no such parameter.
+    """
+    params = list(params)
+    if getattr(opt, "is_group", False) or not getattr(opt, "exec_weight_decay", False) or not params \
+            or not all(isinstance(p, Parameter) for p in params):
+        return params
+    exempt = [p for p in params if "beta" in p.name or "gamma" in p.name]
+    if not exempt:
+        return params
+    exempt_ids = {id(p) for p in exempt}
+    decayed = [p for p in params if id(p) not in exempt_ids]
+    groups: List[dict] = [{"params": decayed}] if decayed else []
+    return groups + [{"params": exempt, "weight_decay": 0.0}, {"order_params": params}]
+
+
+def _default_learning_rate(opt: nn.Optimizer):
+    """The optimizer's default learning rate (its constructor's ``learning_rate``) as a constructor argument.
+
+    Read from the instance where the optimizer did not record it (a ``LearningRateSchedule`` argument, or no
+    ``@opt_init_args_register``). With per-group rates ``opt.learning_rate`` holds one entry per parameter (a
+    ``CellList`` when some are dynamic, which no constructor takes): the default is the entry of a parameter whose
+    group set no ``lr``; when every group set its own, the default is unused and the first entry stands in.
+    """
+    lr = opt.learning_rate
+    if not getattr(opt, "is_group_lr", False):
+        return _learning_rate_value(lr)
+    entries = list(lr)
+    raw = getattr(opt, "init_params", {}).get("params")
+    own = {id(p) for g in (raw if isinstance(raw, (list, tuple)) else ())
+           if isinstance(g, dict) and "lr" in g for p in g.get("params", ())}
+    for param, entry in zip(opt.parameters, entries):
+        if id(param) not in own:
+            return _learning_rate_value(entry)
+    return _learning_rate_value(entries[0])
 
 
 def _scalar(value):
@@ -337,10 +409,11 @@ class OptimizerProcess:
         if hasattr(inner, "init_args"):
             self.opt_init_args = _constructor_args(inner.init_args)
             self.learning_rate = getattr(inner, "init_learning_rate", None)
+            if self.learning_rate is None:  # MindSpore records no LearningRateSchedule argument
+                self.learning_rate = _default_learning_rate(inner)
         else:  # e.g. nn.AdamWeightDecay: read its arguments back from the instance
             self.opt_init_args = recovered_init_args(inner)
-            lr = inner.learning_rate
-            self.learning_rate = _learning_rate_value(lr[0] if isinstance(lr, (list, tuple)) else lr)
+            self.learning_rate = _default_learning_rate(inner)
         self.lars_init_args = _constructor_args(opt.init_args) if self.is_lars else {}
         self.origin_params = optimizer_params(inner)
 
@@ -408,6 +481,7 @@ class OptimizerProcess:
         opt_class = with_gradient_centralization(self.opt_class) if wants_gc else self.opt_class
         learning_rate = self.learning_rate if self.learning_rate is not None else self.single_opt.learning_rate
         opt = opt_class(params, learning_rate=learning_rate, **self.opt_init_args)
+        carry_optimizer_state(self.single_opt, opt)  # a loaded (resumed) optimizer's state goes on
         if self.is_lars:
             opt = nn.LARS(opt, **self.lars_init_args)
         return opt

@@ -120,7 +120,8 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         parameters: every parameter of ``opt``, in ``opt``'s order (the gradients' order).
         learning_rate: the learning rate Parameter (fixed learning rate; assigning it changes every inner
             optimizer's rate), or the first inner optimizer's learning rate (dynamic or per-group rates).
-        global_step: the step counter (int32 Parameter of shape (1,)), also the position in the schedule.
+        global_step: the step counter (int32 Parameter of shape (1,)), also the position in the schedule; it starts
+            at ``opt``'s ``global_step`` (a resumed optimizer goes on from its step).
         schedule: the schedule (``schedule[t]``, ``len(schedule)``), lazy when a :class:`FreezeSchedule`.
         train_strategy: int32 Tensor, the schedule's first ``min(len(schedule), DEVICE_TABLE_MAX)`` entries.
         loss_scale: ``opt``'s static ``loss_scale`` (every inner optimizer divides the gradients by it).
@@ -219,7 +220,9 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         self.dynamic_lr = inner.dynamic_lr
         self.loss_scale = float(inner.loss_scale)  # the inner optimizers divide the gradients by it, as opt did
         self.sync_lr = not (inner.is_group_lr or inner.dynamic_lr)
-        self.global_step = Parameter(Tensor([0], mstype.int32), name="global_step")
+        # the given optimizer's step (a resumed run's, loaded into it): the schedule and the learning rate go on from it
+        self.global_step = Parameter(Tensor(inner.global_step.asnumpy().reshape(1).astype(np.int32), mstype.int32),
+                                     name="global_step")
         self.atom_steps = ParameterTuple([o.global_step for o in inners])
         if self.sync_lr:
             # the given optimizer's own Parameter: assigning it (a script's callback on its optimizer object) changes

@@ -43,7 +43,7 @@ from mindspore.nn.layer.normalization import _BatchNorm
 from mindspore.ops.primitive import Primitive
 
 from ms_boost.fn_head import CommonHeadLastFN, default_fn_scale, l2_normalize
-from ms_boost.grad_process import OptimizerProcess, ParameterProcess, share_learning_rate
+from ms_boost.grad_process import OptimizerProcess, ParameterProcess, plain_decay_groups, share_learning_rate
 
 logger = logging.getLogger("ms_boost")
 
@@ -451,7 +451,9 @@ def apply_less_bn(network: nn.Cell, optimizer: nn.Optimizer, less_bn_cfg, common
     held |= {id(cell.multiplier) for _, cell in wrapped.cells_and_names() if isinstance(cell, CommonHeadLastFN)}
     trained = [p for p in wrapped.trainable_params() if id(p) in held or id(p) not in existing]
     params = ParameterProcess().assign_parameter_group(trained, list(common_cfg.gradient_split_groups))
-    process.origin_params = ParameterProcess.generate_group_params(params, process.origin_params)
+    # a non-group optimizer becomes a group one here: its weight-decay filter (no decay of BN's gamma/beta) is kept
+    origin = plain_decay_groups(process.single_opt, process.origin_params)
+    process.origin_params = ParameterProcess.generate_group_params(params, origin)
     if less_bn_cfg.gc_flag:
         process.add_grad_centralization(wrapped)
     rebuilt = process.generate_new_optimizer()
