@@ -266,7 +266,7 @@ class AutoBoost:
 # The plan each network returned by ``AutoBoost.network_auto_process_train`` was prepared with (weakly held): a
 # BoostTrainOneStepCell built on that network without a plan takes it, where upstream's cell read the AutoBoost the
 # script had just configured (a process-wide singleton; ms_boost keeps none).
-_PREPARED_WITH: "weakref.WeakKeyDictionary[Any, AutoBoost]" = weakref.WeakKeyDictionary()
+_PREPARED_WITH: weakref.WeakKeyDictionary[Any, AutoBoost] = weakref.WeakKeyDictionary()
 
 
 def remember_prepared(network: Any, plan: AutoBoost) -> None:

@@ -141,8 +141,10 @@ class GroupLossScaler(LossScaler):
         return tuple(self.manager.get_parameters())
 
     def current_scale(self, scale, overflow):
-        """The first group's scale after the step's update (upstream's third output with a group manager; the
-        cell's own ``scale`` stays 1)."""
+        """The first group's scale after the step's update.
+
+        Upstream's third output with a group manager; the cell's own ``scale`` stays 1.
+        """
         return ops.depend(self.manager.scales, overflow)[1]
 
     def construct(self, scale, grads, forward_bad=None):

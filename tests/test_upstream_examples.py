@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn
 
 import ms_boost as boost
 
