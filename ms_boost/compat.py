@@ -46,9 +46,14 @@ class AutoBoost(config.AutoBoost):
         """Apply the network and optimizer rewrites of the enabled algorithms for training, in pipeline order.
 
         Returns:
-            ``(network, optimizer)``: the (possibly wrapped) network and optimizer.
+            ``(network, optimizer)``: the (possibly wrapped) network and optimizer. A
+            :class:`~ms_boost.BoostTrainOneStepCell` built on this network without ``boost_config`` uses this plan.
         """
-        return rewrite_train(self, network, optimizer)
+        network, optimizer = rewrite_train(self, network, optimizer)
+        # a BoostTrainOneStepCell built on this network without a plan follows this one (upstream's cell read the
+        # AutoBoost singleton the script had configured)
+        config.remember_prepared(network, self)
+        return network, optimizer
 
     def network_auto_process_eval(self, network: nn.Cell) -> nn.Cell:
         """Apply the rewrites the evaluation network needs (each enabled algorithm's ``rewrite_eval``)."""

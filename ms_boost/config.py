@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
+import weakref
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -260,6 +261,25 @@ class AutoBoost:
     def __repr__(self) -> str:
         on = [name for name, value in self.boost_config.items() if value]
         return f"AutoBoost(level={self.level!r}, mode={self.mode!r}, enabled={on})"
+
+
+# The plan each network returned by ``AutoBoost.network_auto_process_train`` was prepared with (weakly held): a
+# BoostTrainOneStepCell built on that network without a plan takes it, where upstream's cell read the AutoBoost the
+# script had just configured (a process-wide singleton; ms_boost keeps none).
+_PREPARED_WITH: weakref.WeakKeyDictionary[Any, AutoBoost] = weakref.WeakKeyDictionary()
+
+
+def remember_prepared(network: Any, plan: AutoBoost) -> None:
+    """Record that ``network`` was returned by ``plan.network_auto_process_train``."""
+    _PREPARED_WITH[network] = plan
+
+
+def prepared_plan(network: Any) -> Optional[AutoBoost]:
+    """The plan whose ``network_auto_process_train`` returned ``network``, or None."""
+    try:
+        return _PREPARED_WITH.get(network)
+    except TypeError:  # not weakly referenceable: never recorded
+        return None
 
 
 def resolve(boost: Union[AutoBoost, str, None], boost_config_dict: Any = None) -> AutoBoost:

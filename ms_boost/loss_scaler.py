@@ -79,6 +79,10 @@ class LossScaler(nn.Cell):
         """The scaler's own Parameters (not restored by the overflow snapshot: a back-off must stick)."""
         return ()
 
+    def current_scale(self, scale, overflow):
+        """The loss scale the train cell reports after the step: ``scale`` (the cell's, updated in place)."""
+        return scale
+
 
 class FixedLossScaler(LossScaler):
     """Divide by the whole ``scale``; overflow when any gradient on any rank is not finite.
@@ -135,6 +139,13 @@ class GroupLossScaler(LossScaler):
     def state_parameters(self) -> Sequence[Parameter]:
         """The manager's scales and counters (an overflow back-off must stick, so they are never restored)."""
         return tuple(self.manager.get_parameters())
+
+    def current_scale(self, scale, overflow):
+        """The first group's scale after the step's update.
+
+        Upstream's third output with a group manager; the cell's own ``scale`` stays 1.
+        """
+        return ops.depend(self.manager.scales, overflow)[1]
 
     def construct(self, scale, grads, forward_bad=None):
         """The manager unscales every group by its own scale and updates the scales."""

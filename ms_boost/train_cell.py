@@ -24,7 +24,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_boost import comm, pipeline
-from ms_boost.config import AutoBoost, resolve
+from ms_boost.config import AutoBoost, prepared_plan, resolve
 from ms_boost.loss_scaler import forward_non_finite, make_loss_scaler
 from ms_boost.stages import (
     OptimizerUpdate,
@@ -114,8 +114,9 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         network: the loss network (``WithLossCell`` or any Cell returning the loss).
         optimizer: the optimizer (an ``nn.Optimizer``, a ``FreezeOpt`` or THOR).
         sens: gradient sensitivity (a constant scale of the loss); 1.0 when None.
-        boost_config: an :class:`~ms_boost.config.AutoBoost`, a level string, or None for O0. (Upstream
-            read a process-wide singleton instead; ms_boost passes the plan explicitly.)
+        boost_config: an :class:`~ms_boost.config.AutoBoost`, a level string, or None: the plan whose
+            ``network_auto_process_train`` returned ``network`` when it came from there, else O0. (Upstream read a
+            process-wide singleton instead; ms_boost passes the plan explicitly.)
 
     Returns from ``construct``: the loss.
     """
@@ -123,6 +124,12 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, sens: Optional[float] = None,
                  boost_config: Union[AutoBoost, str, None] = None):
         super().__init__(auto_prefix=False)
+        if boost_config is None and prepared_plan(network) is not None:
+            # the network came from AutoBoost.network_auto_process_train: its plan (upstream's cell read the
+            # AutoBoost the script had configured), not O0, which would drop the plan's accumulation, AdaSum, ...
+            boost_config = prepared_plan(network)
+            logger.info(f"{type(self).__name__}: no boost_config given; using {boost_config!r}, the plan "
+                        f"network_auto_process_train prepared this network with")
         self.boost = resolve(boost_config)
         self.network = network
         self.network.set_grad()
@@ -299,7 +306,8 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
     unscaled updates, and no stage sees a share of the scale.
 
     Returns from ``construct``: ``(loss, overflow, loss_scale)`` like MindSpore's
-    ``TrainOneStepWithLossScaleCell``. An overflow on any rank skips the update on every rank, whatever
+    ``TrainOneStepWithLossScaleCell``; with a group manager ``loss_scale`` is the first group's scale after the
+    step's update (as upstream). An overflow on any rank skips the update on every rank, whatever
     the manager's ``drop_overflow_update`` (ms_boost never writes non-finite values into weights).
     """
 
@@ -353,4 +361,4 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
             loss = ops.depend(loss, self.update(loss, grads, *inputs))
         elif self.has_buffers:
             loss = ops.depend(loss, _hyper_map(_copy_into, self.buffers, self.buffer_shadows))
-        return loss, overflow, scaling_sens
+        return loss, overflow, self.loss_scaler.current_scale(scaling_sens, overflow)
