@@ -274,12 +274,27 @@ def remember_prepared(network: Any, plan: AutoBoost) -> None:
     _PREPARED_WITH[network] = plan
 
 
-def prepared_plan(network: Any) -> Optional[AutoBoost]:
-    """The plan whose ``network_auto_process_train`` returned ``network``, or None."""
+def _prepared_with(cell: Any) -> Optional[AutoBoost]:
     try:
-        return _PREPARED_WITH.get(network)
+        return _PREPARED_WITH.get(cell)
     except TypeError:  # not weakly referenceable: never recorded
         return None
+
+
+def prepared_plan(network: Any) -> Optional[AutoBoost]:
+    """The plan whose ``network_auto_process_train`` returned ``network`` or one of its sub-cells, or None.
+
+    A sub-cell counts because scripts wrap what the rewrite returned (``WithLossCell(net, loss)`` around a backbone
+    prepared alone); where sub-cells were prepared by different plans, the first in ``cells_and_names`` order wins.
+    """
+    found = _prepared_with(network)
+    cells_and_names = getattr(network, "cells_and_names", None)
+    if found is None and callable(cells_and_names):
+        for _, cell in cells_and_names():
+            found = _prepared_with(cell)
+            if found is not None:
+                break
+    return found
 
 
 def resolve(boost: Union[AutoBoost, str, None], boost_config_dict: Any = None) -> AutoBoost:

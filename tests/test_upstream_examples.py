@@ -73,3 +73,23 @@ def test_train_cell_built_on_network_auto_process_train_output_follows_that_plan
     cell(Tensor(x), Tensor(y))
     grad = 2.0 / y.size * (x @ w0.T - y).T @ x  # d mean((x W^T - y)^2) / dW; the same batch twice: mean = grad
     np.testing.assert_allclose(net.weight.asnumpy(), w0 - 0.1 * grad, rtol=1e-5)
+
+
+def test_a_loss_cell_wrapped_around_the_prepared_backbone_follows_its_plan(mode):
+    """The same pattern with the backbone prepared alone and the loss wrapped around it afterwards
+    (``net, opt = plan.network_auto_process_train(net, opt)``; ``WithLossCell(net, loss)``): the cell finds the plan
+    on the wrapped backbone (it had taken O0, silently)."""
+    cfg = {"boost": {"mode": "manual", "less_bn": False, "grad_freeze": False, "adasum": False,
+                     "grad_accumulation": True, "dim_reduce": False},
+           "grad_accumulation": {"grad_accumulation_step": 2}}
+    plan = boost.AutoBoost("O1", cfg)
+    net = nn.Dense(4, 2, weight_init="ones", has_bias=False)
+    net, opt = plan.network_auto_process_train(net, nn.SGD(net.trainable_params(), learning_rate=0.1))
+    cell = boost.BoostTrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt)
+    assert cell.boost is plan
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4) / 10)
+    w0 = net.weight.asnumpy().copy()
+    cell(x, Tensor(np.zeros((3, 2), np.float32)))
+    np.testing.assert_array_equal(net.weight.asnumpy(), w0)  # first of two accumulated steps: no update
+    assert boost.BoostTrainOneStepCell(nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss()),
+                                       opt).boost.level == "O0"  # a network the plan never saw: O0
