@@ -48,6 +48,7 @@ from ms_boost.compile_cache import cache_enabled, constant_settings, optimizer_s
 from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import is_group_manager
 from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
+from ms_boost.overflow_watch import SkippedStepsWatch
 from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks
@@ -424,7 +425,8 @@ class Model(_MsModel):
         """Before MindSpore's loop, for ``train`` and ``fit``: the trial (``"auto"``), the plan's log, extra callbacks.
 
         Returns:
-            The callbacks to hand to MindSpore (the user's, plus the optimizer's own, e.g. THOR's guard).
+            The callbacks to hand to MindSpore (the user's, plus the optimizer's own, e.g. THOR's guard, and with a
+            loss-scale cell a :class:`~ms_boost.overflow_watch.SkippedStepsWatch`).
         """
         if self._auto_config is not None and self.autotune_report is None:
             per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
@@ -434,7 +436,9 @@ class Model(_MsModel):
             if comm.get_rank() == 0:
                 logger.info("%s", self._plan_text())
         extra = optimizer_hooks(self._optimizer).callbacks() if self._optimizer is not None else []
-        if extra:  # THOR: its guard, which stops a run that stays non-finite
+        if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
+            extra.append(SkippedStepsWatch())  # says when every step overflows (a run that trains nothing)
+        if extra:  # THOR: its guard, which stops a run that stays non-finite; the skipped-steps watch
             if callbacks is None:
                 callbacks = []
             callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra

@@ -170,3 +170,67 @@ def test_group_loss_scale_overflow_in_the_forward_pass_skips_the_step(mode):
         if not name.endswith("scales"):  # the manager's own state: groups that did not overflow grow
             np.testing.assert_array_equal(before[name], value, err_msg=name)
     assert np.isfinite(manager.group_loss_scales()).all()
+
+
+class _InfLoss(nn.Cell):
+    """Cross-entropy plus inf: the loss is inf, its gradients are cross-entropy's (finite)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, logits, y):
+        return self.ce(logits, y) + Tensor(np.inf, ms.float32)
+
+
+@pytest.mark.parametrize("bad", ["inf_loss", "finite_loss"])
+def test_a_run_whose_every_step_overflows_is_said_once(mode, bad, monkeypatch):
+    """Every step skipped as an overflow trains nothing: ms_boost.Model's skipped-steps watch warns once, after
+    ``limit`` steps in a row, with the streak, the loss scale and the cause (a non-finite loss, skipped at any scale;
+    or a finite loss whose scaled gradients overflow). A run with fewer overflows in a row says nothing."""
+    import warnings
+
+    from mindspore.train import FixedLossScaleManager
+
+    from ms_boost.overflow_watch import SkippedStepsWatch
+
+    monkeypatch.setattr(SkippedStepsWatch, "DEFAULT_LIMIT", 4)
+    x, y = learnable_data(96)
+    if bad == "inf_loss":
+        loss_fn = _InfLoss()  # an inf loss whose gradients are finite
+    else:
+        y = -1 - y  # _FactorLoss: a finite loss of about -1e37 whose gradients overflow at the scale 128
+        loss_fn = _FactorLoss()
+    from tests.helpers.nets import dataset
+
+    net = make_net()
+    before = _state(net)
+    model = Model(net, loss_fn, nn.Momentum(net.trainable_params(), 0.1, 0.9),
+                  loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=True))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model.train(1, dataset(x, y, batch_size=16), dataset_sink_mode=False)  # 6 steps, all overflowing
+    said = [str(w.message) for w in seen if "skipped as overflows" in str(w.message)]
+    assert len(said) == 1, said
+    assert said[0].startswith("ms_boost: 4 steps in a row were skipped as overflows (steps 1..4): the weights have "
+                              "not changed since step 0. The loss scale is now 128; ")
+    if bad == "inf_loss":
+        assert "the loss itself is inf (skipped at any loss scale)" in said[0]
+    else:
+        assert "the loss is finite (-" in said[0] and "gradients (or BatchNorm statistics) are not" in said[0]
+    after = _state(net)
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # nothing trained
+
+    monkeypatch.setattr(SkippedStepsWatch, "DEFAULT_LIMIT", 7)  # longer than the run: silent
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model.train(1, dataset(x, y, batch_size=16), dataset_sink_mode=False)
+    assert not [w for w in seen if "skipped as overflows" in str(w.message)]
+
+
+def test_skipped_steps_watch_refuses_a_bad_limit():
+    from ms_boost.overflow_watch import SkippedStepsWatch
+
+    for limit in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=rf"SkippedStepsWatch: limit={limit!r} must be an int >= 1"):
+            SkippedStepsWatch(limit)
