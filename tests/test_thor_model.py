@@ -38,12 +38,14 @@ def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl
     :math:`|\operatorname{tr}F/\operatorname{tr}F_{last} - 1|` exceeds it for its A or its G (``F_last``: the
     factor at its last inversion); the other layers keep their inverses, counted in the list ``stable``.
     ``block``: factors wider than this are inverted block by block (their diagonal blocks; the traces stay those
-    of the whole factors).
+    of the whole factors). ``lr`` may be a per-step sequence, its last value kept after its end.
     """
     params = [np.asarray(p, np.float64) for p in params]
     moments = [np.zeros_like(p) for p in params]
     inverses, last_traces = None, None
+    rates = np.atleast_1d(np.asarray(lr, np.float64))
     for step, (x, y) in enumerate(batches):
+        lr = rates[min(step, len(rates) - 1)]
         ws, bs = params[0::2], params[1::2]
         n = x.shape[0]
         hs = [x.astype(np.float64)]
