@@ -1,6 +1,7 @@
 """Shared fixtures: execution mode, seeds, tiny networks and data."""
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import sys
@@ -70,8 +71,18 @@ def mode(request):
 @pytest.fixture(scope="module", autouse=True)
 def _pynative_at_module_start():
     """Every test file starts in PyNative mode (MindSpore's default), whatever mode the file run before it on the
-    same pytest-xdist worker left behind; a file's own tests and fixtures set another mode as they need."""
+    same pytest-xdist worker left behind; a file's own tests and fixtures set another mode as they need.
+
+    And the objects alive when a file starts (modules, MindSpore's own, what earlier files keep) are collected once
+    and then frozen (``gc.freeze``): MindSpore runs a full ``gc.collect()`` before every Cell graph compile, and
+    without the freeze each one walks every object of the process again (~180k after collection, more as a worker
+    goes on). Objects made by the file itself are collected as before; a frozen object that dies by its reference
+    count is freed as before (only a frozen reference cycle that dies later is never freed). Measured (``-n 0``,
+    test_model + test_o1_o2 + test_zoo_heal + test_thor_robust in one process, two processes side by side, load
+    ~13): garbage collection 6.8 -> 2.0 CPU-s (the freezes included), the process 109.7 -> 105.3 CPU-s."""
     _ms().set_context(mode=_ms().PYNATIVE_MODE)
+    gc.collect()
+    gc.freeze()
     yield
 
 

@@ -38,12 +38,14 @@ def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl
     :math:`|\operatorname{tr}F/\operatorname{tr}F_{last} - 1|` exceeds it for its A or its G (``F_last``: the
     factor at its last inversion); the other layers keep their inverses, counted in the list ``stable``.
     ``block``: factors wider than this are inverted block by block (their diagonal blocks; the traces stay those
-    of the whole factors).
+    of the whole factors). ``lr`` may be a per-step sequence, its last value kept after its end.
     """
     params = [np.asarray(p, np.float64) for p in params]
     moments = [np.zeros_like(p) for p in params]
     inverses, last_traces = None, None
+    rates = np.atleast_1d(np.asarray(lr, np.float64))
     for step, (x, y) in enumerate(batches):
+        lr = rates[min(step, len(rates) - 1)]
         ws, bs = params[0::2], params[1::2]
         n = x.shape[0]
         hs = [x.astype(np.float64)]
@@ -89,33 +91,6 @@ def _graph(fn):
         return fn()
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
-
-
-def _train_small(sink: bool, epochs: int = 1, model_class=Model):
-    net = make_net()
-    opt = thor(net, 0.05, 0.05, 0.9, weight_decay=1e-3, frequency=3)
-    model = ConvertModelUtils().convert_to_thor_model(model_class(net, ce(), opt, metrics={"acc"}), net, ce(), opt,
-                                                      metrics={"acc"})
-    assert isinstance(model, Model)
-    x, y = learnable_data(80)
-    model.train(epochs, dataset(x, y), dataset_sink_mode=sink)
-    return [p.asnumpy().copy() for p in net.trainable_params()], opt, model, (x, y)
-
-
-def test_dataset_sink_equals_step_by_step():
-    """Frequency need not divide the 5 steps per epoch; sinking the epoch changes nothing. The converted model
-    (from a MindSpore Model here, as the tutorial's convert_to_thor_model call may get it) also evaluates."""
-    def run():
-        plain, opt, model, (x, y) = _train_small(False, 2)
-        sunk, _, _, _ = _train_small(True, 2, MsModel)
-        assert int(opt.global_step.asnumpy()[0]) == 10
-        for a, b in zip(plain, sunk):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        result = model.eval(dataset(x, y), dataset_sink_mode=False)
-        assert set(result) == {"acc"} and 0.0 <= result["acc"] <= 1.0
-        return result
-
-    _graph(run)
 
 
 def test_boost_config_turns_thor_on():
@@ -342,16 +317,20 @@ def test_thor_train_step_leaves_the_choice_to_an_ms_boost_train_cell():
     assert opt.plan_graph_step(True) is None  # PyNative: nothing to choose
 
 
-@pytest.mark.parametrize("sink", [False, True])
-def test_step_variants_survive_an_evaluation_between_epochs(sink):
-    """Graph mode, ``Model.train`` over two epochs with an evaluation after each (as a time-to-accuracy loop does).
+def test_step_variants_survive_an_evaluation_between_epochs_with_and_without_sink():
+    """Graph mode, ``Model.train`` over two epochs with an evaluation after each (as a time-to-accuracy loop does),
+    then two more epochs with ``dataset_sink_mode=True`` on the same model.
 
     MindSpore switches the network back to training (``set_train`` resets the train cell's phase) after the
     step-begin callbacks at the first step after an evaluation; a variant chosen by a callback was overruled there
     (the default device-switch graph compiled: a third full compile inside a steady epoch). The train cell chooses
-    the variant itself when it is called, after that reset: only the two variants are compiled, and the six steps
-    (refreshes at steps 0, 2 and 4) equal numpy's THOR. With ``dataset_sink_mode=True`` too: on CPU MindSpore
-    trains such a run step by step, calling the train cell, so the variants run there as well.
+    the variant itself when it is called, after that reset: only the two variants are compiled, and the twelve
+    steps (refreshes at the even steps; frequency 2 does not divide the 3 steps an epoch) equal numpy's THOR. With
+    ``dataset_sink_mode=True`` too: on CPU MindSpore trains such a run step by step, calling the train cell, so the
+    variants run there as well (the sunk epochs reuse the two graphs). The model is converted from a MindSpore
+    ``Model`` (as the tutorial's ``convert_to_thor_model`` call may get it) and evaluates.
+    (Before, the sunk and the step-by-step runs were two tests each with their own model, and a third test compared
+    a sunk run with a step-by-step one on a small conv net: numpy's reference checks both ways of running here.)
     """
     from mindspore.train import Callback
 
@@ -359,19 +338,24 @@ def test_step_variants_survive_an_evaluation_between_epochs(sink):
         weights, x, y = _mlp_data(seed=5, n=24)
         net = MLP(*weights)
         opt = thor(net, 0.05, 0.05, 0.9, frequency=2)
-        model = ConvertModelUtils().convert_to_thor_model(Model(net, ce(), opt, metrics={"acc"}), net, ce(), opt,
+        model = ConvertModelUtils().convert_to_thor_model(MsModel(net, ce(), opt, metrics={"acc"}), net, ce(), opt,
                                                           metrics={"acc"})
+        assert isinstance(model, Model)
         cell = model.train_network
         phases = record_phases(cell)
+        evaluated = []
 
         class EvaluateEachEpoch(Callback):
             def on_train_epoch_end(self, run_context):
-                model.eval(dataset(x, y, batch_size=8), dataset_sink_mode=False)
+                evaluated.append(model.eval(dataset(x, y, batch_size=8), dataset_sink_mode=False))
 
-        model.train(2, dataset(x, y, batch_size=8), callbacks=[EvaluateEachEpoch()], dataset_sink_mode=sink)
-        assert phases == ["train_thor_capture_refresh", "train_thor_plain"] * 3, phases  # one per step, two graphs
-        assert cell.phase == "train"
-        assert_equals_numpy_thor(net, weights, x, y, steps=6)
+        for sink in (False, True):
+            model.train(2, dataset(x, y, batch_size=8), callbacks=[EvaluateEachEpoch()], dataset_sink_mode=sink)
+            assert cell.phase == "train"
+        assert phases == ["train_thor_capture_refresh", "train_thor_plain"] * 6, phases  # one per step, two graphs
+        assert int(opt.global_step.asnumpy()[0]) == 12
+        assert len(evaluated) == 4 and all(set(r) == {"acc"} and 0.0 <= r["acc"] <= 1.0 for r in evaluated)
+        assert_equals_numpy_thor(net, weights, x, y, steps=12)
 
     _graph(run)
 

@@ -217,7 +217,8 @@ def test_skipped_step_with_weight_decay_moves_nothing(mode, nesterov):
     """THOR skips a NaN step itself (no loss scale) with weight decay on every parameter, the trust region and
     momentum or Nesterov, in the plain step (Graph: ms_boost's train cell, the plain variant): every weight and moment
     stays bit for bit -- each update is zeroed by its scaling product (``MulNoNan`` by 0) and the decay taken times 0,
-    not by a ``where`` -- and the next finite steps move them again."""
+    not by a ``where`` -- and the next finite steps move them again; a later skipped step with a weight already
+    non-finite leaves every weight and moment bit for bit as well."""
     from ms_boost import BoostTrainOneStepCell
 
     weights, x, y = mlp_data(seed=3)
@@ -237,6 +238,18 @@ def test_skipped_step_with_weight_decay_moves_nothing(mode, nesterov):
     cell(Tensor(x), Tensor(y))  # step 1 again (a refresh: the skip asked for one), finite
     assert all(np.isfinite(p.asnumpy()).all() and not np.array_equal(p.asnumpy(), s)
                for p, s in zip(opt.parameters, state))
+    # a skipped step where a weight is already non-finite (say, from a loaded checkpoint): its decay term is taken
+    # times 0 by ``MulNoNan`` too, so no NaN reaches its moment (``inf * 0`` would): every weight and moment bit for
+    # bit (this was test_skipped_step_with_a_non_finite_weight_leaves_every_moment, on a model of its own)
+    first = opt.parameters[0]
+    broken = first.asnumpy().copy()
+    broken.flat[0] = np.inf
+    ops.assign(first, Tensor(broken))  # in place (new data by set_data would compile the step again)
+    state = [p.asnumpy().copy() for p in (*opt.parameters, *opt.moments)]
+    cell(Tensor(bad), Tensor(y))  # step 2 (plain): NaN gradients, skipped, with the inf weight decayed
+    assert opt.health()["skipped_steps"] == 2 and int(opt.global_step.asnumpy()[0]) == 2
+    for before, now in zip(state, [p.asnumpy() for p in (*opt.parameters, *opt.moments)]):
+        np.testing.assert_array_equal(now.view(np.int32), before.view(np.int32))
 
 
 # ----------------------------------------------------------------------------- one THOR per mode, all scenarios
@@ -510,28 +523,3 @@ def test_embedding_diagonal_inverse_rejected_when_not_finite(mode):
             np.testing.assert_allclose(got, expected, rtol=1e-6)  # the previous inverse, kept whole
             assert health["rejected_inverses"] == 1
         assert health["rejected_refreshes"] == {"emb": 0, "fc": 0}
-
-
-def test_skipped_step_with_a_non_finite_weight_leaves_every_moment(mode):
-    """A skipped step (NaN gradients) where a weight is already non-finite (say, from a loaded checkpoint): its decay
-    term is taken times 0 by ``MulNoNan`` too, so no NaN reaches its moment (``inf * 0`` would): every weight and
-    moment bit for bit."""
-    from ms_boost import BoostTrainOneStepCell
-
-    weights, x, y = mlp_data(seed=4)
-    net = MLP(*weights)
-    opt = thor(net, 0.1, 0.05, 0.9, weight_decay=0.01, frequency=3)
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    cell = BoostTrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt).set_train()
-    cell(Tensor(x), Tensor(y))  # step 0: refresh; the moments now hold values
-    first = opt.parameters[0]
-    broken = first.asnumpy().copy()
-    broken.flat[0] = np.inf
-    first.set_data(Tensor(broken))
-    state = [p.asnumpy().copy() for p in (*opt.parameters, *opt.moments)]
-    bad = x.copy()
-    bad[0, 0] = np.nan
-    cell(Tensor(bad), Tensor(y))  # step 1 (plain): NaN gradients, skipped, with the inf weight decayed
-    assert opt.health()["skipped_steps"] == 1
-    for before, now in zip(state, [p.asnumpy() for p in (*opt.parameters, *opt.moments)]):
-        np.testing.assert_array_equal(now.view(np.int32), before.view(np.int32))

@@ -29,6 +29,7 @@ from ms_boost.adasum import AdaSum, AdaSumUpdate, server_layout
 from tests.helpers.msrun import save_result
 from tests.helpers.nets import dataset, learnable_data, make_net
 from tests.workers.adasum_steps import TwoLayerLinear, rank_data, to_float16_tuple, train_linear
+from tests.workers.common import freeze_startup_objects
 
 TUTORIAL_BOOST = {"boost": {"mode": "manual", "less_bn": False, "grad_freeze": False, "adasum": True,
                             "grad_accumulation": False, "dim_reduce": False}}
@@ -192,6 +193,7 @@ def main() -> None:
     ms.device_context.cpu.op_tuning.threads_num(1)  # tiny ops: one kernel thread per rank is fastest
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    freeze_startup_objects()
     results = layout_results()
     for mode_name in modes:
         ms.set_context(mode=ms.GRAPH_MODE if mode_name == "graph" else ms.PYNATIVE_MODE)

@@ -1,6 +1,16 @@
 """Pieces shared by worker scripts and the tests that check them."""
+import gc
+
 import mindspore as ms
 from mindspore import nn
+
+
+def freeze_startup_objects() -> None:
+    """Collect once, then freeze what is alive (MindSpore's modules and its cluster, the worker's imports): MindSpore
+    runs a full ``gc.collect()`` before every Cell graph compile, which then walks only the objects made since (as
+    tests/conftest.py does for the test processes)."""
+    gc.collect()
+    gc.freeze()
 
 
 class PlainConvNet(nn.Cell):

@@ -29,7 +29,13 @@ from mindspore import Tensor, nn
 from ms_boost import BoostTrainOneStepWithLossScaleCell, Model, comm
 from tests.helpers.msrun import save_result
 from tests.helpers.nets import dataset, learnable_data, weights
-from tests.workers.common import InfOnNegativeLabel, data_parallel_shard, make_plain_net, rank_rows
+from tests.workers.common import (
+    InfOnNegativeLabel,
+    data_parallel_shard,
+    freeze_startup_objects,
+    make_plain_net,
+    rank_rows,
+)
 
 DP_STEPS, DP_BATCH = 3, 4
 DIM_STEPS, DIM_BATCH, DIM_K = 3, 8, 3
@@ -122,6 +128,7 @@ def main() -> None:
 
     work_dir = sys.argv[1]
     rank, size, _, _ = data_parallel_shard("graph", 1, 1)  # Graph mode, communication, DATA_PARALLEL + mean
+    freeze_startup_objects()
     results = {}
 
     def thor_both() -> dict:
