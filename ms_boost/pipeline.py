@@ -13,6 +13,7 @@ Chain built by :func:`build_update` (lower order wraps higher)::
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
 from mindspore import nn
@@ -22,6 +23,9 @@ from ms_boost.config import AutoBoost, describe_steps
 from ms_boost.spec import BuildContext, call_hook, single_hook
 from ms_boost.stages import OptimizerUpdate
 from ms_boost.topology import Topology
+
+#: optimizers returned by :func:`rewrite_train` (weakly held): their pair went through the plan's rewrites
+_REWRITTEN_OPTIMIZERS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 __all__ = ["build_context", "rewrite_train", "not_rewritten", "rewrite_eval", "build_reducer", "build_update",
            "describe_steps"]
@@ -41,14 +45,24 @@ def rewrite_train(boost: AutoBoost, network: nn.Cell, optimizer: Any,
     for spec in boost.enabled_specs():
         if spec.rewrite_train is not None:
             network, optimizer = call_hook(spec, "rewrite_train", network, optimizer, boost.section(spec.name), ctx)
+    try:  # the optimizer outlives what may be done to the network afterwards (an amp cast, a rewrite)
+        _REWRITTEN_OPTIMIZERS.add(optimizer)
+    except TypeError:  # not weakly referenceable
+        pass
     return network, optimizer
 
 
 def not_rewritten(boost: AutoBoost, network: nn.Cell, optimizer: Any) -> List[str]:
     """The enabled algorithms whose ``rewrite_train`` the pair evidently did not go through.
 
-    A spec without a ``rewritten`` hook cannot tell, and is not listed.
+    A spec without a ``rewritten`` hook cannot tell, and is not listed; an optimizer :func:`rewrite_train` returned
+    lists none (the network it came with may have been cast or rewritten since, e.g. by amp).
     """
+    try:
+        if optimizer in _REWRITTEN_OPTIMIZERS:
+            return []
+    except TypeError:
+        pass
     names = []
     for spec in boost.enabled_specs():
         if spec.rewrite_train is not None and spec.rewritten is not None and not spec.rewritten(network, optimizer):

@@ -233,3 +233,20 @@ def test_a_hand_built_train_cell_says_which_rewrites_it_was_not_given():
     assert built("O0", loss_net, opt) == []
     boost = AutoBoost("O1")
     assert built(boost, *boost.network_auto_process_train(loss_net, opt)) == []
+
+
+@pytest.mark.parametrize("amp_level", ["O1", "O2"])
+def test_model_with_amp_and_o1_says_nothing_of_unrewritten_pairs(amp_level, tmp_path, monkeypatch):
+    """Model rewrites the pair itself; amp then casts (O2) or rewrites (O1) the network, which may no longer hold the
+    LessBN wrapper: the hand-built cell's warning must not fire for Model's own train cell."""
+    import warnings
+
+    from mindspore.train import FixedLossScaleManager
+
+    monkeypatch.chdir(tmp_path)  # amp O1's rewrite writes rewritten_network/ into the working folder
+    net = make_net()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), amp_level=amp_level, boost_level="O1",
+              loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=False))
+    assert not [str(w.message) for w in seen if "given unrewritten" in str(w.message)]
