@@ -56,8 +56,10 @@ def _light() -> bool:
     return isinstance(package, types.ModuleType) and not hasattr(package, "AutoBoost")
 
 
-def _forget_light_imports() -> None:
-    for name in [n for n in sys.modules if n == "ms_boost" or n.startswith(("ms_boost.", "model_zoo"))]:
+def _forget_light_imports(keep=()) -> None:
+    """Forget ms_boost's and the zoo's modules (but those in ``keep``, loaded before the light ones)."""
+    for name in [n for n in sys.modules if (n == "ms_boost" or n.startswith(("ms_boost.", "model_zoo")))
+                 and n not in keep]:
         del sys.modules[name]
 
 
@@ -113,12 +115,12 @@ def main(argv) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__.strip())
         return 0
-    light = "ms_boost" not in sys.modules
+    before = set(sys.modules) if "ms_boost" not in sys.modules else None
     try:
         return _check(argv)
     finally:
-        if light and _light():  # forgotten: a real ``import ms_boost`` in this process after the check starts clean
-            _forget_light_imports()
+        if before is not None and _light():  # forgotten: a real ``import ms_boost`` after the check starts clean
+            _forget_light_imports(keep=before)
 
 
 def _check(argv) -> int:

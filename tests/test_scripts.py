@@ -291,6 +291,23 @@ def test_the_launchers_plan_check_loads_no_mindspore_and_says_what_the_full_chec
     assert (full_rc == 0) == (args[-1] == "0.5" and "freeze_p" in args[-2] and "thor" not in recipe), full
 
 
+def test_the_light_plan_check_leaves_no_light_module_behind():
+    """The check's ``main`` in a process without ms_boost (as test_a_users_recipe_... below, run alone) loads the
+    plan's pieces without the packages' ``__init__``; a real ``import ms_boost`` after it must get the full specs
+    (hooks and all), not the light registry of PLANs."""
+    code = (f"import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('co', {str(SCRIPTS / 'check_overrides.py')!r})\n"
+            f"module = importlib.util.module_from_spec(spec)\n"
+            f"spec.loader.exec_module(module)\n"
+            f"rc = module.main(['--config', {str(CONFIGS / 'resnet50_imagenet_momentum.yaml')!r}, '--boost_level', "
+            f"'O1'])\n"
+            f"assert rc == 0 and 'mindspore' not in sys.modules\n"
+            f"import ms_boost\n"
+            f"print([spec.rewrite_train is not None for spec in ms_boost.registry.builtin_specs()][:2])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[True, True]", proc.stdout + proc.stderr
+
+
 def test_a_users_recipe_has_its_boost_plan_checked_before_the_launch(tmp_path):
     """Journeys, second round: a recipe of one's own (``base:`` the O1 recipe, ``freeze_p: 1.5``) passed the launchers'
     check with no override given, and stopped train.py on every rank; a recipe outside the zoo's configs/ has its plan
