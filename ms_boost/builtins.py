@@ -3,8 +3,9 @@
 The algorithms are registered in upstream's switch order (the display order); THOR's optimizer hooks are
 registered here because the THOR optimizer does not implement them itself.
 
-Adding a built-in is one package ``ms_boost/<name>/`` whose ``spec.py`` defines its section and ``SPEC`` (named
-``<name>``), plus one line here (``tests/test_import_graph.py`` checks both). :mod:`ms_boost.registry` imports no
+Adding a built-in is one package ``ms_boost/<name>/`` whose ``section.py`` defines its section and ``PLAN`` and
+``spec.py`` its ``SPEC`` (named ``<name>``: the PLAN with hooks), plus one line here and one in
+:mod:`ms_boost.plans` (``tests/test_import_graph.py`` checks all three). :mod:`ms_boost.registry` imports no
 algorithm; the package face imports this module first.
 """
 from __future__ import annotations

@@ -29,8 +29,6 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from mindspore import nn
-
 from ms_boost.topology import Topology, check_device_number
 from ms_boost.validation import INT32_MAX, BoostConfigError, check_int, check_int_list, short_repr
 
@@ -262,6 +260,8 @@ def call_hook(spec: AlgorithmSpec, hook: str, *args: Any) -> Any:
             ``stage``/``apply`` hook returned something other than an ``nn.Cell`` (a plain function trains in
             PyNative and fails in Graph mode).
     """
+    from mindspore import nn  # only here: sections and specs load without MindSpore (ms_boost.plans)
+
     fn = getattr(spec, hook)
     try:
         signature: Optional[inspect.Signature] = inspect.signature(fn)

@@ -162,7 +162,8 @@ def test_every_algorithm_package_registers_its_spec():
         spec = module.SPEC
         assert spec.name == name, (name, spec.name)
         assert builtins.get(name) is spec, f"ms_boost/{name}/spec.py's SPEC is not registered in ms_boost/builtins.py"
-        assert spec.section.__module__ == module.__name__, (name, spec.section.__module__)
+        # the section lives beside the spec, in section.py with the spec's PLAN (no MindSpore: ms_boost.plans)
+        assert spec.section.__module__ == f"ms_boost.{name}.section", (name, spec.section.__module__)
     assert sorted(builtins) == packages, "a built-in algorithm lives outside ms_boost/<name>/"
     edges, _ = graph()
     assert {f"ms_boost.{name}.spec" for name in packages} <= edges["ms_boost.builtins"]
@@ -212,3 +213,70 @@ def test_only_comm_talks_to_mindspore_communication():
                 targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             found += [f"{name} imports {t}" for t in targets if t.startswith(transports)]
     assert found == []
+
+
+#: what a boost plan is checked with: AutoBoost (config.py), the built-ins' sections and PLANs (plans.py) and the
+#: autotune options; the launchers' pre-launch check (scripts/check_overrides.py) loads them without MindSpore
+PLAN_PIECES = ("ms_boost.plans", "ms_boost.config", "ms_boost.autotune.options")
+
+
+def module_level_imports(path: Path) -> list:
+    """Names a module imports when it loads: its top level, inside if/try, but not under ``if TYPE_CHECKING:`` nor
+    in a function or class body."""
+    found = []
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.append(node.module)
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return found
+
+
+def test_the_plan_pieces_load_without_mindspore():
+    """The modules a boost plan is checked with, and everything of ms_boost they import, import no MindSpore when
+    they load (import it inside the function that builds a cell). The one way out is topology's ``comm`` (its
+    queries of the ranks, called in methods only): the check loads the packages without their ``__init__``."""
+    edges, _ = graph()
+    pieces = set(PLAN_PIECES).union(*(ancestors_of(edges, name) for name in PLAN_PIECES))
+    comm = {m for m in pieces if m == "ms_boost.comm" or m.startswith("ms_boost.comm.")}
+    assert {m for m in pieces - comm if "ms_boost.comm" in edges[m]} == {"ms_boost.topology"}
+    assert {f"ms_boost.{p.name}.section" for p in PACKAGE.iterdir()
+            if (p / "spec.py").is_file()} <= pieces  # every built-in's section is among them
+    paths = modules()
+    loads = [f"{name} imports {target}" for name in sorted(pieces - comm)
+             for target in module_level_imports(paths[name]) if target.split(".")[0] == "mindspore"]
+    assert loads == []
+
+
+def test_the_plans_are_the_builtin_specs_without_their_hooks():
+    """ms_boost.plans lists each built-in's PLAN in the order ms_boost.builtins registers the specs, and a spec is its
+    PLAN with hooks added: AutoBoost resolves a plan from these fields alone."""
+    import dataclasses
+
+    from ms_boost import registry
+    from ms_boost.plans import BUILTIN_PLANS
+    from ms_boost.spec import AlgorithmSpec
+
+    hooks = {"rewrite_train", "rewrite_eval", "rewritten", "reducer", "apply", "stage", "describe", "apply_text",
+             "check_model"}
+    plan_fields = [f.name for f in dataclasses.fields(AlgorithmSpec) if f.name not in hooks]
+    assert "warn_config" in plan_fields and "levels" in plan_fields
+    specs = registry.builtin_specs()
+    assert [p.name for p in BUILTIN_PLANS] == [s.name for s in specs]
+    for plan, spec in zip(BUILTIN_PLANS, specs):
+        assert all(getattr(plan, name) is None for name in hooks), plan.name
+        assert [getattr(plan, n) for n in plan_fields] == [getattr(spec, n) for n in plan_fields], plan.name

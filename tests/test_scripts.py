@@ -250,6 +250,64 @@ def test_a_boost_value_out_of_range_on_a_key_the_recipe_has_stops_the_launch(env
         "of range; allowed: 0.0 <= value <= 1.0."), bad.stderr
 
 
+#: runs scripts/check_overrides.py as ``python check_overrides.py ARGS`` would, then prints whether MindSpore was loaded
+_CHECK_WRAPPER = ("import runpy, sys\n"
+                  "sys.argv = sys.argv[1:]\n"
+                  "try:\n"
+                  "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+                  "finally:\n"
+                  "    print('mindspore loaded:', any(m.split('.')[0] == 'mindspore' for m in sys.modules))\n")
+
+
+@pytest.mark.parametrize("recipe, args", [
+    ("resnet50_imagenet_momentum.yaml", ["--boost_level", "O1", "--boost_config_dict.grad_freeze.freeze_p", "0.5"]),
+    ("resnet50_imagenet_momentum.yaml", ["--boost_level", "O1", "--boost_config_dict.grad_freeze.freeze_q", "0.5"]),
+    ("resnet50_imagenet_boost_o1.yaml", ["--boost_config_dict.grad_freeze.freeze_p", "1.5"]),
+    ("resnet50_imagenet_boost_o1.yaml", ["--boost_config_dict.dim_reduce.rho", "0.5"]),  # an algorithm left off
+    ("resnet50_imagenet_thor.yaml", ["--boost_config_dict.grad_freeze.freeze_p", "0.5"]),
+    ("resnet50_imagenet_thor.yaml", ["--boost_level", "O1"]),
+])
+def test_the_launchers_plan_check_loads_no_mindspore_and_says_what_the_full_check_says(recipe, args, capsys):
+    """The pre-launch check of a command line touching the boost plan ran ``trainer.check_boost_plan``, importing
+    ms_boost and MindSpore (about 2 CPU-s a launch); it now checks the plan from ms_boost's configuration pieces
+    (``ms_boost.plans``): MindSpore is never loaded, and the verdict and message are the full check's (the script's
+    ``main`` in this process, where ms_boost is imported for real)."""
+    import importlib.util
+
+    import ms_boost  # noqa: F401 -- the in-process check below takes the full path
+
+    argv = ["--config", str(CONFIGS / recipe), *args]
+    light = subprocess.run([sys.executable, "-c", _CHECK_WRAPPER, str(SCRIPTS / "check_overrides.py"), *argv],
+                           capture_output=True, text=True, timeout=60)
+    assert light.stdout.strip().splitlines()[-1] == "mindspore loaded: False", light.stdout + light.stderr
+    spec = importlib.util.spec_from_file_location("check_overrides_full", SCRIPTS / "check_overrides.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    full_rc = module.main(argv)
+    full = capsys.readouterr().err
+    assert "mindspore" in sys.modules and light.returncode == full_rc, (light.stderr, full)
+    assert light.stderr == full, (light.stderr, full)
+    assert (full_rc == 0) == (args[-1] == "0.5" and "freeze_p" in args[-2] and "thor" not in recipe), full
+
+
+def test_the_light_plan_check_leaves_no_light_module_behind():
+    """The check's ``main`` in a process without ms_boost (as test_a_users_recipe_... below, run alone) loads the
+    plan's pieces without the packages' ``__init__``; a real ``import ms_boost`` after it must get the full specs
+    (hooks and all), not the light registry of PLANs."""
+    code = (f"import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('co', {str(SCRIPTS / 'check_overrides.py')!r})\n"
+            f"module = importlib.util.module_from_spec(spec)\n"
+            f"spec.loader.exec_module(module)\n"
+            f"rc = module.main(['--config', {str(CONFIGS / 'resnet50_imagenet_momentum.yaml')!r}, '--boost_level', "
+            f"'O1'])\n"
+            f"assert rc == 0 and 'mindspore' not in sys.modules\n"
+            f"import ms_boost\n"
+            f"print([spec.rewrite_train is not None for spec in ms_boost.registry.builtin_specs()][:2])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[True, True]", proc.stdout + proc.stderr
+
+
 def test_a_users_recipe_has_its_boost_plan_checked_before_the_launch(tmp_path):
     """Journeys, second round: a recipe of one's own (``base:`` the O1 recipe, ``freeze_p: 1.5``) passed the launchers'
     check with no override given, and stopped train.py on every rank; a recipe outside the zoo's configs/ has its plan

@@ -1,21 +1,15 @@
 """AdaSum as the pipeline sees it: its ``adasum`` section and its ``SPEC``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Tuple, Union
+import dataclasses
+from typing import Tuple, Union
 
+from ms_boost.adasum.section import PLAN, AdaSumConfig
 from ms_boost.adasum.stage import AdaSumUpdate
 from ms_boost.comm import GradReducer
-from ms_boost.spec import AlgorithmSpec, BuildContext, Section
+from ms_boost.spec import BuildContext
 
 __all__ = ["AdaSumConfig", "SPEC"]
-
-
-@dataclass(frozen=True)
-class AdaSumConfig(Section):
-    """``adasum`` section (no keys yet: the hierarchy comes from ``common.device_number``)."""
-
-    SECTION: ClassVar[str] = "adasum"
 
 
 def _reducer(weights, cfg: AdaSumConfig, ctx: BuildContext) -> GradReducer:
@@ -41,5 +35,4 @@ def _describe(cfg: AdaSumConfig, ctx: BuildContext) -> Union[str, Tuple[str, str
 
 
 #: AdaSum for the pipeline: the server-local gradient mean and the update stage combining server deltas.
-SPEC = AlgorithmSpec(name="adasum", section=AdaSumConfig, order=40, levels=("O2",), in_enable_all=True,
-                     reducer=_reducer, stage=_stage, describe=_describe)
+SPEC = dataclasses.replace(PLAN, reducer=_reducer, stage=_stage, describe=_describe)

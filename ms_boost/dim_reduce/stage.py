@@ -29,7 +29,7 @@ line-search decision (losses are averaged in floating point) and the same new we
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -47,25 +47,15 @@ from ms_boost.dim_reduce.math import (
     residual_momentum,
 )
 from ms_boost.dim_reduce.pca import parameter_specs
+from ms_boost.dim_reduce.section import STEP_RULES
 from ms_boost.flat_buffers import assign_all, flat_layout, flatten_tensors, split_flat
-from ms_boost.spec import Rule, check_fields, int_rule
-from ms_boost.validation import check_bool, check_float
+from ms_boost.spec import check_fields
 
 logger = logging.getLogger("ms_boost")
 
 __all__ = ["DimReduceUpdate", "DimReduce", "build_dim_reduce_update", "STEP_RULES"]
 
 
-#: The rules of the stage's hyper-parameters, the ones of the ``dim_reduce`` section (one rule, one message).
-STEP_RULES: Dict[str, Rule] = {
-    "rho": lambda p, v: check_float(p, v, low=0.0, high=1.0, low_open=True, high_open=True),
-    "gamma": lambda p, v: check_float(p, v, low=0.0, high=1.0, high_open=True),
-    "alpha": lambda p, v: check_float(p, v, low=0.0),
-    "sigma": lambda p, v: check_float(p, v, low=0.0, high=1.0, low_open=True, high_open=True),
-    "n_components": int_rule(low=1),
-    "max_search_time": int_rule(low=1, high=64),
-    "carry_search": check_bool,
-}
 
 
 class _CompiledForward(nn.Cell):

@@ -21,13 +21,11 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from ms_boost.spec import int_rule
+from ms_boost.grad_accumulation.section import check_accumulation_step
 from ms_boost.stages import UpdateStage
 
 __all__ = ["AccumulateUpdate", "check_accumulation_step"]
 
-#: The one rule for ``grad_accumulation.grad_accumulation_step`` (the section and the stage both use it).
-check_accumulation_step = int_rule(low=1, holder="the micro-step counter is an int32")
 
 _add_into = C.MultitypeFuncGraph("ms_boost_add_into")
 _clear = C.MultitypeFuncGraph("ms_boost_clear")

@@ -20,14 +20,15 @@ The values of a schedule have one rule each (:data:`SCHEDULE_RULES`), shared by 
 from __future__ import annotations
 
 import enum
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from mindspore import Parameter
-from mindspore.nn.layer.normalization import _BatchNorm
 
 from ms_boost.spec import Rule, check_fields, int_rule
 from ms_boost.validation import INT64_MAX, check_float, check_int
+
+if TYPE_CHECKING:  # MindSpore is imported where parameters are partitioned: the rules load without it
+    from mindspore import Parameter
 
 __all__ = [
     "FreezeStrategy", "CONTINUOUS_STRATEGY", "INTERVAL_STRATEGY", "MAX_TOTAL_STEPS", "SCHEDULE_RULES",
@@ -219,6 +220,8 @@ class _ArraySchedule:
 
 def _layer_units(params: Sequence[Parameter], owners: dict) -> List[List[Parameter]]:
     """Consecutive parameters of one layer form a unit; a BatchNorm joins the layer before it."""
+    from mindspore.nn.layer.normalization import _BatchNorm
+
     units: List[List[Parameter]] = []
     last_owner = None
     for param in params:

@@ -1,36 +1,13 @@
 """LessBN as the pipeline sees it: its ``less_bn`` section and its ``SPEC``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Optional
+import dataclasses
 
 from ms_boost.less_bn.convert import LessBN, apply_less_bn, apply_less_bn_eval
-from ms_boost.spec import AlgorithmSpec, BuildContext, Rule, Section
-from ms_boost.validation import check_bool, check_float
+from ms_boost.less_bn.section import PLAN, LessBNConfig
+from ms_boost.spec import BuildContext
 
 __all__ = ["LessBNConfig", "SPEC"]
-
-
-def _check_fn_scale(path: str, value: Any) -> Optional[float]:
-    """None, or a number > 0."""
-    return None if value is None else check_float(path, value, low=0.0, low_open=True)
-
-
-@dataclass(frozen=True)
-class LessBNConfig(Section):
-    """``less_bn`` section.
-
-    ``fn_flag`` replaces the last Dense by a feature-normalised head, ``gc_flag`` applies gradient centralization.
-    ``fn_scale`` (ms_boost addition) is the head's starting multiplier: None (default) gives
-    :func:`~ms_boost.fn_head.default_fn_scale` of the number of classes, 1.0 upstream's start.
-    """
-
-    fn_flag: bool = True
-    gc_flag: bool = True
-    fn_scale: Optional[float] = None
-
-    SECTION: ClassVar[str] = "less_bn"
-    RULES: ClassVar[Dict[str, Rule]] = {"fn_flag": check_bool, "gc_flag": check_bool, "fn_scale": _check_fn_scale}
 
 
 def _rewrite_train(network, optimizer, cfg: LessBNConfig, ctx: BuildContext):
@@ -46,5 +23,4 @@ def _rewritten(network, optimizer) -> bool:
 
 
 #: The LessBN algorithm for the pipeline (network rewrite for training and evaluation).
-SPEC = AlgorithmSpec(name="less_bn", section=LessBNConfig, order=10, levels=("O1", "O2"), in_enable_all=True,
-                     rewrite_train=_rewrite_train, rewrite_eval=_rewrite_eval, rewritten=_rewritten)
+SPEC = dataclasses.replace(PLAN, rewrite_train=_rewrite_train, rewrite_eval=_rewrite_eval, rewritten=_rewritten)
