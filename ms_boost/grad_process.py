@@ -248,8 +248,9 @@ def carry_optimizer_state(old: nn.Optimizer, new: nn.Optimizer) -> int:
 def plain_decay_groups(opt: nn.Optimizer, params: Sequence[Parameter]):
     """``params`` (a non-group optimizer's parameter list) as groups that keep MindSpore's weight-decay filter.
 
-    An optimizer built on a plain list decays only the parameters whose name holds neither ``beta`` nor ``gamma``
-    (MindSpore's filter: BatchNorm and LayerNorm scales and shifts are not decayed); one built on groups decays
+    An optimizer built on a plain list decays only the parameters its ``decay_flags`` mark (MindSpore's filter: names
+    holding neither ``beta`` nor ``gamma``, so BatchNorm and LayerNorm scales and shifts are not decayed, the filter
+    read by name where an optimizer keeps no flags); one built on groups decays
     every parameter of a group with a weight decay. A rebuild that turns the list into groups (LessBN's) keeps the
     filter by putting those parameters in a group of their own with ``weight_decay`` 0. Returns ``params``
     unchanged where nothing would differ: a group optimizer, no weight decay, or no such parameter.
@@ -258,7 +259,12 @@ def plain_decay_groups(opt: nn.Optimizer, params: Sequence[Parameter]):
     if getattr(opt, "is_group", False) or not getattr(opt, "exec_weight_decay", False) or not params \
             or not all(isinstance(p, Parameter) for p in params):
         return params
-    exempt = [p for p in params if "beta" in p.name or "gamma" in p.name]
+    flags = getattr(opt, "decay_flags", None)  # the optimizer's own verdict per parameter, when it keeps one
+    if flags is not None and len(flags) == len(opt.parameters):
+        decays = {id(p): bool(f) for p, f in zip(opt.parameters, flags)}
+        exempt = [p for p in params if not decays.get(id(p), True)]
+    else:
+        exempt = [p for p in params if "beta" in p.name or "gamma" in p.name]
     if not exempt:
         return params
     exempt_ids = {id(p) for p in exempt}
