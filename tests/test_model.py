@@ -250,3 +250,29 @@ def test_model_with_amp_and_o1_says_nothing_of_unrewritten_pairs(amp_level, tmp_
         Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), amp_level=amp_level, boost_level="O1",
               loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=False))
     assert not [str(w.message) for w in seen if "given unrewritten" in str(w.message)]
+
+
+def test_an_o1_checkpoint_serves_inference_in_the_eval_rewritten_network(mode, tmp_path):
+    """Inference outside Model (the README's way): the network built by ``AutoBoost("O1").network_auto_process_eval``
+    and loaded from an O1 checkpoint gives Model.predict's logits exactly; a plain network does not (LessBN's FN head
+    normalises the classifier's input features, which no plain Dense reproduces)."""
+    import mindspore as ms
+
+    from ms_boost import AutoBoost
+
+    x, y = learnable_data(32)
+    net = make_net()
+    model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), boost_level="O1")
+    model.train(1, dataset(x, y), dataset_sink_mode=False)
+    expected = model.predict(Tensor(x[:8])).asnumpy()
+    path = str(tmp_path / "o1.ckpt")
+    ms.save_checkpoint(model.train_network, path)
+    served = AutoBoost("O1").network_auto_process_eval(make_net(seed=7))
+    weights_not_loaded, _ = ms.load_param_into_net(served, ms.load_checkpoint(path))
+    assert weights_not_loaded == []
+    served.set_train(False)
+    np.testing.assert_array_equal(served(Tensor(x[:8])).asnumpy(), expected)
+    plain = make_net(seed=7)
+    ms.load_param_into_net(plain, ms.load_checkpoint(path))
+    plain.set_train(False)
+    assert np.abs(plain(Tensor(x[:8])).asnumpy() - expected).max() > 1e-3
