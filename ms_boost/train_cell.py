@@ -124,10 +124,11 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, sens: Optional[float] = None,
                  boost_config: Union[AutoBoost, str, None] = None):
         super().__init__(auto_prefix=False)
-        if boost_config is None and prepared_plan(network) is not None:
+        prepared = prepared_plan(network) if boost_config is None else None
+        if prepared is not None:
             # the network came from AutoBoost.network_auto_process_train: its plan (upstream's cell read the
             # AutoBoost the script had configured), not O0, which would drop the plan's accumulation, AdaSum, ...
-            boost_config = prepared_plan(network)
+            boost_config = prepared
             logger.info(f"{type(self).__name__}: no boost_config given; using {boost_config!r}, the plan "
                         f"network_auto_process_train prepared this network with")
         self.boost = resolve(boost_config)

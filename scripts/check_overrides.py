@@ -1,6 +1,6 @@
 """Check a launcher's ``--config FILE --key value ...`` the way train.py / eval.py will parse them.
 
-    python scripts/check_overrides.py --config model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml --epoch 2
+    python scripts/check_overrides.py --config model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml --epoch_size 2
 
 Exit status 0 when the recipe and every override parse; else 2 with the parser's message (unknown key with its
 closest match, bad value, stray argument). Used by the launchers in ``scripts/`` (dry runs included) so a typo
@@ -99,9 +99,7 @@ def _parse_config(light: bool = True):
     if not light and _light():
         _forget_light_imports()
     if light and "ms_boost" not in sys.modules:
-        stub = types.ModuleType("ms_boost")
-        stub.__path__ = [str(ROOT / "ms_boost")]  # submodules load; the package's __init__ does not run
-        sys.modules["ms_boost"] = stub
+        _stub_packages()  # submodules load; the packages' __init__ do not run
         try:
             from model_zoo.resnet.src.config import parse_config
             return parse_config
