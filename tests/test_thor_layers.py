@@ -277,11 +277,25 @@ def test_sub_batch_statistics_dense(mode):
     layer = DenseThor(5, 3, weight_init=Tensor(rng.standard_normal((3, 5)).astype(np.float32)), has_bias=True)
     layer.set_stat_fraction(0.4)
     assert layer.stat_fraction == 0.4 and layer.capture_spec[-1] == 0.4
-    _backward(layer, x, probe)
     rows = np.concatenate([x[:k].reshape(-1, 5), np.ones((2 * k, 1), np.float32)], 1)
-    np.testing.assert_allclose(layer.matrix_a_batch.asnumpy()[0], rows.T @ rows / (2 * k), rtol=1e-5, atol=1e-6)
     dy = (probe[:k] / n).reshape(-1, 3)
-    np.testing.assert_allclose(layer.matrix_g_batch.asnumpy()[0], n * n / k * dy.T @ dy, rtol=1e-5, atol=1e-7)
+    for _ in _capture_paths(layer):
+        _backward(layer, x, probe)
+        np.testing.assert_allclose(layer.matrix_a_batch.asnumpy()[0], rows.T @ rows / (2 * k), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(layer.matrix_g_batch.asnumpy()[0], n * n / k * dy.T @ dy, rtol=1e-5, atol=1e-7)
+
+
+def _capture_paths(layer):
+    """Run the caller's capture once through the layer's cells; in PyNative mode once more through the compiled
+    writers a CaptureGate selects (what THOR's PyNative steps use), the buffers zeroed in between."""
+    from ms_boost.thor.layers import CaptureGate
+
+    yield "cells"
+    if ms.get_context("mode") == ms.PYNATIVE_MODE:
+        for param in (layer.matrix_a_batch, layer.matrix_g_batch):
+            ops.assign(param, ops.zeros_like(param))
+        layer.set_capture_gate(CaptureGate([layer.thor_capture]))
+        yield "gate"
 
 
 def test_sub_batch_statistics_conv_as_blocks(mode):
@@ -296,15 +310,16 @@ def test_sub_batch_statistics_conv_as_blocks(mode):
     layer.set_stat_fraction(0.5)
     y_shape = layer(Tensor(x)).shape
     probe = rng.standard_normal(y_shape).astype(np.float32)
-    _backward(layer, x, probe)
     rows, _ = np_im2col(x[:k], (3, 3), (2, 2), (1, 1), np_pads("pad", 1, hw, (3, 3), (2, 2), (1, 1)))
     assert rows.shape[0] == k * y_shape[2] * y_shape[3]
     rows = np.concatenate([rows, np.ones((rows.shape[0], 1), np.float32)], 1)
-    a = layer.matrix_a_batch.asnumpy()
-    assert a.shape == (1, 5, 8, 8)
-    np.testing.assert_allclose(a[0], _np_blocks(rows.T @ rows / rows.shape[0], 8), rtol=1e-4, atol=1e-5)
     dy = (probe[:k] / n).transpose(0, 2, 3, 1).reshape(-1, cout)
-    np.testing.assert_allclose(layer.matrix_g_batch.asnumpy()[0], n * n / k * dy.T @ dy, rtol=1e-4, atol=1e-7)
+    for _ in _capture_paths(layer):
+        _backward(layer, x, probe)
+        a = layer.matrix_a_batch.asnumpy()
+        assert a.shape == (1, 5, 8, 8)
+        np.testing.assert_allclose(a[0], _np_blocks(rows.T @ rows / rows.shape[0], 8), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(layer.matrix_g_batch.asnumpy()[0], n * n / k * dy.T @ dy, rtol=1e-4, atol=1e-7)
 
 
 def test_sub_batch_statistics_embedding_keep_whole_batch_token_frequencies(mode):
