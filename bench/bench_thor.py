@@ -14,7 +14,8 @@ Two measurements, written to ``bench/results/thor.md`` and ``thor.json``:
   call (THOR's variants: the first two calls, which compile the refresh and the plain variant).
   ``--time_adaptive 0.1 0.3`` (default 0.3; ``--time_adaptive`` alone: none) and ``--time_block_sizes 64 32`` time
   more THOR configurations in the same alternation (the adaptive refresh with how many layer refreshes kept their
-  inverses; other block sizes);
+  inverses; other block sizes); ``--time_stat_fractions 0.5 0.25`` times THOR with its factor statistics on that
+  fraction of each batch (``stat_fraction``), at the fixed frequency and with each ``--time_adaptive`` threshold;
   ``--time_batches 20`` cycles through the training set's batches instead of one fixed batch (every
   configuration gets the same batch at a step), which the adaptive refresh needs to see its factors change.
 
@@ -87,14 +88,16 @@ def build(kind: str, args, seed: int, steps_per_epoch: int, blocks=(1, 1, 1, 1),
         return net, opt, Model(net, loss, opt, metrics={"acc"})
     parts = kind.split("_")
     frequency = int(parts[1])
-    # thor_10_a0.1: adaptive refresh, threshold 0.1; thor_10_b64: block size 64
+    # thor_10_a0.1: adaptive refresh, threshold 0.1; thor_10_b64: block size 64; thor_10_s0.5: statistics on half
+    # of each batch (these combine: thor_10_a0.3_s0.5)
     options = {part[0]: float(part[1:]) for part in parts[2:]}
     threshold = options.get("a")
     block_size = int(options.get("b", args.block_size))
+    fraction = {"stat_fraction": options["s"]} if "s" in options else {}
     lr = Tensor(cosine(args.thor_lr, total))
     damping = Tensor(np.geomspace(args.damping, args.damping * 0.1, total).astype(np.float32))
     opt = thor(net, lr, damping, 0.9, args.weight_decay, frequency=frequency,
-               decay_filter=lambda p: p.ndim > 1, refresh_threshold=threshold, block_size=block_size)
+               decay_filter=lambda p: p.ndim > 1, refresh_threshold=threshold, block_size=block_size, **fraction)
     model = ConvertModelUtils().convert_to_thor_model(Model(net, loss, opt, metrics={"acc"}), net, loss, opt,
                                                       metrics={"acc"})
     return net, opt, model
@@ -174,8 +177,10 @@ def step_time(args, data) -> dict:
     x, y = batches[0]
     graph = ms.get_context("mode") == ms.GRAPH_MODE
     # more THOR configurations timed alongside: the adaptive refresh (thor_a<threshold>), other block sizes
-    adaptive = ([f"thor_a{t:g}" for t in getattr(args, "time_adaptive", [])]
-                + [f"thor_b{b}" for b in getattr(args, "time_block_sizes", [])])
+    thresholds, fractions = getattr(args, "time_adaptive", []), getattr(args, "time_stat_fractions", [])
+    adaptive = ([f"thor_a{t:g}" for t in thresholds]
+                + [f"thor_b{b}" for b in getattr(args, "time_block_sizes", [])]
+                + [f"thor_s{s:g}" for s in fractions] + [f"thor_a{t:g}_s{s:g}" for s in fractions for t in thresholds])
     kinds = (["momentum", "thor"] + adaptive
              + (["thor_switch"] if graph and not getattr(args, "skip_switch", False) else []))
     calls, compile_s, compile_cpu, opts = {}, {}, {}, {}
@@ -432,8 +437,8 @@ def _adaptive_step_lines(st: dict, args) -> list:
              f"{st['cpu']['thor_refresh_s'] / st['cpu']['momentum_s']:.2f}x | {st['cpu']['ratio'][fr]:.2f}x | 1.00x |"]
     base = st["cpu"]["momentum_s"]
     for kind, a in adaptive.items():
-        name = (f"adaptive refresh, threshold {kind[len('thor_a'):]}" if kind.startswith("thor_a")
-                else f"block size {kind[len('thor_b'):]}")
+        name = ", ".join({"a": f"adaptive refresh, threshold {part[1:]}", "b": f"block size {part[1:]}",
+                          "s": f"statistics on {part[1:]} of each batch"}[part[0]] for part in kind.split("_")[1:])
         kept = f"{a['kept']} / {a['layer_refreshes']}" if kind.startswith("thor_a") else "-"
         lines.append(f"| {name} | {kept} | "
                      f"{a['cpu_other_s'] / base:.2f}x | {a['cpu_refresh_s'] / base:.2f}x | "
@@ -503,6 +508,9 @@ def main(argv=None) -> None:
                              "issue's adaptive target; none: --time_adaptive with no value)")
     parser.add_argument("--time_block_sizes", type=int, nargs="*", default=[],
                         help="other THOR block sizes timed in the step-time alternation too")
+    parser.add_argument("--time_stat_fractions", type=float, nargs="*", default=[],
+                        help="THOR's stat_fraction values (factor statistics on that fraction of each batch) timed in "
+                             "the step-time alternation too, alone and with each --time_adaptive threshold")
     parser.add_argument("--block_size", type=int, default=DEFAULT_BLOCK_SIZE,
                         help="THOR block size (convergence and timing; default thor()'s)")
     parser.add_argument("--skip_switch", action="store_true",
@@ -522,6 +530,9 @@ def main(argv=None) -> None:
     parser.add_argument("--no_write", action="store_true", help="print only (hyper-parameter exploration)")
     parser.add_argument("--render", action="store_true", help="rewrite thor.md from the saved thor.json")
     args = parser.parse_args(argv)
+    bad = [f for f in args.time_stat_fractions if not 0.0 < f <= 1.0]
+    if bad:
+        parser.error(f"--time_stat_fractions={args.time_stat_fractions}: {bad} not allowed (a fraction in (0, 1])")
     if args.render:
         saved = json.loads((RESULTS / "thor.json").read_text(encoding="utf-8"))
         text = markdown(argparse.Namespace(**saved["args"]), saved["convergence"], saved["step_time"],

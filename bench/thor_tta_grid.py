@@ -3,8 +3,9 @@ r"""THOR's refresh frequency x learning rate on the time-to-accuracy page's fast
 The page (:mod:`bench.bench_tta`, quick form) tunes the Momentum baseline over an lr grid but runs THOR at one
 point (lr 0.05, damping 0.03, frequency 10). This grid gives THOR the same chance on the page's ``gemm`` cells
 (the zoo's ResNet-10 width 8 on GEMM convolutions, 16 px, batch 32, 4 epochs, cosine lr to 0, Graph mode, CPU):
-every (frequency, lr, block size) of THOR and the baseline at its picked lr, per seed, each run in its own process
-through the page's own worker (:func:`bench.bench_tta.launch`: the same data, network, Model and schedule).
+every (frequency, lr, block size, statistics fraction) of THOR and the baseline at its picked lr, per seed, each run
+in its own process through the page's own worker (:func:`bench.bench_tta.launch`: the same data, network, Model and
+schedule).
 
 Recorded per run: validation accuracy after every epoch, and each epoch's wall and process CPU seconds (all
 threads; the machine may be shared, so CPU time is the figure to read). Reported per setting (median [min, max]
@@ -15,10 +16,11 @@ the target (compile taken out) and its per-seed ratio to the baseline's.
 Usage::
 
     python bench/thor_tta_grid.py [--datasets digits mnist5k] [--frequencies 10 25 50] [--lrs 0.05 0.1]
-        [--block_sizes 64] [--seeds 0 1 2] [--name thor_tta_grid] [--render]
+        [--block_sizes 64] [--stat_fractions 1 0.5] [--seeds 0 1 2] [--name thor_tta_grid] [--render]
 
 A setting at block size 64 (the size the first pages ran at) keeps its old label ``THOR f<frequency> lr<lr>``;
-another size is labelled ``... b<size>``.
+another size is labelled ``... b<size>``; a statistics fraction below 1 (``thor(..., stat_fraction=)``: the factor
+statistics on that fraction of each batch) ``... s<fraction>``.
 
 Results: ``bench/results/<name>.json`` (rewritten after every run; a stopped sweep resumes from it) and ``.md``.
 """
@@ -58,10 +60,12 @@ def run_key(dataset: str, name: str, seed: int) -> str:
     return f"{dataset}|{name}|{seed}"
 
 
-def thor_name(frequency: int, lr: float, block_size: int = PAGE_BLOCK_SIZE) -> str:
-    """The label of one THOR setting (block size 64 unlabelled, as on the first pages)."""
+def thor_name(frequency: int, lr: float, block_size: int = PAGE_BLOCK_SIZE, stat_fraction: float = 1.0) -> str:
+    """The label of one THOR setting (block size 64 and the whole batch's statistics unlabelled, as on the first
+    pages)."""
     size = "" if block_size == PAGE_BLOCK_SIZE else f" b{block_size}"
-    return f"THOR f{frequency} lr{lr}{size}"
+    fraction = "" if stat_fraction == 1.0 else f" s{stat_fraction:g}"
+    return f"THOR f{frequency} lr{lr}{size}{fraction}"
 
 
 def _cpu(run: dict) -> List[float]:
@@ -110,7 +114,8 @@ def render(payload: dict) -> str:
              "quick-form cell (`bench/bench_tta.py`): zoo ResNet-10 width 8 on GEMM convolutions, 16 px, batch 32, "
              f"{cfg['epochs']} epochs, cosine lr to 0, Graph mode, CPU, every run in its own process through the "
              f"page's worker. Baseline: Momentum 0.9 at lr {BASELINE_LR} (the page's pick). THOR: damping "
-             f"{DAMPING}, block size {_sizes(cfg)}, the frequencies and lrs below. Seeds {cfg['seeds']}.", "",
+             f"{DAMPING}, block size {_sizes(cfg)}, statistics on {_fractions(cfg)} of each batch, the frequencies "
+             f"and lrs below. Seeds {cfg['seeds']}.", "",
              "**Target** = the baseline's median final accuracy here minus 1 point (as on the page). Epochs to the "
              "target and final accuracy do not depend on the machine. **CPU to target**: steady process CPU seconds "
              "(all threads; the compile, epoch 1 minus the median later epoch, taken out) until the end of the "
@@ -143,6 +148,13 @@ def _sizes(cfg: dict) -> str:
     return text + (" (a setting labelled b<size> ran at that size, an unlabelled one at 64)" if len(sizes) > 1 else "")
 
 
+def _fractions(cfg: dict) -> str:
+    fractions = cfg.get("stat_fractions", [1.0])
+    text = " and ".join(f"{f:g}" for f in fractions)
+    return text + (" (a setting labelled s<fraction> used that fraction, an unlabelled one the whole batch)"
+                   if len(fractions) > 1 else "")
+
+
 def _load() -> List[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
@@ -155,6 +167,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lrs", nargs="+", type=float, default=[0.05, 0.1])
     parser.add_argument("--block_sizes", nargs="+", type=int, default=[PAGE_BLOCK_SIZE],
                         help="THOR's block_size values (the settings at 64 keep the first pages' labels)")
+    parser.add_argument("--stat_fractions", nargs="+", type=float, default=[1.0],
+                        help="THOR's stat_fraction values (factor statistics on that fraction of each batch; the "
+                             "settings at 1 keep the first pages' labels)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--name", default="thor_tta_grid")
     parser.add_argument("--timeout", type=int, default=900)
@@ -164,6 +179,9 @@ def main(argv=None) -> int:
     bad = [b for b in args.block_sizes if b < 1]
     if bad:
         parser.error(f"--block_sizes={args.block_sizes}: {bad} not allowed (a block size is a positive integer)")
+    bad_fractions = [f for f in args.stat_fractions if not 0.0 < f <= 1.0]
+    if bad_fractions:
+        parser.error(f"--stat_fractions={args.stat_fractions}: {bad_fractions} not allowed (a fraction in (0, 1])")
     from model_zoo.resnet.src.real_data import ensure_real
 
     path = RESULTS / f"{args.name}.json"
@@ -171,8 +189,9 @@ def main(argv=None) -> int:
     payload["config"] = {"datasets": args.datasets, "frequencies": args.frequencies, "lrs": args.lrs,
                          "seeds": args.seeds, "epochs": QUICK.epochs["gemm"], "image_size": QUICK.image_size,
                          "width": QUICK.width["gemm"], "damping": DAMPING, "baseline_lr": BASELINE_LR,
-                         "block_sizes": args.block_sizes}
-    settings = {thor_name(f, lr, b): (f, lr, b) for f in args.frequencies for lr in args.lrs for b in args.block_sizes}
+                         "block_sizes": args.block_sizes, "stat_fractions": args.stat_fractions}
+    settings = {thor_name(f, lr, b, s): (f, lr, b, s) for f in args.frequencies for lr in args.lrs
+                for b in args.block_sizes for s in args.stat_fractions}
     names = ["baseline"] + list(settings)
     start = time.perf_counter()
     if not args.render:
@@ -189,10 +208,11 @@ def main(argv=None) -> int:
                         spec = RunSpec(dataset, "gemm", "baseline", BASELINE_LR, seed, QUICK.epochs["gemm"],
                                        image_size=QUICK.image_size, width=QUICK.width["gemm"])
                     else:
-                        freq, lr, size = settings[name]
+                        freq, lr, size, fraction = settings[name]
+                        extra = {"block_size": size, **({"stat_fraction": fraction} if fraction != 1.0 else {})}
                         spec = RunSpec(dataset, "gemm", "THOR", lr, seed, QUICK.epochs["gemm"],
                                        image_size=QUICK.image_size, width=QUICK.width["gemm"], damping=DAMPING,
-                                       frequency=freq, extra={"block_size": size})
+                                       frequency=freq, extra=extra)
                     print(f"[grid] {key}", flush=True)
                     run = launch(spec, root, args.timeout)
                     run.update(spec=asdict(spec), load=_load())

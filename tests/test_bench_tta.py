@@ -389,6 +389,7 @@ def test_thor_tta_grid_labels_keep_the_first_pages_names_at_block_64():
 
     assert thor_name(10, 0.05) == "THOR f10 lr0.05" == thor_name(10, 0.05, 64)  # the first pages' keys
     assert thor_name(25, 0.1, 32) == "THOR f25 lr0.1 b32"
+    assert thor_name(10, 0.05, 64, 1.0) == "THOR f10 lr0.05" and thor_name(10, 0.05, 64, 0.5) == "THOR f10 lr0.05 s0.5"
 
 
 def test_worker_gives_thor_the_block_size_of_extra_and_refuses_other_keys():
@@ -403,6 +404,9 @@ def test_worker_gives_thor_the_block_size_of_extra_and_refuses_other_keys():
     spec = RunSpec("digits", "gemm", "THOR", 0.05, 0, 1)
     other = nn.SequentialCell([nn.Flatten(), nn.Dense(12, 3)])
     assert _model(spec, other, 2)._optimizer.block_size == DEFAULT_BLOCK_SIZE  # pylint: disable=protected-access
+    spec = RunSpec("digits", "gemm", "THOR", 0.05, 0, 1, extra={"block_size": 4, "stat_fraction": 0.25})
+    third = nn.SequentialCell([nn.Flatten(), nn.Dense(12, 3)])
+    assert _model(spec, third, 2)._optimizer.stat_fraction == 0.25  # pylint: disable=protected-access
     with pytest.raises(ValueError, match=r"extra=\{'blocks': 4\} for contender='THOR'.*\['blocks'\]"):
         _model(RunSpec("digits", "gemm", "THOR", 0.05, 0, 1, extra={"blocks": 4}), net, 2)
 

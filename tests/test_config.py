@@ -248,6 +248,10 @@ def test_integers_bounded_by_their_counters():
         .grad_accumulation.grad_accumulation_step == 2 ** 31 - 1
     with pytest.raises(ValueError, match=r"thor\.frequency=2147483648 .*int32"):
         AutoBoost("O0", {"thor": {"frequency": 2 ** 31}})
+    assert AutoBoost("O0", {"thor": {"stat_fraction": 0.25}}).thor.stat_fraction == 0.25
+    assert AutoBoost("O0", {}).thor.stat_fraction == 1.0
+    with pytest.raises(ValueError, match=r"thor\.stat_fraction=0 is out of range; allowed: 0 < value <= 1"):
+        AutoBoost("O0", {"thor": {"stat_fraction": 0}})
     # total_steps: 10**12 as an int is a valid schedule length (the schedule is built lazily); int64 bounds it
     assert AutoBoost("O1", {"grad_freeze": {"total_steps": 10 ** 12}}).grad_freeze.total_steps == 10 ** 12
     with pytest.raises(ValueError, match=r"total_steps=9223372036854775808 is out of range.*int64"):

@@ -14,7 +14,8 @@ from tests.workers.common import make_plain_net, rank_rows
 STEPS, BATCH, WORKERS = 4, 4, 2  # also the msrun job's THOR steps (tests/workers/e2e_graph.py, test_msrun_e2e.py)
 
 
-def build_thor_model(split_indices, distribute_inverses: bool = True, loss_scale: bool = False):
+def build_thor_model(split_indices, distribute_inverses: bool = True, loss_scale: bool = False,
+                     stat_fraction: float = 1.0):
     """The plain conv net (no BatchNorm) trained by THOR through ConvertModelUtils and ms_boost.Model
     (with ``loss_scale``: a fixed loss scale of 8 divided out by the optimizer)."""
     from ms_boost.thor import THOR, ConvertModelUtils, ConvertNetUtils
@@ -23,7 +24,8 @@ def build_thor_model(split_indices, distribute_inverses: bool = True, loss_scale
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     thor_net = ConvertNetUtils().convert_to_thor_net(net)
     opt = THOR(thor_net, 0.1, 0.05, 0.9, weight_decay=1e-3, loss_scale=8.0 if loss_scale else 1.0, frequency=2,
-               split_indices=split_indices, distribute_inverses=distribute_inverses, block_size=16)
+               split_indices=split_indices, distribute_inverses=distribute_inverses, block_size=16,
+               stat_fraction=stat_fraction)
     import mindspore as ms
 
     from ms_boost import Model
@@ -43,10 +45,10 @@ def single_process_reference(size: int = WORKERS):
     return [p.asnumpy().copy() for p in net.trainable_params()], opt
 
 
-def train_rank(rank: int, size: int, split, distribute: bool) -> dict:
+def train_rank(rank: int, size: int, split, distribute: bool, stat_fraction: float = 1.0) -> dict:
     """One rank of the data-parallel THOR training (tests/workers/e2e_graph.py does the same under msrun)."""
     x, y = rank_rows(rank, size, STEPS, BATCH)
-    net, opt, model = build_thor_model(split, distribute)
+    net, opt, model = build_thor_model(split, distribute, stat_fraction=stat_fraction)
     model.train(1, dataset(x, y, batch_size=BATCH), dataset_sink_mode=False)
     owned = sum(1 for owner in opt.inverse_owner if owner == rank)
     return {"owned": np.array(owned), "step": opt.global_step.asnumpy(),
@@ -81,3 +83,32 @@ def check_ranks(ranks: list, size: int, distribute: bool) -> None:
         np.testing.assert_allclose(ranks[0][f"w{i}"], w, rtol=1e-4, atol=2e-5, err_msg=f"w{i}")
     for i, p in enumerate(ref_opt.a_inverses):
         np.testing.assert_allclose(ranks[0][f"a_inv{i}"], p.asnumpy(), rtol=1e-3, atol=1e-4)
+
+
+def test_loopback_ranks_take_the_statistics_of_each_ranks_sub_batch():
+    """stat_fraction 0.5 on 2 simulated ranks of 4 samples: each rank's factors come from its first 2 samples and are
+    mean-all-reduced, which equals one process whose batch of 8 starts with those 4 samples (same per-sample
+    normalisation: G = N^2/k sum delta delta^T on both sides) and holds the other 4 after them (same mean gradient),
+    and not the whole batches' statistics."""
+    size, half = 2, BATCH // 2
+    ranks = run_ranks(size, lambda rank: train_rank(rank, size, None, True, stat_fraction=0.5))
+    x, y = learnable_data(STEPS * BATCH * size, seed=1)
+    order = [s * BATCH * size + r * BATCH + i for s in range(STEPS)
+             for part in (range(half), range(half, BATCH)) for r in range(size) for i in part]
+    net, opt, model = build_thor_model(None, stat_fraction=0.5)
+    opt.compile_pynative_step = False  # op by op like the loopback ranks
+    model.train(1, dataset(x[order], y[order], batch_size=BATCH * size), dataset_sink_mode=False)
+    for key in ranks[0]:
+        if key != "owned":
+            np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+    for i, w in enumerate(net.trainable_params()):
+        np.testing.assert_allclose(ranks[0][f"w{i}"], w.asnumpy(), rtol=1e-4, atol=2e-5, err_msg=f"w{i}")
+    for i, p in enumerate(opt.a_inverses):
+        np.testing.assert_allclose(ranks[0][f"a_inv{i}"], p.asnumpy(), rtol=1e-3, atol=1e-4)
+    for i, p in enumerate(opt.g_inverses):
+        np.testing.assert_allclose(ranks[0][f"g_inv{i}"], p.asnumpy(), rtol=1e-3, atol=1e-4)
+    # the sub-batch mattered: the whole batches' statistics give other inverses
+    _, whole_opt, whole_model = build_thor_model(None)
+    whole_opt.compile_pynative_step = False
+    whole_model.train(1, dataset(x[order], y[order], batch_size=BATCH * size), dataset_sink_mode=False)
+    assert not np.allclose(ranks[0]["a_inv0"], whole_opt.a_inverses[0].asnumpy(), rtol=1e-3, atol=1e-4)

@@ -251,3 +251,95 @@ def test_layer_argument_errors():
         DenseThor(3, 4, weight_init=Tensor(np.zeros((3, 4), np.float32)))
     with pytest.raises(ValueError, match="padding_idx"):
         EmbeddingThor(5, 2, padding_idx=5)
+
+
+# ----------------------------------------------------------------------------- sub-batch statistics
+def _np_blocks(full: np.ndarray, block: int) -> np.ndarray:
+    """numpy: the ``(n_b, b, b)`` diagonal blocks THOR stores for a factor wider than ``block`` (last one completed
+    with the identity)."""
+    dim = full.shape[0]
+    n_b = -(-dim // block)
+    out = np.zeros((n_b, block, block), np.float32)
+    for j in range(n_b):
+        part = full[j * block:(j + 1) * block, j * block:(j + 1) * block]
+        out[j] = np.eye(block, dtype=np.float32)
+        out[j][:part.shape[0], :part.shape[1]] = part
+    return out
+
+
+def test_sub_batch_statistics_dense(mode):
+    """stat_fraction 0.4 of a batch of 6: A and G from the first ceil(2.4) = 3 samples; G = N^2/k sum delta delta^T
+    (the per-sample second moment, the loss still averaged over all N), against numpy."""
+    rng = np.random.default_rng(6)
+    n, k = 6, 3
+    x = rng.standard_normal((n, 2, 5)).astype(np.float32)  # rows: every leading position of the first k samples
+    probe = rng.standard_normal((n, 2, 3)).astype(np.float32)
+    layer = DenseThor(5, 3, weight_init=Tensor(rng.standard_normal((3, 5)).astype(np.float32)), has_bias=True)
+    layer.set_stat_fraction(0.4)
+    assert layer.stat_fraction == 0.4 and layer.capture_spec[-1] == 0.4
+    rows = np.concatenate([x[:k].reshape(-1, 5), np.ones((2 * k, 1), np.float32)], 1)
+    dy = (probe[:k] / n).reshape(-1, 3)
+    for _ in _capture_paths(layer):
+        _backward(layer, x, probe)
+        np.testing.assert_allclose(layer.matrix_a_batch.asnumpy()[0], rows.T @ rows / (2 * k), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(layer.matrix_g_batch.asnumpy()[0], n * n / k * dy.T @ dy, rtol=1e-5, atol=1e-7)
+
+
+def _capture_paths(layer):
+    """Run the caller's capture once through the layer's cells; in PyNative mode once more through the compiled
+    writers a CaptureGate selects (what THOR's PyNative steps use), the buffers zeroed in between."""
+    from ms_boost.thor.layers import CaptureGate
+
+    yield "cells"
+    if ms.get_context("mode") == ms.PYNATIVE_MODE:
+        for param in (layer.matrix_a_batch, layer.matrix_g_batch):
+            ops.assign(param, ops.zeros_like(param))
+        layer.set_capture_gate(CaptureGate([layer.thor_capture]))
+        yield "gate"
+
+
+def test_sub_batch_statistics_conv_as_blocks(mode):
+    """A strided, padded convolution with bias, its 37-wide A stored as 8-blocks, at stat_fraction 0.5 of 4 samples:
+    the first 2 samples' im2col rows and output gradients, against numpy."""
+    rng = np.random.default_rng(7)
+    n, k, cin, cout, hw = 4, 2, 4, 8, (6, 5)
+    x = rng.standard_normal((n, cin) + hw).astype(np.float32)
+    w = rng.standard_normal((cout, cin, 3, 3)).astype(np.float32)
+    layer = Conv2dThor(cin, cout, 3, stride=2, pad_mode="pad", padding=1, has_bias=True, weight_init=Tensor(w))
+    layer.set_factor_layout(8, True)
+    layer.set_stat_fraction(0.5)
+    y_shape = layer(Tensor(x)).shape
+    probe = rng.standard_normal(y_shape).astype(np.float32)
+    rows, _ = np_im2col(x[:k], (3, 3), (2, 2), (1, 1), np_pads("pad", 1, hw, (3, 3), (2, 2), (1, 1)))
+    assert rows.shape[0] == k * y_shape[2] * y_shape[3]
+    rows = np.concatenate([rows, np.ones((rows.shape[0], 1), np.float32)], 1)
+    dy = (probe[:k] / n).transpose(0, 2, 3, 1).reshape(-1, cout)
+    for _ in _capture_paths(layer):
+        _backward(layer, x, probe)
+        a = layer.matrix_a_batch.asnumpy()
+        assert a.shape == (1, 5, 8, 8)
+        np.testing.assert_allclose(a[0], _np_blocks(rows.T @ rows / rows.shape[0], 8), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(layer.matrix_g_batch.asnumpy()[0], n * n / k * dy.T @ dy, rtol=1e-4, atol=1e-7)
+
+
+def test_sub_batch_statistics_embedding_keep_whole_batch_token_frequencies(mode):
+    """An embedding at stat_fraction 0.5: G from the first sample of 2, the token frequencies from the whole batch
+    (a token of the second sample has a gradient: a frequency of 0 would scale its row by 1/sqrt(damping))."""
+    rng = np.random.default_rng(8)
+    ids = np.array([[1, 2, 2], [0, 6, 1]], np.int32)
+    probe = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    layer = EmbeddingThor(7, 4)
+    layer.set_stat_fraction(0.5)
+    net = _EmbProbe(layer, probe)
+    net.set_train()
+    ops.GradOperation(get_by_list=True)(net, ms.ParameterTuple(layer.trainable_params()))(Tensor(ids))
+    np.testing.assert_allclose(layer.matrix_a_batch.asnumpy(), np.bincount(ids.ravel(), minlength=7) / 6)
+    dy = (probe[:1] / 2).reshape(3, 4)
+    np.testing.assert_allclose(layer.matrix_g_batch.asnumpy()[0], 2 * 2 / 1 * dy.T @ dy, rtol=1e-5, atol=1e-7)
+
+
+def test_stat_fraction_of_a_layer_refuses_bad_values():
+    layer = DenseThor(3, 2)
+    for bad in (0.0, 1.5, -0.1, True, "half"):
+        with pytest.raises(ValueError, match=r"DenseThor.set_stat_fraction: fraction=.* must be a float in \(0, 1\]"):
+            layer.set_stat_fraction(bad)

@@ -257,3 +257,34 @@ def test_blocks_finite_per_block(mode):
     blocks[1, 2, 0, 0] = np.inf
     got = ms.jit(tm.blocks_finite)(Tensor(blocks)) if mode == "graph" else tm.blocks_finite(Tensor(blocks))
     np.testing.assert_array_equal(got.asnumpy(), np.isfinite(blocks).all(axis=(-2, -1)))
+
+
+def test_stat_sample_count_and_leading_samples():
+    """k = ceil(f N) in [1, N]; the whole batch at f = 1 (x itself, no copy); the first k samples otherwise."""
+    from ms_boost.thor.math import leading_samples, stat_sample_count
+
+    assert [stat_sample_count(32, f) for f in (1.0, 0.5, 0.25, 0.3, 1e-6)] == [32, 16, 8, 10, 1]
+    assert stat_sample_count(7, 0.5) == 4 and stat_sample_count(1, 0.25) == 1 and stat_sample_count(100, 0.07) == 7
+    x = Tensor(np.arange(24, dtype=np.float32).reshape(4, 3, 2))
+    assert leading_samples(x, 4) is x
+    np.testing.assert_array_equal(leading_samples(x, 2).asnumpy(), np.arange(12, dtype=np.float32).reshape(2, 3, 2))
+
+
+def test_block_output_factor_on_a_sub_batch():
+    """G of the first k of N samples: N^2/k sum_r delta_r delta_r^T (N delta: the per-sample gradient), whole and as
+    blocks; k = 0 or N: N sum_r delta_r delta_r^T as before."""
+    from ms_boost.thor.math import block_output_factor
+
+    rng = np.random.default_rng(9)
+    rows = rng.standard_normal((1, 10, 6)).astype(np.float32)
+    scale = Tensor(np.float32(4.0))
+    d = rows[0] / 4.0
+    np.testing.assert_allclose(block_output_factor(Tensor(rows), 8, scale, 64, 5).asnumpy()[0], 64 / 5 * d.T @ d,
+                               rtol=1e-5, atol=1e-6)
+    for k in (0, 8):
+        np.testing.assert_allclose(block_output_factor(Tensor(rows), 8, scale, 64, k).asnumpy()[0], 8 * d.T @ d,
+                                   rtol=1e-5, atol=1e-6)
+    blocks = block_output_factor(Tensor(rows), 8, scale, 4, 2).asnumpy()[0]
+    full = 32 * d.T @ d
+    np.testing.assert_allclose(blocks[0], full[:4, :4], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(blocks[1][:2, :2], full[4:, 4:], rtol=1e-5, atol=1e-6)

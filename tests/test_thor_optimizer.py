@@ -208,6 +208,10 @@ def test_argument_errors():
         (dict(split_indices=[3, 1]), ValueError, "split_indices"),
         (dict(split_indices="0"), TypeError, "split_indices"),
         (dict(block_size=0), ValueError, "thor.block_size=0"),
+        (dict(stat_fraction=0), ValueError, r"thor\.stat_fraction=0 is out of range; allowed: 0 < value <= 1"),
+        (dict(stat_fraction=1.5), ValueError, r"thor\.stat_fraction=1\.5 is out of range; allowed: 0 < value <= 1"),
+        (dict(stat_fraction="half"), TypeError, r"thor\.stat_fraction must be a number, got 'half'"),
+        (dict(stat_fraction=True), TypeError, r"thor\.stat_fraction must be a number"),
     ]
     for kwargs, error, word in cases:
         args = dict(learning_rate=0.1, damping=0.1, momentum=0.9)
@@ -295,6 +299,40 @@ def test_conv_groups_bias_batchnorm_embedding_and_frozen_bias_step(mode):
         np.testing.assert_allclose(params[idx[name]].asnumpy(), before[idx[name]] - lr * step, rtol=1e-3,
                                    atol=1e-5, err_msg=name)
     assert set(expected) | {"bn.gamma", "bn.beta"} == set(names)
+
+
+def _conv_emb_run(seed_data, **kwargs) -> dict:
+    """Three steps of THOR (frequency 1: every step captures and refreshes) on ConvEmbNet: every state value."""
+    ms.set_seed(1)
+    net = ConvEmbNet()
+    rng = np.random.default_rng(seed_data)
+    x = Tensor(rng.standard_normal((4, 4, 6, 4)).astype(np.float32))
+    ids = Tensor(np.array([[1, 2, 2], [0, 6, 1], [3, 3, 3], [1, 5, 0]], np.int32))
+    y = Tensor(rng.integers(0, 3, 4).astype(np.int32))
+    opt = thor(net, 0.05, 0.1, 0.9, frequency=1, block_size=8, **kwargs)
+    cell = nn.TrainOneStepCell(_LossOfTwoInputs(opt.thor_network), opt)
+    cell.set_train()
+    for _ in range(3):
+        cell(x, ids, y)
+    state = {p.name: p.asnumpy() for p in opt.parameters}
+    for layer in opt.thor_layers:
+        state.update({f"{layer.cls_name}{id(layer)}.{k}": v.asnumpy() for k, v in layer.thor_parameters().items()})
+    state.update({f"inv{i}": p.asnumpy() for i, p in enumerate(tuple(opt.a_inverses) + tuple(opt.g_inverses))})
+    return {"opt": opt, "values": list(state.values())}
+
+
+def test_stat_fraction_one_is_the_whole_batch_bit_for_bit(mode):
+    """The default (1: the whole batch) and a fraction whose ceil(f N) is N (0.9 of 4 samples: the layers' capture
+    specs change, their statistics must not) train bit-identically (weights, moments, factors, inverses); 0.5 (2 of 4
+    samples) changes the factors. The layers follow the optimizer's fraction."""
+    runs = {f: _conv_emb_run(3, **({} if f is None else {"stat_fraction": f})) for f in (None, 0.9, 0.5)}
+    assert runs[None]["opt"].stat_fraction == 1.0
+    assert all(layer.stat_fraction == 0.9 for layer in runs[0.9]["opt"].thor_layers)
+    assert all(layer.stat_fraction == 0.5 for layer in runs[0.5]["opt"].thor_layers)
+    for got, want in zip(runs[0.9]["values"], runs[None]["values"]):
+        np.testing.assert_array_equal(got, want)
+    conv = runs[0.5]["opt"].thor_layers[0]
+    assert not np.allclose(conv.matrix_a_batch.asnumpy(), runs[None]["opt"].thor_layers[0].matrix_a_batch.asnumpy())
 
 
 def test_wide_factors_are_captured_as_their_diagonal_blocks_and_old_checkpoints_are_refused(mode):

@@ -307,3 +307,17 @@ def test_case_free_choices_are_normalised_and_the_tables_agree_with_their_users(
     assert CHOICES["optimizer"] == OPTIMIZERS and CHOICES["loss_scale_type"] == LOSS_SCALE_TYPES
     for name in RECIPES:  # every shipped recipe's own values pass
         parse_config([], CONFIGS / name)
+
+
+def test_thor_recipe_stat_fraction_reaches_the_optimizer():
+    """thor.stat_fraction of the THOR recipe (given on the command line) reaches ms_boost's THOR; a bad value is
+    refused naming the key."""
+    from mindspore import nn
+
+    cfg = parse_config(["--thor.stat_fraction", "0.25"], CONFIGS / "resnet50_imagenet_thor.yaml")
+    assert cfg.thor.stat_fraction == 0.25
+    assert parse_config([], CONFIGS / "resnet50_imagenet_thor.yaml").thor.stat_fraction == 1.0
+    opt = build_optimizer(cfg, nn.SequentialCell([nn.Dense(4, 3)]), 10)
+    assert opt.stat_fraction == 0.25 and opt.thor_layers[0].stat_fraction == 0.25
+    with pytest.raises(ValueError, match=r"thor\.stat_fraction=0\.0 is out of range; allowed: 0 < value <= 1"):
+        build_optimizer(cfg.replace(thor=cfg.thor.replace(stat_fraction=0.0)), nn.Dense(4, 3), 10)

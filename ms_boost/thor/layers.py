@@ -39,13 +39,16 @@ from ms_boost.thor.math import (
     block_output_factor,
     conv_pads,
     im2col,
+    leading_samples,
     split_groups,
+    stat_sample_count,
     token_frequencies,
 )
 
 __all__ = ["CaptureGate", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer"]
 
 _conv_pads = constexpr(conv_pads)
+_stat_count = constexpr(stat_sample_count)
 
 
 def _pair(value, name: str, cls: str) -> tuple:
@@ -111,32 +114,41 @@ def _pynative() -> bool:
 def _input_statistic(spec: tuple, x):
     """The input factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`).
 
-    Stored as :func:`~ms_boost.thor.assignment.factor_shape` says: whole, or only its diagonal blocks.
+    Stored as :func:`~ms_boost.thor.assignment.factor_shape` says: whole, or only its diagonal blocks. Computed on
+    the first samples the spec's statistics fraction (its last entry) keeps, except an embedding's token frequencies
+    (always the whole batch: see :class:`EmbeddingThor`).
     """
-    kind, block = spec[0], spec[-1]
+    kind, block, fraction = spec[0], spec[-2], spec[-1]
+    if kind == "embedding":
+        return token_frequencies(x, spec[1])
+    x = leading_samples(x, _stat_count(x.shape[0], fraction))
     if kind == "dense":
         rows = ops.cast(x.reshape(-1, x.shape[-1]), ms.float32)  # ops.cast: compiles faster than astype
         if spec[1]:
             rows = append_ones(rows)
         return block_input_factor(rows.reshape((1,) + rows.shape), block)
-    if kind == "conv":
-        _, pad_mode, padding, kernel_size, stride, dilation, group, bias, _ = spec
-        pads = _conv_pads(pad_mode, padding, x.shape[2:], kernel_size, stride, dilation)
-        rows = im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
-        rows = split_groups(rows, group)
-        if bias:
-            rows = append_ones(rows)
-        return block_input_factor(rows, block)
-    return token_frequencies(x, spec[1])  # embedding
+    _, pad_mode, padding, kernel_size, stride, dilation, group, bias, _, _ = spec  # conv
+    pads = _conv_pads(pad_mode, padding, x.shape[2:], kernel_size, stride, dilation)
+    rows = im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
+    rows = split_groups(rows, group)
+    if bias:
+        rows = append_ones(rows)
+    return block_input_factor(rows, block)
 
 
 def _output_statistic(spec: tuple, dout, loss_scale):
-    """The output-gradient factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`)."""
+    """The output-gradient factor statistic of a layer described by ``spec`` (:attr:`ThorLayer.capture_spec`).
+
+    On the first samples the spec's statistics fraction keeps, normalised as :func:`block_output_factor` says.
+    """
+    n_samples = dout.shape[0]
+    count = _stat_count(n_samples, spec[-1])
+    dout = leading_samples(dout, count)
     if spec[0] == "conv":
         rows = dout.transpose(0, 2, 3, 1).reshape(-1, dout.shape[1])
-        return block_output_factor(split_groups(rows, spec[6]), dout.shape[0], loss_scale, spec[-1])
+        return block_output_factor(split_groups(rows, spec[6]), n_samples, loss_scale, spec[-2], count)
     rows = dout.reshape(1, -1, dout.shape[-1])  # dense, embedding
-    return block_output_factor(rows, dout.shape[0], loss_scale, spec[-1])
+    return block_output_factor(rows, n_samples, loss_scale, spec[-2], count)
 
 
 # PyNative capture statistics, compiled once per (spec, dtype, input shapes) and shared by every layer and
@@ -280,8 +292,11 @@ class ThorLayer(nn.Cell):
         bias_in_factor: the layer has a bias, which A can hold as the constant-1 column (last row/column).
         a_bias: A is captured with that column (False when the optimizer does not train the bias).
         factor_decay: running-average decay of the factors (0: use each capture as is).
-        capture_spec: static tuple describing the statistics (kind and the shape-relevant settings), the key
-            of the compiled PyNative capture writers shared by all layers alike.
+        stat_fraction: the statistics use the first ``ceil(stat_fraction * N)`` samples of a batch of ``N``
+            (:meth:`set_stat_fraction`; 1: all of them).
+        capture_spec: static tuple describing the statistics (kind and the shape-relevant settings, then the block
+            size and the statistics fraction), the key of the compiled PyNative capture writers shared by all layers
+            alike.
     """
 
     kind = "kronecker"
@@ -299,6 +314,7 @@ class ThorLayer(nn.Cell):
         self.g_dim = g_dim
         self.bias_in_factor = bias_in_factor
         self.factor_decay = _check_decay(factor_decay, self.cls_name)
+        self.stat_fraction = 1.0
         self._set_layout(DEFAULT_BLOCK_SIZE, bias_in_factor)
         a_shape, g_shape = self.a_shape, self.g_shape
         self.thor_capture = Parameter(Tensor(True, ms.bool_), name="thor_capture", requires_grad=False)
@@ -340,7 +356,7 @@ class ThorLayer(nn.Cell):
         else:
             a_shape = factor_shape(self.groups, self.a_dim, block_size)
         self.a_shape, self.g_shape = a_shape, factor_shape(self.groups, self.g_dim, block_size)
-        self.capture_spec = self._spec(a_bias, block_size)
+        self.capture_spec = self._spec(a_bias, block_size) + (self.stat_fraction,)
 
     def set_factor_layout(self, block_size: int, a_bias: bool) -> None:
         """Capture the factors as the THOR optimizer inverts them (it calls this before anything is compiled).
@@ -365,6 +381,19 @@ class ThorLayer(nn.Cell):
             param = getattr(self, name, None)
             if param is not None and tuple(param.shape) != tuple(shape):
                 param.set_data(_zeros(shape))
+
+    def set_stat_fraction(self, fraction: float) -> None:
+        """Compute the factor statistics on the first ``ceil(fraction * N)`` samples of each batch of ``N``.
+
+        The THOR optimizer sets it (``thor(..., stat_fraction=)``, checked there) before anything is compiled; 1
+        (the default) is the whole batch. An embedding's token frequencies always use the whole batch.
+        """
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+            raise ValueError(f"{self.cls_name}.set_stat_fraction: fraction={fraction!r} must be a float in (0, 1].")
+        self.stat_fraction = float(fraction)
+        self.capture_spec = self.capture_spec[:-1] + (self.stat_fraction,)
+        self.a_capture.spec = self.capture_spec
+        self.g_capture.spec = self.capture_spec
 
     def thor_parameters(self) -> dict:
         """The THOR state Parameters of this layer by local name (capture flag, scratch, factors)."""
@@ -589,6 +618,11 @@ class EmbeddingThor(ThorLayer):
     :math:`A_{vv} = \#\{t: \mathrm{id}_t = v\}/T` over the :math:`T` ids of the batch, stored as a
     ``(vocab_size,)`` vector; :math:`G = N \sum_t \delta_t\delta_t^{\top}` over the looked-up vectors'
     gradients, :math:`N` the size of the first axis of the ids.
+
+    With a statistics fraction below 1 (:meth:`~ThorLayer.set_stat_fraction`) only :math:`G` is computed on the first
+    samples (the ids' first axis); the token frequencies always count the whole batch: they cost one segment sum, and
+    a token the batch's gradient touches but a sub-batch missed would get :math:`A_{vv} = 0`, i.e. its gradient row
+    multiplied by :math:`1/\sqrt\lambda`.
 
     Args:
         vocab_size, embedding_size, use_one_hot, embedding_table, dtype, padding_idx: as

@@ -25,6 +25,17 @@ second moment; for a convolution the :math:`T` positions add up (KFC's spatially
 approximation: :math:`F \approx \bar A \otimes T \bar G`), which is exactly the formula above. Both factors
 use the real number of rows and samples of each batch, so no batch size has to be configured.
 
+*Sub-batch statistics* (:func:`stat_sample_count`, :func:`leading_samples`): the factors may be estimated on the
+first :math:`k \le N` samples of the batch only (Martens & Grosse 2015 compute the curvature statistics on a part of
+the mini-batch). Then :math:`A` averages the :math:`R_k` rows of those samples and
+
+.. math::
+    G = \frac{N^2}{k} \sum_{r \in \text{first } k} \delta_r \delta_r^{\top}
+      = \frac{1}{k} \sum_{n < k} \sum_t (N\delta_{n,t})(N\delta_{n,t})^{\top},
+
+the same per-sample second moment estimated on :math:`k` samples (:math:`N\delta` is still the per-sample gradient:
+the loss averaged over all :math:`N`). With :math:`k = N` both are the formulas above.
+
 The update direction with damping :math:`\lambda` is
 
 .. math::
@@ -38,6 +49,7 @@ at 0 before the damping is added (:func:`clamped_eigen_block_inverse`), which ca
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence, Tuple
 
 import mindspore as ms
@@ -55,7 +67,8 @@ __all__ = [
     "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
     "all_finite", "blocks_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse",
     "clamped_eigen_block_inverse",
-    "trust_region_scale", "damped_blocks", "guarded_block_inverse", "narrow", "any_true",
+    "trust_region_scale", "damped_blocks", "guarded_block_inverse", "narrow", "any_true", "stat_sample_count",
+    "leading_samples",
 ]
 
 #: A damped block :math:`B + s I` is inverted through Cholesky only when :math:`s \ge \tau \max_i B_{ii}`
@@ -238,10 +251,35 @@ def block_input_factor(rows: Tensor, block_size: int) -> Tensor:
     return block_gram(rows, block_size, 1.0 / rows.shape[-2])
 
 
-def block_output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor, block_size: int) -> Tensor:
-    r""":func:`output_factor` as THOR stores it: whole up to ``block_size``, else its diagonal blocks."""
+def block_output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor, block_size: int,
+                        stat_samples: int = 0) -> Tensor:
+    r""":func:`output_factor` as THOR stores it: whole up to ``block_size``, else its diagonal blocks.
+
+    ``stat_samples`` :math:`k`: the rows are those of the first :math:`k` of the batch's :math:`N` samples (0: all
+    :math:`N`), and the factor is :math:`\frac{N^2}{k}\sum_r \delta_r\delta_r^{\top}` (module docstring,
+    sub-batch statistics).
+    """
     rows = ops.cast(rows, ms.float32) / ops.cast(loss_scale, ms.float32)
-    return block_gram(rows, block_size, float(n_samples))
+    if stat_samples == 0 or stat_samples == n_samples:
+        return block_gram(rows, block_size, float(n_samples))
+    return block_gram(rows, block_size, float(n_samples) * float(n_samples) / float(stat_samples))
+
+
+def stat_sample_count(batch: int, fraction: float) -> int:
+    r"""The :math:`k` samples of a batch of ``batch`` that the statistics use: :math:`\lceil fN \rceil`, in [1, N].
+
+    A fraction of 1 is the whole batch. Pure Python (the batch size is static at trace time).
+    """
+    if fraction >= 1.0:
+        return batch
+    return min(batch, max(1, math.ceil(fraction * batch - 1e-9)))
+
+
+def leading_samples(x: Tensor, count: int) -> Tensor:
+    """The first ``count`` samples of ``x`` (axis 0); ``x`` itself when that is all of them."""
+    if count >= x.shape[0]:
+        return x
+    return narrow(x, 0, 0, count)
 
 
 def factor_trace(factor: Tensor, dim: int) -> Tensor:

@@ -216,6 +216,10 @@ class THOR(nn.Optimizer, ThorStepVariants):
         kl_clip: trust region :math:`c`: every preconditioned update is scaled by
             :math:`\nu = \min(1, \sqrt{c / (\eta^2 \sum_l \langle F_l^{-1} g_l, g_l\rangle)})`
             (:func:`~ms_boost.thor.math.trust_region_scale`); None or 0 switch it off.
+        stat_fraction: the layers compute the factor statistics on the first :math:`\lceil fN \rceil` samples of
+            each batch of :math:`N` (Martens & Grosse's sub-batch statistics; :math:`G` keeps the per-sample
+            normalisation, see :mod:`ms_boost.thor.math`), in (0, 1]; 1: the whole batch. An embedding's token
+            frequencies always use the whole batch (its output-gradient factor the sub-batch).
         pi_damping: split the damping between :math:`A` and :math:`G` by their traces
             (:func:`~ms_boost.thor.math.pi_damping`) instead of :math:`\sqrt\lambda` on each.
         max_nonfinite_steps: :class:`ThorGuard` stops training after this many consecutive steps with a
@@ -235,7 +239,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
                  split_indices=None, enable_clip_grad: bool = False, frequency: int = 100, *,
                  params=None, block_size: int = DEFAULT_BLOCK_SIZE, distribute_inverses: bool = True,
                  kl_clip: Optional[float] = DEFAULT_KL_CLIP, pi_damping: bool = False,
-                 max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS, refresh_threshold: Optional[float] = None):
+                 max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS, refresh_threshold: Optional[float] = None,
+                 stat_fraction: float = 1.0):
         if not isinstance(net, nn.Cell):
             raise TypeError(f"thor: net must be a mindspore.nn.Cell, got {type(net).__name__}.")
         if momentum is None:
@@ -252,6 +257,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
             "kl_clip": _rule("kl_clip", kl_clip) or 0.0,  # None or 0: trust region off
             "refresh_threshold": _rule("refresh_threshold", refresh_threshold) or 0.0,  # None or 0: every layer
             "block_size": _rule("block_size", block_size),
+            "stat_fraction": _rule("stat_fraction", stat_fraction),
             # arguments the section does not hold, checked by the same checkers under the same names
             "pi_damping": check_bool("thor.pi_damping", pi_damping),
             "max_nonfinite_steps": check_int("thor.max_nonfinite_steps", max_nonfinite_steps, low=0),
@@ -366,6 +372,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
             # block_size, and A without the bias column when the bias is not trained with the weight
             if (layer.block_size, layer.a_bias) != (self.block_size, joint):
                 layer.set_factor_layout(self.block_size, joint)
+            if layer.stat_fraction != self.stat_fraction:  # the statistics on the first samples of each batch
+                layer.set_stat_fraction(self.stat_fraction)
             factors.append(LayerFactors(layer.kind == "embedding", tuple(layer.a_shape), tuple(layer.g_shape),
                                         layer.groups))
             a_inv_shape, g_inv_shape = inverse_layout(factors[-1:], self.block_size)[0]

@@ -29,6 +29,8 @@ RULES: Dict[str, Rule] = {
     "kl_clip": optional_rule(lambda p, v: check_float(p, v, low=0.0)),
     "refresh_threshold": optional_rule(lambda p, v: check_float(p, v, low=0.0)),
     "block_size": int_rule(low=1),
+    # the fraction of each batch's samples the factor statistics use (1: the whole batch)
+    "stat_fraction": lambda p, v: check_float(p, v, low=0, high=1, low_open=True),
 }
 
 

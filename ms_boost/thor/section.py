@@ -35,6 +35,8 @@ class ThorConfig(Section):
             0: every layer at every refresh); see docs/thor.md.
         block_size: largest diagonal block of a factor (wider factors are captured and inverted as their
             diagonal blocks); see docs/thor.md "Block size".
+        stat_fraction: the factor statistics use the first ``ceil(stat_fraction * N)`` samples of each batch of
+            ``N`` (in (0, 1]; 1: the whole batch); see docs/thor.md "Twelfth round".
     """
 
     damping: Union[float, Tuple[float, ...]] = 0.03
@@ -49,6 +51,7 @@ class ThorConfig(Section):
     kl_clip: Optional[float] = 1e-3
     refresh_threshold: Optional[float] = None
     block_size: int = DEFAULT_BLOCK_SIZE
+    stat_fraction: float = 1.0
 
     SECTION: ClassVar[str] = "thor"
     RULES: ClassVar[Dict[str, Rule]] = RULES  # shared with the THOR constructor (ms_boost/thor/rules.py)
