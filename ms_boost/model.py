@@ -52,6 +52,7 @@ from ms_boost.overflow_watch import SkippedStepsWatch
 from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks
+from ms_boost.training_data import describe_training_data
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 
 logger = logging.getLogger("ms_boost")
@@ -435,6 +436,7 @@ class Model(_MsModel):
             self._plan_logged = True
             if comm.get_rank() == 0:
                 logger.info("%s", self._plan_text())
+        self._warn_about_data(train_dataset)
         extra = optimizer_hooks(self._optimizer).callbacks() if self._optimizer is not None else []
         if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
             extra.append(SkippedStepsWatch())  # says when every step overflows (a run that trains nothing)
@@ -443,6 +445,20 @@ class Model(_MsModel):
                 callbacks = []
             callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
         return callbacks
+
+    def _warn_about_data(self, train_dataset) -> None:
+        """Warn what an enabled algorithm's ``warn_data`` hook says about this training data set (only the trained
+        plan's algorithms: none when the network trains itself)."""
+        if self._train_cell_given or self._optimizer is None:
+            return
+        specs = [spec for spec in self.boost.enabled_specs() if spec.warn_data is not None]
+        if not specs:
+            return
+        data = describe_training_data(train_dataset)
+        for spec in specs:
+            text = spec.warn_data(self.boost.section(spec.name), data)
+            if text:
+                warnings.warn(f"ms_boost: {text}", UserWarning, stacklevel=4)
 
     def _end_training(self) -> None:
         if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
