@@ -52,8 +52,8 @@ from ms_boost.overflow_watch import SkippedStepsWatch
 from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks
-from ms_boost.training_data import describe_training_data
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
+from ms_boost.training_data import describe_training_data
 
 logger = logging.getLogger("ms_boost")
 
@@ -447,8 +447,10 @@ class Model(_MsModel):
         return callbacks
 
     def _warn_about_data(self, train_dataset) -> None:
-        """Warn what an enabled algorithm's ``warn_data`` hook says about this training data set (only the trained
-        plan's algorithms: none when the network trains itself)."""
+        """Warn what an enabled algorithm's ``warn_data`` hook says about this training data set.
+
+        Only the trained plan's algorithms: none when the network trains itself or there is no optimizer.
+        """
         if self._train_cell_given or self._optimizer is None:
             return
         specs = [spec for spec in self.boost.enabled_specs() if spec.warn_data is not None]

@@ -6,14 +6,14 @@ shorter batch. Algorithms whose numbers depend on the batches being equal say so
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ms_boost.spec import TrainingData
 
 __all__ = ["describe_training_data"]
 
 
-def _outermost_batch(dataset) -> Optional[object]:
+def _outermost_batch(dataset) -> Optional[Any]:
     """The ``batch`` node closest to the data set's output, following single-child nodes (repeat, map, project...)."""
     from mindspore.dataset.engine.datasets import BatchDataset
 
