@@ -241,9 +241,16 @@ def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, option
     return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
+def _inner_optimizers(network) -> list:
+    """The optimizers ``network`` contains (a train step cell: ``nn.TrainOneStepCell`` and the like)."""
+    if not isinstance(network, nn.Cell):
+        return []
+    return [cell for _, cell in network.cells_and_names() if isinstance(cell, nn.Optimizer)]
+
+
 def _holds_optimizer(network) -> bool:
     """Whether ``network`` contains an optimizer: a train step cell (``nn.TrainOneStepCell`` and the like)."""
-    return isinstance(network, nn.Cell) and any(isinstance(cell, nn.Optimizer) for _, cell in network.cells_and_names())
+    return bool(_inner_optimizers(network))
 
 
 class _PendingAutotune(nn.Cell):
@@ -291,6 +298,9 @@ class Model(_MsModel):
             hooks.set_frequency(kwargs.pop("frequency"))
         if isinstance(network, nn.Cell):
             network = hooks.train_network(network, loss_fn is not None)
+            if optimizer is None:  # Model(train_step_cell): the optimizers it holds check the cell (THOR's layers)
+                for inner in _inner_optimizers(network):
+                    optimizer_hooks(inner).check_train_cell(network)
         self._user_optimizer = optimizer
         self._user_network = network
         self._trained_copies: Optional[CellTrialRun] = None

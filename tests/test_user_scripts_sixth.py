@@ -84,3 +84,85 @@ def test_no_data_warning_for_full_batches_or_without_accumulation(drop, config):
         warnings.simplefilter("always")
         model.train(1, _batched(x, y, 16, drop))
     assert _ms_boost_warnings(record) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# THOR in the network and loss forms of the tutorials
+# ---------------------------------------------------------------------------------------------------------------
+def _thor(network):
+    from ms_boost import thor
+
+    return thor(network, 0.05, 0.03, 0.9, 1e-4, 1.0, 16, frequency=2)
+
+
+def _thor_losses(model, x, y) -> list:
+    from tests.test_user_scripts import _StepLosses
+
+    losses = _StepLosses()
+    model.train(1, _batched(x, y, 16, True), callbacks=[losses])
+    return losses.losses
+
+
+def test_thor_with_amp_o2_leaves_the_trained_net_callable_and_exportable(mode, tmp_path):
+    """The THOR tutorial's ``Model(..., amp_level="O2", loss_scale_manager=FixedLossScaleManager(128, False),
+    keep_batchnorm_fp32=False)`` + ``convert_to_thor_model``, then ``net(x)`` and ``ms.export(net, ...)``.
+
+    ``thor(net)`` converts a copy of ``net`` that reused every unconverted cell (BatchNorm, ReLU) of ``net``; amp's
+    in-place ``to_float`` casts of the THOR copy reached those shared cells, so the trained ``net`` was half float16:
+    ``net(x)`` and the export failed ("For 'MatMul', the type of 'x2' should be same as 'x1'"). The copy's cells
+    are now its own: ``net`` stays float32 and computes what the trained model predicts (to float16 rounding).
+    """
+    from mindspore import FixedLossScaleManager
+
+    from ms_boost.thor import ConvertModelUtils
+
+    x, y = _dense_data(32)
+    net = _dense_net()
+    opt = _thor(net)
+    scale = FixedLossScaleManager(1.0, drop_overflow_update=False)
+    model = Model(net, ce(), opt, metrics={"acc"}, amp_level="O2", loss_scale_manager=scale, keep_batchnorm_fp32=False)
+    model = ConvertModelUtils.convert_to_thor_model(model=model, network=net, loss_fn=ce(), optimizer=opt,
+                                                    metrics={"acc"}, amp_level="O2", loss_scale_manager=scale,
+                                                    keep_batchnorm_fp32=False)
+    assert np.all(np.isfinite(_thor_losses(model, x, y)))
+    predicted = model.predict(Tensor(x[:4])).asnumpy().astype(np.float32)
+    out = net(Tensor(x[:4])).asnumpy()
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, predicted, atol=2e-3)
+    ms.export(net, Tensor(x[:4]), file_name=str(tmp_path / "net"), file_format="MINDIR")
+    exported = nn.GraphCell(ms.load(str(tmp_path / "net.mindir")))(Tensor(x[:4])).asnumpy()
+    np.testing.assert_allclose(exported, out, rtol=1e-6, atol=1e-6)
+
+
+def test_thor_on_a_loss_network_and_in_a_train_cell_as_the_tutorial_form(mode):
+    """THOR given to Model in the other forms of the tutorials, against the THOR tutorial's form (``thor(net)`` +
+    ``Model(net, loss_fn, opt)``), bit for bit.
+
+    * ``thor(loss_net, ...)`` then ``Model(loss_net, optimizer=opt)`` (loss_fn None), as the error for a loss network
+      around a plain net advises: it was refused ("does not contain its THOR layers"), since Model took the THOR copy
+      of the net ``thor()`` got only when a ``loss_fn`` was given.
+    * ``Model(nn.TrainOneStepCell(nn.WithLossCell(net, loss), thor(net, ...)))``, upstream's pattern (its ``thor``
+      converts ``net`` in place): ms_boost's ``thor`` leaves ``net`` as it is, so that cell trained with THOR
+      capturing nothing (preconditioning with factors that never change), silently. Model now refuses it naming
+      the way out; the cell built on ``opt.thor_network`` trains as the tutorial form.
+    """
+    x, y = _dense_data(32)
+    net = _dense_net()
+    opt = _thor(net)
+    with pytest.raises(ValueError, match=r"holds a THOR optimizer but does not call its THOR layers.*thor_network"):
+        Model(nn.TrainOneStepCell(nn.WithLossCell(net, ce()), opt))
+    tutorial = _thor_losses(Model(net, ce(), opt), x, y)
+    loss_net = nn.WithLossCell(_dense_net(), ce())
+    assert _thor_losses(Model(loss_net, optimizer=_thor(loss_net)), x, y) == tutorial
+    other = _dense_net()
+    opt = _thor(other)
+    assert _thor_losses(Model(nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, ce()), opt)), x, y) == tutorial
+
+
+def test_boost_levels_that_rebuild_the_optimizer_name_thor():
+    """``Model(net, loss, thor(net, ...), boost_level="O1")``: LessBN and freezing rebuild the optimizer, which THOR
+    cannot be; the error said to use nn.Adam or nn.Momentum instead. It now says THOR is second-order and to train
+    it at O0 (or switch those algorithms off)."""
+    net = _dense_net()
+    with pytest.raises(TypeError, match=r"THOR is a second-order optimizer.*boost_level='O0'"):
+        Model(net, ce(), _thor(net), boost_level="O1")

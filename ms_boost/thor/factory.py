@@ -38,4 +38,5 @@ def thor(net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_
     converted = ConvertNetUtils().convert_to_thor_net(net, factor_decay=factor_decay)
     return THOR(converted, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
                 decay_filter, split_indices, enable_clip_grad, frequency, block_size=block_size, kl_clip=kl_clip,
-                pi_damping=pi_damping, max_nonfinite_steps=max_nonfinite_steps, refresh_threshold=refresh_threshold)
+                pi_damping=pi_damping, max_nonfinite_steps=max_nonfinite_steps, refresh_threshold=refresh_threshold,
+                source_network=net)
