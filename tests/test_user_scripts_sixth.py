@@ -39,6 +39,14 @@ def test_the_training_data_description_finds_a_short_last_batch():
     assert describe_training_data(_batched(x, y, 16, True)).last_batch is None
     assert describe_training_data(_batched(x, y, 15, False)).last_batch is None  # 60 rows: 4 full batches
     assert describe_training_data(ds.NumpySlicesDataset({"data": x}, shuffle=False)).batch_size is None
+    # a generator function (no length) or a filter: MindSpore would read the data to count the rows; left unknown
+    rows = [(x[i], y[i]) for i in range(60)]
+    sized = ds.GeneratorDataset(rows, ["data", "label"], shuffle=False).batch(16)
+    assert describe_training_data(sized).last_batch == 12
+    data = describe_training_data(ds.GeneratorDataset(lambda: iter(rows), ["data", "label"]).batch(16))
+    assert (data.batch_size, data.last_batch) == (16, None)
+    unknown = ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).filter(lambda d, label: True).batch(16)
+    assert describe_training_data(unknown).last_batch is None
 
 
 def test_accumulation_over_a_short_last_batch_warns_and_averages_the_micro_steps(mode):
