@@ -17,7 +17,10 @@
 * with MindSpore's compile cache on, graphs are cached per boost plan, amp and optimizer settings
   (:mod:`ms_boost.compile_cache`): MindSpore alone would reuse a graph compiled with other settings;
 * ``boost_level="auto"`` picks the plan from a short measured trial when ``train`` starts
-  (:mod:`ms_boost.autotune`, :func:`autotune_plan`, ``docs/autotune.md``).
+  (:mod:`ms_boost.autotune`, :func:`autotune_plan`, ``docs/autotune.md``);
+* ``train`` and ``fit`` warn what an enabled algorithm's ``warn_data`` hook says of the training data set (gradient
+  accumulation over a short last batch, :mod:`ms_boost.training_data`), and ``Model(train_step_cell)`` lets the
+  optimizers the cell holds check it (a THOR whose layers the cell does not call is an error).
 """
 from __future__ import annotations
 
