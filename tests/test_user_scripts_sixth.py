@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from ms_boost import Model
+from ms_boost import BoostTrainOneStepCell, Model
 from ms_boost.training_data import describe_training_data
 from tests.test_user_scripts import _dense_data, _dense_net, ce
 
@@ -151,14 +151,17 @@ def test_thor_on_a_loss_network_and_in_a_train_cell_as_the_tutorial_form(mode):
       of the net ``thor()`` got only when a ``loss_fn`` was given.
     * ``Model(nn.TrainOneStepCell(nn.WithLossCell(net, loss), thor(net, ...)))``, upstream's pattern (its ``thor``
       converts ``net`` in place): ms_boost's ``thor`` leaves ``net`` as it is, so that cell trained with THOR
-      capturing nothing (preconditioning with factors that never change), silently. Model now refuses it naming
-      the way out; the cell built on ``opt.thor_network`` trains as the tutorial form.
+      capturing nothing (preconditioning with factors that never change), silently. Model (and ms_boost's own
+      ``BoostTrainOneStepCell`` built by hand) now refuses it naming the way out; the cell built on
+      ``opt.thor_network`` trains as the tutorial form.
     """
     x, y = _dense_data(32)
     net = _dense_net()
     opt = _thor(net)
     with pytest.raises(ValueError, match=r"holds a THOR optimizer but does not call its THOR layers.*thor_network"):
         Model(nn.TrainOneStepCell(nn.WithLossCell(net, ce()), opt))
+    with pytest.raises(ValueError, match=r"BoostTrainOneStepCell holds a THOR optimizer but does not call its THOR"):
+        BoostTrainOneStepCell(nn.WithLossCell(net, ce()), opt)  # ms_boost's own cell, built by hand for a loop
     tutorial = _thor_losses(Model(net, ce(), opt), x, y)
     loss_net = nn.WithLossCell(_dense_net(), ce())
     assert _thor_losses(Model(loss_net, optimizer=_thor(loss_net)), x, y) == tutorial
