@@ -36,6 +36,7 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from ms_boost.fn_head import CommonHeadLastFN
+from ms_boost.stages import optimizer_hooks
 
 logger = logging.getLogger("ms_boost")
 
@@ -355,6 +356,10 @@ def recovered_init_args(opt: nn.Optimizer) -> dict:
             args[name] = float(value)
         else:
             args[name] = value
+    if missing and not optimizer_hooks(opt).is_first_order():
+        raise TypeError(f"OptimizerProcess: {type(opt).__name__} is a second-order optimizer, which the algorithms "
+                        f"that rebuild the optimizer (less_bn, grad_freeze: boost_level 'O1' and 'O2') cannot rebuild; "
+                        f"train it with boost_level='O0' (the default) or switch less_bn and grad_freeze off.")
     if missing:
         raise TypeError(f"OptimizerProcess: optimizer {type(opt).__name__} does not record its constructor arguments "
                         f"(no @opt_init_args_register) and keeps no readable attribute for {missing}, so it cannot "

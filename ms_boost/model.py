@@ -17,7 +17,10 @@
 * with MindSpore's compile cache on, graphs are cached per boost plan, amp and optimizer settings
   (:mod:`ms_boost.compile_cache`): MindSpore alone would reuse a graph compiled with other settings;
 * ``boost_level="auto"`` picks the plan from a short measured trial when ``train`` starts
-  (:mod:`ms_boost.autotune`, :func:`autotune_plan`, ``docs/autotune.md``).
+  (:mod:`ms_boost.autotune`, :func:`autotune_plan`, ``docs/autotune.md``);
+* ``train`` and ``fit`` warn what an enabled algorithm's ``warn_data`` hook says of the training data set (gradient
+  accumulation over a short last batch, :mod:`ms_boost.training_data`), and ``Model(train_step_cell)`` lets the
+  optimizers the cell holds check it (a THOR whose layers the cell does not call is an error).
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
+from ms_boost.training_data import describe_training_data
 
 logger = logging.getLogger("ms_boost")
 
@@ -240,9 +244,16 @@ def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, option
     return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
+def _inner_optimizers(network) -> list:
+    """The optimizers ``network`` contains (a train step cell: ``nn.TrainOneStepCell`` and the like)."""
+    if not isinstance(network, nn.Cell):
+        return []
+    return [cell for _, cell in network.cells_and_names() if isinstance(cell, nn.Optimizer)]
+
+
 def _holds_optimizer(network) -> bool:
     """Whether ``network`` contains an optimizer: a train step cell (``nn.TrainOneStepCell`` and the like)."""
-    return isinstance(network, nn.Cell) and any(isinstance(cell, nn.Optimizer) for _, cell in network.cells_and_names())
+    return bool(_inner_optimizers(network))
 
 
 class _PendingAutotune(nn.Cell):
@@ -290,6 +301,9 @@ class Model(_MsModel):
             hooks.set_frequency(kwargs.pop("frequency"))
         if isinstance(network, nn.Cell):
             network = hooks.train_network(network, loss_fn is not None)
+            if optimizer is None:  # Model(train_step_cell): the optimizers it holds check the cell (THOR's layers)
+                for inner in _inner_optimizers(network):
+                    optimizer_hooks(inner).check_train_cell(network)
         self._user_optimizer = optimizer
         self._user_network = network
         self._trained_copies: Optional[CellTrialRun] = None
@@ -435,6 +449,7 @@ class Model(_MsModel):
             self._plan_logged = True
             if comm.get_rank() == 0:
                 logger.info("%s", self._plan_text())
+        self._warn_about_data(train_dataset)
         extra = optimizer_hooks(self._optimizer).callbacks() if self._optimizer is not None else []
         if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
             extra.append(SkippedStepsWatch())  # says when every step overflows (a run that trains nothing)
@@ -443,6 +458,22 @@ class Model(_MsModel):
                 callbacks = []
             callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
         return callbacks
+
+    def _warn_about_data(self, train_dataset) -> None:
+        """Warn what an enabled algorithm's ``warn_data`` hook says about this training data set.
+
+        Only the trained plan's algorithms: none when the network trains itself or there is no optimizer.
+        """
+        if self._train_cell_given or self._optimizer is None:
+            return
+        specs = [spec for spec in self.boost.enabled_specs() if spec.warn_data is not None]
+        if not specs:
+            return
+        data = describe_training_data(train_dataset)
+        for spec in specs:
+            text = spec.warn_data(self.boost.section(spec.name), data)
+            if text:
+                warnings.warn(f"ms_boost: {text}", UserWarning, stacklevel=4)
 
     def _end_training(self) -> None:
         if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values

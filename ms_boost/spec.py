@@ -34,7 +34,7 @@ from ms_boost.validation import INT32_MAX, BoostConfigError, check_int, check_in
 
 __all__ = [
     "AlgorithmSpec", "BuildContext", "Section", "check_fields", "CommonConfig", "build_section", "section_dict",
-    "int_rule", "optional_rule", "Rule", "RESERVED_NAMES", "call_hook", "single_hook",
+    "int_rule", "optional_rule", "Rule", "RESERVED_NAMES", "call_hook", "single_hook", "TrainingData",
 ]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -174,6 +174,22 @@ class BuildContext:
 
 
 @dataclass(frozen=True)
+class TrainingData:
+    """What ``Model.train`` / ``fit`` know of the training data set before the first step (for ``warn_data``).
+
+    Attributes:
+        batch_size: the rows per batch of the data set's (outermost) ``batch``; None when unknown (no ``batch``, or a
+            per-batch size function).
+        last_batch: the rows of an epoch's last batch when it is shorter than ``batch_size``
+            (``batch(..., drop_remainder=False)`` over a row count that ``batch_size`` does not divide); None when
+            every batch is full (or unknown).
+    """
+
+    batch_size: Optional[int] = None
+    last_batch: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """One algorithm as the pipeline sees it.
 
@@ -195,6 +211,9 @@ class AlgorithmSpec:
             algorithm cannot work with (loss_scale_group needs a group manager).
         warn_config: ``warn_config(cfg) -> str or None``: a warning about legal but useless values (recorded
             in ``AutoBoost.notes`` and warned when the algorithm is on).
+        warn_data: ``warn_data(cfg, data) -> str or None``, ``data`` a :class:`TrainingData`: a warning about
+            what the algorithm computes on this training data set that the user would not expect (gradient
+            accumulation: a short last batch weighs as much as a full one); ``Model.train`` / ``fit`` warn it.
     """
 
     name: str
@@ -214,6 +233,7 @@ class AlgorithmSpec:
     apply_text: Optional[str] = None
     check_model: Optional[Callable[..., None]] = None
     warn_config: Optional[Callable[..., Optional[str]]] = None
+    warn_data: Optional[Callable[..., Optional[str]]] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -237,7 +257,7 @@ class AlgorithmSpec:
         if isinstance(self.order, bool) or not isinstance(self.order, int):
             raise TypeError(f"AlgorithmSpec {self.name!r}: order must be an int, got {self.order!r}.")
         for hook in ("rewrite_train", "rewrite_eval", "rewritten", "reducer", "apply", "stage", "describe",
-                     "check_model", "warn_config"):
+                     "check_model", "warn_config", "warn_data"):
             value = getattr(self, hook)
             if value is not None and not callable(value):
                 raise TypeError(f"AlgorithmSpec {self.name!r}: {hook} must be callable or None.")

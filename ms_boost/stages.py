@@ -267,6 +267,14 @@ class OptimizerHooks:
         del has_loss_fn
         return network
 
+    def check_train_cell(self, train_cell: nn.Cell) -> None:
+        """Raise when ``train_cell``, a train step cell holding this optimizer, cannot train with it as built.
+
+        ``Model`` asks when given such a cell and no optimizer (default: nothing to check; THOR: the cell must call
+        its THOR layers).
+        """
+        del train_cell
+
     def set_frequency(self, frequency: object) -> None:
         """``Model(..., frequency=N)`` (the THOR tutorial's argument): the optimizer's refresh interval.
 

@@ -135,6 +135,7 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         self.network = network
         self.network.set_grad()
         self.optimizer = optimizer
+        optimizer_hooks(optimizer).check_train_cell(self)  # THOR: the network must call its THOR layers
         self.weights = optimizer.parameters
         # not used by construct (loss_and_grads): kept for subclasses written against upstream's cell, which
         # call self.grad(self.network, self.weights)(*inputs, sens)

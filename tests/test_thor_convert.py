@@ -64,7 +64,12 @@ def test_convert_on_a_copy_sharing_parameters(mode):
     assert [(e.path, e.reason) for e in utils.report if not e.target] == [("frozen", "frozen weight")]
     assert isinstance(thor_net.stem[0], Conv2dThor) and isinstance(thor_net.block.conv, Conv2dThor)
     assert isinstance(thor_net.head, DenseThor) and isinstance(thor_net.emb, EmbeddingThor)
-    assert type(thor_net.extra) is MyDense and thor_net.frozen is net.frozen and thor_net.block.bn is net.block.bn
+    assert type(thor_net.extra) is MyDense and type(thor_net.frozen) is nn.Conv2d
+    # every unconverted cell is a copy of its own (amp's in-place casts of the THOR network leave net alone) sharing
+    # the Parameters
+    original_cells = {id(cell) for _, cell in net.cells_and_names()}
+    assert not any(id(cell) in original_cells for _, cell in thor_net.cells_and_names())
+    assert thor_net.frozen.weight is net.frozen.weight and thor_net.block.bn.moving_mean is net.block.bn.moving_mean
     # hyper-parameters kept
     conv = thor_net.block.conv
     assert (conv.kernel_size, conv.stride, conv.pad_mode, conv.padding, conv.group, conv.has_bias) == \

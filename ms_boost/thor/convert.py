@@ -73,6 +73,25 @@ def _shallow_copy_cell(cell: nn.Cell) -> nn.Cell:
     return new
 
 
+def _unshared(cell: nn.Cell, original: set, memo: dict) -> nn.Cell:
+    """``cell``'s tree with every cell of the original network (``id`` in ``original``) replaced by a shallow copy.
+
+    A cell reached twice (one block called twice) gets one copy, so shared weights stay shared.
+    """
+    if id(cell) in memo:
+        return memo[id(cell)]
+    new = _shallow_copy_cell(cell) if id(cell) in original else cell
+    memo[id(cell)] = new
+    for name, child in list(new._cells.items()):  # pylint: disable=protected-access
+        if child is not None:
+            copied = _unshared(child, original, memo)
+            if copied is not child:
+                new._cells[name] = copied  # pylint: disable=protected-access
+    if isinstance(new, nn.SequentialCell):
+        new.cell_list = list(new._cells.values())  # pylint: disable=protected-access
+    return new
+
+
 def _dense_to_thor(cell: nn.Dense, factor_decay: float) -> DenseThor:
     new = DenseThor(cell.in_channels, cell.out_channels, weight_init="zeros", bias_init="zeros",
                     has_bias=cell.has_bias, activation=cell.activation if cell.activation_flag else None,
@@ -155,8 +174,10 @@ class ConvertNetUtils:
         Conversion is by exact type (``nn.Dense``, ``nn.Conv2d``, ``nn.Embedding``, plus the subclasses declared
         with :func:`register_convertible`; other subclasses with their own ``construct`` are left alone),
         keeps the very weight and bias Parameters, activation, stride, padding and pad mode, dilation and
-        groups. Cells that are already THOR layers stay. When nothing needs
-        converting, ``net`` itself is returned.
+        groups. Cells that are already THOR layers stay. Every other cell of the result is a shallow copy of
+        ``net``'s (same class and Parameters, its own child table and flags), so what is later done to the
+        converted network's cells in place -- amp's ``to_float`` casts by ``Model(..., amp_level="O2")`` --
+        leaves ``net`` as it was. When nothing needs converting, ``net`` itself is returned.
 
         Args:
             net: the network (not modified).
@@ -171,11 +192,14 @@ class ConvertNetUtils:
         memo: dict = {}
         if type(net) in _CONVERTERS:
             converted = self._convert_leaf(net, "", factor_decay)
-            return converted if converted is not None else net
-        result = self._convert(net, "", factor_decay, memo)
-        for entry in self.report:
-            logger.info(f"thor: {entry.path}: {entry.source} -> {entry.target or 'kept (' + entry.reason + ')'}")
-        return result
+            result = converted if converted is not None else net
+        else:
+            result = self._convert(net, "", factor_decay, memo)
+            for entry in self.report:
+                logger.info(f"thor: {entry.path}: {entry.source} -> {entry.target or 'kept (' + entry.reason + ')'}")
+        if result is net:
+            return net
+        return _unshared(result, {id(cell) for _, cell in net.cells_and_names()}, {})
 
     def _convert_leaf(self, cell: nn.Cell, path: str, factor_decay: float) -> Optional[nn.Cell]:
         reason = _skip_reason(cell)
@@ -302,6 +326,10 @@ class ThorModelHooks(OptimizerHooks):
         """The THOR copy of ``network`` when ``network`` is the net ``thor()`` was built from."""
         return thor_train_network(network, self.optimizer, has_loss_fn)
 
+    def check_train_cell(self, train_cell: nn.Cell) -> None:
+        """A train step cell holding this THOR must call its THOR layers (:func:`check_thor_train_cell`)."""
+        check_thor_train_cell(train_cell, self.optimizer)
+
     def set_frequency(self, frequency: object) -> None:
         """Set THOR's refresh interval."""
         set_thor_frequency(self.optimizer, frequency)
@@ -360,9 +388,11 @@ def thor_train_network(network: nn.Cell, optimizer, has_loss_fn: bool) -> nn.Cel
     train_net = optimizer.thor_network
     if network is train_net:
         return network
-    present = {id(p) for p in network.get_parameters()}
-    flags = list(optimizer.capture_flags)
-    if flags and all(id(flag) in present for flag in flags):
+    if optimizer.built_from(network):  # the net given to thor(): a bare net (loss_fn given) or a loss network
+        _log.info("Model: training the THOR copy of the network (optimizer.thor_network, same Parameters), "
+                  "whose layers capture the statistics THOR needs.")
+        return train_net
+    if holds_thor_layers(network, optimizer):
         return network  # e.g. a loss cell wrapped around optimizer.thor_network
     mine = {id(p) for p in network.trainable_params()}
     theirs = {id(p) for p in train_net.trainable_params()}
@@ -376,8 +406,43 @@ def thor_train_network(network: nn.Cell, optimizer, has_loss_fn: bool) -> nn.Cel
     raise ValueError(
         "Model: the network shares parameters with the THOR optimizer's network but does not contain its THOR "
         "layers, so no curvature statistics would be captured. Build the optimizer on the network you pass "
-        "(thor(net, ...) then Model(net, loss_fn=..., optimizer=opt)), pass opt.thor_network, or use "
-        "ConvertModelUtils.convert_to_thor_model.")
+        "(thor(net, ...) then Model(net, loss_fn=..., optimizer=opt), or thor(loss_net, ...) then "
+        "Model(loss_net, optimizer=opt)), pass opt.thor_network, or use ConvertModelUtils.convert_to_thor_model.")
+
+
+def holds_thor_layers(network: nn.Cell, optimizer: THOR) -> bool:
+    """Whether ``network`` holds every THOR layer of ``optimizer.thor_network``.
+
+    Cells inside an optimizer of ``network`` are not counted: a train step cell holds the optimizer, which reads the
+    layers' flags.
+    """
+    layers = [cell for _, cell in optimizer.thor_network.cells_and_names() if isinstance(cell, ThorLayer)]
+    found: set = set()
+    pending = [network]
+    while pending:
+        cell = pending.pop()
+        if id(cell) in found or isinstance(cell, nn.Optimizer):
+            continue
+        found.add(id(cell))
+        pending.extend(child for child in cell._cells.values() if child is not None)  # pylint: disable=W0212
+    return bool(layers) and all(id(layer) in found for layer in layers)
+
+
+def check_thor_train_cell(train_cell: nn.Cell, optimizer: THOR) -> None:
+    """A train step cell given to ``Model`` (no optimizer argument) that holds ``optimizer`` must train its layers.
+
+    Raises:
+        ValueError: ``train_cell`` does not call the THOR layers of ``optimizer.thor_network``: it would train
+            without capturing any statistic, THOR preconditioning with factors that never change.
+    """
+    if holds_thor_layers(train_cell, optimizer):
+        return
+    raise ValueError(
+        f"Model: the train cell {type(train_cell).__name__} holds a THOR optimizer but does not call its THOR "
+        f"layers, so no curvature statistics would be captured: thor(net, ...) converts a copy of net "
+        f"(opt.thor_network) and leaves net as it is. Build the cell on that copy, e.g. "
+        f"nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt), or give Model the net, loss_fn and "
+        f"optimizer (Model(net, loss_fn=loss, optimizer=opt)).")
 
 
 def set_thor_frequency(optimizer, frequency) -> None:

@@ -40,4 +40,4 @@ def thor(net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_
     return THOR(converted, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
                 decay_filter, split_indices, enable_clip_grad, frequency, block_size=block_size, kl_clip=kl_clip,
                 pi_damping=pi_damping, max_nonfinite_steps=max_nonfinite_steps, refresh_threshold=refresh_threshold,
-                stat_fraction=stat_fraction)
+                stat_fraction=stat_fraction, source_network=net)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import weakref
 from typing import Callable, Optional, Tuple
 
 import mindspore as ms
@@ -209,6 +210,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
             those blocks (the optimizer sets their layout, :meth:`~ms_boost.thor.layers.ThorLayer.set_factor_layout`).
         distribute_inverses: on several ranks, invert each factor on one rank and broadcast (else every
             rank inverts everything).
+        source_network: the network ``net`` was converted from (:func:`thor` passes it), for :meth:`built_from`.
         refresh_threshold: adaptive per-layer refresh :math:`\omega` (the THOR paper's trace rule): at a refresh
             a layer is inverted again only when the trace of its A or G moved by more than this fraction since
             its last inversion; the others keep their inverses (see docs/thor.md "Adaptive refresh"). None or 0:
@@ -240,7 +242,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
                  params=None, block_size: int = DEFAULT_BLOCK_SIZE, distribute_inverses: bool = True,
                  kl_clip: Optional[float] = DEFAULT_KL_CLIP, pi_damping: bool = False,
                  max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS, refresh_threshold: Optional[float] = None,
-                 stat_fraction: float = 1.0):
+                 stat_fraction: float = 1.0, source_network: Optional[nn.Cell] = None):
         if not isinstance(net, nn.Cell):
             raise TypeError(f"thor: net must be a mindspore.nn.Cell, got {type(net).__name__}.")
         if momentum is None:
@@ -283,6 +285,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
         self.apply_momentum = ops.ApplyMomentum()
         self.damping = _DampingSchedule(damping)
         object.__setattr__(self, "_thor_network", net)
+        # the network ``net`` was converted from (weakly: it is the user's, not part of the optimizer)
+        object.__setattr__(self, "_source_network", None if source_network is None else weakref.ref(source_network))
 
         self._collect_layers(net)
         _ensure_call_depth(self.n_layers)
@@ -505,6 +509,11 @@ class THOR(nn.Optimizer, ThorStepVariants):
     def thor_network(self) -> nn.Cell:
         """The network holding the THOR layers (the one to train)."""
         return self._thor_network
+
+    def built_from(self, network: nn.Cell) -> bool:
+        """Whether :attr:`thor_network` is the conversion of ``network`` (the net given to :func:`thor`)."""
+        source = self._source_network() if self._source_network is not None else None
+        return source is not None and source is network
 
     @property
     def thor_layers(self) -> tuple:
