@@ -22,7 +22,9 @@ turn (so all see the same machine load), wall and CPU time of the process (all t
   ``np.linalg.inv`` of the batch (``inv``), in float32 or float64, the inverses written back into the inverse
   Parameters and their written-out copies with ``ops.assign``. For all layers and for a third / two thirds of them
   (every third layer / the others; the adaptive rule at threshold 0.3 kept the inverses of 28 of 84 layer refreshes
-  in ``bench_thor.py``, i.e. inverted two thirds); ``host_all_copy_out``: only the copies out and the stacking;
+  in ``bench_thor.py``, i.e. inverted two thirds); ``host_all_copy_out``: only the copies out and the stacking,
+  ``host_all_compute_chol_32``: only the arithmetic (float32 Cholesky), ``host_all_write_back``: only the
+  ``ops.assign`` calls (42 inverses and their written-out copies);
 * ``handoff``: a graph that takes every gradient as an input and returns it (the cost of splitting a step into two
   calls with the gradients handed through the host).
 
@@ -186,6 +188,7 @@ def host_invert(stack, shift: float, method: str):
 
 def host_refresh(jobs, shift: float, dtype, method: str) -> None:
     """The host's refresh of ``jobs``: copy out, invert, write the inverses and their written-out copies back."""
+    last = None
     for stack, owners in host_stacks(jobs, dtype).values():
         inverse = host_invert(stack, shift, method).astype(np.float32)
         if not np.isfinite(inverse).all():
@@ -195,9 +198,10 @@ def host_refresh(jobs, shift: float, dtype, method: str) -> None:
             _, target, dense = jobs[k]
             blocks = inverse[start:start + count].reshape(target.shape)
             start += count
-            ops.assign(target, Tensor(blocks))
+            last = ops.assign(target, Tensor(blocks))
             if dense is not None:
-                ops.assign(dense[0], Tensor(written_out_inverse(blocks, dense[1])))
+                last = ops.assign(dense[0], Tensor(written_out_inverse(blocks, dense[1])))
+    last.asnumpy()  # the writes done (an eager op may return before its kernel ran)
 
 
 def run(args) -> dict:
@@ -262,8 +266,28 @@ def run(args) -> dict:
             if subset == "all" or bits == 32}
     for name, (subset, method, dtype) in host.items():
         parts[name] = (lambda x, y, s=subset, m=method, d=dtype: host_refresh(host_sets[s], root, d, m))
-    # the copies alone (asnumpy of every stored factor and the stacking), to separate them from the arithmetic
+    # the host refresh in three pieces: the copies out (asnumpy of every stored factor and the stacking), the
+    # arithmetic alone on stacks copied once, the write-back alone (ops.assign of Tensors made once)
     parts["host_all_copy_out"] = lambda x, y: host_stacks(host_sets["all"])
+    cached = {}
+
+    def compute_only(x, y):
+        if "stacks" not in cached:
+            cached["stacks"] = [stack for stack, _ in host_stacks(host_sets["all"]).values()]
+        return {"inverses": [host_invert(stack, root, "chol") for stack in cached["stacks"]]}
+
+    def write_back_only(x, y):
+        if "values" not in cached:
+            cached["values"] = [(target, Tensor(target.asnumpy()), None if dense is None else
+                                 (dense[0], Tensor(dense[0].asnumpy()))) for _, target, dense in host_sets["all"]]
+        for target, value, dense in cached["values"]:
+            last = ops.assign(target, value)
+            if dense is not None:
+                last = ops.assign(*dense)
+        return last
+
+    parts["host_all_compute_chol_32"] = compute_only
+    parts["host_all_write_back"] = write_back_only
     compile_s = {}
     for name, call in parts.items():  # first calls: compile (the THOR variants: the refresh variant first)
         start, cpu = time.perf_counter(), time.process_time()
