@@ -314,7 +314,8 @@ def run(args) -> dict:
     load.append(load_average())
     kept = sum(aopt.health().get("stable_refreshes", {}).values()) - kept_before
     return {"wall": wall, "cpu": cpu, "compile_s": compile_s, "load": load, "n_layers": opt.n_layers,
-            "adaptive_kept": kept, "adaptive_layer_refreshes": (args.rounds + 1) * aopt.n_layers,
+            "adaptive_kept": kept, "eigen_fallback_blocks": opt.health()["eigen_fallback_blocks"],
+            "adaptive_layer_refreshes": (args.rounds + 1) * aopt.n_layers,
             "subsets": subsets, "batches_by_size": {int(b): int(s.shape[0]) for b, (s, _) in
                                                     host_stacks(host_sets["all"]).items()}}
 
@@ -361,7 +362,8 @@ def markdown(args, res: dict, command: str) -> str:
     lines += ["", "The THOR variants compile in the order refresh, plain, capture (the capture variant's first call "
               "is its compile; the refresh variant's first call also runs the first refresh). The adaptive cell's "
               f"trace rule kept the inverses at {res['adaptive_kept']} of about {res['adaptive_layer_refreshes']} "
-              "layer refreshes here (a refresh every round)."]
+              "layer refreshes here (a refresh every round). Blocks the fixed-frequency cell's refreshes (and "
+              f"`refresh_alone`) sent to the eigen fallback: {res['eigen_fallback_blocks']} (0: Cholesky throughout)."]
     lines += page_footer(command, res["load"][0])
     return "\n".join(lines)
 
