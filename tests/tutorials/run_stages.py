@@ -85,7 +85,12 @@ def main() -> None:
 
             comm.barrier()
             ms.reset_auto_parallel_context()  # as a new process finds it (a script sets what it needs)
-        runpy.run_path(str(HERE / script), run_name="__main__")
+        try:
+            runpy.run_path(str(HERE / script), run_name="__main__")
+        except (Exception, SystemExit) as exc:  # a failure names its stage in the rank's log, then goes on as it was
+            if not isinstance(exc, SystemExit) or exc.code not in (0, None):
+                print(f"run_stages.py: stage {name!r} ({script}) failed", file=sys.stderr, flush=True)
+            raise
         if result_dir:
             from ms_boost import comm
 
