@@ -1,5 +1,6 @@
 """End-to-end under a real msrun job (2 CPU workers, MCCL, Graph mode): one job runs every scenario of
-tests/workers/e2e_graph.py (one msrun start instead of one per scenario); the tests below check each against
+tests/workers/e2e_graph.py (one msrun start instead of one per scenario), as the last stage of the tutorials'
+job (tests/test_tutorials.py ``distributed_job``: one start for both files); the tests below check each against
 numpy or the one-process reference. The same code paths on 2-4 simulated ranks in PyNative mode are tested
 on the loopback world (tests/test_comm.py, test_data_parallel.py, test_dim_reduce_msrun.py,
 test_thor_distributed.py)."""

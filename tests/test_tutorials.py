@@ -7,7 +7,8 @@ run's CPU, and it grows with the number of layers) and the ImageFolder data set 
 run under ``msrun`` with 2 CPU workers.
 Each script prints ``TUTORIAL_RESULT {json}`` (and under msrun saves the same values per rank); the tests check
 exit status, finite and falling losses, accuracy above chance, where checkpoints land, and metric keys.
-The AdaSum tutorial and the dimension-reduce tutorial's two stages run in one msrun job (below); the THOR tutorial
+The AdaSum tutorial and the dimension-reduce tutorial's two stages run in one msrun job (below), which goes on
+with tests/test_msrun_e2e.py's scenarios; the THOR tutorial
 is in ``test_tutorials_thor.py`` (a separate file so that pytest-xdist can run it on another worker).
 """
 from __future__ import annotations
