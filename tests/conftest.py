@@ -113,13 +113,14 @@ def data_path(tmp_path_factory) -> str:
 # runs dry, so starting the long files first keeps the workers' finishing times close; files not named here
 # follow in alphabetical order.
 HEAVY_FIRST = [
-    "test_multinode.py", "test_zoo_journey.py", "test_tutorials.py", "test_adasum.py", "test_msrun_e2e.py",
-    "test_thor_model.py", "test_scripts.py", "test_tutorials_thor.py",
+    "test_multinode.py", "test_zoo_journey.py", "test_tutorials.py", "test_adasum.py", "test_thor_model.py",
+    "test_scripts.py", "test_tutorials_thor.py",
     "test_thor_optimizer.py", "test_thor_robust.py", "test_gpu_check.py", "test_zoo_journey_inputs.py",
     "test_less_bn.py", "test_dim_reduce_stage.py", "test_model.py", "test_zoo_heal.py", "test_o1_o2.py",
     "test_thor_distributed.py", "test_divergence.py", "test_zoo_components.py", "test_thor_layers.py",
     "test_loss_scale.py", "test_resume.py", "test_grad_freeze.py", "test_dim_reduce_msrun.py", "test_zoo_recipes.py",
     "test_zoo_export.py", "test_grad_accumulation.py",
+    "test_msrun_e2e.py",  # reads the tutorials' msrun job (tests/test_tutorials.py): late, when it has run
 ]
 
 

@@ -139,21 +139,32 @@ def _run(cache: Path, *steps: int) -> tuple:
     return weights, cache_path, proc.stderr
 
 
-def test_a_second_run_with_other_settings_does_not_reuse_the_first_runs_graph(tmp_path):
-    (two,), path_two, _ = _run(tmp_path, 2)
-    (four,), path_four, _ = _run(tmp_path, 4)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Three worker processes in turn, one cache root: steps (2, 4), then (4), then (2, 3). Each test below reads
+    the processes its scenario needs; the others ran in the same root beforehand, as a user's earlier runs would
+    (one process fewer than a fresh root per scenario)."""
+    root = tmp_path_factory.mktemp("compile_cache_runs")
+    return {steps: _run(root, *steps) for steps in ((2, 4), (4,), (2, 3))}
+
+
+def test_a_second_run_with_other_settings_does_not_reuse_the_first_runs_graph(runs):
+    """The first run's first model (steps 2) cached its graph; a later run whose model has other settings (steps 4)
+    must not find it."""
+    (two, _), path_two, _ = runs[(2, 4)]
+    (four,), path_four, _ = runs[(4,)]
     np.testing.assert_allclose(two, train(2), rtol=0, atol=1e-5)  # PyNative, no cache: the references
     np.testing.assert_allclose(four, train(4), rtol=0, atol=1e-5)
     assert np.abs(two - four).max() > 1e-3  # the two settings really train differently
-    assert path_two != path_four and Path(path_four).parent == tmp_path
+    assert path_two != path_four and Path(path_four).parent == Path(path_two).parent
 
 
-def test_a_later_model_with_other_settings_is_not_cached_in_the_first_ones_folder(tmp_path):
+def test_a_later_model_with_other_settings_is_not_cached_in_the_first_ones_folder(runs):
     """MindSpore keeps the first model's folder for the process and names graphs by compile order. Measured without
     the switch-off: run 1 (steps 2 then 4) saved the step-4 graph in the step-2 folder, and run 2 (steps 2 then 3)
     trained its step-3 model with it (its weights equal train(4))."""
-    (_, four), _, log_one = _run(tmp_path, 2, 4)
-    (_, three), _, log_two = _run(tmp_path, 2, 3)
+    (_, four), _, log_one = runs[(2, 4)]
+    (_, three), _, log_two = runs[(2, 3)]
     reference_three, reference_four = train(3), train(4)
     np.testing.assert_allclose(four, reference_four, rtol=0, atol=1e-5)
     np.testing.assert_allclose(three, reference_three, rtol=0, atol=1e-5)

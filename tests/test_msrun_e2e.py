@@ -1,32 +1,30 @@
 """End-to-end under a real msrun job (2 CPU workers, MCCL, Graph mode): one job runs every scenario of
-tests/workers/e2e_graph.py (one msrun start instead of one per scenario); the tests below check each against
+tests/workers/e2e_graph.py (one msrun start instead of one per scenario), as the last stage of the tutorials'
+job (tests/test_tutorials.py ``distributed_job``: one start for both files); the tests below check each against
 numpy or the one-process reference. The same code paths on 2-4 simulated ranks in PyNative mode are tested
 on the loopback world (tests/test_comm.py, test_data_parallel.py, test_dim_reduce_msrun.py,
 test_thor_distributed.py)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers.msrun import run_msrun
 from tests.test_comm import rank_vector
-from tests.test_dim_reduce_msrun import _stage1_checkpoints, numpy_row_block
+from tests.test_dim_reduce_msrun import numpy_row_block
+from tests.test_tutorials import distributed_job
 from tests.workers import e2e_graph as e2e
 
 WORKERS = 2
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    work = tmp_path_factory.mktemp("e2e")
-    _stage1_checkpoints(str(work / "stage1"), 6)
-    _stage1_checkpoints(str(work / "stage1_stuck"), 4)
-    assert not (work / "pca_mat.npy").exists()  # rank 0 computes it, rank 1 waits through the status exchange
-    ranks = run_msrun(Path(__file__).parent / "workers" / "e2e_graph.py", WORKERS, args=[work], timeout=900)
-    return work, ranks
+def job(data_path, tmp_path_factory):
+    """The scenarios' WORK_DIR and each rank's values: the last stage of the tutorials' msrun job
+    (tests/test_tutorials.py ``distributed_job``, run once a session for both files)."""
+    folder, stages = distributed_job(data_path, tmp_path_factory)
+    return folder / "e2e", stages["e2e"]
 
 
 def scenario(ranks, name: str) -> list:

@@ -7,7 +7,8 @@ run's CPU, and it grows with the number of layers) and the ImageFolder data set 
 run under ``msrun`` with 2 CPU workers.
 Each script prints ``TUTORIAL_RESULT {json}`` (and under msrun saves the same values per rank); the tests check
 exit status, finite and falling losses, accuracy above chance, where checkpoints land, and metric keys.
-The AdaSum tutorial and the dimension-reduce tutorial's two stages run in one msrun job (below); the THOR tutorial
+The AdaSum tutorial and the dimension-reduce tutorial's two stages run in one msrun job (below), which goes on
+with tests/test_msrun_e2e.py's scenarios; the THOR tutorial
 is in ``test_tutorials_thor.py`` (a separate file so that pytest-xdist can run it on another worker).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import TUTORIAL_CLASSES
-from tests.helpers.msrun import run_msrun
+from tests.helpers.msrun import run_msrun, run_once
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "tests" / "tutorials"
@@ -90,26 +91,45 @@ def _stage(ranks: list, name: str) -> list:
             for res in ranks]
 
 
+def distributed_job(data_path: str, tmp_path_factory) -> tuple:
+    """The distributed tutorials and tests/test_msrun_e2e.py's Graph-mode scenarios in one msrun job on 2 ranks
+    (``tests/tutorials/run_stages.py``: one MindSpore start and one ``init()`` per rank for all of them, the ranks
+    meeting at a barrier between two scripts; each script as written): the AdaSum tutorial (both variants:
+    ``--variant o2 adasum``, each training its own network and ``Model`` in turn), then the dimension-reduce
+    tutorial's stage 1 and stage 2 in the same folder (as the tutorial's scripts do; stage 2, ``pca_mat_path``
+    None, computes the PCA from ``weight_load_dir="./checkpoint_stage_1/checkpoint_pca"`` and loads stage 1's last
+    checkpoint), then every scenario of tests/workers/e2e_graph.py (last: its own last scenario ends with a rank
+    stuck before a handshake). One job instead of three spares two msrun starts (launcher, scheduler, two imports
+    of MindSpore and the cluster's start each). Run once a test session (``run_once``: the first of this file
+    and test_msrun_e2e.py to ask runs it, the other reads its results). Returns the folder (``tutorials/``: the
+    tutorials' working folder; ``e2e/``: the scenarios' WORK_DIR) and each rank's values by stage name."""
+    from tests.test_dim_reduce_msrun import _stage1_checkpoints
+
+    def job(folder: Path) -> list:
+        workdir, e2e_dir = folder / "tutorials", folder / "e2e"
+        workdir.mkdir()
+        _stage1_checkpoints(str(e2e_dir / "stage1"), 6)
+        _stage1_checkpoints(str(e2e_dir / "stage1_stuck"), 4)
+        assert not (e2e_dir / "pca_mat.npy").exists()  # rank 0 computes it, rank 1 waits through the status exchange
+        return run_distributed(
+            "run_stages.py",
+            "adasum", "adasum_tutorial.py", "--data_path", data_path, *NET, *IMAGE, "--variant", "o2", "adasum",
+            "--device_per_server", "1", "--epochs", ADASUM_EPOCHS, "--lr_max", "0.05", "--",
+            "stage1", "dim_reduce_stage1.py", "--data_path", data_path, *NET, *IMAGE, "--epochs", STAGE1_EPOCHS, "--",
+            "stage2", "dim_reduce_stage2.py", "--data_path", data_path, *NET, *IMAGE, "--pretrained_weight_path",
+            f"./checkpoint_stage_1/resnet-{STAGE1_EPOCHS}_{{stage1.step_size}}.ckpt", "--n_component", N_COMPONENT,
+            "--epochs", STAGE2_EPOCHS, "--",
+            "e2e", "../workers/e2e_graph.py", e2e_dir, cwd=workdir, timeout=1500)
+
+    folder, ranks = run_once(tmp_path_factory, "tutorials_e2e_job", job)
+    return folder, {name: _stage(ranks, name) for name in ("adasum", "stage1", "stage2", "e2e")}
+
+
 @pytest.fixture(scope="module")
 def tutorial_job(data_path, tmp_path_factory):
-    """The distributed tutorials in one msrun job on 2 ranks (``tests/tutorials/run_stages.py``: one MindSpore
-    start and one ``init()`` per rank for all of them, the ranks meeting at a barrier between two scripts; each
-    script as written): the AdaSum tutorial (both variants: ``--variant o2 adasum``, each training its own
-    network and ``Model`` in turn), then the dimension-reduce tutorial's stage 1 and stage 2 in the same folder
-    (as the tutorial's scripts do; stage 2, ``pca_mat_path`` None, computes the PCA from
-    ``weight_load_dir="./checkpoint_stage_1/checkpoint_pca"`` and loads stage 1's last checkpoint). One job
-    instead of two spares a second msrun start (launcher, scheduler, two imports of MindSpore and the cluster's
-    start: ~10 CPU-s). Returns the work folder and each rank's values by stage name."""
-    workdir = tmp_path_factory.mktemp("tutorials")
-    ranks = run_distributed(
-        "run_stages.py",
-        "adasum", "adasum_tutorial.py", "--data_path", data_path, *NET, *IMAGE, "--variant", "o2", "adasum",
-        "--device_per_server", "1", "--epochs", ADASUM_EPOCHS, "--lr_max", "0.05", "--",
-        "stage1", "dim_reduce_stage1.py", "--data_path", data_path, *NET, *IMAGE, "--epochs", STAGE1_EPOCHS, "--",
-        "stage2", "dim_reduce_stage2.py", "--data_path", data_path, *NET, *IMAGE, "--pretrained_weight_path",
-        f"./checkpoint_stage_1/resnet-{STAGE1_EPOCHS}_{{stage1.step_size}}.ckpt", "--n_component", N_COMPONENT,
-        "--epochs", STAGE2_EPOCHS, cwd=workdir)
-    return workdir, {name: _stage(ranks, name) for name in ("adasum", "stage1", "stage2")}
+    """The tutorials' work folder and each rank's values by stage name, from :func:`distributed_job`."""
+    folder, stages = distributed_job(data_path, tmp_path_factory)
+    return folder / "tutorials", stages
 
 
 @pytest.fixture(scope="module")

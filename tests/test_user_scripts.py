@@ -378,31 +378,49 @@ class _ConvDense(nn.Cell):
         return self.fc(self.flatten(self.relu(self.conv(x))))
 
 
-def test_thor_with_amp_o1_runs_its_layers_as_they_are(mode, tmp_path, monkeypatch):
+def _thor_amp_run(amp_level: str) -> tuple:
+    """``thor(net, ...)`` + ``Model(..., amp_level=amp_level, frequency=2)`` on a conv net, one epoch of 3 steps:
+    (losses, weights, the classes of the THOR network's cells)."""
+    from ms_boost import thor
+    from tests.helpers.nets import learnable_data
+
+    x, y = learnable_data(48)
+    ms.set_seed(0)
+    net = _ConvDense()
+    opt = thor(net, 0.05, 0.03, 0.9, 1e-4, 1.0, 16, frequency=2)
+    model = Model(net, ce(), opt, amp_level=amp_level, frequency=2)
+    losses = _StepLosses()
+    model.train(1, dataset(x, y), callbacks=[losses])
+    return losses.losses, weights(net), [type(cell) for _, cell in opt.thor_network.cells_and_names()]
+
+
+@pytest.fixture(scope="module")
+def thor_amp_o0_run():
+    """The amp O0 run of the test below, in PyNative mode, once for both modes' O1 runs: on this net the Graph-mode
+    O0 run gives the same losses and weights bit for bit (checked when this was shared)."""
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        return _thor_amp_run("O0")
+    finally:
+        ms.set_context(mode=previous)
+
+
+def test_thor_with_amp_o1_runs_its_layers_as_they_are(mode, tmp_path, monkeypatch, thor_amp_o0_run):
     """``thor(net, ...)`` + ``Model(..., amp_level="O1", frequency=2)`` on a conv net.
 
     MindSpore's amp "O1" rewrite regenerated the THOR layers' source in a new module without this package's helpers
     (NameError '_write_input_statistic'). THOR layers are now called as they are, in float32; every other white-list
-    layer of this net is a THOR layer, so the run stays within 1e-4 of amp O0's.
+    layer of this net is a THOR layer, so the run stays within 1e-4 of amp O0's (the PyNative O0 run: the same
+    numbers as Graph mode's).
     """
-    from ms_boost import thor
     from ms_boost.thor import Conv2dThor, DenseThor
-    from tests.helpers.nets import learnable_data
 
     monkeypatch.chdir(tmp_path)  # MindSpore's rewrite writes the rewritten source to ./rewritten_network
-    x, y = learnable_data(48)
-    results = []
-    for amp_level in ("O0", "O1"):
-        ms.set_seed(0)
-        net = _ConvDense()
-        opt = thor(net, 0.05, 0.03, 0.9, 1e-4, 1.0, 16, frequency=2)
-        model = Model(net, ce(), opt, amp_level=amp_level, frequency=2)
-        losses = _StepLosses()
-        model.train(1, dataset(x, y), callbacks=[losses])
-        layers = [type(cell) for _, cell in opt.thor_network.cells_and_names()]
+    o1_losses, o1_weights, o1_layers = _thor_amp_run("O1")
+    o0_losses, o0_weights, o0_layers = thor_amp_o0_run
+    for layers in (o0_layers, o1_layers):
         assert Conv2dThor in layers and DenseThor in layers  # the THOR layers themselves trained
-        results.append((losses.losses, weights(net)))
-    (o0_losses, o0_weights), (o1_losses, o1_weights) = results
     assert len(o1_losses) == 3 and np.all(np.isfinite(o1_losses)) and o1_losses[-1] != o1_losses[0]
     np.testing.assert_allclose(o1_losses, o0_losses, rtol=1e-4)
     for a, b in zip(o0_weights, o1_weights):

@@ -99,3 +99,34 @@ def save_result(**arrays) -> None:
     tmp = out_dir / f".rank_{rank}.tmp.npz"
     np.savez(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
     os.replace(tmp, out_dir / f"rank_{rank}.npz")
+
+
+def run_once(tmp_path_factory, name: str, job) -> tuple:
+    """``job(folder)`` -> list of per-rank dicts, run once per test session however many test files (and, under
+    pytest-xdist, worker processes) ask for it: the first caller runs it in ``<shared temp>/<name>`` while holding
+    a lock, the others wait for the lock and read what it saved. Returns ``(folder, ranks)``.
+
+    The shared temp folder is the one above each xdist worker's own (every worker of a run has the same), or the
+    session's own without xdist. A job that failed saved nothing: the next caller runs it again (and fails again,
+    with the job's logs).
+    """
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / name
+    with open(root / f"{name}.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / "ranks.done"
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            ranks = job(folder)
+            for rank, arrays in enumerate(ranks):
+                np.savez(folder / f"rank_{rank}.npz", **arrays)
+            done.write_text(str(len(ranks)), encoding="utf-8")
+        ranks = []
+        for rank in range(int(done.read_text(encoding="utf-8"))):
+            with np.load(folder / f"rank_{rank}.npz", allow_pickle=False) as data:
+                ranks.append({k: data[k] for k in data.files})
+    return folder, ranks

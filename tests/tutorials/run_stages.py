@@ -7,7 +7,10 @@ stage 2 in the same folder) runs here in one msrun job: each script runs as ``__
 finds them set (MindSpore refuses a second ``set_device`` once msrun gave the rank its device id, and ``init()``
 would build the cluster again) and returns at once.
 Between two stages the ranks meet at a barrier, so that no rank starts a stage before every rank has finished
-the one before (rank 0 writes the checkpoints the next stage loads, and evaluates, after its last step).
+the one before (rank 0 writes the checkpoints the next stage loads, and evaluates, after its last step), and the
+auto-parallel context is reset to MindSpore's defaults, as a new process would find it (a stage's
+``all_reduce_fusion_config`` names parameter indices of its own network). A script outside this folder is named
+relative to it (``../workers/e2e_graph.py``).
 
 Under msrun (``MS_BOOST_RESULT_DIR`` set) each stage's saved values are kept under the stage's name:
 ``<name>.<key>``. In a later stage's arguments ``{<name>.<key>}`` is replaced by that stage's value on this rank
@@ -81,7 +84,13 @@ def main() -> None:
             from ms_boost import comm
 
             comm.barrier()
-        runpy.run_path(str(HERE / script), run_name="__main__")
+            ms.reset_auto_parallel_context()  # as a new process finds it (a script sets what it needs)
+        try:
+            runpy.run_path(str(HERE / script), run_name="__main__")
+        except (Exception, SystemExit) as exc:  # a failure names its stage in the rank's log, then goes on as it was
+            if not isinstance(exc, SystemExit) or exc.code not in (0, None):
+                print(f"run_stages.py: stage {name!r} ({script}) failed", file=sys.stderr, flush=True)
+            raise
         if result_dir:
             from ms_boost import comm
 
