@@ -104,3 +104,23 @@ def test_failure_on_root_is_a_clear_error_on_every_rank(tmp_path):
     assert "needs at least 4 stage-1 checkpoints" in messages[0]  # rank 0's own error
     assert "could not be prepared by server root rank(s) [0]" in messages[1]  # rank 1 told, not left hanging
     assert not os.path.exists(tmp_path / "p.npy")
+
+
+def test_per_rank_checkpoint_folders_are_a_clear_error(tmp_path):
+    """A data-parallel script that saved its stage-1 checkpoints per rank (``"./checkpoint_pca_" + str(rank)``) and
+    gives each rank its own folder: the root computes the matrix into its folder only, so rank 1 must be told that
+    every rank of a server has to name the same path (upstream waits for a sentinel file that never comes)."""
+    folders = [_stage1_checkpoints(str(tmp_path / f"stage1_{r}"), 6) for r in range(2)]
+
+    def rank_fn(rank):
+        net = make_plain_net()
+        with pytest.raises(Exception) as info:  # noqa: B017 -- each rank's own message is checked below
+            stage2_model(net, folders[rank], None, K)
+        return str(info.value)
+
+    messages = run_ranks(2, rank_fn)
+    assert os.path.isfile(os.path.join(folders[0], "pca_mat.npy"))  # the root did its part
+    assert not os.path.exists(os.path.join(folders[1], "pca_mat.npy"))
+    assert "every rank of a server must name the same" in messages[1]
+    assert "server's root rank 0" in messages[1] and "weight_load_dir" in messages[1]
+    assert "could not read the PCA matrix" in messages[0]  # rank 0 told, not left hanging

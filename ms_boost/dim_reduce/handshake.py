@@ -102,6 +102,23 @@ def _read_rows(target: str, n_components: int, num_weights: int, rank: int, worl
     return rows
 
 
+def _missing_on_member(rank: int, root: int, target: str, pca_mat_path: Optional[str],
+                       weight_load_dir: Optional[str]) -> str:
+    """The error of a rank whose matrix path does not exist after its root prepared the root's own path.
+
+    The usual cause: a data-parallel script that saved its stage-1 checkpoints per rank and gives each rank its
+    own ``weight_load_dir`` (or ``pca_mat_path``); only the root computes, into the path it was given.
+    """
+    given = (f"dim_reduce.pca_mat_path={pca_mat_path!r}" if pca_mat_path
+             else f"dim_reduce.weight_load_dir={weight_load_dir!r} (the matrix goes to weight_load_dir/"
+                  f"{DEFAULT_PCA_FILE_NAME})")
+    return (f"rank {rank} cannot read the PCA matrix {target!r}: the file does not exist, although its server's "
+            f"root rank {root} has prepared the matrix at the path that rank was given. Only the root computes it "
+            f"(or loads it), so every rank of a server must name the same dim_reduce.pca_mat_path and "
+            f"weight_load_dir, in a folder the ranks share; this rank has {given}. With stage-1 checkpoints saved "
+            f"per rank, give every rank the root's folder (e.g. rank {root}'s), or the same pca_mat_path.")
+
+
 def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_path: Optional[str] = None,
                        weight_load_dir: Optional[str] = None, timeout: float = 1800,
                        device_number: Optional[int] = None,
@@ -191,6 +208,8 @@ def prepare_pca_matrix(specs: Sequence[ParamSpec], n_components: int, pca_mat_pa
     deadline = max(start + float(timeout), time.monotonic() + min(float(timeout), 30.0))
     settled = board.wait("read", range(world), deadline, f"reading the PCA matrix {target!r}")
     if error is not None:
+        if rank != root and not os.path.exists(target):
+            raise ValueError(_missing_on_member(rank, root, target, pca_mat_path, weight_load_dir)) from error
         raise ValueError(f"rank {rank} cannot read the PCA matrix {target!r} prepared by its server's root "
                          f"rank {root}: {error}") from error
     if settled.failed:
