@@ -368,7 +368,12 @@ def test_wide_factors_are_captured_as_their_diagonal_blocks_and_old_checkpoints_
 
 def test_pynative_compiled_step_equals_op_by_op_and_follows_set_data():
     """PyNative: the compiled step (THOR called in Graph mode) and the capture gate give the op-by-op numbers,
-    capture only on the steps the flags ask for, and follow ``set_data`` between steps (a checkpoint load)."""
+    capture only on the steps the flags ask for, and follow ``set_data`` between steps (a checkpoint load).
+
+    The step is compiled at step 0 and again only at step 2, the one after a ``set_data`` (one phase each): the
+    in-place writes compile nothing. Not compiling at step 2 (keying the compiled step by shapes and dtypes instead
+    of memory) fails at step 3: after the in-place sentinel write and the capture, that graph refreshes from the
+    sentinel, not from the captured factor (MindSpore 2.10; docs/thor.md "PyNative recompiles")."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     weights, x, y = _mlp_data(seed=3)
     nets, opts, cells = [], [], []
@@ -383,6 +388,7 @@ def test_pynative_compiled_step_equals_op_by_op_and_follows_set_data():
         opts.append(opt)
         cells.append(_train_cell(opt.thor_network, opt))
     rng = np.random.default_rng(0)
+    compiled = []
     for step in range(5):
         if step == 2:  # new weights and moments between steps, as load_param_into_net writes them
             states = [(*net.trainable_params(), *opt.moments) for net, opt in zip(nets, opts)]
@@ -394,17 +400,20 @@ def test_pynative_compiled_step_equals_op_by_op_and_follows_set_data():
         for opt in opts:
             if step == 2:  # replaced with the weights, as a checkpoint load replaces it
                 opt.a_batches[0].set_data(Tensor(sentinel))
-            else:  # written in place: new data makes MindSpore compile the compiled step again (~1.5 CPU-s a step)
+            else:  # written in place
                 ops.assign(opt.a_batches[0], Tensor(sentinel))
         captures = [bool(f.asnumpy()) for f in opts[0].capture_flags]
         for cell in cells:
             cell(Tensor(x), Tensor(y))
+        compiled.append(opts[0]._compiled)
+        assert len(compiled[-1].compile_cache) == 1, step
         for opt in opts:  # scratch written exactly on the steps whose flag was set (steps 0 and 3 here)
             assert (opt.a_batches[0].asnumpy() == sentinel).all() != captures[0], (step, captures)
         assert captures[0] == (step % 3 == 0)
         for a, b in zip(nets[0].trainable_params(), nets[1].trainable_params()):
             np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
     assert int(opts[0].global_step.asnumpy().reshape(-1)[0]) == 5
+    assert [c is compiled[0] for c in compiled] == [True, True, False, False, False] and compiled[2] is compiled[4]
 
 
 def test_a_per_step_learning_rate_keeps_its_last_value_after_its_end(mode):

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from ms_boost.thor.assignment import block_layout, factor_shape
 from ms_boost.thor.layers import ThorLayer
@@ -274,7 +274,14 @@ def convert_thor_checkpoint(parameter_dict: Mapping[str, Any], network: nn.Cell,
 
 def load_thor_checkpoint(ckpt_file_name: str, net: nn.Cell, strict_load: bool = False,
                          optimizer: Optional[THOR] = None, **kwargs) -> tuple:
-    """``mindspore.load_checkpoint`` + :func:`convert_thor_checkpoint` + ``mindspore.load_param_into_net``.
+    """``mindspore.load_checkpoint`` + :func:`convert_thor_checkpoint` + ``mindspore.load_param_into_net``, in place.
+
+    An entry of its Parameter's shape and dtype is written into the Parameter's own memory (``ops.assign``) and
+    passed on as the Parameter itself, so ``load_param_into_net`` keeps that memory (its ``set_data`` would replace
+    it); the others, and what it returns or raises, are ``load_param_into_net``'s. In place, a network whose train
+    step is already compiled keeps its graphs: the compiled PyNative THOR step is not compiled again, and a Graph-mode
+    step reads the loaded values also where only a refresh reads them (after ``set_data`` MindSpore 2.10's graph
+    kept the memory it was compiled with there: docs/thor.md "PyNative recompiles").
 
     Args:
         ckpt_file_name: the checkpoint file.
@@ -287,4 +294,11 @@ def load_thor_checkpoint(ckpt_file_name: str, net: nn.Cell, strict_load: bool = 
         What ``load_param_into_net`` returns: ``(params not loaded, checkpoint entries not loaded)``.
     """
     entries = convert_thor_checkpoint(ms.load_checkpoint(ckpt_file_name, **kwargs), net, optimizer)
+    params = {p.name: p for p in net.get_parameters()}
+    for name, value in entries.items():
+        param = params.get(name)
+        if (param is not None and param is not value and isinstance(value, Tensor)
+                and tuple(value.shape) == tuple(param.shape) and value.dtype == param.dtype):
+            ops.assign(param, value)
+            entries[name] = param
     return ms.load_param_into_net(net, entries, strict_load=strict_load)
