@@ -53,6 +53,7 @@ from ms_boost.loss_scaler import is_group_manager
 from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
 from ms_boost.overflow_watch import SkippedStepsWatch
 from ms_boost.pipeline import rewrite_eval, rewrite_train
+from ms_boost.replaced_memory import compile_again, memory_key, replaced_parameters
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
@@ -307,6 +308,7 @@ class Model(_MsModel):
         self._user_optimizer = optimizer
         self._user_network = network
         self._trained_copies: Optional[CellTrialRun] = None
+        self._memory_key = None  # the train network's Parameter addresses when it last trained (replaced_memory)
         self.autotune_report: Optional[AutotuneReport] = None
         self._auto_config = None
         if isinstance(boost_level, str) and boost_level == AUTO_LEVEL:
@@ -432,6 +434,7 @@ class Model(_MsModel):
         self._train_network._jit_config_dict = jit_config
         self._build_eval_network(self._metrics, self._eval_network, eval_indexes)
         self._build_predict_network()
+        self._memory_key = memory_key(self._train_network)  # the trial compiled the step: see _compile_if_replaced
         return report
 
     # -- training ------------------------------------------------------------------------------
@@ -445,6 +448,7 @@ class Model(_MsModel):
         if self._auto_config is not None and self.autotune_report is None:
             per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
             self.autotune(train_dataset, max(1, int(epoch) - int(initial_epoch)), steps_per_epoch=per_epoch)
+        self._compile_if_replaced()
         if not self._plan_logged:
             self._plan_logged = True
             if comm.get_rank() == 0:
@@ -475,7 +479,21 @@ class Model(_MsModel):
             if text:
                 warnings.warn(f"ms_boost: {text}", UserWarning, stacklevel=4)
 
+    def _compile_if_replaced(self) -> None:
+        """Compile the train step again when a Parameter got new memory since it last trained.
+
+        E.g. a checkpoint loaded with ``load_param_into_net`` into a model that has trained: see
+        :mod:`ms_boost.replaced_memory`.
+        """
+        replaced = replaced_parameters(self._memory_key, memory_key(self._train_network))
+        if replaced:
+            logger.info("ms_boost: %d Parameter(s) of the train network got new memory since it last trained (e.g. "
+                        "load_param_into_net: %s); the train step is compiled again on it", len(replaced),
+                        ", ".join(replaced[:3]) + (", ..." if len(replaced) > 3 else ""))
+            compile_again(self._train_network)
+
     def _end_training(self) -> None:
+        self._memory_key = memory_key(self._train_network)
         if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
             self._trained_copies.sync_to(self._user_network, self._user_optimizer)
 

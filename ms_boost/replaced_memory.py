@@ -1,0 +1,54 @@
+"""A train step compiled before a Parameter's memory was replaced: compile it again on the new memory.
+
+``Parameter.set_data`` -- which ``mindspore.load_param_into_net`` calls for every entry -- gives a Parameter new
+memory. A train step compiled before keeps the memory it was compiled with wherever a device-side branch reads or
+writes a Parameter (MindSpore 2.10): gradient accumulation's update (``if count >= k``: the optimizer's moments,
+step counter and the update of the weights), THOR's refresh. Training on after loading a checkpoint into a model
+that has already trained then silently mixes the loaded values with the old memory (measured: the moments and the
+step counter stayed at the loaded values while the weights moved from the old moments; a plain step without
+branches is unaffected).
+
+:class:`~ms_boost.model.Model` records the train network's Parameter addresses when a ``train`` / ``fit`` / trial
+ends (:func:`memory_key`) and, when the next one starts with any address changed, gives every cell of the train
+network a new creation stamp (:func:`compile_again`): MindSpore's graph cache keys a cell's graph by it, so the step
+is compiled again once, on the Parameters' current memory. Loading in place (``ops.assign``, as
+:func:`ms_boost.thor.load_thor_checkpoint` and the divergence rollback do) changes no address and compiles nothing.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional, Tuple
+
+from mindspore import nn
+
+__all__ = ["memory_key", "compile_again", "replaced_parameters"]
+
+logger = logging.getLogger("ms_boost")
+
+
+def memory_key(network: Optional[nn.Cell]) -> Optional[Tuple[Tuple[str, int], ...]]:
+    """``(name, data address)`` of every Parameter of ``network`` (None without a network)."""
+    if not isinstance(network, nn.Cell):
+        return None
+    return tuple((param.name, param.data_ptr()) for param in network.get_parameters())
+
+
+def replaced_parameters(before, after) -> list:
+    """The names whose address differs between two :func:`memory_key` results (all of them when the sets differ)."""
+    if before is None or after is None:
+        return []
+    if [name for name, _ in before] != [name for name, _ in after]:
+        return [name for name, _ in after]
+    return [name for (name, old), (_, new) in zip(before, after) if old != new]
+
+
+def compile_again(network: nn.Cell) -> None:
+    """Make MindSpore compile ``network`` (and every cell it holds) again at its next call.
+
+    A cell's graph is cached under a phase that holds its creation stamp (``Cell.create_time``); a new stamp is a
+    new phase, so the next call compiles on the Parameters' current memory. The old graphs are left to MindSpore.
+    """
+    stamp = time.time_ns()
+    for offset, (_, cell) in enumerate(network.cells_and_names()):
+        object.__setattr__(cell, "_create_time", stamp + offset)
