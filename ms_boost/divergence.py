@@ -46,7 +46,7 @@ from mindspore.train import Callback
 
 from ms_boost import comm
 from ms_boost.stages import learning_rate_parameters as optimizer_learning_rates
-from ms_boost.stages import optimizer_hooks
+from ms_boost.stages import optimizer_hooks, optimizers_in
 
 __all__ = ["DIVERGENCE_ACTIONS", "DivergencePolicy", "LossSpikeDetector", "DivergenceRollback", "first_non_finite",
            "learning_rates_of", "dampings_of", "fixed_dampings", "callback_mark"]
@@ -172,10 +172,6 @@ class LossSpikeDetector:
         self.history.append(float(loss))
 
 
-def _optimizers(network: nn.Cell) -> List[nn.Optimizer]:
-    return [cell for _, cell in network.cells_and_names() if isinstance(cell, nn.Optimizer)]
-
-
 def learning_rates_of(network: nn.Cell) -> List[Parameter]:
     """The learning-rate Parameters of every optimizer in ``network``.
 
@@ -183,7 +179,7 @@ def learning_rates_of(network: nn.Cell) -> List[Parameter]:
     ``LearningRateSchedule`` holds none.
     """
     found: Dict[str, Parameter] = {}
-    for optimizer in _optimizers(network):
+    for optimizer in optimizers_in(network):
         found.update((p.name, p) for p in optimizer_learning_rates(optimizer))
     return list(found.values())
 
@@ -195,14 +191,14 @@ def dampings_of(network: nn.Cell) -> List[Parameter]:
     ``LearningRateSchedule`` damping (see :func:`fixed_dampings`).
     """
     found: Dict[str, Parameter] = {}
-    for optimizer in _optimizers(network):
+    for optimizer in optimizers_in(network):
         found.update((p.name, p) for p in optimizer_hooks(optimizer).damping_parameters() or ())
     return list(found.values())
 
 
 def fixed_dampings(network: nn.Cell) -> bool:
     """Whether an optimizer of ``network`` has a damping no Parameter holds (a ``LearningRateSchedule``)."""
-    return any(optimizer_hooks(optimizer).damping_parameters() is None for optimizer in _optimizers(network))
+    return any(optimizer_hooks(optimizer).damping_parameters() is None for optimizer in optimizers_in(network))
 
 
 def callback_mark(params, key: str) -> Any:

@@ -55,7 +55,7 @@ from ms_boost.overflow_watch import SkippedStepsWatch
 from ms_boost.pipeline import rewrite_eval, rewrite_train
 from ms_boost.replaced_memory import compile_again, memory_key, replaced_parameters
 from ms_boost.source_pin import pin_cell_sources
-from ms_boost.stages import optimizer_hooks
+from ms_boost.stages import optimizer_hooks, optimizers_in
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
 from ms_boost.training_data import describe_training_data
 
@@ -245,16 +245,9 @@ def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, option
     return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
-def _inner_optimizers(network) -> list:
-    """The optimizers ``network`` contains (a train step cell: ``nn.TrainOneStepCell`` and the like)."""
-    if not isinstance(network, nn.Cell):
-        return []
-    return [cell for _, cell in network.cells_and_names() if isinstance(cell, nn.Optimizer)]
-
-
 def _holds_optimizer(network) -> bool:
     """Whether ``network`` contains an optimizer: a train step cell (``nn.TrainOneStepCell`` and the like)."""
-    return bool(_inner_optimizers(network))
+    return bool(optimizers_in(network))
 
 
 class _PendingAutotune(nn.Cell):
@@ -303,7 +296,7 @@ class Model(_MsModel):
         if isinstance(network, nn.Cell):
             network = hooks.train_network(network, loss_fn is not None)
             if optimizer is None:  # Model(train_step_cell): the optimizers it holds check the cell (THOR's layers)
-                for inner in _inner_optimizers(network):
+                for inner in optimizers_in(network):
                     optimizer_hooks(inner).check_train_cell(network)
         self._user_optimizer = optimizer
         self._user_network = network
@@ -485,6 +478,8 @@ class Model(_MsModel):
         E.g. a checkpoint loaded with ``load_param_into_net`` into a model that has trained: see
         :mod:`ms_boost.replaced_memory`.
         """
+        if self._memory_key is None:  # not trained yet: nothing compiled on old memory
+            return
         replaced = replaced_parameters(self._memory_key, memory_key(self._train_network))
         if replaced:
             logger.info("ms_boost: %d Parameter(s) of the train network got new memory since it last trained (e.g. "

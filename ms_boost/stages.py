@@ -38,7 +38,7 @@ from mindspore import Parameter, Tensor, nn, ops
 __all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients",
            "unscale_gradients", "plan_graph_variant", "phase_suffix", "PlansStepVariants", "OptimizerHooks",
            "register_optimizer_hooks",
-           "optimizer_hooks", "learning_rate_parameters"]
+           "optimizer_hooks", "learning_rate_parameters", "optimizers_in"]
 
 
 def runs_as_python() -> bool:
@@ -370,6 +370,13 @@ def register_optimizer_hooks(optimizer_class: type, adapter: Callable[[Any], Opt
     if optimizer_class in _ADAPTERS:
         raise ValueError(f"register_optimizer_hooks: {optimizer_class.__name__} already has optimizer hooks.")
     _ADAPTERS[optimizer_class] = adapter
+
+
+def optimizers_in(network: Any) -> list:
+    """The optimizers ``network`` holds (a train step cell: ``nn.TrainOneStepCell`` and the like); [] for a non-Cell."""
+    if not isinstance(network, nn.Cell):
+        return []
+    return [cell for _, cell in network.cells_and_names() if isinstance(cell, nn.Optimizer)]
 
 
 def optimizer_hooks(optimizer: Any) -> OptimizerHooks:
