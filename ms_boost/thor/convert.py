@@ -174,8 +174,9 @@ class ConvertNetUtils:
         Conversion is by exact type (``nn.Dense``, ``nn.Conv2d``, ``nn.Embedding``, plus the subclasses declared
         with :func:`register_convertible`; other subclasses with their own ``construct`` are left alone),
         keeps the very weight and bias Parameters, activation, stride, padding and pad mode, dilation and
-        groups. Cells that are already THOR layers stay. Every other cell of the result is a shallow copy of
-        ``net``'s (same class and Parameters, its own child table and flags), so what is later done to the
+        groups. Cells that are already THOR layers are not converted again. Every cell of the result but the new
+        THOR layers is a shallow copy of ``net``'s (same class and Parameters, its own child table and flags; a
+        THOR layer ``net`` already had included), so what is later done to the
         converted network's cells in place -- amp's ``to_float`` casts by ``Model(..., amp_level="O2")`` --
         leaves ``net`` as it was. When nothing needs converting, ``net`` itself is returned.
 
