@@ -333,9 +333,11 @@ def main(argv=None) -> int:
     payload["config"] = {"datasets": args.datasets, "frequencies": args.frequencies, "lrs": args.lrs,
                          "seeds": args.seeds, "epochs": QUICK.epochs["gemm"], "image_size": QUICK.image_size,
                          "width": QUICK.width["gemm"], "damping": DAMPING, "baseline_lr": BASELINE_LR,
-                         "block_sizes": args.block_sizes, "stat_fractions": args.stat_fractions,
-                         "thor_epochs": args.epochs, "baseline_lrs": args.baseline_lrs,
-                         "baseline_epochs": args.baseline_epochs}
+                         "block_sizes": args.block_sizes, "stat_fractions": args.stat_fractions}
+    if (args.epochs, args.baseline_lrs, args.baseline_epochs) != ([PAGE_EPOCHS], [BASELINE_LR], [PAGE_EPOCHS]):
+        # a schedule grid: its page has the columns against the best baseline (a first page's stays as it was)
+        payload["config"].update(thor_epochs=args.epochs, baseline_lrs=args.baseline_lrs,
+                                 baseline_epochs=args.baseline_epochs)
     settings = {thor_name(f, lr, b, s, e): (f, lr, b, s, e) for f in args.frequencies for lr in args.lrs
                 for b in args.block_sizes for s in args.stat_fractions for e in args.epochs}
     baselines = {"baseline": (BASELINE_LR, PAGE_EPOCHS)}  # the target's run, first
