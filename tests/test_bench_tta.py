@@ -402,7 +402,7 @@ def test_thor_tta_grid_labels_say_the_schedule_length_except_the_first_pages_own
     assert baseline_name(0.1, 2) == "baseline lr0.1 e2" and baseline_name(0.2, 4) == "baseline lr0.2 e4"
     assert [schedule_epochs(n) for n in ("baseline", "THOR f10 lr0.05", "THOR f10 lr0.05 e2", "baseline lr0.2 e3")] \
         == [4, 4, 2, 3]
-    assert shown_name("baseline") == "baseline lr0.1 e4 (the page's)"
+    assert shown_name("baseline") == "baseline lr0.1 e4"
     assert shown_name("THOR f10 lr0.05") == "THOR f10 lr0.05 e4" and shown_name("THOR f10 lr0.05 e2") == \
         "THOR f10 lr0.05 e2"
 
@@ -412,7 +412,7 @@ def _grid_run(acc, cpu):
 
 
 def test_thor_tta_grid_schedule_ratios_to_the_page_and_the_best_baseline_by_hand():
-    from bench.thor_tta_grid import best_baseline, epoch_ratios, run_key, summarize
+    from bench.thor_tta_grid import best_baseline, epoch_ratios, run_key, summarize, target_setting
 
     runs = {  # target: median(0.96, 0.98) - 0.01 = 0.96
         ("baseline", 0): _grid_run([0.5, 0.8, 0.9, 0.96], [5, 1, 1, 1]),  # 4 epochs: 8 - compile 4 = 4 s
@@ -445,6 +445,12 @@ def test_thor_tta_grid_schedule_ratios_to_the_page_and_the_best_baseline_by_hand
     assert rows["baseline lr0.2 e3"]["modelled_ratio_best"]["median"] == pytest.approx(1.0)  # no THOR factor
     assert best_baseline({"baseline": {0: 3.0, 1: None}, "THOR f10 lr0.1": {0: 1.0, 1: 1.0}}, [0, 1]) is None
     assert epoch_ratios({0: 2, 1: None, 2: 1}, {0: 3, 1: 3, 2: None}) == pytest.approx([2 / 3])
+    # the target from another baseline setting (the page's pick on MNIST-5k: lr 0.2): median(0.965, 0.97) - 0.01
+    other = summarize(runs, "digits", names, [0, 1], target_name="baseline lr0.2 e3")
+    assert other["target"] == pytest.approx(0.9575) and other["target_setting"] == "baseline lr0.2 e3"
+    assert other["rows"]["baseline lr0.2 e3"]["ratio_values"] == pytest.approx([1.0, 1.0])
+    assert target_setting("mnist5k", True) == "baseline lr0.2 e4" and target_setting("digits", True) == "baseline"
+    assert target_setting("mnist5k", False) == "baseline"  # a first page's target: as it was
 
 
 def test_worker_gives_thor_the_block_size_of_extra_and_refuses_other_keys():
