@@ -443,7 +443,12 @@ def test_thor_tta_grid_schedule_ratios_to_the_page_and_the_best_baseline_by_hand
     assert thor1["cpu_to_target"]["median"] == pytest.approx(2.0) and thor1["ratio_best_values"] == \
         pytest.approx([2 / 3])
     assert rows["baseline lr0.2 e3"]["modelled_ratio_best"]["median"] == pytest.approx(1.0)  # no THOR factor
+    assert out["best_baseline_by_epochs"] == "baseline lr0.2 e3"  # epochs 3, 2 against the page's 4, 3
     assert best_baseline({"baseline": {0: 3.0, 1: None}, "THOR f10 lr0.1": {0: 1.0, 1: 1.0}}, [0, 1]) is None
+    # the same median: the lower mean wins; then the first
+    assert best_baseline({"baseline": {0: 3, 1: 3, 2: 4}, "baseline lr0.1 e3": {0: 3, 1: 3, 2: 2}}, [0, 1, 2]) == \
+        "baseline lr0.1 e3"
+    assert best_baseline({"baseline": {0: 3, 1: 3}, "baseline lr0.1 e3": {0: 3, 1: 3}}, [0, 1]) == "baseline"
     assert epoch_ratios({0: 2, 1: None, 2: 1}, {0: 3, 1: 3, 2: None}) == pytest.approx([2 / 3])
     # the target from another baseline setting (the page's pick on MNIST-5k: lr 0.2): median(0.965, 0.97) - 0.01
     other = summarize(runs, "digits", names, [0, 1], target_name="baseline lr0.2 e3")
