@@ -444,7 +444,13 @@ def test_thor_tta_grid_schedule_ratios_to_the_page_and_the_best_baseline_by_hand
         pytest.approx([2 / 3])
     assert rows["baseline lr0.2 e3"]["modelled_ratio_best"]["median"] == pytest.approx(1.0)  # no THOR factor
     assert out["best_baseline_by_epochs"] == "baseline lr0.2 e3"  # epochs 3, 2 against the page's 4, 3
-    assert best_baseline({"baseline": {0: 3.0, 1: None}, "THOR f10 lr0.1": {0: 1.0, 1: 1.0}}, [0, 1]) is None
+    # the most seeds first (a THOR setting is never a candidate); none reached: None
+    assert best_baseline({"baseline": {0: 3.0, 1: None}, "baseline lr0.2 e3": {0: 2.0, 1: None},
+                          "baseline lr0.1 e2": {0: None, 1: None}, "THOR f10 lr0.1": {0: 1.0, 1: 1.0}}, [0, 1]) \
+        == "baseline lr0.2 e3"
+    assert best_baseline({"baseline": {0: 1.0, 1: None}, "baseline lr0.2 e3": {0: 3.0, 1: 3.0}}, [0, 1]) == \
+        "baseline lr0.2 e3"
+    assert best_baseline({"baseline": {0: None}, "THOR f10 lr0.1": {0: 1.0}}, [0]) is None
     # the same median: the lower mean wins; then the first
     assert best_baseline({"baseline": {0: 3, 1: 3, 2: 4}, "baseline lr0.1 e3": {0: 3, 1: 3, 2: 2}}, [0, 1, 2]) == \
         "baseline lr0.1 e3"
