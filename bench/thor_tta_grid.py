@@ -16,7 +16,7 @@ the target (compile taken out) and its per-seed ratio to the baseline's.
 **Schedule lengths** (``--epochs`` for THOR, ``--baseline_epochs`` x ``--baseline_lrs`` for the baseline): a run
 at ``e`` epochs has its cosine lr (and THOR's damping schedule) over ``e`` epochs, ending at 0 there: a second-order
 method's shorter schedule, with the baseline given the same choice. The target stays the page's: the baseline at
-lr 0.1 and the page's 4 epochs. Each setting is also reported against the **best baseline setting** (the lowest
+the page's lr pick today (digits 0.1, MNIST-5k 0.2) and 4 epochs. Each setting is also reported against the **best baseline setting** (the lowest
 median steady CPU to the target among those reaching it on the most seeds), per seed, and by a **modelled ratio**: the
 pages' idle steady-epoch ratio THOR/baseline times the epochs-to-target ratio (the CPU ratio free of this
 machine's load).
