@@ -392,6 +392,78 @@ def test_thor_tta_grid_labels_keep_the_first_pages_names_at_block_64():
     assert thor_name(10, 0.05, 64, 1.0) == "THOR f10 lr0.05" and thor_name(10, 0.05, 64, 0.5) == "THOR f10 lr0.05 s0.5"
 
 
+def test_thor_tta_grid_labels_say_the_schedule_length_except_the_first_pages_own():
+    from bench.thor_tta_grid import baseline_name, schedule_epochs, shown_name, thor_name
+
+    assert thor_name(10, 0.05, 64, 1.0, 4) == "THOR f10 lr0.05"  # the page's 4 epochs: the old key (resume)
+    assert thor_name(10, 0.05, 64, 1.0, 2) == "THOR f10 lr0.05 e2"
+    assert thor_name(10, 0.1, 32, 0.5, 3) == "THOR f10 lr0.1 b32 s0.5 e3"
+    assert baseline_name(0.1, 4) == "baseline" and baseline_name(0.2, 3) == "baseline lr0.2 e3"
+    assert baseline_name(0.1, 2) == "baseline lr0.1 e2" and baseline_name(0.2, 4) == "baseline lr0.2 e4"
+    assert [schedule_epochs(n) for n in ("baseline", "THOR f10 lr0.05", "THOR f10 lr0.05 e2", "baseline lr0.2 e3")] \
+        == [4, 4, 2, 3]
+    assert shown_name("baseline") == "baseline lr0.1 e4"
+    assert shown_name("THOR f10 lr0.05") == "THOR f10 lr0.05 e4" and shown_name("THOR f10 lr0.05 e2") == \
+        "THOR f10 lr0.05 e2"
+
+
+def _grid_run(acc, cpu):
+    return {"accuracy": acc, "epoch_seconds": cpu, "epoch_cpu_seconds": cpu, "error": ""}
+
+
+def test_thor_tta_grid_schedule_ratios_to_the_page_and_the_best_baseline_by_hand():
+    from bench.thor_tta_grid import best_baseline, epoch_ratios, run_key, summarize, target_setting
+
+    runs = {  # target: median(0.96, 0.98) - 0.01 = 0.96
+        ("baseline", 0): _grid_run([0.5, 0.8, 0.9, 0.96], [5, 1, 1, 1]),  # 4 epochs: 8 - compile 4 = 4 s
+        ("baseline", 1): _grid_run([0.5, 0.8, 0.965, 0.98], [5, 1, 1, 1]),  # 3 epochs: 3 s
+        ("baseline lr0.2 e3", 0): _grid_run([0.6, 0.9, 0.965], [4, 1, 1]),  # 3 epochs: 3 s
+        ("baseline lr0.2 e3", 1): _grid_run([0.6, 0.96, 0.97], [4, 1, 1]),  # 2 epochs: 2 s -> median 2.5: best
+        ("baseline lr0.1 e2", 0): _grid_run([0.7, 0.95], [4, 1]),  # never: not a candidate for the best
+        ("baseline lr0.1 e2", 1): _grid_run([0.7, 0.97], [4, 1]),  # 2 epochs: 2 s
+        ("THOR f10 lr0.1 e2", 0): _grid_run([0.8, 0.97], [20, 2]),  # steady 2, compile 18: 2 epochs, 4 s
+        ("THOR f10 lr0.1 e2", 1): _grid_run([0.965, 0.98], [20, 2]),  # 1 epoch: 2 s
+        ("THOR f10 lr0.1 e1", 0): _grid_run([0.96], [21]),  # steady from the e2 run of seed 0: 1 x 2 s
+        ("THOR f10 lr0.1 e1", 1): _grid_run([0.9], [21]),  # never
+    }
+    runs = {run_key("digits", n, s): r for (n, s), r in runs.items()}
+    names = ["baseline", "baseline lr0.2 e3", "baseline lr0.1 e2", "THOR f10 lr0.1 e2", "THOR f10 lr0.1 e1"]
+    out = summarize(runs, "digits", names, [0, 1])
+    assert out["target"] == pytest.approx(0.96) and out["best_baseline"] == "baseline lr0.2 e3"
+    rows = out["rows"]
+    assert rows["baseline"]["cpu_to_target"]["median"] == pytest.approx(3.5)
+    assert rows["baseline lr0.1 e2"]["reached"] == 1 and rows["baseline lr0.1 e2"]["epochs"] == 2
+    thor2 = rows["THOR f10 lr0.1 e2"]
+    assert thor2["ratio_values"] == pytest.approx([1.0, 2 / 3])  # to the page's baseline: 4/4, 2/3
+    assert thor2["ratio_best_values"] == pytest.approx([4 / 3, 1.0])  # to the best: 4/3, 2/2
+    assert thor2["epochs_ratio_best"]["median"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert thor2["modelled_ratio_best"]["median"] == pytest.approx(1.53 * (2 / 3 + 1 / 2) / 2)  # digits' 1.53x
+    thor1 = rows["THOR f10 lr0.1 e1"]
+    assert thor1["reached"] == 1 and thor1["steady_cpu_s"]["median"] == pytest.approx(2.0)
+    assert thor1["cpu_to_target"]["median"] == pytest.approx(2.0) and thor1["ratio_best_values"] == \
+        pytest.approx([2 / 3])
+    assert rows["baseline lr0.2 e3"]["modelled_ratio_best"]["median"] == pytest.approx(1.0)  # no THOR factor
+    assert out["best_baseline_by_epochs"] == "baseline lr0.2 e3"  # epochs 3, 2 against the page's 4, 3
+    # the most seeds first (a THOR setting is never a candidate); none reached: None
+    assert best_baseline({"baseline": {0: 3.0, 1: None}, "baseline lr0.2 e3": {0: 2.0, 1: None},
+                          "baseline lr0.1 e2": {0: None, 1: None}, "THOR f10 lr0.1": {0: 1.0, 1: 1.0}}, [0, 1]) \
+        == "baseline lr0.2 e3"
+    assert best_baseline({"baseline": {0: 1.0, 1: None}, "baseline lr0.2 e3": {0: 3.0, 1: 3.0}}, [0, 1]) == \
+        "baseline lr0.2 e3"
+    assert best_baseline({"baseline": {0: None}, "THOR f10 lr0.1": {0: 1.0}}, [0]) is None
+    # the same median: the lower mean wins; then the first
+    assert best_baseline({"baseline": {0: 3, 1: 3, 2: 4}, "baseline lr0.1 e3": {0: 3, 1: 3, 2: 2}}, [0, 1, 2]) == \
+        "baseline lr0.1 e3"
+    assert best_baseline({"baseline": {0: 3, 1: 3}, "baseline lr0.1 e3": {0: 3, 1: 3}}, [0, 1]) == "baseline"
+    assert epoch_ratios({0: 2, 1: None, 2: 1}, {0: 3, 1: 3, 2: None}) == pytest.approx([2 / 3])
+    # the target from another baseline setting (the page's pick on MNIST-5k: lr 0.2): median(0.965, 0.97) - 0.01
+    other = summarize(runs, "digits", names, [0, 1], target_name="baseline lr0.2 e3")
+    assert other["target"] == pytest.approx(0.9575) and other["target_setting"] == "baseline lr0.2 e3"
+    assert other["rows"]["baseline lr0.2 e3"]["ratio_values"] == pytest.approx([1.0, 1.0])
+    assert target_setting("mnist5k", True) == "baseline lr0.2 e4" and target_setting("digits", True) == "baseline"
+    assert target_setting("mnist5k", False) == "baseline"  # a first page's target: as it was
+
+
 def test_worker_gives_thor_the_block_size_of_extra_and_refuses_other_keys():
     from mindspore import nn
 
