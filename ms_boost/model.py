@@ -53,7 +53,7 @@ from ms_boost.loss_scaler import is_group_manager
 from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
 from ms_boost.overflow_watch import SkippedStepsWatch
 from ms_boost.pipeline import rewrite_eval, rewrite_train
-from ms_boost.replaced_memory import compile_again, memory_key, replaced_parameters
+from ms_boost.replaced_memory import MemoryWatch, compile_again, memory_key, replaced_parameters
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks, optimizers_in
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
@@ -450,11 +450,25 @@ class Model(_MsModel):
         extra = optimizer_hooks(self._optimizer).callbacks() if self._optimizer is not None else []
         if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
             extra.append(SkippedStepsWatch())  # says when every step overflows (a run that trains nothing)
+        if self._branches_on_device():  # a callback's set_data between two steps: compile the step again
+            extra.append(MemoryWatch(self._train_network))
         if extra:  # THOR: its guard, which stops a run that stays non-finite; the skipped-steps watch
             if callbacks is None:
                 callbacks = []
             callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
         return callbacks
+
+    def _branches_on_device(self) -> bool:
+        """Whether the train step reads Parameters inside device-side branches (:class:`MemoryWatch`).
+
+        The loss-scale cell (an overflowing step is skipped under a branch) and the algorithms whose spec says
+        ``branches_on_device`` (gradient accumulation's update); not a train cell the script built itself.
+        """
+        if self._train_cell_given or self._optimizer is None:
+            return False
+        if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
+            return True
+        return any(spec.branches_on_device for spec in self.boost.enabled_specs())
 
     def _warn_about_data(self, train_dataset) -> None:
         """Warn what an enabled algorithm's ``warn_data`` hook says about this training data set.
