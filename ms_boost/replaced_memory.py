@@ -18,8 +18,9 @@ Within one ``train`` / ``fit``, a callback may do the same between two steps -- 
 to change the rate, a weight clipped with ``set_data``. MindSpore's own Graph-mode step takes the new memory; a step
 with such branches (gradient accumulation's update; the loss-scale cell's skip of an overflowing step) kept the old
 rate, so the change was silently lost. For those steps ``Model`` adds a :class:`MemoryWatch`, which compares the
-addresses before each Graph-mode step (0.5 us per Parameter on the host) and compiles the step again when one
-changed.
+addresses before each Graph-mode step (on the host: 0.16 ms a step for 503 Parameters, median of 7 x 100 checks at
+load 4.2 on 2 cores; 1.7 ms with :func:`memory_key`'s names, which only the log reads) and compiles the step again
+when one changed.
 """
 from __future__ import annotations
 
@@ -77,17 +78,21 @@ class MemoryWatch(Callback):
     def __init__(self, network: nn.Cell):
         super().__init__()
         self.network = network
-        self.key: Optional[Tuple[Tuple[str, int], ...]] = None
+        self.params: Optional[list] = None  # the network's Parameters, listed at the first step
+        self.addresses: Optional[Tuple[int, ...]] = None
 
     def on_train_step_begin(self, run_context):
         """Compare the addresses with the previous step's; compile again when any changed."""
         if ms.get_context("mode") != ms.GRAPH_MODE:
             return
-        key = memory_key(self.network)
-        replaced = replaced_parameters(self.key, key)
-        self.key = key
-        if replaced:
-            logger.info("ms_boost: %d Parameter(s) of the train network got new memory between two steps (set_data: "
-                        "%s); the train step is compiled again on it", len(replaced),
-                        ", ".join(replaced[:3]) + (", ..." if len(replaced) > 3 else ""))
-            compile_again(self.network)
+        if self.params is None:
+            self.params = list(self.network.get_parameters())
+        addresses = tuple(param.data_ptr() for param in self.params)
+        before, self.addresses = self.addresses, addresses
+        if before is None or before == addresses:
+            return
+        replaced = [param.name for param, old, new in zip(self.params, before, addresses) if old != new]
+        logger.info("ms_boost: %d Parameter(s) of the train network got new memory between two steps (set_data: "
+                    "%s); the train step is compiled again on it", len(replaced),
+                    ", ".join(replaced[:3]) + (", ..." if len(replaced) > 3 else ""))
+        compile_again(self.network)
