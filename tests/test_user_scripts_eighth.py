@@ -198,3 +198,43 @@ def test_a_rate_set_with_set_data_between_steps_reaches_steps_with_device_branch
         assert losses == want_losses and len(losses) == 3
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+class _LossAsTensor(ms.train.Callback):
+    """A script's loss log written against MindSpore: ``cb_params.net_outputs`` is the loss Tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_step_end(self, run_context):
+        self.losses.append(float(run_context.original_args().net_outputs.asnumpy()))
+
+
+def test_callbacks_get_the_loss_alone_with_a_fixed_scale_as_with_mindspore(mode):
+    """``FixedLossScaleManager(S, drop_overflow_update=False)``: the tutorials' manager (AdaSum, THOR).
+
+    MindSpore's Model trains it through ``nn.TrainOneStepCell(..., sens=S)``, whose output -- ``net_outputs`` in
+    the callbacks -- is the loss Tensor; ms_boost trains through its loss-scale cell (it skips overflowing steps),
+    whose output is ``(loss, overflow, scale)``, so a callback calling ``net_outputs.asnumpy()`` failed ("'tuple'
+    object has no attribute 'asnumpy'") and ``History`` recorded tuples. The callbacks now get the loss alone, as with
+    MindSpore: the same losses and history. Managers MindSpore trains through its loss-scale cell keep the tuple.
+    """
+    x, y = _dense_data(48)
+    results = []
+    for model_cls in (MsModel, Model):
+        net = _dense_net()
+        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=128.0)
+        model = model_cls(net, ce(), opt, loss_scale_manager=ms.train.FixedLossScaleManager(128.0, False))
+        losses, history = _LossAsTensor(), ms.train.History()
+        model.train(2, _batches(x, y), callbacks=[losses, history])
+        results.append((losses.losses, history.history))
+    assert results[1] == results[0] and len(results[0][0]) == 6
+
+    net = _dense_net()
+    manager = ms.train.FixedLossScaleManager(128.0, True)
+    outputs = []
+    model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager)
+    model.train(1, _batches(x, y), callbacks=[ms.train.LambdaCallback(
+        on_train_step_end=lambda run_context: outputs.append(run_context.original_args().net_outputs))])
+    assert all(isinstance(out, tuple) and len(out) == 3 for out in outputs)
