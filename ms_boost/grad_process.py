@@ -306,6 +306,21 @@ def _scalar(value):
     return value
 
 
+def _user_weight_decay(value):
+    """A weight decay as the optimizer's constructor took it.
+
+    MindSpore wraps a weight-decay schedule (a Cell of the step) as ``_WrappedWeightDecay(schedule, loss_scale)``,
+    and a constructor wraps what it is given again, so the rebuild passes the schedule itself (None where the
+    wrapper also scales by a loss scale other than 1, which the constructor's own ``loss_scale`` supplies). Any
+    other value is returned as it is.
+    """
+    if isinstance(value, nn.Cell) and type(value).__name__ == "_WrappedWeightDecay":
+        inner = getattr(value, "weight_decay", None)
+        scale = _scalar(getattr(value, "loss_scale", 1.0))
+        return inner if isinstance(inner, nn.Cell) and scale == 1.0 else None
+    return value
+
+
 def recovered_groups(opt: nn.Optimizer) -> List[dict]:
     """Parameter groups of an optimizer that did not record its argument.
 
@@ -319,8 +334,11 @@ def recovered_groups(opt: nn.Optimizer) -> List[dict]:
     centralize = list(getattr(opt, "group_grad_centralization", [False] * len(params)))
     groups: Dict[tuple, dict] = {}
     for param, lr, decay, gc in zip(params, lrs, decays, centralize):
-        settings = {"weight_decay": float(_scalar(decay)), "grad_centralization": bool(gc)}
-        key = (id(lr), settings["weight_decay"], settings["grad_centralization"])
+        decay = _user_weight_decay(decay)
+        settings = {"weight_decay": decay if isinstance(decay, nn.Cell) else float(_scalar(decay)),
+                    "grad_centralization": bool(gc)}
+        key = (id(lr), id(decay) if isinstance(decay, nn.Cell) else settings["weight_decay"],
+               settings["grad_centralization"])
         if lr is not None:
             settings["lr"] = _learning_rate_value(lr)
         groups.setdefault(key, {**settings, "params": []})["params"].append(param)
@@ -345,6 +363,11 @@ def recovered_init_args(opt: nn.Optimizer) -> dict:
         value = getattr(opt, name, None)
         if isinstance(value, (list, tuple)) and name == "weight_decay":  # per parameter: the groups carry it
             value = value[0] if value else spec.default
+        if name == "weight_decay":
+            value = _user_weight_decay(value)
+            if isinstance(value, nn.Cell):  # a weight-decay schedule: the constructor takes the Cell
+                args[name] = value
+                continue
         value = _scalar(value)
         if value is None and spec.default is None:
             args[name] = None

@@ -53,7 +53,7 @@ from ms_boost.loss_scaler import is_group_manager
 from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
 from ms_boost.overflow_watch import SkippedStepsWatch
 from ms_boost.pipeline import rewrite_eval, rewrite_train
-from ms_boost.replaced_memory import compile_again, memory_key, replaced_parameters
+from ms_boost.replaced_memory import MemoryWatch, compile_again, memory_key, replaced_parameters
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks, optimizers_in
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
@@ -448,13 +448,40 @@ class Model(_MsModel):
                 logger.info("%s", self._plan_text())
         self._warn_about_data(train_dataset)
         extra = optimizer_hooks(self._optimizer).callbacks() if self._optimizer is not None else []
+        first = []
         if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
-            extra.append(SkippedStepsWatch())  # says when every step overflows (a run that trains nothing)
-        if extra:  # THOR: its guard, which stops a run that stays non-finite; the skipped-steps watch
+            # says when every step overflows (a run that trains nothing); first, so that with a fixed scale that
+            # MindSpore's Model trains through nn.TrainOneStepCell the script's callbacks get the loss alone, as there
+            first.append(SkippedStepsWatch(loss_only=self._fixed_scale_without_drop()))
+        if self._branches_on_device():  # a callback's set_data between two steps: compile the step again
+            extra.append(MemoryWatch(self._train_network))
+        if extra or first:  # THOR: its guard, which stops a run that stays non-finite; the skipped-steps watch
             if callbacks is None:
                 callbacks = []
-            callbacks = (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
+            callbacks = first + (list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]) + extra
         return callbacks
+
+    def _fixed_scale_without_drop(self) -> bool:
+        """Whether the loss-scale manager is a fixed one without ``drop_overflow_update``.
+
+        MindSpore's Model trains that through ``nn.TrainOneStepCell(..., sens=scale)`` (its output: the loss), not
+        through the loss-scale cell (``(loss, overflow, scale)``), on every device.
+        """
+        manager = self._loss_scale_manager
+        return (manager is not None and not is_group_manager(manager)
+                and getattr(manager, "get_update_cell", lambda: True)() is None)
+
+    def _branches_on_device(self) -> bool:
+        """Whether the train step reads Parameters inside device-side branches (:class:`MemoryWatch`).
+
+        The loss-scale cell (an overflowing step is skipped under a branch) and the algorithms whose spec says
+        ``branches_on_device`` (gradient accumulation's update); not a train cell the script built itself.
+        """
+        if self._train_cell_given or self._optimizer is None:
+            return False
+        if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
+            return True
+        return any(spec.branches_on_device for spec in self.boost.enabled_specs())
 
     def _warn_about_data(self, train_dataset) -> None:
         """Warn what an enabled algorithm's ``warn_data`` hook says about this training data set.

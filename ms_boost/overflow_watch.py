@@ -34,16 +34,23 @@ class SkippedStepsWatch(Callback):
     Args:
         limit: skipped steps in a row that make the warning (None: :attr:`DEFAULT_LIMIT`, 50, longer than a
             dynamic manager needs to bring a scale of 2**24 down to 1).
+        loss_only: after reading the outputs, hand the callbacks after it the loss alone, as MindSpore's Model does
+            for ``FixedLossScaleManager(drop_overflow_update=False)`` (its train step is then
+            ``nn.TrainOneStepCell(..., sens=scale)``, whose output is the loss): a script's callback reading
+            ``cb_params.net_outputs`` as a Tensor works as with MindSpore. ``Model`` puts this watch first.
     """
 
     DEFAULT_LIMIT = 50
 
-    def __init__(self, limit: Optional[int] = None):
+    def __init__(self, limit: Optional[int] = None, loss_only: bool = False):
         super().__init__()
         limit = self.DEFAULT_LIMIT if limit is None else limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"SkippedStepsWatch: limit={limit!r} must be an int >= 1.")
+        if not isinstance(loss_only, bool):
+            raise ValueError(f"SkippedStepsWatch: loss_only={loss_only!r} must be a bool.")
         self.limit = limit
+        self.loss_only = loss_only
         self.streak = 0
         self.first_step = None
         self.warned = False
@@ -54,6 +61,8 @@ class SkippedStepsWatch(Callback):
         outputs = args.net_outputs
         if not isinstance(outputs, (tuple, list)) or len(outputs) < 3:
             return  # not the loss-scale cell's outputs
+        if self.loss_only:
+            args.net_outputs = outputs[0]
         step = int(getattr(args, "cur_step_num", 0))
         if not bool(_scalar(outputs[1])):
             self.streak, self.first_step = 0, None

@@ -214,6 +214,11 @@ class AlgorithmSpec:
         warn_data: ``warn_data(cfg, data) -> str or None``, ``data`` a :class:`TrainingData`: a warning about
             what the algorithm computes on this training data set that the user would not expect (gradient
             accumulation: a short last batch weighs as much as a full one); ``Model.train`` / ``fit`` warn it.
+        branches_on_device: its stage reads or writes Parameters inside a device-side branch of the compiled step
+            (gradient accumulation's update, DimReduce's line search). MindSpore 2.10 keeps such a branch on the
+            memory it was compiled with, so ``Model`` then watches, between the steps of a Graph-mode run, for
+            Parameters a callback gave new memory (``set_data``) and compiles the step again
+            (:class:`~ms_boost.replaced_memory.MemoryWatch`).
     """
 
     name: str
@@ -234,6 +239,7 @@ class AlgorithmSpec:
     check_model: Optional[Callable[..., None]] = None
     warn_config: Optional[Callable[..., Optional[str]]] = None
     warn_data: Optional[Callable[..., Optional[str]]] = None
+    branches_on_device: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import warnings
 import weakref
 from typing import Callable, Optional, Tuple
 
@@ -227,6 +228,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
         max_nonfinite_steps: :class:`ThorGuard` stops training after this many consecutive steps with a
             non-finite loss or a skipped update (0: never).
     """
+
+    #: whether :meth:`_warn_if_no_layer_ran` has warned (once per optimizer)
+    _warned_no_layer: bool = False
 
     #: A Kronecker factor of 2 up to this many blocks also keeps its block-diagonal inverse written out,
     #: ``(groups, d, d)`` (Parameters ``thor_a_dense.<layer>``, ``thor_g_dense.<layer>``, rebuilt from the blocks at
@@ -449,6 +453,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         self.g_factors = ParameterTuple(g_fac)
         gate = CaptureGate(self.capture_flags)
         object.__setattr__(self, "_capture_gate", gate)
+        object.__setattr__(self, "_warned_no_layer", False)
         for layer in layers:
             layer.set_capture_gate(gate)
 
@@ -910,6 +915,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         them again at the next forward pass. Before the step the written-out inverses are checked against their
         blocks (:meth:`sync_dense_inverses`), so this step may multiply by them.
         """
+        self._warn_if_no_layer_ran()
         self.sync_dense_inverses()
         checked = self.use_dense_inverses
         self.use_dense_inverses = True
@@ -931,6 +937,28 @@ class THOR(nn.Optimizer, ThorStepVariants):
         finally:
             self.use_dense_inverses = checked
             self._capture_gate.clear()
+
+    def _warn_if_no_layer_ran(self) -> None:
+        """Warn, once, when a PyNative step comes without a forward pass through this optimizer's THOR layers.
+
+        In PyNative mode every THOR layer asks the capture gate for its flag in each forward pass (capturing or not),
+        and each step clears the gate: a gate not asked since the last step means the gradients came from a network
+        that does not call the THOR layers -- the functional loop of MindSpore's tutorials over the user's ``net``
+        (``thor(net)`` converts a copy, :attr:`thor_network`). THOR would then precondition with factors that never
+        change. Not an error: a forward pass compiled with ``ms.jit`` runs the layers without asking the gate (they
+        test their flag on the device). Graph mode never uses the gate, so nothing can be told there.
+        """
+        if (self._warned_no_layer or self.n_layers == 0 or self._capture_gate.values is not None
+                or ms.get_context("mode") != ms.PYNATIVE_MODE):
+            return
+        self._warned_no_layer = True
+        warnings.warn(
+            "ms_boost: THOR step without a forward pass through its THOR layers: no layer captured a statistic, so "
+            "this step (and every later one) preconditions with factors that never change. thor(net, ...) converts a "
+            "copy of net (optimizer.thor_network, sharing net's Parameters); compute the loss and gradients with it "
+            "(e.g. ms.value_and_grad over a forward function that calls optimizer.thor_network), or train with "
+            "ms_boost.Model. (A forward pass compiled with ms.jit runs the layers without this check: then ignore "
+            "this.)", UserWarning, stacklevel=3)
 
     def training_guard(self):
         """A new :class:`ThorGuard` callback for this optimizer (``ms_boost.Model.train`` adds it)."""
