@@ -329,6 +329,13 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
         raise ValueError(f"resume: checkpoint {str(path)!r} was written with batch_size {saved_batch}, this run has "
                          f"{cfg.get('batch_size')} (steps_per_epoch fixed, so the step counts agree, but not the "
                          f"images a step reads); exact resume needs the same: give --batch_size {saved_batch}.")
+    saved_ranks, ranks = manifest.get("rank_size"), comm.get_size()
+    if saved_ranks is not None and int(saved_ranks) != ranks:
+        raise ValueError(f"resume: checkpoint {str(path)!r} was written by a run of {saved_ranks} rank(s), this run "
+                         f"has {ranks} (steps_per_epoch and batch_size the same, but a step reads "
+                         f"{saved_ranks} x batch_size images there, other shards, and the ranks' own states differ); "
+                         f"exact resume needs the same rank count: relaunch with {saved_ranks} rank(s), or start a "
+                         f"new run from its weights with --pretrained.")
     if step < 1:
         raise ValueError(f"resume: checkpoint {str(path)!r} records global step {step}; nothing to resume.")
     if step >= int(cfg.epoch_size) * steps_per_epoch:
