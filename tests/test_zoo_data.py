@@ -276,8 +276,33 @@ def test_pipeline_reads_grey_alpha_palette_cmyk_and_odd_sized_images(tmp_path):
         Image.fromarray(rng.integers(0, 255, (20, 20, 3), np.uint8)).convert("CMYK").save(tmp_path / f"c{c}" / "k.jpg")
     (tmp_path / "c1" / "notes.txt").write_text("not an image")
     for train in (True, False):
-        data = create_dataset(tmp_path, do_train=train, batch_size=7, image_size=16, num_parallel_workers=1,
-                              drop_remainder=False)
+        with pytest.warns(UserWarning, match=r"1 file\(s\) are not read .*'c1/notes.txt'"):
+            data = create_dataset(tmp_path, do_train=train, batch_size=7, image_size=16, num_parallel_workers=1,
+                                  drop_remainder=False)
         batches = [(b["image"], b["label"]) for b in data.create_dict_iterator(output_numpy=True)]
         assert [(x.shape, x.dtype) for x, _ in batches] == [((7, 3, 16, 16), np.float32)] * 2
         assert sorted(np.concatenate([y for _, y in batches]).tolist()) == [0] * 7 + [1] * 7
+
+
+def test_files_the_pipeline_does_not_read_are_named(tmp_path):
+    """``ImageFolderDataset`` reads only the listed suffixes and skipped the rest without a word: a class folder
+    of BMP files trained on nothing (its label never seen), a val split's accuracy covered fewer images than it
+    holds. A warning names the count, a few files and the class folders left without an image; hidden files are
+    not counted, and a folder of readable images gives no warning."""
+    import warnings
+
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        Image.new("RGB", (8, 8)).save(tmp_path / c / "0.jpg")
+    Image.new("RGB", (8, 8)).save(tmp_path / "a" / ".hidden.bmp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        create_dataset(tmp_path, do_train=True, batch_size=1, image_size=8, num_parallel_workers=1)
+    (tmp_path / "c").mkdir()
+    for i in range(2):
+        Image.new("RGB", (8, 8)).save(tmp_path / "c" / f"{i}.bmp")
+    Image.new("RGB", (8, 8)).save(tmp_path / "a" / "1.webp")
+    with pytest.warns(UserWarning, match=r"3 file\(s\) are not read \(only \.JPEG, .*\.PNG are\), e\.g\. 'a/1\.webp', "
+                                         r"'c/0\.bmp', 'c/1\.bmp'; class folder\(s\) left without an image: 'c'\."):
+        data = create_dataset(tmp_path, do_train=True, batch_size=1, image_size=8, num_parallel_workers=1)
+    assert data.get_dataset_size() == 2
