@@ -232,3 +232,77 @@ def test_train_py_evaluation_labels_the_val_split_by_the_train_splits_classes(da
         data = eval_dataset(cfg)
     labels = np.concatenate([label for _, label in data.create_tuple_iterator(output_numpy=True)])
     assert sorted(set(labels.tolist())) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_accuracy_of_a_network_with_fewer_than_5_classes(tmp_path):
+    """A 3-class data set: MindSpore's 'top_5_accuracy' asked numpy for 5 of 3 outputs and training ended at its
+    evaluation with "operands could not be broadcast together with shapes (4,3) (4,5)". The zoo's metrics count the
+    top min(5, class_num) outputs; both accuracies against numpy (10 classes: the true top-5)."""
+    import mindspore.dataset as ds
+    from mindspore import nn
+    from mindspore.train import Model
+
+    from model_zoo.resnet.src.trainer import eval_metrics
+
+    class Logits(nn.Cell):
+        def construct(self, x):
+            return x * 1.0
+
+    rng = np.random.default_rng(0)
+    for classes in (3, 10):
+        logits = rng.normal(size=(7, classes)).astype(np.float32)
+        labels = rng.integers(0, classes, 7).astype(np.int32)
+        data = ds.NumpySlicesDataset({"x": logits, "y": labels}, shuffle=False).batch(4)
+        result = Model(Logits(), loss_fn=nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                       metrics=eval_metrics(classes)).eval(data, dataset_sink_mode=False)
+        order = np.argsort(-logits, axis=1)
+        assert result["top_1_accuracy"] == pytest.approx(np.mean(order[:, 0] == labels))
+        assert result["top_5_accuracy"] == pytest.approx(np.mean((order[:, :5] == labels[:, None]).any(axis=1)))
+    with pytest.raises(ValueError, match=r"class_num=0 must be an int >= 1"):
+        eval_metrics(0)
+
+
+def test_pipeline_reads_grey_alpha_palette_cmyk_and_odd_sized_images(tmp_path):
+    """Images a user's folder may hold besides RGB JPEGs: grey, grey+alpha, RGBA, palette and 1-bit PNGs, a CMYK
+    JPEG, 1x1, 500x3 and 3x40 pixels, and a non-image file (left out). Every batch is (N, 3, S, S) float32."""
+    rng = np.random.default_rng(0)
+    modes, sizes = ["L", "LA", "RGBA", "P", "1", "RGB"], [(1, 1), (500, 3), (3, 40), (17, 23), (16, 16), (64, 64)]
+    for c in range(2):
+        for i, (mode, size) in enumerate(zip(modes, sizes)):
+            folder = tmp_path / f"c{c}"
+            folder.mkdir(exist_ok=True)
+            image = Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), np.uint8)).convert(mode)
+            image.save(folder / f"{i}_{mode}.png")
+        Image.fromarray(rng.integers(0, 255, (20, 20, 3), np.uint8)).convert("CMYK").save(tmp_path / f"c{c}" / "k.jpg")
+    (tmp_path / "c1" / "notes.txt").write_text("not an image")
+    for train in (True, False):
+        with pytest.warns(UserWarning, match=r"1 file\(s\) are not read .*'c1/notes.txt'"):
+            data = create_dataset(tmp_path, do_train=train, batch_size=7, image_size=16, num_parallel_workers=1,
+                                  drop_remainder=False)
+        batches = [(b["image"], b["label"]) for b in data.create_dict_iterator(output_numpy=True)]
+        assert [(x.shape, x.dtype) for x, _ in batches] == [((7, 3, 16, 16), np.float32)] * 2
+        assert sorted(np.concatenate([y for _, y in batches]).tolist()) == [0] * 7 + [1] * 7
+
+
+def test_files_the_pipeline_does_not_read_are_named(tmp_path):
+    """``ImageFolderDataset`` reads only the listed suffixes and skipped the rest without a word: a class folder
+    of BMP files trained on nothing (its label never seen), a val split's accuracy covered fewer images than it
+    holds. A warning names the count, a few files and the class folders left without an image; hidden files are
+    not counted, and a folder of readable images gives no warning."""
+    import warnings
+
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        Image.new("RGB", (8, 8)).save(tmp_path / c / "0.jpg")
+    Image.new("RGB", (8, 8)).save(tmp_path / "a" / ".hidden.bmp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        create_dataset(tmp_path, do_train=True, batch_size=1, image_size=8, num_parallel_workers=1)
+    (tmp_path / "c").mkdir()
+    for i in range(2):
+        Image.new("RGB", (8, 8)).save(tmp_path / "c" / f"{i}.bmp")
+    Image.new("RGB", (8, 8)).save(tmp_path / "a" / "1.webp")
+    with pytest.warns(UserWarning, match=r"3 file\(s\) are not read \(only \.JPEG, .*\.PNG are\), e\.g\. 'a/1\.webp', "
+                                         r"'c/0\.bmp', 'c/1\.bmp'; class folder\(s\) left without an image: 'c'\."):
+        data = create_dataset(tmp_path, do_train=True, batch_size=1, image_size=8, num_parallel_workers=1)
+    assert data.get_dataset_size() == 2

@@ -40,10 +40,10 @@ from model_zoo.resnet.src.recipe_lookup import (  # noqa: E402
 from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
     BUILTIN_DATA,
-    EVAL_METRICS,
     build_loss,
     data_root,
     eval_dataset,
+    eval_metrics,
     inference_network,
     split_folder,
 )
@@ -85,7 +85,7 @@ def evaluate_checkpoint(cfg: Config, manifest_plan: bool = False) -> dict:
     folder = split_folder(cfg, train=False)
     check_images(folder, cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)))
     data = eval_dataset(cfg, class_names=train_classes(cfg))
-    model = Model(net, loss_fn=build_loss(cfg), metrics=set(EVAL_METRICS))
+    model = Model(net, loss_fn=build_loss(cfg), metrics=eval_metrics(int(cfg.class_num)))
     started = time.time()
     result = model.eval(data, dataset_sink_mode=False)
     return {"top_1_accuracy": float(result["top_1_accuracy"]), "top_5_accuracy": float(result["top_5_accuracy"]),

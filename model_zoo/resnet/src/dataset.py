@@ -21,7 +21,7 @@ import mindspore.dataset as ds
 from mindspore.dataset import transforms, vision
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "class_folders", "class_indexing", "check_class_count",
-           "create_dataset"]
+           "warn_unread_files", "create_dataset"]
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -75,6 +75,30 @@ def class_indexing(dataset_path: Union[str, Path], class_names: Sequence[str]) -
                       f"{_listed(missing)}; the other classes keep the train split's labels and accuracy covers "
                       f"only them.", UserWarning, stacklevel=2)
     return {name: names.index(name) for name in present}
+
+
+def warn_unread_files(dataset_path: Union[str, Path], class_names: Sequence[str]) -> None:
+    """Warn about files in the class folders that the pipeline does not read (a suffix other than
+    :data:`IMAGE_EXTENSIONS`, e.g. ``.bmp``, ``.webp``, ``.Jpg``), naming how many and a few, and about class folders
+    left without any image that way: ``ImageFolderDataset`` skips such files without a word, so a class of BMP
+    files would train on nothing and a val split's accuracy would cover fewer images than it holds. Hidden files
+    (``.DS_Store``) are not counted."""
+    root = Path(dataset_path)
+    unread, empty = [], []
+    for name in class_names:
+        folder = root / name
+        if not folder.is_dir():
+            continue
+        files = [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        skipped = [p for p in files if not p.name.endswith(IMAGE_EXTENSIONS)]
+        unread.extend(skipped)
+        if files and len(skipped) == len(files):
+            empty.append(name)
+    if unread:
+        shown = ", ".join(repr(str(p.relative_to(root))) for p in unread[:3])
+        left = f"; class folder(s) left without an image: {_listed(empty)}" if empty else ""
+        warnings.warn(f"{str(root)!r}: {len(unread)} file(s) are not read (only {', '.join(IMAGE_EXTENSIONS)} "
+                      f"are), e.g. {shown}{left}. Convert or rename them to be used.", UserWarning, stacklevel=2)
 
 
 def check_class_count(classes: Sequence[str], class_num: int, dataset_path: Union[str, Path]) -> None:
@@ -155,6 +179,7 @@ def create_dataset(dataset_path: Union[str, Path], do_train: bool, batch_size: i
     """
     own = class_folders(dataset_path)
     indexing = None if class_names is None else class_indexing(dataset_path, class_names)
+    warn_unread_files(dataset_path, own)
     if do_train and len(own) < 2:
         raise ValueError(f"{str(dataset_path)!r} holds a single class folder ({own[0]!r}); training a classifier "
                          f"needs at least 2 (one sub-folder of images per class).")

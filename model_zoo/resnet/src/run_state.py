@@ -329,6 +329,13 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
         raise ValueError(f"resume: checkpoint {str(path)!r} was written with batch_size {saved_batch}, this run has "
                          f"{cfg.get('batch_size')} (steps_per_epoch fixed, so the step counts agree, but not the "
                          f"images a step reads); exact resume needs the same: give --batch_size {saved_batch}.")
+    saved_ranks, ranks = manifest.get("rank_size"), comm.get_size()
+    if saved_ranks is not None and int(saved_ranks) != ranks:
+        raise ValueError(f"resume: checkpoint {str(path)!r} was written by a run of {saved_ranks} rank(s), this run "
+                         f"has {ranks} (steps_per_epoch and batch_size the same, but a step reads "
+                         f"{saved_ranks} x batch_size images there, other shards, and the ranks' own states differ); "
+                         f"exact resume needs the same rank count: relaunch with {saved_ranks} rank(s), or start a "
+                         f"new run from its weights with --pretrained.")
     if step < 1:
         raise ValueError(f"resume: checkpoint {str(path)!r} records global step {step}; nothing to resume.")
     if step >= int(cfg.epoch_size) * steps_per_epoch:
@@ -336,11 +343,17 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
                          f"{cfg.epoch_size} x {steps_per_epoch} steps or later; raise --epoch_size to train further.")
     schedules = schedule_parameter_names(network)
     wanted = {p.name: p for p in network.get_parameters() if p.name not in schedules}
+    saved_config = manifest.get("config") or {}
+    changed = sorted(key for key, value in saved_config.items()
+                     if key not in RESUME_FREE_KEYS and cfg.get(key) != value)
     missing = sorted(set(wanted) - set(entries))
-    if missing:
-        raise ValueError(f"resume: checkpoint {str(path)!r} lacks {len(missing)} Parameter(s) of this run's train "
-                         f"network (first: {missing[:5]}); was it written by another recipe or boost setting "
-                         f"(it says recipe {manifest.get('recipe')!r}, boost_level {manifest.get('boost_level')!r})?")
+    if missing:  # another train network: name the settings that built it (loss scale, ...) when some differ
+        differs = "; ".join(f"{key}: checkpoint {saved_config[key]!r}, this run {cfg.get(key)!r}" for key in changed)
+        hint = (f"these settings differ from the checkpoint's run: {differs}; resume with the checkpoint's values"
+                if changed else f"was it written by another recipe or boost setting (it says recipe "
+                                f"{manifest.get('recipe')!r}, boost_level {manifest.get('boost_level')!r})?")
+        what = f"lacks {len(missing)} Parameter(s) of this run's train network (first: {missing[:5]})"
+        raise ValueError(f"resume: checkpoint {str(path)!r} {what}; {hint}.")
     try:  # THOR factors of another layout (whole, written before the block capture; another block size)
         entries = convert_thor_checkpoint(entries, network)
     except ValueError as err:
@@ -355,8 +368,6 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
     ms.load_param_into_net(network, {**{name: entries[name] for name in wanted if name in entries},
                                      **{p.name: p for p in network.get_parameters() if p.name in schedules}},
                            strict_load=True)
-    changed = sorted(key for key, value in (manifest.get("config") or {}).items()
-                     if key not in RESUME_FREE_KEYS and cfg.get(key) != value)
     if changed and comm.get_rank() == 0:
         print(f"resume: note: these keys differ from the checkpoint's run: {changed}", flush=True)
     saved_epochs = (manifest.get("config") or {}).get("epoch_size")

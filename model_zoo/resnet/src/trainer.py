@@ -68,7 +68,7 @@ __all__ = [
     "RunInfo", "OPTIMIZERS", "LOSS_SCALE_TYPES", "BUILTIN_DATA", "setup_runtime", "data_root", "split_folder",
     "build_network",
     "load_weights", "build_loss", "learning_rate", "build_optimizer", "loss_scale_manager", "boost_config_dict",
-    "build_model", "train_dataset", "eval_dataset", "evaluate", "inference_network", "train",
+    "build_model", "eval_metrics", "train_dataset", "eval_dataset", "evaluate", "inference_network", "train",
     "recipe_structure", "recipe_manifest", "resume_state", "schedule_parameter_names", "claim_output",
     "TrainingDiverged", "divergence_policy",
     # the boost plan's check and resolution (:mod:`.boost_plan`, no MindSpore of its own)
@@ -78,6 +78,19 @@ __all__ = [
 OPTIMIZERS = CHOICES["optimizer"]
 LOSS_SCALE_TYPES = CHOICES["loss_scale_type"]
 EVAL_METRICS = {"top_1_accuracy", "top_5_accuracy"}
+"""The accuracies the zoo reports (names of :func:`eval_metrics`' metrics)."""
+
+
+def eval_metrics(class_num: int) -> Dict[str, Any]:
+    """Top-1 and top-5 accuracy for a network of ``class_num`` outputs, as ``Model(metrics=...)`` takes them.
+
+    With fewer than 5 outputs the top-5 accuracy counts the top ``class_num`` (every output, so it is 1):
+    MindSpore's ``'top_5_accuracy'`` metric asks numpy for 5 of them and fails on a 3-class network's logits.
+    """
+    if isinstance(class_num, bool) or not isinstance(class_num, int) or class_num < 1:
+        raise ValueError(f"class_num={class_num!r} must be an int >= 1.")
+    return {"top_1_accuracy": nn.Top1CategoricalAccuracy(),
+            "top_5_accuracy": nn.TopKCategoricalAccuracy(min(5, class_num))}
 
 
 @dataclass(frozen=True)
@@ -249,8 +262,8 @@ def autotune_recipe(cfg: Config, run: RunInfo, net: nn.Cell, loss: nn.Cell, opt:
     options = {key: value for key, value in _autotune_section(cfg).items() if key != "plan"}
     options["save_path"] = str(Path(os.path.expanduser(str(cfg.output_path))) / AUTOTUNE_FILE)
     sections["autotune"] = options
-    model = Model(net, loss_fn=loss, optimizer=opt, metrics=set(EVAL_METRICS), boost_level=AUTO_LEVEL,
-                  boost_config_dict=sections, **_model_kwargs(cfg))
+    model = Model(net, loss_fn=loss, optimizer=opt, metrics=eval_metrics(int(cfg.class_num)),
+                  boost_level=AUTO_LEVEL, boost_config_dict=sections, **_model_kwargs(cfg))
     report = model.autotune(dataset, int(cfg.epoch_size), steps_per_epoch=steps_per_epoch)
     return cfg.replace(boost_level=report.level, boost_config_dict=report.boost_config_dict), model
 
@@ -443,13 +456,13 @@ def _model_kwargs(cfg: Config) -> Dict[str, Any]:
 def build_model(cfg: Config, net: nn.Cell, loss: nn.Cell, opt: nn.Optimizer, total_steps: int) -> Model:
     """``ms_boost.Model`` with the recipe's amp level, loss scale and boost level (THOR-converted for THOR)."""
     kwargs = _model_kwargs(cfg)
-    model = Model(net, loss_fn=loss, optimizer=opt, metrics=set(EVAL_METRICS), boost_level=cfg.boost_level,
-                  boost_config_dict=boost_config_dict(cfg, total_steps), **kwargs)
+    model = Model(net, loss_fn=loss, optimizer=opt, metrics=eval_metrics(int(cfg.class_num)),
+                  boost_level=cfg.boost_level, boost_config_dict=boost_config_dict(cfg, total_steps), **kwargs)
     if cfg.optimizer == "THOR":
         from ms_boost.thor import ConvertModelUtils
 
         model = ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
-                                                          metrics=set(EVAL_METRICS), **kwargs)
+                                                          metrics=eval_metrics(int(cfg.class_num)), **kwargs)
     return model
 
 
