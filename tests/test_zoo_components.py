@@ -427,7 +427,8 @@ def test_a_stopped_script_exits_130_or_143_and_train_py_says_how_to_resume(monke
 
 def test_run_sizes_are_checked_by_their_config_names():
     """--epoch_size 0 was refused as 'total_epochs=0', --steps_per_epoch -1 as 'num_steps=-1', --train_image_size 0
-    as 'image_size=0' (the pipeline's argument names); now by the key the user typed, before anything is built."""
+    as 'image_size=0' (the pipeline's argument names); now by the key the user typed, before anything is built.
+    --num_parallel_workers 0 (or negative) silently meant the default 8: now refused too."""
     from pathlib import Path
 
     from model_zoo.resnet.src.config import parse_config
@@ -436,7 +437,8 @@ def test_run_sizes_are_checked_by_their_config_names():
     recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
     check_run_sizes(parse_config([], recipe))
     for key, value, allowed in (("epoch_size", "0", "an int >= 1"), ("steps_per_epoch", "-1", "an int >= 0"),
-                                ("train_image_size", "0", "an int >= 1"), ("warmup_epochs", "-1", "an int >= 0")):
+                                ("train_image_size", "0", "an int >= 1"), ("warmup_epochs", "-1", "an int >= 0"),
+                                ("num_parallel_workers", "0", "an int >= 1")):
         with pytest.raises(ValueError, match=rf"^{key}={value} is not allowed; allowed: {allowed}\.$"):
             check_run_sizes(parse_config([f"--{key}", value], recipe))
 

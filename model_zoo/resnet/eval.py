@@ -41,6 +41,7 @@ from model_zoo.resnet.src.run_state import read_manifest  # noqa: E402
 from model_zoo.resnet.src.trainer import (  # noqa: E402
     BUILTIN_DATA,
     build_loss,
+    check_run_sizes,
     data_root,
     eval_dataset,
     eval_metrics,
@@ -81,9 +82,10 @@ def evaluate_checkpoint(cfg: Config, manifest_plan: bool = False) -> dict:
     from mindspore.train import Model
 
     cfg = checkpoint_config(cfg, "eval.py", plan=manifest_plan)
+    check_run_sizes(cfg)  # e.g. --eval_batch_size 0, --num_parallel_workers 0: named before anything is built
     net = inference_network(cfg)
     folder = split_folder(cfg, train=False)
-    check_images(folder, cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)))
+    check_images(folder, cfg.check_data, workers=int(cfg.num_parallel_workers))
     data = eval_dataset(cfg, class_names=train_classes(cfg))
     model = Model(net, loss_fn=build_loss(cfg), metrics=eval_metrics(int(cfg.class_num)))
     started = time.time()

@@ -111,7 +111,7 @@ def _choice(key: str, value: Any, allowed) -> Any:
 #: run sizes checked by their config names before anything is built (the pipeline's own checks name its arguments)
 _AT_LEAST = {"epoch_size": 1, "batch_size": 1, "eval_batch_size": 1, "train_image_size": 1, "eval_image_size": 1,
              "steps_per_epoch": 0, "warmup_epochs": 0, "save_checkpoint_epochs": 1, "keep_checkpoint_max": 1,
-             "log_interval": 1}
+             "log_interval": 1, "num_parallel_workers": 1}
 
 
 def check_run_sizes(cfg: Config) -> None:
@@ -589,7 +589,7 @@ def check_training_data(cfg: Config, run: RunInfo) -> None:
         return
     splits = [True] + ([False] if (cfg.run_eval or cfg.eval_before_train) and run.rank == 0 else [])
     for train in splits:
-        check_images(split_folder(cfg, train), cfg.check_data, workers=max(1, int(cfg.num_parallel_workers)),
+        check_images(split_folder(cfg, train), cfg.check_data, workers=int(cfg.num_parallel_workers),
                      verbose=run.rank == 0)
 
 
