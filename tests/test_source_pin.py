@@ -113,3 +113,24 @@ def test_ms_boost_pins_its_own_modules_when_imported():
     entry = linecache.cache[optimizer.__file__]
     assert entry[1] is None and entry[2][optimizer.FreezeOpt.__init__.__code__.co_firstlineno - 1].strip() \
         .startswith("def __init__(")
+
+
+def test_another_module_importing_a_function_keeps_the_pinned_text(tmp_path, monkeypatch, graph_mode):
+    """A module holding one function of a pinned file (``from ... import``) sees only part of that file's code:
+    pinning it later (the next Model, or ms_boost's own modules, which import each other's functions) keeps the
+    text pinned first. Before, such a partial view read the file again and pinned what it read whenever the
+    function's own first line still fit: an edit that moves no ``def`` was then compiled against the loaded code
+    (here the scale 5 of the edited file instead of the loaded 1)."""
+    module, path = load_module(tmp_path, monkeypatch, "pin_case_view")
+    path.write_text(path.read_text() + "\n\ndef helper():\n    return 1\n")  # before the import: part of the code
+    module = importlib.reload(module)
+    user = tmp_path / "pin_case_view_user.py"
+    user.write_text("from pin_case_view import helper\n")
+    monkeypatch.delitem(sys.modules, "pin_case_view_user", raising=False)
+    net = module.Net()
+    pin_cell_sources([net])
+    path.write_text(path.read_text().replace("* 1", "* 5"))  # no line moves
+    from ms_boost.source_pin import pin_module_sources
+
+    pin_module_sources(importlib.import_module("pin_case_view_user"))
+    np.testing.assert_allclose(net(ms.Tensor(X)).asnumpy(), X.sum(1, keepdims=True).repeat(2, 1))
