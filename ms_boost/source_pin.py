@@ -134,7 +134,7 @@ def pin_module_sources(module: types.ModuleType) -> None:
             linecache.cache[filename] = (sum(len(line) for line in lines), None, lines, filename)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _installed(filename: str) -> bool:
     """True for a file of MindSpore's package or of Python's standard library (:func:`_unchecked_roots`)."""
     return os.path.realpath(filename).startswith(_unchecked_roots())
