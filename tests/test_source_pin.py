@@ -134,3 +134,24 @@ def test_another_module_importing_a_function_keeps_the_pinned_text(tmp_path, mon
 
     pin_module_sources(importlib.import_module("pin_case_view_user"))
     np.testing.assert_allclose(net(ms.Tensor(X)).asnumpy(), X.sum(1, keepdims=True).repeat(2, 1))
+
+
+def test_the_test_processes_source_memo_answers_as_inspect(tmp_path, monkeypatch):
+    """tests/helpers/source_memo.py (MindSpore's parser in the test processes): the same answer as
+    ``inspect.getsourcelines``, again from memory, and after the file changed on disk the new file's answer."""
+    import os
+
+    from tests.helpers import source_memo
+
+    path = tmp_path / "memo_case.py"
+    path.write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "memo_case", raising=False)
+    module = importlib.import_module("memo_case")
+    first = source_memo.getsourcelines(module.f)
+    assert first == source_memo._ORIGINAL(module.f) == (["def f(x):\n", "    return x + 1\n"], 1)
+    assert source_memo.getsourcelines(module.f) == first and module.f.__code__ in source_memo._MEMO
+    path.write_text("# moved\n\ndef f(x):\n    return x + 2\n")
+    os.utime(path, (1, 1))  # another modification time whatever the clock's resolution
+    after = source_memo.getsourcelines(module.f)  # first, so that it notices the change by itself
+    assert after == source_memo._ORIGINAL(module.f) and after != first
