@@ -95,17 +95,26 @@ def _misfit(lines: List[str], codes: List[Tuple[str, types.CodeType]]) -> Option
 def pin_module_sources(module: types.ModuleType) -> None:
     """Pin the source text of ``module``'s file(s) in :mod:`linecache` (see the module docstring).
 
+    A file is read and checked once: later calls whose functions were all checked against its pinned text (the
+    module itself again, or another module holding some of its functions by ``from ... import``) reuse that text
+    without reading the file. A function not checked yet (a reload's new code, or a view of the file seen for the
+    first time) reads the file again: the same text adds the function to the checked ones, another text (a reload)
+    is checked and pinned instead.
+
     Raises:
         SourceChangedError: the file on disk no longer fits the loaded code (a function's first line moved).
     """
+    own_file = getattr(module, "__file__", None)
+    if isinstance(own_file, str) and _installed(own_file):
+        return  # MindSpore's or the standard library's: installed code, not checked (as its files below)
     for filename, codes in _module_codes(module).items():
-        if not os.path.isfile(filename) or os.path.realpath(filename).startswith(_unchecked_roots()):
-            continue
         code_set = frozenset(code for _, code in codes)
         pinned = _PINNED.get(filename)
-        if pinned is not None and pinned[0] == code_set:
+        if pinned is not None and code_set <= pinned[0]:
             lines = pinned[1]
-        else:  # first time, or reloaded: the text on disk now
+        elif not os.path.isfile(filename) or _installed(filename):
+            continue
+        else:  # first time, a function not checked yet, or reloaded: the text on disk now
             with open(filename, encoding="utf-8") as handle:
                 lines = handle.readlines()
             bad = _misfit(lines, codes)
@@ -117,10 +126,18 @@ def pin_module_sources(module: types.ModuleType) -> None:
                     f"text at these line numbers, so it would compile other code (MindSpore 2.10 then fails with "
                     f"e.g. 'The parameters number of the function is 0, but the number of provided arguments is "
                     f"1' at an unrelated def); restart the process to run the edited file.")
+            if pinned is not None and lines == pinned[1]:
+                lines, code_set = pinned[1], code_set | pinned[0]
             _PINNED[filename] = (code_set, lines)
         entry = linecache.cache.get(filename)
         if entry is None or len(entry) != 4 or entry[1] is not None or entry[2] is not lines:
             linecache.cache[filename] = (sum(len(line) for line in lines), None, lines, filename)
+
+
+@functools.cache
+def _installed(filename: str) -> bool:
+    """True for a file of MindSpore's package or of Python's standard library (:func:`_unchecked_roots`)."""
+    return os.path.realpath(filename).startswith(_unchecked_roots())
 
 
 def pin_loaded_sources(prefix: str = "ms_boost") -> None:

@@ -50,7 +50,10 @@ def pytest_configure(config):
     if _runs_tests(config):
         import mindspore as ms
 
+        from tests.helpers import source_memo
+
         ms.set_device("CPU")
+        source_memo.install()  # MindSpore's parser reads each function's source once per file text, not per compile
 
 
 def _ms():

@@ -113,3 +113,45 @@ def test_ms_boost_pins_its_own_modules_when_imported():
     entry = linecache.cache[optimizer.__file__]
     assert entry[1] is None and entry[2][optimizer.FreezeOpt.__init__.__code__.co_firstlineno - 1].strip() \
         .startswith("def __init__(")
+
+
+def test_another_module_importing_a_function_keeps_the_pinned_text(tmp_path, monkeypatch, graph_mode):
+    """A module holding one function of a pinned file (``from ... import``) sees only part of that file's code:
+    pinning it later (the next Model, or ms_boost's own modules, which import each other's functions) keeps the
+    text pinned first. Before, such a partial view read the file again and pinned what it read whenever the
+    function's own first line still fit: an edit that moves no ``def`` was then compiled against the loaded code
+    (here the scale 5 of the edited file instead of the loaded 1)."""
+    module, path = load_module(tmp_path, monkeypatch, "pin_case_view")
+    path.write_text(path.read_text() + "\n\ndef helper():\n    return 1\n")  # before the import: part of the code
+    module = importlib.reload(module)
+    user = tmp_path / "pin_case_view_user.py"
+    user.write_text("from pin_case_view import helper\n")
+    monkeypatch.delitem(sys.modules, "pin_case_view_user", raising=False)
+    net = module.Net()
+    pin_cell_sources([net])
+    path.write_text(path.read_text().replace("* 1", "* 5"))  # no line moves
+    from ms_boost.source_pin import pin_module_sources
+
+    pin_module_sources(importlib.import_module("pin_case_view_user"))
+    np.testing.assert_allclose(net(ms.Tensor(X)).asnumpy(), X.sum(1, keepdims=True).repeat(2, 1))
+
+
+def test_the_test_processes_source_memo_answers_as_inspect(tmp_path, monkeypatch):
+    """tests/helpers/source_memo.py (MindSpore's parser in the test processes): the same answer as
+    ``inspect.getsourcelines``, again from memory, and after the file changed on disk the new file's answer."""
+    import os
+
+    from tests.helpers import source_memo
+
+    path = tmp_path / "memo_case.py"
+    path.write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "memo_case", raising=False)
+    module = importlib.import_module("memo_case")
+    first = source_memo.getsourcelines(module.f)
+    assert first == source_memo._ORIGINAL(module.f) == (["def f(x):\n", "    return x + 1\n"], 1)
+    assert source_memo.getsourcelines(module.f) == first and module.f.__code__ in source_memo._MEMO
+    path.write_text("# moved\n\ndef f(x):\n    return x + 2\n")
+    os.utime(path, (1, 1))  # another modification time whatever the clock's resolution
+    after = source_memo.getsourcelines(module.f)  # first, so that it notices the change by itself
+    assert after == source_memo._ORIGINAL(module.f) and after != first
