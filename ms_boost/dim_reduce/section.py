@@ -66,4 +66,5 @@ class DimReduceConfig(Section):
 
 
 #: the ``dim_reduce`` algorithm's place in the plan (name, section, order, levels, exclusivity)
-PLAN = AlgorithmSpec(name="dim_reduce", section=DimReduceConfig, order=60, runs_alone=True)
+PLAN = AlgorithmSpec(name="dim_reduce", section=DimReduceConfig, order=60, runs_alone=True,
+                     branches_on_device=True)  # the line search's later trials write the weights under `if`

@@ -24,5 +24,4 @@ def _apply(network, optimizer, weights, cfg: DimReduceConfig, ctx: BuildContext)
 
 #: DimReduce replaces the optimizer step and runs alone.
 SPEC = dataclasses.replace(PLAN, rewrite_train=_rewrite_train, apply=_apply,
-                           apply_text="DimReduce (PCA subspace BFGS + line search)",
-                           branches_on_device=True)  # the line search's later trials write the weights under `if`
+                           apply_text="DimReduce (PCA subspace BFGS + line search)")

@@ -42,4 +42,5 @@ def _warn_config(cfg: GradAccumulationConfig):
 
 #: the ``grad_accumulation`` algorithm's place in the plan (name, section, order, levels, exclusivity)
 PLAN = AlgorithmSpec(name="grad_accumulation", section=GradAccumulationConfig, order=30, in_enable_all=True,
-                     warn_config=_warn_config)
+                     warn_config=_warn_config,
+                     branches_on_device=True)  # the update runs under `if count >= k`

@@ -32,5 +32,4 @@ def _warn_data(cfg: GradAccumulationConfig, data: TrainingData):
 
 
 #: Gradient accumulation for the pipeline: the outermost update stage.
-SPEC = dataclasses.replace(PLAN, stage=_stage, describe=_describe, warn_data=_warn_data,
-                           branches_on_device=True)  # the update runs under `if count >= k`
+SPEC = dataclasses.replace(PLAN, stage=_stage, describe=_describe, warn_data=_warn_data)
