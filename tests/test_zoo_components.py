@@ -648,21 +648,36 @@ def test_a_command_line_key_in_ms_boosts_other_spelling_replaces_the_recipes():
     assert AutoBoost("O2", boost_config_dict(o2, total_steps=10)).common.device_number == 2
 
 
+class _ResumeCfg(dict):
+    """A config that ``restore_train_network`` reads by attribute and by ``get``."""
+
+    __getattr__ = dict.__getitem__
+
+
+def _resume_checkpoint(path, manifest: dict) -> None:
+    """A one-Parameter checkpoint (``w`` = zeros(3)) carrying ``manifest`` as the zoo's run manifest."""
+    import json
+
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor
+
+    from model_zoo.resnet.src.run_state import MANIFEST_KEY
+
+    ms.save_checkpoint([{"name": "w", "data": Tensor(np.zeros(3, np.float32))}], str(path),
+                       append_dict={MANIFEST_KEY: json.dumps(manifest)})
+
+
 def test_resume_into_a_network_the_checkpoint_does_not_fit_names_the_settings_that_differ(tmp_path):
     """The Momentum recipe's checkpoint (fixed loss scale) resumed with ``--loss_scale_type dynamic``: the train
     network has the dynamic scale's counters, which the checkpoint lacks. The error named only the recipe and the
     boost level, both the same; it names the setting that differs, with both values."""
-    import json
     import re
 
-    import mindspore as ms
     import numpy as np
     from mindspore import Parameter, Tensor, nn
 
-    from model_zoo.resnet.src.run_state import MANIFEST_KEY, restore_train_network
-
-    class Cfg(dict):
-        __getattr__ = dict.__getitem__
+    from model_zoo.resnet.src.run_state import restore_train_network
 
     class Net(nn.Cell):
         def __init__(self):
@@ -671,11 +686,10 @@ def test_resume_into_a_network_the_checkpoint_does_not_fit_names_the_settings_th
             self.counter = Parameter(Tensor(np.zeros(1, np.int32)), name="current_iterator_step")
 
     path = tmp_path / "resnet-1_2.ckpt"
-    manifest = {"global_step": 2, "steps_per_epoch": 2, "recipe": "resnet50_imagenet_momentum", "boost_level": "O0",
-                "config": {"loss_scale_type": "fixed", "batch_size": 8, "lr_max": 0.1}}
-    ms.save_checkpoint([{"name": "w", "data": Tensor(np.zeros(3, np.float32))}], str(path),
-                       append_dict={MANIFEST_KEY: json.dumps(manifest)})
-    cfg = Cfg(resume=str(path), checkpoint_dir="checkpoint", checkpoint_prefix="resnet", epoch_size=2,
+    _resume_checkpoint(path, {"global_step": 2, "steps_per_epoch": 2, "recipe": "resnet50_imagenet_momentum",
+                              "boost_level": "O0",
+                              "config": {"loss_scale_type": "fixed", "batch_size": 8, "lr_max": 0.1}})
+    cfg = _ResumeCfg(resume=str(path), checkpoint_dir="checkpoint", checkpoint_prefix="resnet", epoch_size=2,
               loss_scale_type="dynamic", batch_size=8, lr_max=0.1)
     with pytest.raises(ValueError, match=re.escape(
             "lacks 1 Parameter(s) of this run's train network (first: ['current_iterator_step']); these settings "
@@ -684,23 +698,17 @@ def test_resume_into_a_network_the_checkpoint_does_not_fit_names_the_settings_th
         restore_train_network(cfg, Net(), 2, lambda p, m: None)
     with pytest.raises(ValueError, match=r"was it written by another recipe or boost setting \(it says recipe "
                                          r"'resnet50_imagenet_momentum', boost_level 'O0'\)\?"):
-        restore_train_network(Cfg(cfg, loss_scale_type="fixed"), Net(), 2, lambda p, m: None)
+        restore_train_network(_ResumeCfg(cfg, loss_scale_type="fixed"), Net(), 2, lambda p, m: None)
 
 
 def test_resume_with_another_rank_count_is_refused_even_with_steps_per_epoch_fixed(tmp_path):
     """A 2-rank run's checkpoint resumed by 1 rank: with ``steps_per_epoch`` fixed the step counts and batch size
     agree, and the run went on silently on other shards with half the global batch (the docs say the rank count is
     checked; it was only through the steps per epoch of whole epochs). Refused, naming both counts."""
-    import json
-
-    import mindspore as ms
     import numpy as np
     from mindspore import Parameter, Tensor, nn
 
-    from model_zoo.resnet.src.run_state import MANIFEST_KEY, restore_train_network
-
-    class Cfg(dict):
-        __getattr__ = dict.__getitem__
+    from model_zoo.resnet.src.run_state import restore_train_network
 
     class Net(nn.Cell):
         def __init__(self):
@@ -708,11 +716,11 @@ def test_resume_with_another_rank_count_is_refused_even_with_steps_per_epoch_fix
             self.w = Parameter(Tensor(np.ones(3, np.float32)), name="w")
 
     path = tmp_path / "resnet-1_2.ckpt"
-    cfg = Cfg(resume=str(path), checkpoint_dir="checkpoint", checkpoint_prefix="resnet", epoch_size=2, batch_size=8)
+    cfg = _ResumeCfg(resume=str(path), checkpoint_dir="checkpoint", checkpoint_prefix="resnet", epoch_size=2,
+                     batch_size=8)
     for ranks in (2, 1):
-        manifest = {"global_step": 2, "steps_per_epoch": 2, "rank_size": ranks, "config": {"batch_size": 8}}
-        ms.save_checkpoint([{"name": "w", "data": Tensor(np.zeros(3, np.float32))}], str(path),
-                           append_dict={MANIFEST_KEY: json.dumps(manifest)})
+        _resume_checkpoint(path, {"global_step": 2, "steps_per_epoch": 2, "rank_size": ranks,
+                                  "config": {"batch_size": 8}})
         if ranks == 2:
             with pytest.raises(ValueError, match=r"was written by a run of 2 rank\(s\), this run has 1 .*exact resume "
                                                  r"needs the same rank count: relaunch with 2 rank\(s\), or start a "
