@@ -53,7 +53,7 @@ from ms_boost.loss_scaler import is_group_manager
 from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
 from ms_boost.overflow_watch import SkippedStepsWatch
 from ms_boost.pipeline import rewrite_eval, rewrite_train
-from ms_boost.replaced_memory import MemoryWatch, compile_again, memory_key, replaced_parameters
+from ms_boost.replaced_memory import MemoryWatch, compile_again_for, memory_key, replaced_parameters
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks, optimizers_in
 from ms_boost.train_cell import BoostTrainOneStepCell, BoostTrainOneStepWithLossScaleCell
@@ -509,10 +509,7 @@ class Model(_MsModel):
             return
         replaced = replaced_parameters(self._memory_key, memory_key(self._train_network))
         if replaced:
-            logger.info("ms_boost: %d Parameter(s) of the train network got new memory since it last trained (e.g. "
-                        "load_param_into_net: %s); the train step is compiled again on it", len(replaced),
-                        ", ".join(replaced[:3]) + (", ..." if len(replaced) > 3 else ""))
-            compile_again(self._train_network)
+            compile_again_for(self._train_network, replaced, "since it last trained (e.g. load_param_into_net")
 
     def _end_training(self) -> None:
         self._memory_key = memory_key(self._train_network)

@@ -32,7 +32,7 @@ import mindspore as ms
 from mindspore import nn
 from mindspore.train import Callback
 
-__all__ = ["memory_key", "compile_again", "replaced_parameters", "MemoryWatch"]
+__all__ = ["memory_key", "compile_again", "compile_again_for", "replaced_parameters", "MemoryWatch"]
 
 logger = logging.getLogger("ms_boost")
 
@@ -64,6 +64,13 @@ def compile_again(network: nn.Cell) -> None:
         object.__setattr__(cell, "_create_time", stamp + offset)
 
 
+def compile_again_for(network: nn.Cell, replaced: list, when: str) -> None:
+    """Log which Parameters got new memory (``when``: since when, and by what) and :func:`compile_again`."""
+    logger.info("ms_boost: %d Parameter(s) of the train network got new memory %s: %s); the train step is compiled "
+                "again on it", len(replaced), when, ", ".join(replaced[:3]) + (", ..." if len(replaced) > 3 else ""))
+    compile_again(network)
+
+
 class MemoryWatch(Callback):
     """Compile ``network`` again before a Graph-mode step when a Parameter got new memory since the step before.
 
@@ -92,7 +99,4 @@ class MemoryWatch(Callback):
         if before is None or before == addresses:
             return
         replaced = [param.name for param, old, new in zip(self.params, before, addresses) if old != new]
-        logger.info("ms_boost: %d Parameter(s) of the train network got new memory between two steps (set_data: "
-                    "%s); the train step is compiled again on it", len(replaced),
-                    ", ".join(replaced[:3]) + (", ..." if len(replaced) > 3 else ""))
-        compile_again(self.network)
+        compile_again_for(self.network, replaced, "between two steps (set_data")
