@@ -24,8 +24,10 @@ Each candidate carries **priors**, what the trial expects of it before measuring
 
 * ``compile_prior(ctx)`` and ``step_prior(ctx)``: its compile and its steady step time over ``O0``'s;
 * ``progress_prior``: the expected held-out loss decrease per step relative to ``O0``, used until the trial
-  measures it; ``exact_progress`` marks a plan that computes exactly ``O0``'s function (``O0_cpu_gemm_conv``),
-  whose progress is ``O0``'s by construction and is never measured.
+  measures it: a number, or a function of the context (O1's and O2's: higher where LessBN, by its preview in
+  :attr:`TrialContext.previews`, keeps every BatchNorm layer of the network and adds its FN head);
+  ``exact_progress`` marks a plan that computes exactly ``O0``'s function (``O0_cpu_gemm_conv``), whose progress
+  is ``O0``'s by construction and is never measured.
 
 With the context's guess of ``O0``'s compile in ``O0`` steps (:attr:`TrialContext.compile_steps`) they predict each
 plan's run before anything is measured (:func:`prior_run`): the trial probes the shortest predicted run first
