@@ -13,6 +13,7 @@ Chain built by :func:`build_update` (lower order wraps higher)::
 """
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -23,6 +24,8 @@ from ms_boost.config import AutoBoost, describe_steps
 from ms_boost.spec import BuildContext, call_hook, single_hook
 from ms_boost.stages import OptimizerUpdate
 from ms_boost.topology import Topology
+
+logger = logging.getLogger("ms_boost")
 
 #: optimizers returned by :func:`rewrite_train` (weakly held): their pair went through the plan's rewrites
 _REWRITTEN_OPTIMIZERS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -74,13 +77,19 @@ def preview_network(boost: AutoBoost, network: nn.Cell) -> Dict[str, Dict[str, i
     """What each registered algorithm's training rewrite would change in ``network``, which is left unchanged.
 
     ``{name: counts}`` from every spec of ``boost`` with a ``preview`` hook, enabled or not (its section as
-    ``boost`` resolved it): e.g. ``{"less_bn": {"batchnorm": 12, "removed_bn": 4, "fn_head": 1}}``.
+    ``boost`` resolved it): e.g. ``{"less_bn": {"batchnorm": 12, "removed_bn": 4, "fn_head": 1}}``. A preview is a
+    guess for the autotune trial's priors, never a reason to stop: one that raises (or does not return counts) is
+    left out with a warning naming the algorithm and the error.
     """
     out: Dict[str, Dict[str, int]] = {}
     for spec in sorted(boost.specs, key=lambda s: s.order):
         if spec.preview is not None:
-            counts = call_hook(spec, "preview", network, boost.section(spec.name))
-            out[spec.name] = {str(key): int(value) for key, value in dict(counts).items()}
+            try:
+                counts = call_hook(spec, "preview", network, boost.section(spec.name))
+                out[spec.name] = {str(key): int(value) for key, value in dict(counts).items()}
+            except Exception as exc:  # noqa: BLE001 - said, and the trial goes on without it
+                logger.warning("preview of algorithm %r failed (%s: %s); the autotune trial goes on without it",
+                               spec.name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
     return out
 
 

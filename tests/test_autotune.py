@@ -177,6 +177,28 @@ def test_lessbn_preview_counts_what_it_would_change_and_changes_nothing():
         preview_less_bn("net")
 
 
+def test_a_preview_that_fails_is_left_out_with_a_warning(caplog):
+    import dataclasses
+    import logging
+
+    from ms_boost import registry
+    from ms_boost.pipeline import preview_network
+    from ms_boost.spec import AlgorithmSpec
+
+    @dataclasses.dataclass(frozen=True)
+    class _Nothing:
+        pass
+
+    def broken(network, cfg):
+        raise RuntimeError("cannot read this network")
+
+    spec = AlgorithmSpec(name="broken_preview", section=_Nothing, order=90, preview=broken)
+    with registry.registered(spec), caplog.at_level(logging.WARNING, logger="ms_boost"):
+        previews = preview_network(AutoBoost("O0"), make_net(width=4))
+    assert previews == {"less_bn": {"batchnorm": 2, "removed_bn": 0, "fn_head": 1}}
+    assert "preview of algorithm 'broken_preview' failed (RuntimeError: cannot read this network)" in caplog.text
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_model_auto_gives_its_trial_what_lessbn_would_change_and_trains(mode, monkeypatch):
     import ms_boost.model as model_module
