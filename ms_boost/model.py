@@ -52,7 +52,7 @@ from ms_boost.config import AutoBoost, resolve
 from ms_boost.loss_scaler import is_group_manager
 from ms_boost.mindspore_api import amp_level_config, apply_amp_level, with_loss
 from ms_boost.overflow_watch import SkippedStepsWatch
-from ms_boost.pipeline import rewrite_eval, rewrite_train
+from ms_boost.pipeline import preview_network, rewrite_eval, rewrite_train
 from ms_boost.replaced_memory import MemoryWatch, compile_again_for, memory_key, replaced_parameters
 from ms_boost.source_pin import pin_cell_sources
 from ms_boost.stages import optimizer_hooks, optimizers_in
@@ -231,7 +231,8 @@ def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, option
     holdout, trial = batches.holdout, batches
     ctx = TrialContext(ranks=_data_parallel_ranks(), batch_size=batch_size_of(first[0]),
                        planned_steps=planned_steps, user_sections=sections,
-                       device=str(ms.get_context("device_target")), conv2d_layers=count_conv2d(network))
+                       device=str(ms.get_context("device_target")), conv2d_layers=count_conv2d(network),
+                       previews=preview_network(AutoBoost("O0", sections), network))
 
     def build(boost: AutoBoost, on_originals: bool) -> CellTrialRun:
         if on_originals:  # a plan that rewrites nothing: the step the run would build, restored after each use

@@ -13,8 +13,9 @@ Chain built by :func:`build_update` (lower order wraps higher)::
 """
 from __future__ import annotations
 
+import logging
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mindspore import nn
 
@@ -24,11 +25,13 @@ from ms_boost.spec import BuildContext, call_hook, single_hook
 from ms_boost.stages import OptimizerUpdate
 from ms_boost.topology import Topology
 
+logger = logging.getLogger("ms_boost")
+
 #: optimizers returned by :func:`rewrite_train` (weakly held): their pair went through the plan's rewrites
 _REWRITTEN_OPTIMIZERS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 __all__ = ["build_context", "rewrite_train", "not_rewritten", "rewrite_eval", "build_reducer", "build_update",
-           "describe_steps"]
+           "describe_steps", "preview_network"]
 
 
 def build_context(boost: AutoBoost, topology: Optional[Topology] = None) -> BuildContext:
@@ -68,6 +71,26 @@ def not_rewritten(boost: AutoBoost, network: nn.Cell, optimizer: Any) -> List[st
         if spec.rewrite_train is not None and spec.rewritten is not None and not spec.rewritten(network, optimizer):
             names.append(spec.name)
     return names
+
+
+def preview_network(boost: AutoBoost, network: nn.Cell) -> Dict[str, Dict[str, int]]:
+    """What each registered algorithm's training rewrite would change in ``network``, which is left unchanged.
+
+    ``{name: counts}`` from every spec of ``boost`` with a ``preview`` hook, enabled or not (its section as
+    ``boost`` resolved it): e.g. ``{"less_bn": {"batchnorm": 12, "removed_bn": 4, "fn_head": 1}}``. A preview is a
+    guess for the autotune trial's priors, never a reason to stop: one that raises (or does not return counts) is
+    left out with a warning naming the algorithm and the error.
+    """
+    out: Dict[str, Dict[str, int]] = {}
+    for spec in sorted(boost.specs, key=lambda s: s.order):
+        if spec.preview is not None:
+            try:
+                counts = call_hook(spec, "preview", network, boost.section(spec.name))
+                out[spec.name] = {str(key): int(value) for key, value in dict(counts).items()}
+            except Exception as exc:  # noqa: BLE001 - said, and the trial goes on without it
+                logger.warning("preview of algorithm %r failed (%s: %s); the autotune trial goes on without it",
+                               spec.name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    return out
 
 
 def rewrite_eval(boost: AutoBoost, network: nn.Cell, ctx: Optional[BuildContext] = None) -> nn.Cell:

@@ -17,6 +17,9 @@ user's with :func:`ms_boost.register_algorithm`). The pipeline reads the enabled
 * ``describe(cfg, ctx) -> str`` -- this algorithm's step in the plan summary (None: no step of its own; a
   pair ``(before, after)`` places ``after`` behind the apply step, for a stage acting on the update's result);
   ``apply_text`` names the apply step when this algorithm changes it.
+* ``preview(network, cfg) -> Mapping[str, int]`` -- what ``rewrite_train`` would change in ``network``, without
+  changing it, as counts by name (LessBN: the BatchNorm layers it would remove and whether it adds its FN head);
+  the autotune trial's context reads it (a candidate's priors may depend on it).
 
 ``cfg`` is the algorithm's section (an instance of ``section``, a frozen dataclass validating itself in
 ``__post_init__``); ``ctx`` is the :class:`BuildContext`.
@@ -204,7 +207,8 @@ class AlgorithmSpec:
         runs_alone: switching it on switches every other algorithm off (with a note or warning).
         excludes: names switched off when this one is on.
         in_enable_all: ``boost.mode: enable_all`` switches it on.
-        rewrite_train, rewrite_eval, rewritten, reducer, apply, stage, describe: hooks, see the module doc.
+        rewrite_train, rewrite_eval, rewritten, reducer, apply, stage, describe, preview: hooks, see the module
+            doc.
         apply_text: the summary's apply step when this algorithm is on (e.g. ``"THOR preconditioned
             optimizer"``).
         check_model: ``check_model(cfg, loss_scale_manager)`` raises when ``Model`` got arguments the
@@ -240,6 +244,7 @@ class AlgorithmSpec:
     warn_config: Optional[Callable[..., Optional[str]]] = None
     warn_data: Optional[Callable[..., Optional[str]]] = None
     branches_on_device: bool = False
+    preview: Optional[Callable[..., Mapping[str, int]]] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -263,7 +268,7 @@ class AlgorithmSpec:
         if isinstance(self.order, bool) or not isinstance(self.order, int):
             raise TypeError(f"AlgorithmSpec {self.name!r}: order must be an int, got {self.order!r}.")
         for hook in ("rewrite_train", "rewrite_eval", "rewritten", "reducer", "apply", "stage", "describe",
-                     "check_model", "warn_config", "warn_data"):
+                     "check_model", "warn_config", "warn_data", "preview"):
             value = getattr(self, hook)
             if value is not None and not callable(value):
                 raise TypeError(f"AlgorithmSpec {self.name!r}: {hook} must be callable or None.")
@@ -274,7 +279,7 @@ class AlgorithmSpec:
 #: each hook's arguments, for the message when a user's hook cannot take them
 _HOOK_ARGS = {"rewrite_train": "(network, optimizer, cfg, ctx)", "rewrite_eval": "(network, cfg, ctx)",
               "reducer": "(weights, cfg, ctx)", "apply": "(network, optimizer, weights, cfg, ctx)",
-              "stage": "(inner, weights, cfg, ctx)", "describe": "(cfg, ctx)"}
+              "stage": "(inner, weights, cfg, ctx)", "describe": "(cfg, ctx)", "preview": "(network, cfg)"}
 
 
 def call_hook(spec: AlgorithmSpec, hook: str, *args: Any) -> Any:

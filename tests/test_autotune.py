@@ -141,6 +141,91 @@ def test_probe_order_skips_gemm_conv_without_conv2d():
     assert get_candidate("O0_cpu_gemm_conv").unavailable(gemm).startswith("cpu_gemm_conv rewrites nn.Conv2d")
 
 
+class _Residual(nn.Cell):
+    """conv-BN-ReLU-conv-BN plus the input, ReLU, then a Dense head: LessBN removes the block's first BatchNorm."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 3, 3, pad_mode="same", has_bias=False)
+        self.bn1 = nn.BatchNorm2d(3)
+        self.conv2 = nn.Conv2d(3, 3, 3, pad_mode="same", has_bias=False)
+        self.bn2 = nn.BatchNorm2d(3)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(3 * 8 * 8, width)
+
+    def construct(self, x):
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        return self.fc(self.flatten(self.relu(out + x)))
+
+
+def test_lessbn_preview_counts_what_it_would_change_and_changes_nothing():
+    from ms_boost.less_bn import preview_less_bn
+    from ms_boost.pipeline import preview_network
+
+    for net, want in ((make_net(width=4), {"batchnorm": 2, "removed_bn": 0, "fn_head": 1}),
+                      (_Residual(), {"batchnorm": 2, "removed_bn": 1, "fn_head": 1})):
+        cells = [(name, type(cell)) for name, cell in net.cells_and_names()]
+        assert preview_less_bn(net, fn_flag=True) == want
+        assert preview_less_bn(net) == {**want, "fn_head": 0}  # fn_flag off: no head
+        # through the registry, with the user's less_bn section (fn_flag on by default)
+        assert preview_network(AutoBoost("O0"), net) == {"less_bn": want}
+        assert preview_network(AutoBoost("O0", {"less_bn": {"fn_flag": False}}), net) == \
+            {"less_bn": {**want, "fn_head": 0}}
+        assert [(name, type(cell)) for name, cell in net.cells_and_names()] == cells  # left as it was
+    with pytest.raises(TypeError, match="network must be a mindspore.nn.Cell"):
+        preview_less_bn("net")
+
+
+def test_a_preview_that_fails_is_left_out_with_a_warning(caplog):
+    import dataclasses
+    import logging
+
+    from ms_boost import registry
+    from ms_boost.pipeline import preview_network
+    from ms_boost.spec import AlgorithmSpec
+
+    @dataclasses.dataclass(frozen=True)
+    class _Nothing:
+        pass
+
+    def broken(network, cfg):
+        raise RuntimeError("cannot read this network")
+
+    spec = AlgorithmSpec(name="broken_preview", section=_Nothing, order=90, preview=broken)
+    with registry.registered(spec), caplog.at_level(logging.WARNING, logger="ms_boost"):
+        previews = preview_network(AutoBoost("O0"), make_net(width=4))
+    assert previews == {"less_bn": {"batchnorm": 2, "removed_bn": 0, "fn_head": 1}}
+    assert "preview of algorithm 'broken_preview' failed (RuntimeError: cannot read this network)" in caplog.text
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_model_auto_gives_its_trial_what_lessbn_would_change_and_trains(mode, monkeypatch):
+    import ms_boost.model as model_module
+
+    seen = []
+    real = model_module.run_trials
+
+    def spy(build, ctx, *args, **kwargs):
+        seen.append(ctx)
+        return real(build, ctx, *args, **kwargs)
+
+    monkeypatch.setattr(model_module, "run_trials", spy)
+    net, opt, loss, x, y = _setup(mode, n=128)
+    before = all_params(net)["fc.weight"]
+    model = Model(net, loss, opt, metrics={"acc"}, boost_level="auto",
+                  boost_config_dict={"autotune": {"budget": 0.75, "candidates": ["O0", "O1"], "time_budget": False,
+                                                  "measure_progress": False}})
+    model.train(1, dataset(x, y, BATCH))
+    ctx = seen[0]
+    # SmallConvNet: two nn.Conv2d + BatchNorm, no residual addition, a Dense head: LessBN keeps both BatchNorm layers
+    assert ctx.previews == {"less_bn": {"batchnorm": 2, "removed_bn": 0, "fn_head": 1}}
+    assert ctx.conv2d_layers == 2 and model.autotune_report.pick in ("O0", "O1")
+    assert model.autotune_report.candidate("O1").figures.gain == 1.2  # its prior here (progress not measured)
+    assert not np.array_equal(all_params(net)["fc.weight"], before)  # trained
+    assert model.eval(dataset(x, y, BATCH))["acc"] >= 0.0
+
+
 def test_gains_put_measured_progress_on_the_scale_of_the_exact_reference():
     figs = [Figures(True, progress=0.02, step_s=0.1, measured=True),     # O0: the reference
             Figures(True, step_s=0.05),                                   # O0_cpu_gemm_conv: exact, not measured
@@ -402,7 +487,8 @@ def test_a_budget_too_small_for_one_probe_trains_the_shortest_prior_run_unmeasur
     net, opt, loss, x, y = _setup(ms.PYNATIVE_MODE, n=samples)
     report = autotune_plan(net, loss, opt, dataset(x, y, BATCH), 1, _options(["O0", "O1"], budget=0.05))
     # nn.Conv2d layers on CPU; 4 or 40 planned steps, 5% of which pays for no probe of 3 steps
-    ctx = TrialContext(ranks=1, batch_size=BATCH, planned_steps=samples // BATCH, device="CPU", conv2d_layers=2)
+    ctx = TrialContext(ranks=1, batch_size=BATCH, planned_steps=samples // BATCH, device="CPU", conv2d_layers=2,
+                       previews={"less_bn": {"batchnorm": 2, "removed_bn": 0, "fn_head": 1}})
     runs = {name: prior_run(get_candidate(name), ctx) for name in ("O0", "O1")}
     assert report.pick == min(runs, key=runs.get) and not report.measured and report.trial_steps == 0
     assert "no trial" in report.notes[0] and report.boost_config_dict["boost"].get("less_bn", False) == \

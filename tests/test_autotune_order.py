@@ -20,6 +20,7 @@ from ms_boost.autotune.candidates import (
     get_candidate,
     prior_run,
     probe_order,
+    progress_of,
 )
 from ms_boost.autotune.decide import NO_ESTIMATE, Figures, best_left, o0_scale, predicted_run, prior_figures
 from ms_boost.autotune.engine import batches_needed
@@ -40,7 +41,8 @@ def _numpy_prior_runs(ctx: TrialContext) -> Dict[str, float]:
     cands = default_candidates(ctx)
     kappa = np.array([c.compile_prior(ctx) for c in cands], np.float64)
     tau = np.array([c.step_prior(ctx) for c in cands], np.float64)
-    q = np.array([c.progress_prior for c in cands], np.float64)
+    q = np.array([c.progress_prior(ctx) if callable(c.progress_prior) else c.progress_prior for c in cands],
+                 np.float64)
     runs = kappa * ctx.compile_steps + ctx.planned_steps * tau / q
     return {c.name: float(r) for c, r in zip(cands, runs)}
 
@@ -177,7 +179,7 @@ def test_after_a_probe_the_next_is_the_shortest_run_predicted_on_the_measured_sc
     o0 = get_candidate("O0")
     assert probe_order([o0, o1_fast], ctx) == [0, 1]  # on the guessed scale (200 steps of compile) O0 comes first
     scale = (o0_times[0] / o0.compile_prior(ctx), o0_times[1] / o0.step_prior(ctx))
-    guess = prior_figures(5.0, 0.5, o1_fast.progress_prior, scale)
+    guess = prior_figures(5.0, 0.5, progress_of(o1_fast, ctx), scale)
     saves = predicted_run(guess, 1000) < 1000 * o0_times[1]  # below what O0 still needs once compiled
     # its probe: compile, 3 steps and the restore; the waste so far: O0's 3 steps and restore
     pays = 3 * o0_times[1] + 0.01 + guess.compile_s + 3 * guess.step_s + 0.01 <= budget * (o0_times[0] + 100.0)
@@ -188,7 +190,7 @@ def test_after_a_probe_the_next_is_the_shortest_run_predicted_on_the_measured_sc
     assert probed == (["O0", "O1"] if probed_second else ["O0"])
     if probed_second:  # measured: 4 + 1000 x 0.04 / 0.9 s against O0's 1 + 100 s
         assert report.pick == "O1_fast" and report.candidate("O1_fast").run_seconds(1000) == \
-            pytest.approx(4.0 + 1000 * 0.04 / o1_fast.progress_prior, rel=1e-9)
+            pytest.approx(4.0 + 1000 * 0.04 / progress_of(o1_fast, ctx), rel=1e-9)
     else:
         assert report.pick == "O0" and report.candidate("O1_fast").reason.startswith(f"dropped: not probed: {why}")
     # time_budget off: whatever the scale, every candidate the step budget pays for is probed
@@ -216,7 +218,7 @@ def test_with_the_time_budget_the_next_probe_is_ranked_on_the_measured_scale(mon
     times = {"O0": (1.0, 0.1), "O1": (4.0, 0.04), "grad_accumulation_2": (1.1, 0.13)}
     report, probed = _scripted_trial(monkeypatch, ctx, times, budget=0.3, measure_progress=False, candidates=names)
     scale = (1.0, 0.1)  # O0 measured: compile 1 s (10 of its steps, not 200), step 0.1 s
-    runs = {n: predicted_run(prior_figures(c.compile_prior(ctx), c.step_prior(ctx), c.progress_prior, scale), 1000)
+    runs = {n: predicted_run(prior_figures(c.compile_prior(ctx), c.step_prior(ctx), progress_of(c, ctx), scale), 1000)
             for n, c in zip(names[1:], cands[1:])}
     assert min(runs, key=runs.get) == "O1_fast" and probed[:2] == ["O0", "O1"]
     assert report.pick == "O1_fast"
@@ -287,3 +289,84 @@ def test_a_short_conv_run_measures_o1_only_when_asked_and_picks_it_only_past_the
     # O1 wins only when its measured gain makes its run shorter (by more than the 2% tolerance): 20x, not 2x
     assert report.pick == ("O1" if ratio == 20.0 else "O0_cpu_gemm_conv")
     assert (runs["O1"] < runs["O0_cpu_gemm_conv"] / 1.02) is (ratio == 20.0)
+
+
+# ------------------------------------------------------------------------- O1's progress prior, by what LessBN changes
+#: what LessBN's preview says of the time-to-accuracy page's networks: the conv net (three nn.Conv2d + BatchNorm
+#: stages, no residual addition: every BatchNorm kept, its Dense head replaced by the FN head) and the GEMM ResNet-10
+#: (12 BatchNorm layers, the first of each of its 4 basic blocks removed)
+KEEPS_BN = {"less_bn": {"batchnorm": 3, "removed_bn": 0, "fn_head": 1}}
+RESNET = {"less_bn": {"batchnorm": 12, "removed_bn": 4, "fn_head": 1}}
+
+
+@pytest.mark.parametrize("previews, want", [
+    (KEEPS_BN, 1.2),                                                    # O1 = the FN head + GC on the same net
+    (RESNET, 0.9),                                                      # BatchNorm layers removed
+    ({}, 0.9),                                                          # nothing known
+    ({"less_bn": {"batchnorm": 3, "removed_bn": 0, "fn_head": 0}}, 0.9),  # no FN head (fn_flag off, no Dense)
+    ({"less_bn": {"batchnorm": 0, "removed_bn": 0, "fn_head": 1}}, 0.9),  # no BatchNorm at all: not measured
+])
+def test_o1_and_o2_progress_priors_follow_what_lessbn_would_change(previews, want):
+    ctx = replace(_conv(940), previews=previews, ranks=2)
+    assert progress_of(get_candidate("O1"), ctx) == want and progress_of(get_candidate("O2"), ctx) == want
+    # the others keep their numbers, whatever the network
+    assert [progress_of(get_candidate(n), ctx) for n in ("O0", "grad_accumulation_2", "thor_d0.03_f5")] == \
+        [1.0, 0.6, 1.5]
+
+
+def test_progress_of_takes_a_number_or_a_function_and_refuses_anything_else():
+    ctx = _conv(940)
+    o0 = get_candidate("O0")
+    assert progress_of(replace(o0, name="mine", progress_prior=2), ctx) == 2.0  # a user's number still works
+    assert progress_of(replace(o0, name="mine", progress_prior=lambda c: c.planned_steps / 470), ctx) == 2.0
+    assert prior_run(replace(o0, name="mine", progress_prior=2.0), ctx) == pytest.approx(10.0 + 940 / 2.0)
+    for bad in (0, -1.0, float("nan"), float("inf"), "1", True, None):
+        with pytest.raises(ValueError, match=r"candidate 'mine': progress_prior=.* is not allowed; allowed: a number "
+                                             r"> 0, or a function"):
+            progress_of(replace(o0, name="mine", progress_prior=lambda c, b=bad: b), ctx)
+
+
+@pytest.mark.parametrize("ctx, first, runs", [
+    # mnist5k/conv, the long form (940 steps): the GEMM rewrite 1.5 x 10 + 940 x 0.15 = 156; O1 3.5 x 10 +
+    # 940 x 0.15 / 1.2 = 152.5 (with the flat 0.9: 191.7)
+    (replace(_conv(940), previews=KEEPS_BN), "O1", {"O0_cpu_gemm_conv": 156.0, "O1": 152.5}),
+    # digits/conv, the quick form (138 steps): the rewrite 15 + 20.7 = 35.7; O1 35 + 20.7 / 1.2 = 52.25: the
+    # cheaper compile is kept
+    (replace(_conv(138), previews=KEEPS_BN), "O0_cpu_gemm_conv", {"O0_cpu_gemm_conv": 35.7, "O1": 52.25}),
+    # the GEMM ResNet-10 (940 steps): O0 200 + 940 = 1140; O1 1.4 x 200 + 940 x 1.1 / 0.9 = 1428.9 (unchanged; with
+    # a flat 1.2 it would be 1141.7, with 1.3 1075.4: ahead of O0)
+    (replace(_gemm(940), previews=RESNET), "O0", {"O0": 1140.0, "O1": 280.0 + 940 * 1.1 / 0.9}),
+])
+def test_the_first_probe_on_the_pages_networks_with_the_network_dependent_prior(ctx, first, runs):
+    cands = default_candidates(ctx)
+    assert {n: prior_run(get_candidate(n), ctx) for n in runs} == pytest.approx(runs, rel=1e-12)
+    assert cands[probe_order(cands, ctx)[0]].name == first
+
+
+# the idle figures of the conv net on CPU (docs/autotune.md): O0 0.65 s compile and 50 ms steps, the GEMM rewrite
+# 1.0 s and 9 ms, O1 2.0 s and 8.5 ms; the GEMM ResNet: O0 2.9 s and 11 ms, O1 4 s and 13 ms
+CONV_TIMES = {"O0": (0.65, 0.05), "O0_cpu_gemm_conv": (1.0, 0.009), "O1": (2.0, 0.0085), "thor": (5.7, 0.05),
+              "grad_accumulation_2": (0.9, 0.05)}
+GEMM_TIMES = {"O0": (2.9, 0.011), "O1": (4.0, 0.013), "thor": (16.0, 0.026), "grad_accumulation_2": (3.3, 0.014)}
+
+
+def test_a_long_conv_run_where_lessbn_keeps_every_batchnorm_probes_and_trains_o1(monkeypatch):
+    report, probed = _scripted_trial(monkeypatch, replace(_conv(940), previews=KEEPS_BN), CONV_TIMES)
+    assert probed == ["O1"] and report.pick == "O1"
+    # after O1's probe the rewrite cannot save time: on the measured scale (K = 2.0 / 3.5, T = 0.0085 / 0.15) its
+    # run is 1.5 K + 940 x 0.15 T = 8.85 s against the 940 x 0.0085 / 1.2 = 6.66 s O1 still needs
+    assert "no candidate left is predicted to save time" in report.candidate("O0_cpu_gemm_conv").reason
+    assert report.candidate("O1").figures.gain == 1.2 and report.candidate("O1").gain_from == "prior"
+    # the same network without the preview (nothing known of it): the GEMM rewrite, as before
+    report, probed = _scripted_trial(monkeypatch, _conv(940), CONV_TIMES)
+    assert probed == ["O0_cpu_gemm_conv"] and report.pick == "O0_cpu_gemm_conv"
+
+
+@pytest.mark.parametrize("ctx, times, pick", [
+    (replace(_conv(138), previews=KEEPS_BN), CONV_TIMES, "O0_cpu_gemm_conv"),  # a short run: the cheaper compile
+    (replace(_gemm(940), previews=RESNET), GEMM_TIMES, "O0"),                  # LessBN removes BatchNorm: as before
+])
+def test_short_conv_runs_and_the_gemm_resnet_keep_their_pick(monkeypatch, ctx, times, pick):
+    report, probed = _scripted_trial(monkeypatch, ctx, times)
+    assert probed == [pick] and report.pick == pick
+    assert report.candidate("O1").reason.startswith("dropped: not probed")

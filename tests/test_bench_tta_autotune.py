@@ -472,3 +472,23 @@ def test_the_phases_page_pairs_the_start_up_per_seed_against_the_trials_own_step
     assert "auto - fixed 0.15 [-0.20, 0.50] s wall; beyond the trial's own steps 0.05 [-0.30, 0.40] s." in page
     assert ("| phase | ms_boost O0 wall s | ms_boost O0 CPU s | ms_boost O0 main-thread CPU s | auto wall s | "
             "auto CPU s | auto main-thread CPU s |") in page
+
+
+@pytest.mark.parametrize("name, switches, fn_gc", [
+    ("gemm (O0's function)", {"cpu_gemm_conv"}, None),
+    ("gemm + freezing", {"cpu_gemm_conv", "grad_freeze"}, None),
+    ("gemm + LessBN", {"cpu_gemm_conv", "less_bn"}, (True, True)),
+    ("gemm + LessBN's FN head only", {"cpu_gemm_conv", "less_bn"}, (True, False)),
+    ("gemm + LessBN's GC only", {"cpu_gemm_conv", "less_bn"}, (False, True)),
+    ("O1 (gemm + LessBN + freezing)", {"cpu_gemm_conv", "less_bn", "grad_freeze"}, (True, True)),
+])
+def test_the_o1_ablation_variants_are_the_plans_their_names_say(name, switches, fn_gc):
+    from bench.autotune_o1_ablation import VARIANTS, epochs_to
+    from ms_boost import AutoBoost
+
+    contender, config = VARIANTS[name]
+    boost = AutoBoost({"ms_boost O0": "O0", "ms_boost O1": "O1"}[contender], config or None)
+    assert {n for n, on in boost.boost_config.items() if on} == switches
+    if fn_gc is not None:
+        assert (boost.less_bn.fn_flag, boost.less_bn.gc_flag) == fn_gc
+    assert (epochs_to([0.2, 0.5, 0.9], 0.5), epochs_to([0.2], 0.5)) == (2, None)

@@ -272,7 +272,7 @@ def test_the_plans_are_the_builtin_specs_without_their_hooks():
     from ms_boost.spec import AlgorithmSpec
 
     hooks = {"rewrite_train", "rewrite_eval", "rewritten", "reducer", "apply", "stage", "describe", "apply_text",
-             "check_model", "warn_data"}
+             "check_model", "warn_data", "preview"}
     plan_fields = [f.name for f in dataclasses.fields(AlgorithmSpec) if f.name not in hooks]
     assert "warn_config" in plan_fields and "levels" in plan_fields
     specs = registry.builtin_specs()

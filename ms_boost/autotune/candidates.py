@@ -24,8 +24,10 @@ Each candidate carries **priors**, what the trial expects of it before measuring
 
 * ``compile_prior(ctx)`` and ``step_prior(ctx)``: its compile and its steady step time over ``O0``'s;
 * ``progress_prior``: the expected held-out loss decrease per step relative to ``O0``, used until the trial
-  measures it; ``exact_progress`` marks a plan that computes exactly ``O0``'s function (``O0_cpu_gemm_conv``),
-  whose progress is ``O0``'s by construction and is never measured.
+  measures it: a number, or a function of the context (O1's and O2's: higher where LessBN, by its preview in
+  :attr:`TrialContext.previews`, keeps every BatchNorm layer of the network and adds its FN head);
+  ``exact_progress`` marks a plan that computes exactly ``O0``'s function (``O0_cpu_gemm_conv``), whose progress
+  is ``O0``'s by construction and is never measured.
 
 With the context's guess of ``O0``'s compile in ``O0`` steps (:attr:`TrialContext.compile_steps`) they predict each
 plan's run before anything is measured (:func:`prior_run`): the trial probes the shortest predicted run first
@@ -36,14 +38,16 @@ plan's run before anything is measured (:func:`prior_run`): the trial probes the
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ms_boost.validation import BoostConfigError, short_repr
 
 __all__ = ["Candidate", "TrialContext", "SMALL_BATCH", "register_candidate", "unregister_candidate",
            "candidate_names", "get_candidate", "default_candidates", "resolve_candidates", "candidate_plan",
-           "probe_order", "prior_run", "COMPILE_STEPS", "COMPILE_STEPS_SLOW_CONV"]
+           "probe_order", "prior_run", "progress_of", "lessbn_keeps_batchnorm", "COMPILE_STEPS",
+           "COMPILE_STEPS_SLOW_CONV", "O1_PROGRESS"]
 
 #: per-rank batch sizes up to this count as small: gradient accumulation joins the default list
 SMALL_BATCH = 32
@@ -60,6 +64,9 @@ class TrialContext:
         user_sections: the user's algorithm sections (``boost_config_dict`` without ``boost``/``autotune``).
         device: MindSpore's device target (``"CPU"``, ``"GPU"``, ``"Ascend"``; ``""`` unknown).
         conv2d_layers: ``nn.Conv2d`` cells of the network (what the ``cpu_gemm_conv`` rewrite would replace).
+        previews: per algorithm, what its training rewrite would change in the network, as counts by name (the
+            specs' ``preview`` hooks, :func:`ms_boost.pipeline.preview_network`): LessBN's ``{"batchnorm": ...,
+            "removed_bn": ..., "fn_head": 0 or 1}``; empty when unknown.
     """
 
     ranks: int
@@ -68,6 +75,7 @@ class TrialContext:
     user_sections: Mapping[str, Any] = field(default_factory=dict)
     device: str = ""
     conv2d_layers: int = 0
+    previews: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def slow_convolutions(self) -> bool:
@@ -112,7 +120,8 @@ class Candidate:
         wrap_step: instrumentation only (tests, profiling): ``step -> step`` wrapping the trial's train step.
         compile_prior: ``context -> float``: its compile time over O0's (default 1).
         step_prior: ``context -> float``: its steady step time over O0's (default 1).
-        progress_prior: expected held-out loss decrease per step relative to O0, used while unmeasured (> 0).
+        progress_prior: expected held-out loss decrease per step relative to O0, used while unmeasured (> 0):
+            a number, or ``context -> float`` (:func:`progress_of` reads either).
         exact_progress: the plan computes O0's function exactly (only faster or slower): its progress per step
             is O0's by construction and the trial never measures it.
     """
@@ -126,8 +135,22 @@ class Candidate:
     wrap_step: Optional[Callable[[Callable], Callable]] = None
     compile_prior: Callable[[TrialContext], float] = _same_as_o0
     step_prior: Callable[[TrialContext], float] = _same_as_o0
-    progress_prior: float = 1.0
+    progress_prior: Union[float, Callable[[TrialContext], float]] = 1.0
     exact_progress: bool = False
+
+
+def progress_of(candidate: Candidate, ctx: TrialContext) -> float:
+    """``candidate``'s progress prior in this run: its ``progress_prior``, called on ``ctx`` when it is callable.
+
+    Raises:
+        ValueError: the prior is not a finite number > 0 (the candidate is named).
+    """
+    prior = candidate.progress_prior
+    value = prior(ctx) if callable(prior) else prior
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) < math.inf:
+        raise ValueError(f"candidate {candidate.name!r}: progress_prior={short_repr(value)} is not allowed; allowed: "
+                         f"a number > 0, or a function of the trial context returning one.")
+    return float(value)
 
 
 def _freeze_schedule(ctx: TrialContext) -> Dict[str, Any]:
@@ -197,6 +220,33 @@ O1_COMPILE, O1_STEP = (3.5, 1.4), (0.15, 1.1)
 ACCUMULATION_COMPILE, ACCUMULATION_STEP = (1.4, 1.15), (1.0, 1.3)
 THOR_COMPILE, THOR_STEP = (8.5, 5.5), (1.0, 2.4)
 
+#: O1's (and O2's) progress prior: (LessBN keeps every BatchNorm layer and adds its FN head, otherwise). On the conv
+#: net (three nn.Conv2d + BatchNorm stages: LessBN removes none, replaces the Dense head) O1 reached the target in
+#: fewer epochs than O0's function: 1.2 is the geometric mean of the per-seed ratios of epochs to the target, O0 + the
+#: GEMM rewrite over O1, of the 9 paired seeds measured (mnist5k/conv 6, digits/conv 3;
+#: bench/results/autotune_o1_ablation.md); LessBN's FN head and gradient centralization make it (epoch-1 accuracy
+#: 0.70-0.86 against 0.31-0.62), freezing alone slows it. Where LessBN removes BatchNorm layers (the GEMM ResNet-10:
+#: 4 of 12) O1 needed as many epochs or more: the cautious 0.9.
+O1_PROGRESS = (1.2, 0.9)
+
+
+def lessbn_keeps_batchnorm(ctx: TrialContext) -> bool:
+    """Whether O1's LessBN leaves the network's BatchNorm layers all in place and adds its FN head (its preview).
+
+    There O1 trains the network's own function with a feature-normalised head (and gradient centralization and
+    freezing); where LessBN removes BatchNorm layers (a residual addition after a chain of them) it changes the
+    function more. False when the context holds no preview of LessBN or the network has no BatchNorm layer.
+    """
+    lessbn = ctx.previews.get("less_bn") or {}
+    return (lessbn.get("batchnorm", 0) > 0 and lessbn.get("removed_bn", -1) == 0
+            and lessbn.get("fn_head", 0) > 0)
+
+
+def _o1_progress(ctx: TrialContext) -> float:
+    """O1's progress prior: :data:`O1_PROGRESS`, by :func:`lessbn_keeps_batchnorm`."""
+    return O1_PROGRESS[0] if lessbn_keeps_batchnorm(ctx) else O1_PROGRESS[1]
+
+
 _BUILTIN: Tuple[Candidate, ...] = (
     Candidate("O0", "O0", lambda ctx: {}, "no boost algorithm", exact_progress=True),
     Candidate("O0_cpu_gemm_conv", "O0", lambda ctx: {"boost": {"mode": "manual", "cpu_gemm_conv": True}},
@@ -204,10 +254,10 @@ _BUILTIN: Tuple[Candidate, ...] = (
               in_default=lambda ctx: ctx.slow_convolutions, compile_prior=_by_conv(GEMM_CONV_COMPILE, 1.0),
               step_prior=_by_conv(GEMM_CONV_STEP, 1.0), exact_progress=True),
     Candidate("O1", "O1", _freeze_schedule, "LessBN + gradient freezing", compile_prior=_by_conv(*O1_COMPILE),
-              step_prior=_by_conv(*O1_STEP), progress_prior=0.9),
+              step_prior=_by_conv(*O1_STEP), progress_prior=_o1_progress),
     Candidate("O2", "O2", _o2_sections, "O1 + AdaSum across ranks", unavailable=_needs_ranks,
               in_default=lambda ctx: ctx.ranks > 1, compile_prior=_by_conv(*O1_COMPILE), step_prior=_by_conv(*O1_STEP),
-              progress_prior=0.9),
+              progress_prior=_o1_progress),
     _accumulation(2),
     _thor(0.03, 5),
     _thor(0.03, 20),
@@ -274,7 +324,7 @@ def prior_run(candidate: Candidate, ctx: TrialContext, compile_o0: Optional[floa
     """
     compile_o0 = ctx.compile_steps * step_o0 if compile_o0 is None else compile_o0
     kappa, tau = float(candidate.compile_prior(ctx)), float(candidate.step_prior(ctx))
-    return kappa * compile_o0 + ctx.planned_steps * tau * step_o0 / candidate.progress_prior
+    return kappa * compile_o0 + ctx.planned_steps * tau * step_o0 / progress_of(candidate, ctx)
 
 
 def probe_order(candidates: Sequence[Candidate], ctx: TrialContext) -> List[int]:

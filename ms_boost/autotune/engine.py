@@ -42,6 +42,7 @@ from ms_boost.autotune.candidates import (
     TrialContext,
     candidate_plan,
     probe_order,
+    progress_of,
     resolve_candidates,
 )
 from ms_boost.autotune.decide import (
@@ -214,7 +215,7 @@ class _Trial:
         self.runs: Dict[int, TrialRun] = {}
         self.steps_used = 0
         self.window = 0  # steps of the progress windows (0: none measured)
-        self.priors = [c.progress_prior for c in candidates]
+        self.priors = [progress_of(c, ctx) for c in candidates]
         self.compile_priors = [float(c.compile_prior(ctx)) for c in candidates]
         self.step_priors = [float(c.step_prior(ctx)) for c in candidates]
         self.exact = [c.exact_progress for c in candidates]

@@ -9,10 +9,17 @@
 from __future__ import annotations
 
 from ms_boost.fn_head import CommonHeadLastFN, l2_normalize
-from ms_boost.less_bn.convert import LessBN, LessBNReport, apply_less_bn, apply_less_bn_eval, convert_less_bn
+from ms_boost.less_bn.convert import (
+    LessBN,
+    LessBNReport,
+    apply_less_bn,
+    apply_less_bn_eval,
+    convert_less_bn,
+    preview_less_bn,
+)
 from ms_boost.less_bn.spec import SPEC, LessBNConfig
 
 __all__ = [
     "l2_normalize", "CommonHeadLastFN", "LessBN", "LessBNReport", "convert_less_bn", "apply_less_bn",
-    "apply_less_bn_eval", "LessBNConfig", "SPEC",
+    "apply_less_bn_eval", "preview_less_bn", "LessBNConfig", "SPEC",
 ]

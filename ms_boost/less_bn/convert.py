@@ -332,6 +332,36 @@ def _prefix(cell: nn.Cell) -> str:
     return name.rsplit(".", 1)[0] if "." in name else ""
 
 
+def _fn_head_slot(network: nn.Cell) -> Tuple[Optional[Tuple[_Slot, nn.Dense]], str]:
+    """``((slot, layer), "")``: the last Dense layer the FN head replaces, or ``(None, why not)``."""
+    everything = list(_slots(network))
+    if any(isinstance(cell, CommonHeadLastFN) for _, cell in everything):
+        return None, "the network already has a feature-normalised head"
+    dense = [(slot, cell) for slot, cell in everything if isinstance(cell, nn.Dense)]
+    if not dense:
+        return None, "fn_flag: the network has no Dense layer to replace"
+    if dense[-1][1].activation_flag:
+        return None, f"fn_flag: the last Dense layer '{_prefix(dense[-1][1])}' has an activation; left unchanged"
+    return dense[-1], ""
+
+
+def preview_less_bn(network: nn.Cell, fn_flag: bool = False) -> Dict[str, int]:
+    """What :func:`convert_less_bn` would change in ``network``, which is left unchanged.
+
+    Returns:
+        ``{"batchnorm": BatchNorm layers of the network, "removed_bn": those LessBN would replace by Identity,
+        "fn_head": 1 if it would add the FN head (``fn_flag`` and a last Dense layer without activation) else 0}``.
+
+    Raises:
+        TypeError: ``network`` is not a Cell.
+    """
+    if not isinstance(network, nn.Cell):
+        raise TypeError(f"LessBN: network must be a mindspore.nn.Cell, got {type(network).__name__}.")
+    batchnorm = sum(1 for _, cell in network.cells_and_names() if isinstance(cell, _BatchNorm))
+    head = _fn_head_slot(network)[0] if fn_flag else None
+    return {"batchnorm": batchnorm, "removed_bn": len(_bn_slots_to_remove(network)), "fn_head": int(head is not None)}
+
+
 def convert_less_bn(network: nn.Cell, fn_flag: bool = False, fn_scale: Optional[float] = None) -> LessBNReport:
     """Convert ``network`` **in place**: remove the redundant BatchNorm layers, optionally add the FN head.
 
@@ -359,27 +389,20 @@ def convert_less_bn(network: nn.Cell, fn_flag: bool = False, fn_scale: Optional[
         report.removed_bn.append(_prefix(slot.cell()))
         _replace(slot, nn.Identity())
     if fn_flag:
-        everything = list(_slots(network))
-        if any(isinstance(cell, CommonHeadLastFN) for _, cell in everything):
-            report.notes.append("the network already has a feature-normalised head")
+        target, note = _fn_head_slot(network)
+        if target is None:
+            report.notes.append(note)
         else:
-            dense = [(slot, cell) for slot, cell in everything if isinstance(cell, nn.Dense)]
-            if not dense:
-                report.notes.append("fn_flag: the network has no Dense layer to replace")
-            elif dense[-1][1].activation_flag:
-                report.notes.append(f"fn_flag: the last Dense layer '{_prefix(dense[-1][1])}' has an activation; "
-                                    f"left unchanged")
-            else:
-                slot, layer = dense[-1]
-                weight_name = layer.weight.name
-                scale = default_fn_scale(layer.out_channels) if fn_scale is None else float(fn_scale)
-                head = CommonHeadLastFN(layer.in_channels, layer.out_channels, layer.weight, has_bias=False,
-                                        multiplier_init=scale)
-                _replace(slot, head)
-                prefix = weight_name[:-len("weight")] if weight_name.endswith("weight") else weight_name + "."
-                head.weight.name = weight_name
-                head.multiplier.name = prefix + "multiplier"
-                report.fn_head = prefix.rstrip(".")
+            slot, layer = target
+            weight_name = layer.weight.name
+            scale = default_fn_scale(layer.out_channels) if fn_scale is None else float(fn_scale)
+            head = CommonHeadLastFN(layer.in_channels, layer.out_channels, layer.weight, has_bias=False,
+                                    multiplier_init=scale)
+            _replace(slot, head)
+            prefix = weight_name[:-len("weight")] if weight_name.endswith("weight") else weight_name + "."
+            head.weight.name = weight_name
+            head.multiplier.name = prefix + "multiplier"
+            report.fn_head = prefix.rstrip(".")
     if report.removed_bn or report.fn_head:
         logger.info("LessBN: removed BatchNorm %s; FN head at %s", report.removed_bn, report.fn_head)
     for note in report.notes:  # fn_flag asked for a head that was not added: say why
