@@ -106,12 +106,14 @@ def test_boost_config_turns_thor_on():
     user_opt = nn.Momentum(net.trainable_params(), lr, 0.8, weight_decay=1e-4)
     model = Model(net, ce(), user_opt, boost_config_dict={"boost": {"mode": "manual", "thor": True},
                                                           "thor": {"damping": 0.05, "frequency": 2,
-                                                                   "block_size": 8, "stat_fraction": 0.5}})
+                                                                   "block_size": 8, "stat_fraction": 0.5,
+                                                                   "kl_clip_schedule": "refresh"}})
     opt = model.train_network.optimizer
     assert isinstance(opt, THOR) and opt.get_frequency() == 2 and opt.block_size == 8
     assert all(layer.block_size == 8 for layer in opt.thor_layers)
     # thor.stat_fraction reaches the optimizer and its layers (the statistics on half of each batch)
     assert opt.stat_fraction == 0.5 and all(layer.stat_fraction == 0.5 for layer in opt.thor_layers)
+    assert opt.kl_clip_schedule == "refresh" and opt.hold_trust_region  # thor.kl_clip_schedule too
     assert abs(float(opt.momentum.asnumpy()) - 0.8) < 1e-6 and abs(opt.weight_decay - 1e-4) < 1e-9
     assert opt.learning_rate is user_opt.learning_rate
     assert [p.name for p in opt.parameters] == [p.name for p in user_opt.parameters]

@@ -392,6 +392,32 @@ def test_kl_clip_argument_and_config_checks():
         AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}, "thor": {"kl_clip": -0.5}})
 
 
+def test_kl_clip_schedule_argument_and_config_checks():
+    """kl_clip_schedule: "step" (default) or "refresh", the same message from thor() and the boost config; the held
+    sum's Parameter only with "refresh" and a trust region (not with kl_clip=None: nothing to hold)."""
+    from ms_boost.config import AutoBoost
+
+    weights, _, _ = mlp_data()
+    for bad, error, message in (("every", ValueError, r"thor\.kl_clip_schedule='every' is not allowed; allowed: "
+                                                      r"'step' or 'refresh'"),
+                                (None, TypeError, r"thor\.kl_clip_schedule must be a str \('step' or 'refresh'\), "
+                                                  r"got None"),
+                                (1, TypeError, r"thor\.kl_clip_schedule must be a str")):
+        with pytest.raises(error, match=message):
+            thor(MLP(*weights), 0.1, 0.05, 0.9, kl_clip_schedule=bad)
+        with pytest.raises(error, match=message):
+            AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}, "thor": {"kl_clip_schedule": bad}})
+    default = thor(MLP(*weights), 0.1, 0.05, 0.9)
+    assert default.kl_clip_schedule == "step" and not default.hold_trust_region
+    assert not [p for p in default.get_parameters() if p.name == "thor_trust_region_sum"]
+    held = thor(MLP(*weights), 0.1, 0.05, 0.9, kl_clip_schedule="refresh")
+    assert held.hold_trust_region and float(held.trust_region_sum.asnumpy()) == 0.0
+    assert not thor(MLP(*weights), 0.1, 0.05, 0.9, kl_clip=None, kl_clip_schedule="refresh").hold_trust_region
+    assert AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}}).thor.kl_clip_schedule == "step"
+    boost = AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}, "thor": {"kl_clip_schedule": "refresh"}})
+    assert boost.thor.kl_clip_schedule == "refresh"
+
+
 def test_zoo_thor_recipe_sets_kl_clip():
     import yaml
 

@@ -67,8 +67,8 @@ __all__ = [
     "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
     "all_finite", "blocks_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse",
     "clamped_eigen_block_inverse",
-    "trust_region_scale", "held_trust_region_sum", "damped_blocks", "guarded_block_inverse", "narrow", "any_true", "stat_sample_count",
-    "leading_samples",
+    "trust_region_scale", "held_trust_region_sum", "damped_blocks", "guarded_block_inverse", "narrow", "any_true",
+    "stat_sample_count", "leading_samples",
 ]
 
 #: A damped block :math:`B + s I` is inverted through Cholesky only when :math:`s \ge \tau \max_i B_{ii}`

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ms_boost.spec import Rule, int_rule, optional_rule
-from ms_boost.validation import BoostConfigError, check_bool, check_float, check_float_or_list, check_int_list, short_repr
+from ms_boost.validation import (
+    BoostConfigError,
+    check_bool,
+    check_float,
+    check_float_or_list,
+    check_int_list,
+    short_repr,
+)
 
 __all__ = ["SECTION", "RULES", "check", "KL_CLIP_SCHEDULES"]
 
