@@ -526,7 +526,8 @@ def held_trust_region_sum(refresh, fresh: Tensor, held: Tensor) -> Tensor:
     gradient of the refresh step's size (it still follows the learning rate, :func:`trust_region_scale`).
 
     Args:
-        refresh: bool scalar (Tensor or Python bool): whether this step refreshed.
+        refresh: bool scalar Tensor: whether this step refreshed (decided on the device; the plain step variant,
+            which knows it does not, uses the held sum without this call).
         fresh: scalar sum of this step.
         held: scalar sum held since the last refresh step.
     """
