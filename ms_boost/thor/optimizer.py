@@ -222,7 +222,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
         kl_clip_schedule: when the trust region's sum :math:`\sum_l \langle F_l^{-1} g_l, g_l\rangle` is computed:
             ``"step"`` (default) every step; ``"refresh"`` on refresh steps only, held in between (Parameter
             ``thor_trust_region_sum``), :math:`\nu` still from the current learning rate
-            (:func:`~ms_boost.thor.math.held_trust_region_sum`; docs/thor.md "Fourteenth round").
+            (:func:`~ms_boost.thor.math.held_trust_region_sum`). Measured no cheaper than ``"step"`` and less robust
+            (docs/thor.md "Fourteenth round"): opt-in.
         stat_fraction: the layers compute the factor statistics on the first :math:`\lceil fN \rceil` samples of
             each batch of :math:`N` (Martens & Grosse's sub-batch statistics; :math:`G` keeps the per-sample
             normalisation, see :mod:`ms_boost.thor.math`), in (0, 1]; 1: the whole batch. An embedding's token

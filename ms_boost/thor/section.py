@@ -31,8 +31,8 @@ class ThorConfig(Section):
         enable_clip_grad: clip each preconditioned update tensor to norm 1.
         kl_clip: trust-region bound c of the preconditioned step (None or 0: off); see docs/thor.md.
         kl_clip_schedule: when the trust region's quadratic form is computed: ``"step"`` every step, ``"refresh"``
-            on refresh steps only and held in between (its scale still follows the learning rate); see docs/thor.md
-            "Fourteenth round".
+            on refresh steps only and held in between (its scale still follows the learning rate; measured no
+            cheaper and less robust, docs/thor.md "Fourteenth round").
         refresh_threshold: adaptive per-layer refresh: a layer's inverses are recomputed at a refresh only when
             the trace of one of its factors moved by more than this fraction since its last inversion (None or
             0: every layer at every refresh); see docs/thor.md.
