@@ -16,7 +16,7 @@ damping are reset), so the sweep compiles four graphs in all.
 Usage::
 
     python bench/bench_thor_sweep.py [--epochs 3] [--lrs 0.005 0.01 0.03 0.1] [--dampings 0.01 0.03 0.1 0.3]
-        [--kl_clip 0.001] [--kl_clip_schedule step] [--datasets digits generated] [--name thor_sweep] [--render]
+        [--kl_clip 0.001] [--datasets digits generated] [--name thor_sweep] [--render]
 """
 from __future__ import annotations
 
@@ -102,8 +102,7 @@ class Contender:
         else:
             self.opt = thor(net, 0.01, TUTORIAL_DAMPING, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=32,
                             frequency=args.frequency, kl_clip=args.kl_clip, pi_damping=args.pi_damping,
-                            block_size=args.block_size,
-                            kl_clip_schedule=getattr(args, "kl_clip_schedule", "step"))
+                            block_size=args.block_size)
             self.model = ConvertModelUtils().convert_to_thor_model(
                 model=Model(net, loss_fn=loss, optimizer=self.opt, metrics={"acc"}), network=net, loss_fn=loss,
                 optimizer=self.opt, metrics={"acc"}, amp_level="O0")
@@ -254,13 +253,11 @@ def _final(r: dict) -> float:
 
 def markdown(args, results: dict, checks: dict, files: list, env: dict) -> str:
     kl = "off" if not args.kl_clip else args.kl_clip
-    schedule = getattr(args, "kl_clip_schedule", "step")  # pages written before the option: every step
-    held = "" if schedule == "step" else f" with `kl_clip_schedule={schedule!r}` (its sum held between refreshes)"
     lines = ["# THOR robustness sweep", "",
              f"Written by `bench/bench_thor_sweep.py`. CPU (2 cores shared with other jobs), Graph mode. The "
              f"tutorial's call: `thor(net, lr, damping, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=32, "
              f"frequency={args.frequency})` + `ConvertModelUtils().convert_to_thor_model(...)`; trust region "
-             f"`kl_clip={kl}`{held}, pi-damping {'on' if args.pi_damping else 'off'}, block size "
+             f"`kl_clip={kl}`, pi-damping {'on' if args.pi_damping else 'off'}, block size "
              f"{getattr(args, 'block_size', 128)}. Network: three 3x3 convolutions "
              f"(stride 2, 16/32/32 channels, ReLU) and a dense layer, no BatchNorm; batch {args.batch}, "
              f"{args.epochs} epochs, constant learning rate, momentum 0.9, same initial weights and batches for "
@@ -317,8 +314,6 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--frequency", type=int, default=10)
     parser.add_argument("--kl_clip", type=float, default=DEFAULT_KL_CLIP, help="0: trust region off")
-    parser.add_argument("--kl_clip_schedule", default="step", choices=("step", "refresh"),
-                        help="refresh: the trust region's sum computed on refresh steps only, held in between")
     parser.add_argument("--pi_damping", action="store_true")
     parser.add_argument("--block_size", type=int, default=DEFAULT_BLOCK_SIZE,
                         help=f"THOR's block size (default {DEFAULT_BLOCK_SIZE}, thor()'s)")

@@ -279,16 +279,14 @@ def _model(spec: RunSpec, net, steps_per_epoch: int):
         from ms_boost.thor import ConvertModelUtils, thor
 
         damping = Tensor(np.full(spec.epochs * steps_per_epoch, spec.damping, np.float32))
-        unknown = sorted(set(spec.extra) - {"block_size", "stat_fraction", "kl_clip_schedule"})
+        unknown = sorted(set(spec.extra) - {"block_size", "stat_fraction"})
         if unknown:
             raise ValueError(f"extra={spec.extra!r} for contender={name!r}: the keys {unknown} are not allowed "
-                             "(THOR takes only 'block_size', 'stat_fraction' and 'kl_clip_schedule').")
+                             "(THOR takes only 'block_size' and 'stat_fraction').")
         size = spec.extra.get("block_size", THOR_BLOCK_SIZES[name])  # bench/thor_tta_grid.py --block_sizes
         block = {"block_size": size} if size else {}
         if "stat_fraction" in spec.extra:  # bench/thor_tta_grid.py --stat_fractions
             block["stat_fraction"] = spec.extra["stat_fraction"]
-        if "kl_clip_schedule" in spec.extra:  # bench/thor_tta_grid.py --kl_clip_schedules
-            block["kl_clip_schedule"] = spec.extra["kl_clip_schedule"]
         opt = thor(net, lr, damping, 0.9, weight_decay=0.0, loss_scale=1.0, batch_size=spec.batch,
                    frequency=spec.frequency, **block)
         model = ms.train.Model(net, loss_fn=loss, optimizer=opt, metrics=metrics)

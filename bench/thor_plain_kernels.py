@@ -20,7 +20,7 @@ Usage::
     python bench/thor_plain_kernels.py --dense 0 4 --rounds 60
     python bench/thor_plain_kernels.py --profile thor:4 --out /tmp/prof_thor4
     python bench/thor_plain_kernels.py --dense 5 --block_sizes 32 64 --rounds 60
-    python bench/thor_plain_kernels.py --net bench --dense 5 --trust step refresh off --rounds 60
+    python bench/thor_plain_kernels.py --net bench --dense 5 --trust step off --rounds 60
 """
 from __future__ import annotations
 
@@ -71,14 +71,13 @@ def build(name: str, frequency: int):
 
 
 def _build_bench(contender: str, frequency: int, block_size: int = 64, trust: str = "step"):
-    """bench_thor.py's step-time cell: the zoo's ResNet-18 width 16, 20 classes, its THOR settings (``trust``: the
-    trust region every step, ``refresh``: its sum held between refreshes, ``off``)."""
+    """bench_thor.py's step-time cell: the zoo's ResNet-18 width 16, 20 classes, its THOR settings (``trust``:
+    ``step``, the trust region every step, as thor()'s default; ``off``: kl_clip=0)."""
     from bench.bench_thor import build as build_bench
 
     args = argparse.Namespace(classes=20, width=16, epochs=8, momentum_lr=0.1, thor_lr=0.1, damping=0.3,
                               weight_decay=1e-4, block_size=block_size)
-    kind = "momentum" if contender == "baseline" else f"thor_{frequency}" + {"step": "", "refresh": "_h1",
-                                                                             "off": "_k0"}[trust]
+    kind = "momentum" if contender == "baseline" else f"thor_{frequency}" + {"step": "", "off": "_k0"}[trust]
     cell = build_bench(kind, args, 0, 1000, (2, 2, 2, 2), 16)[2].train_network
     cell.set_train(True)
     return cell
@@ -167,9 +166,9 @@ def main(argv=None) -> None:
                         help="THOR block sizes: one cell per dense setting and size (default: 64 only)")
     parser.add_argument("--net", choices=("tta", "bench"), default="tta",
                         help="tta: the page's gemm network; bench: bench_thor.py's step-time ResNet-18 width 16, 32 px")
-    parser.add_argument("--trust", nargs="*", default=[], choices=("step", "refresh", "off"),
-                        help="with --net bench: one THOR cell per trust-region setting (kl_clip every step, its sum "
-                             "held between refreshes, off)")
+    parser.add_argument("--trust", nargs="*", default=[], choices=("step", "off"),
+                        help="with --net bench: one THOR cell per trust-region setting (step: thor()'s kl_clip, "
+                             "off: kl_clip=0)")
     args = parser.parse_args(argv)
     NET["name"] = args.net
     import mindspore as ms

@@ -81,14 +81,13 @@ def run_key(dataset: str, name: str, seed: int) -> str:
 
 
 def thor_name(frequency: int, lr: float, block_size: int = PAGE_BLOCK_SIZE, stat_fraction: float = 1.0,
-              epochs: int = PAGE_EPOCHS, kl_clip_schedule: str = "step") -> str:
-    """The label of one THOR setting (block size 64, the whole batch's statistics, the trust region every step and
-    the page's epochs unlabelled, as on the first pages; its sum held between refreshes: ``held``)."""
+              epochs: int = PAGE_EPOCHS) -> str:
+    """The label of one THOR setting (block size 64, the whole batch's statistics and the page's epochs
+    unlabelled, as on the first pages)."""
     size = "" if block_size == PAGE_BLOCK_SIZE else f" b{block_size}"
     fraction = "" if stat_fraction == 1.0 else f" s{stat_fraction:g}"
-    held = "" if kl_clip_schedule == "step" else " held"
     length = "" if epochs == PAGE_EPOCHS else f" e{epochs}"
-    return f"THOR f{frequency} lr{lr}{size}{fraction}{held}{length}"
+    return f"THOR f{frequency} lr{lr}{size}{fraction}{length}"
 
 
 def baseline_name(lr: float, epochs: int = PAGE_EPOCHS) -> str:
@@ -239,8 +238,8 @@ def render(payload: dict) -> str:
              "quick-form cell (`bench/bench_tta.py`): zoo ResNet-10 width 8 on GEMM convolutions, 16 px, batch 32, "
              f"{cfg['epochs']} epochs, cosine lr to 0, Graph mode, CPU, every run in its own process through the "
              f"page's worker. Baseline: Momentum 0.9 at lr {_baseline_lrs(cfg)}. THOR: damping "
-             f"{DAMPING}, block size {_sizes(cfg)}, statistics on {_fractions(cfg)} of each batch, "
-             f"{_schedules(cfg)}the frequencies and lrs below. Seeds {cfg['seeds']}.", "",
+             f"{DAMPING}, block size {_sizes(cfg)}, statistics on {_fractions(cfg)} of each batch, the frequencies "
+             f"and lrs below. Seeds {cfg['seeds']}.", "",
              "**Target** = the baseline's median final accuracy here minus 1 point (as on the page). Epochs to the "
              "target and final accuracy do not depend on the machine. **CPU to target**: steady process CPU seconds "
              "(all threads; the compile, epoch 1 minus the median later epoch, taken out) until the end of the "
@@ -319,13 +318,6 @@ def _fractions(cfg: dict) -> str:
                    if len(fractions) > 1 else "")
 
 
-def _schedules(cfg: dict) -> str:
-    if cfg.get("kl_clip_schedules", ["step"]) == ["step"]:
-        return ""
-    return ("the trust region's sum every step and, in a setting labelled held, on refresh steps only "
-            "(`kl_clip_schedule=\"refresh\"`), ")
-
-
 def _load() -> List[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
@@ -341,9 +333,6 @@ def main(argv=None) -> int:
     parser.add_argument("--stat_fractions", nargs="+", type=float, default=[1.0],
                         help="THOR's stat_fraction values (factor statistics on that fraction of each batch; the "
                              "settings at 1 keep the first pages' labels)")
-    parser.add_argument("--kl_clip_schedules", nargs="+", default=["step"], choices=("step", "refresh"),
-                        help="THOR's kl_clip_schedule values (refresh: the trust region's sum held between "
-                             "refreshes, labelled 'held')")
     parser.add_argument("--epochs", nargs="+", type=int, default=[PAGE_EPOCHS],
                         help="THOR's schedule lengths: cosine lr to 0 (and the damping schedule) over that many "
                              f"epochs, the run ending there (the settings at the page's {PAGE_EPOCHS} keep the first "
@@ -380,15 +369,13 @@ def main(argv=None) -> int:
     payload["config"] = {"datasets": args.datasets, "frequencies": args.frequencies, "lrs": args.lrs,
                          "seeds": args.seeds, "epochs": QUICK.epochs["gemm"], "image_size": QUICK.image_size,
                          "width": QUICK.width["gemm"], "damping": DAMPING, "baseline_lr": BASELINE_LR,
-                         "block_sizes": args.block_sizes, "stat_fractions": args.stat_fractions,
-                         "kl_clip_schedules": args.kl_clip_schedules}
+                         "block_sizes": args.block_sizes, "stat_fractions": args.stat_fractions}
     if (args.epochs, args.baseline_lrs, args.baseline_epochs) != ([PAGE_EPOCHS], [BASELINE_LR], [PAGE_EPOCHS]):
         # a schedule grid: its page has the columns against the best baseline (a first page's stays as it was)
         payload["config"].update(thor_epochs=args.epochs, baseline_lrs=args.baseline_lrs,
                                  baseline_epochs=args.baseline_epochs)
-    settings = {thor_name(f, lr, b, s, e, k): (f, lr, b, s, e, k) for f in args.frequencies for lr in args.lrs
-                for b in args.block_sizes for s in args.stat_fractions for e in args.epochs
-                for k in args.kl_clip_schedules}
+    settings = {thor_name(f, lr, b, s, e): (f, lr, b, s, e) for f in args.frequencies for lr in args.lrs
+                for b in args.block_sizes for s in args.stat_fractions for e in args.epochs}
     schedules = "thor_epochs" in payload["config"]
     targets = {d: target_setting(d, schedules) for d in args.datasets}
     baselines = {"baseline": (BASELINE_LR, PAGE_EPOCHS)}  # the first pages' target run, first
@@ -412,9 +399,8 @@ def main(argv=None) -> int:
                         spec = RunSpec(dataset, "gemm", "baseline", lr, seed, epochs,
                                        image_size=QUICK.image_size, width=QUICK.width["gemm"])
                     else:
-                        freq, lr, size, fraction, epochs, schedule = settings[name]
-                        extra = {"block_size": size, **({"stat_fraction": fraction} if fraction != 1.0 else {}),
-                                 **({"kl_clip_schedule": schedule} if schedule != "step" else {})}
+                        freq, lr, size, fraction, epochs = settings[name]
+                        extra = {"block_size": size, **({"stat_fraction": fraction} if fraction != 1.0 else {})}
                         spec = RunSpec(dataset, "gemm", "THOR", lr, seed, epochs,
                                        image_size=QUICK.image_size, width=QUICK.width["gemm"], damping=DAMPING,
                                        frequency=freq, extra=extra)

@@ -398,9 +398,6 @@ def test_thor_tta_grid_labels_say_the_schedule_length_except_the_first_pages_own
     assert thor_name(10, 0.05, 64, 1.0, 4) == "THOR f10 lr0.05"  # the page's 4 epochs: the old key (resume)
     assert thor_name(10, 0.05, 64, 1.0, 2) == "THOR f10 lr0.05 e2"
     assert thor_name(10, 0.1, 32, 0.5, 3) == "THOR f10 lr0.1 b32 s0.5 e3"
-    # the trust region's sum held between refreshes: before the schedule length (read from the label's end)
-    assert thor_name(10, 0.05, 64, 1.0, 4, "step") == "THOR f10 lr0.05"
-    assert thor_name(10, 0.05, 64, 1.0, 2, "refresh") == "THOR f10 lr0.05 held e2"
     assert baseline_name(0.1, 4) == "baseline" and baseline_name(0.2, 3) == "baseline lr0.2 e3"
     assert baseline_name(0.1, 2) == "baseline lr0.1 e2" and baseline_name(0.2, 4) == "baseline lr0.2 e4"
     assert [schedule_epochs(n) for n in ("baseline", "THOR f10 lr0.05", "THOR f10 lr0.05 e2", "baseline lr0.2 e3")] \

@@ -25,7 +25,7 @@ def ce():
 
 
 def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl_clip, frequency, threshold=None,
-                        stable=None, block=None, kl_clip_schedule="step"):
+                        stable=None, block=None):
     r"""THOR steps (float64, moments from 0) of x -> Dense -> tanh -> ... -> Dense -> mean softmax CE.
 
     ``params``: ``[W1, b1, W2, b2, ...]``; ``batches``: ``[(x, y), ...]``, one step each. Factors
@@ -39,12 +39,10 @@ def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl
     factor at its last inversion); the other layers keep their inverses, counted in the list ``stable``.
     ``block``: factors wider than this are inverted block by block (their diagonal blocks; the traces stay those
     of the whole factors). ``lr`` may be a per-step sequence, its last value kept after its end.
-    ``kl_clip_schedule="refresh"``: the sum :math:`\sum \langle d, g\rangle` of the trust region is the one of the
-    last refresh step, :math:`\nu` from it and the step's own ``lr``.
     """
     params = [np.asarray(p, np.float64) for p in params]
     moments = [np.zeros_like(p) for p in params]
-    inverses, last_traces, held_vg = None, None, None
+    inverses, last_traces = None, None
     rates = np.atleast_1d(np.asarray(lr, np.float64))
     for step, (x, y) in enumerate(batches):
         lr = rates[min(step, len(rates) - 1)]
@@ -79,9 +77,6 @@ def np_chain_thor_steps(params, batches, lr, damping, momentum, weight_decay, kl
                                np_damped_inverse(fg, damping, block or len(fg)))
         directions = [g_inv @ g @ a_inv for g, (a_inv, g_inv) in zip(grads, inverses)]
         vg = sum((v * g).sum() for v, g in zip(directions, grads))
-        if kl_clip_schedule == "refresh":
-            held_vg = vg if step % frequency == 0 else held_vg
-            vg = held_vg
         nu = min(1.0, np.sqrt(kl_clip / (lr ** 2 * abs(vg)))) if kl_clip else 1.0
         for i, v in enumerate(directions):
             for k, part in ((2 * i, v[:, :-1]), (2 * i + 1, v[:, -1])):
@@ -106,14 +101,12 @@ def test_boost_config_turns_thor_on():
     user_opt = nn.Momentum(net.trainable_params(), lr, 0.8, weight_decay=1e-4)
     model = Model(net, ce(), user_opt, boost_config_dict={"boost": {"mode": "manual", "thor": True},
                                                           "thor": {"damping": 0.05, "frequency": 2,
-                                                                   "block_size": 8, "stat_fraction": 0.5,
-                                                                   "kl_clip_schedule": "refresh"}})
+                                                                   "block_size": 8, "stat_fraction": 0.5}})
     opt = model.train_network.optimizer
     assert isinstance(opt, THOR) and opt.get_frequency() == 2 and opt.block_size == 8
     assert all(layer.block_size == 8 for layer in opt.thor_layers)
     # thor.stat_fraction reaches the optimizer and its layers (the statistics on half of each batch)
     assert opt.stat_fraction == 0.5 and all(layer.stat_fraction == 0.5 for layer in opt.thor_layers)
-    assert opt.kl_clip_schedule == "refresh" and opt.hold_trust_region  # thor.kl_clip_schedule too
     assert abs(float(opt.momentum.asnumpy()) - 0.8) < 1e-6 and abs(opt.weight_decay - 1e-4) < 1e-9
     assert opt.learning_rate is user_opt.learning_rate
     assert [p.name for p in opt.parameters] == [p.name for p in user_opt.parameters]
@@ -420,41 +413,3 @@ def test_adaptive_refresh_threshold_config():
     model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.01, 0.9),
                   boost_config_dict={"boost": {"mode": "manual", "thor": True}, "thor": {"refresh_threshold": 0.3}})
     assert model.train_network.optimizer.refresh_threshold == 0.3
-
-
-def test_kl_clip_schedule_refresh_holds_the_trust_region_sum(mode):
-    """``kl_clip_schedule="refresh"``: the trust region's sum <F^-1 g, g> is computed on refresh steps (0 and 3 at
-    frequency 3) and held in between, nu from it and each step's own learning rate. Five steps through Model (Graph:
-    the capturing/refresh and plain variants chosen on the host) equal numpy's rule, which differs from the every-step
-    rule here (the trust region clips every step); in Graph mode MindSpore's own train cell (the default graph, the
-    refresh a device condition) too. The held sum is that of the last refresh step."""
-    weights, x, y = _mlp_data(seed=4, n=40)
-    lrs = [0.5, 0.4, 0.6, 0.3, 0.5]
-    kl = 1e-4
-    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 40, 8)]
-    expected = np_chain_thor_steps(weights, batches, lrs, 0.05, 0.9, 0.0, kl, 3, kl_clip_schedule="refresh")
-    every_step = np_chain_thor_steps(weights, batches, lrs, 0.05, 0.9, 0.0, kl, 3)
-    assert max(np.abs(e - s).max() for e, s in zip(expected, every_step)) > 1e-3  # the two rules differ here
-
-    def check(net, opt):
-        assert int(opt.global_step.asnumpy()[0]) == 5 and opt.health()["skipped_steps"] == 0
-        for i, (got, want) in enumerate(zip([p.asnumpy() for p in net.trainable_params()], expected)):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"parameter {i}")
-        assert 0.0 < opt.health()["last_nu"] < 1.0  # clipped
-        assert opt.kl_clip_schedule == "refresh" and opt.trust_region_sum.name == "thor_trust_region_sum"
-
-    net = MLP(*weights)
-    opt = thor(net, Tensor(np.array(lrs, np.float32)), 0.05, 0.9, frequency=3, kl_clip=kl,
-               kl_clip_schedule="refresh")
-    model = ConvertModelUtils().convert_to_thor_model(Model(net, ce(), opt), net, ce(), opt)
-    model.train(1, dataset(x, y, batch_size=8), dataset_sink_mode=False)
-    check(net, opt)
-    if mode == "graph":
-        net = MLP(*weights)
-        opt = thor(net, Tensor(np.array(lrs, np.float32)), 0.05, 0.9, frequency=3, kl_clip=kl,
-                   kl_clip_schedule="refresh")
-        cell = nn.TrainOneStepCell(nn.WithLossCell(opt.thor_network, ce()), opt)
-        cell.set_train(True)
-        for bx, by in batches:
-            cell(Tensor(bx), Tensor(by))
-        check(net, opt)

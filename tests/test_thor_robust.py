@@ -102,46 +102,6 @@ def test_trust_region_scale_function():
     assert not np.isfinite(tm.trust_region_scale(Tensor(np.float32(np.nan)), Tensor(np.float32(0.1)), 1e-3).asnumpy())
 
 
-def test_held_trust_region_sum_function():
-    """kl_clip_schedule "refresh": the step's sum on a refresh step, else the held one, so a non-finite sum of a step
-    between refreshes does not reach nu."""
-    fresh, held = Tensor(np.float32(5.0)), Tensor(np.float32(2.0))
-    assert float(tm.held_trust_region_sum(Tensor(True), fresh, held).asnumpy()) == 5.0
-    assert float(tm.held_trust_region_sum(Tensor(False), fresh, held).asnumpy()) == 2.0
-    assert float(tm.held_trust_region_sum(Tensor(False), Tensor(np.float32(np.nan)), held).asnumpy()) == 2.0
-
-
-def test_held_trust_region_sum_survives_skipped_steps(mode):
-    """kl_clip_schedule "refresh" with NaN steps (no loss scale, THOR skips them itself; Graph: ms_boost's train cell
-    and its variants): a skipped plain step and the skipped refresh step after it leave the weights, moments and the
-    held sum as they were (the refresh step's NaN sum is not held); the next finite step refreshes and holds its own
-    finite sum, which nu then uses."""
-    from ms_boost import BoostTrainOneStepCell
-
-    weights, x, y = mlp_data(seed=3)
-    net = MLP(*weights)
-    opt = thor(net, 0.1, 0.05, 0.9, frequency=3, kl_clip_schedule="refresh")
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    cell = BoostTrainOneStepCell(nn.WithLossCell(opt.thor_network, loss), opt).set_train()
-    cell(Tensor(x), Tensor(y))  # step 0: refresh, its sum held
-    held = float(opt.trust_region_sum.asnumpy())
-    assert np.isfinite(held) and held > 0.0
-    state = [p.asnumpy().copy() for p in (*opt.parameters, *opt.moments)]
-    bad = x.copy()
-    bad[2, 1] = np.nan
-    cell(Tensor(bad), Tensor(y))  # step 1 (plain): skipped
-    assert bool(opt.refresh_next.asnumpy())  # the next step refreshes
-    cell(Tensor(bad), Tensor(y))  # the forced refresh step: skipped too, its NaN sum not held
-    assert opt.health()["skipped_steps"] == 2 and int(opt.global_step.asnumpy()[0]) == 1
-    assert float(opt.trust_region_sum.asnumpy()) == held
-    for before, now in zip(state, [p.asnumpy() for p in (*opt.parameters, *opt.moments)]):
-        np.testing.assert_array_equal(now, before)
-    cell(Tensor(x[::-1].copy()), Tensor(y[::-1].copy()))  # refreshes (refresh_next) and holds its own sum
-    assert int(opt.global_step.asnumpy()[0]) == 2 and not bool(opt.refresh_next.asnumpy())
-    fresh = float(opt.trust_region_sum.asnumpy())
-    assert np.isfinite(fresh) and fresh > 0.0 and fresh != held
-
-
 # ----------------------------------------------------------------------------- inversion
 def _gram(rng, dim, rank, scale, groups=1):
     x = rng.standard_normal((groups, rank, dim)).astype(np.float32)
@@ -430,32 +390,6 @@ def test_kl_clip_argument_and_config_checks():
     assert AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}}).thor.kl_clip == 1e-3
     with pytest.raises(ValueError, match="thor.kl_clip"):
         AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}, "thor": {"kl_clip": -0.5}})
-
-
-def test_kl_clip_schedule_argument_and_config_checks():
-    """kl_clip_schedule: "step" (default) or "refresh", the same message from thor() and the boost config; the held
-    sum's Parameter only with "refresh" and a trust region (not with kl_clip=None: nothing to hold)."""
-    from ms_boost.config import AutoBoost
-
-    weights, _, _ = mlp_data()
-    for bad, error, message in (("every", ValueError, r"thor\.kl_clip_schedule='every' is not allowed; allowed: "
-                                                      r"'step' or 'refresh'"),
-                                (None, TypeError, r"thor\.kl_clip_schedule must be a str \('step' or 'refresh'\), "
-                                                  r"got None"),
-                                (1, TypeError, r"thor\.kl_clip_schedule must be a str")):
-        with pytest.raises(error, match=message):
-            thor(MLP(*weights), 0.1, 0.05, 0.9, kl_clip_schedule=bad)
-        with pytest.raises(error, match=message):
-            AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}, "thor": {"kl_clip_schedule": bad}})
-    default = thor(MLP(*weights), 0.1, 0.05, 0.9)
-    assert default.kl_clip_schedule == "step" and not default.hold_trust_region
-    assert not [p for p in default.get_parameters() if p.name == "thor_trust_region_sum"]
-    held = thor(MLP(*weights), 0.1, 0.05, 0.9, kl_clip_schedule="refresh")
-    assert held.hold_trust_region and float(held.trust_region_sum.asnumpy()) == 0.0
-    assert not thor(MLP(*weights), 0.1, 0.05, 0.9, kl_clip=None, kl_clip_schedule="refresh").hold_trust_region
-    assert AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}}).thor.kl_clip_schedule == "step"
-    boost = AutoBoost("O0", {"boost": {"mode": "manual", "thor": True}, "thor": {"kl_clip_schedule": "refresh"}})
-    assert boost.thor.kl_clip_schedule == "refresh"
 
 
 def test_zoo_thor_recipe_sets_kl_clip():

@@ -321,20 +321,3 @@ def test_thor_recipe_stat_fraction_reaches_the_optimizer():
     assert opt.stat_fraction == 0.25 and opt.thor_layers[0].stat_fraction == 0.25
     with pytest.raises(ValueError, match=r"thor\.stat_fraction=0\.0 is out of range; allowed: 0 < value <= 1"):
         build_optimizer(cfg.replace(thor=cfg.thor.replace(stat_fraction=0.0)), nn.Dense(4, 3), 10)
-
-
-def test_thor_recipe_kl_clip_schedule_reaches_the_optimizer():
-    """thor.kl_clip_schedule of the THOR recipe ("step"; "refresh" given on the command line) reaches ms_boost's THOR
-    (the held sum's Parameter with "refresh" only); a bad value is refused naming the key, the value and the allowed
-    ones."""
-    from mindspore import nn
-
-    assert parse_config([], CONFIGS / "resnet50_imagenet_thor.yaml").thor.kl_clip_schedule == "step"
-    cfg = parse_config(["--thor.kl_clip_schedule", "refresh"], CONFIGS / "resnet50_imagenet_thor.yaml")
-    assert cfg.thor.kl_clip_schedule == "refresh"
-    opt = build_optimizer(cfg, nn.SequentialCell([nn.Dense(4, 3)]), 10)
-    assert opt.kl_clip_schedule == "refresh" and opt.hold_trust_region
-    assert "thor_trust_region_sum" in [p.name for p in opt.get_parameters()]
-    with pytest.raises(ValueError, match=r"thor\.kl_clip_schedule='sometimes' is not allowed; allowed: 'step' or "
-                                         r"'refresh'"):
-        build_optimizer(cfg.replace(thor=cfg.thor.replace(kl_clip_schedule="sometimes")), nn.Dense(4, 3), 10)

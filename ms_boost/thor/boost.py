@@ -59,8 +59,7 @@ def apply_boost_thor(network: nn.Cell, optimizer: nn.Optimizer, thor_cfg) -> tup
         network: the network the Model trains.
         optimizer: the user's ``nn.Optimizer``.
         thor_cfg: the ``thor`` section (damping, frequency, momentum, weight_decay, loss_scale, batch_size,
-            use_nesterov, split_indices, enable_clip_grad, kl_clip, refresh_threshold, block_size, stat_fraction,
-            kl_clip_schedule).
+            use_nesterov, split_indices, enable_clip_grad, kl_clip, refresh_threshold, block_size, stat_fraction).
 
     Returns:
         ``(thor_network, thor_optimizer)``.
@@ -82,5 +81,5 @@ def apply_boost_thor(network: nn.Cell, optimizer: nn.Optimizer, thor_cfg) -> tup
                thor_cfg.batch_size, thor_cfg.use_nesterov, decay_filter, split, thor_cfg.enable_clip_grad,
                thor_cfg.frequency, params=list(optimizer.parameters), kl_clip=thor_cfg.kl_clip,
                refresh_threshold=thor_cfg.refresh_threshold, block_size=thor_cfg.block_size,
-               stat_fraction=thor_cfg.stat_fraction, kl_clip_schedule=thor_cfg.kl_clip_schedule)
+               stat_fraction=thor_cfg.stat_fraction)
     return converted, opt

@@ -17,7 +17,7 @@ def thor(net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_
          frequency=100, *, factor_decay: float = 0.0, block_size: int = DEFAULT_BLOCK_SIZE,
          kl_clip: Optional[float] = DEFAULT_KL_CLIP, pi_damping: bool = False,
          max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS, refresh_threshold: Optional[float] = None,
-         stat_fraction: float = 1.0, kl_clip_schedule: str = "step") -> THOR:
+         stat_fraction: float = 1.0) -> THOR:
     r"""Build the THOR optimizer for ``net`` (upstream ``mindspore.nn.thor`` signature).
 
     ``net`` is **not** modified: its Dense / Conv2d / Embedding layers are converted on a copy of the
@@ -30,9 +30,8 @@ def thor(net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_
             decay_filter, split_indices, enable_clip_grad, frequency: see :class:`THOR`.
         factor_decay: running-average decay of the factors in [0, 1) (0: latest capture only).
         block_size: diagonal block size of the factor inverses.
-        kl_clip, pi_damping, max_nonfinite_steps, refresh_threshold, stat_fraction, kl_clip_schedule: see
-            :class:`THOR` (trust region, damping split, stop rule, adaptive per-layer refresh, sub-batch statistics,
-            when the trust region's quadratic form is computed).
+        kl_clip, pi_damping, max_nonfinite_steps, refresh_threshold, stat_fraction: see :class:`THOR` (trust
+            region, damping split, stop rule, adaptive per-layer refresh, sub-batch statistics).
 
     Returns:
         The :class:`THOR` optimizer; ``opt.thor_network`` is the converted network.
@@ -41,4 +40,4 @@ def thor(net: nn.Cell, learning_rate, damping, momentum, weight_decay=0.0, loss_
     return THOR(converted, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
                 decay_filter, split_indices, enable_clip_grad, frequency, block_size=block_size, kl_clip=kl_clip,
                 pi_damping=pi_damping, max_nonfinite_steps=max_nonfinite_steps, refresh_threshold=refresh_threshold,
-                stat_fraction=stat_fraction, kl_clip_schedule=kl_clip_schedule, source_network=net)
+                stat_fraction=stat_fraction, source_network=net)

@@ -67,8 +67,8 @@ __all__ = [
     "embedding_precondition", "clip_by_norm", "momentum_step", "CHOLESKY_SAFE_RATIO", "symmetrise",
     "all_finite", "blocks_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse",
     "clamped_eigen_block_inverse",
-    "trust_region_scale", "held_trust_region_sum", "damped_blocks", "guarded_block_inverse", "narrow", "any_true",
-    "stat_sample_count", "leading_samples",
+    "trust_region_scale", "damped_blocks", "guarded_block_inverse", "narrow", "any_true", "stat_sample_count",
+    "leading_samples",
 ]
 
 #: A damped block :math:`B + s I` is inverted through Cholesky only when :math:`s \ge \tau \max_i B_{ii}`
@@ -515,23 +515,6 @@ def trust_region_scale(vg_sum: Tensor, lr: Tensor, kl_clip: float) -> Tensor:
     quad = ops.abs(vg_sum) * ops.cast(lr, ms.float32) * ops.cast(lr, ms.float32)
     nu = ops.minimum(ops.sqrt(ops.reciprocal(quad + 1e-30) * kl_clip), 1.0)  # (compiles faster than ops.clamp)
     return ops.cast(nu + quad * 0.0, ms.float32)  # inf/NaN in the sum propagate (clamp would hide them)
-
-
-def held_trust_region_sum(refresh, fresh: Tensor, held: Tensor) -> Tensor:
-    r"""The trust region's sum under ``kl_clip_schedule="refresh"``: this step's on a refresh step, else the held one.
-
-    On a refresh step the sum :math:`\sum_l \langle F_l^{-1} g_l, g_l\rangle` of that step's (new inverses',
-    gradients') directions; between refreshes the one of the last refresh step that was applied. The inverses do not
-    change between refreshes, the gradients do: :math:`\nu` then bounds the predicted change of the model for a
-    gradient of the refresh step's size (it still follows the learning rate, :func:`trust_region_scale`).
-
-    Args:
-        refresh: bool scalar Tensor: whether this step refreshed (decided on the device; the plain step variant,
-            which knows it does not, uses the held sum without this call).
-        fresh: scalar sum of this step.
-        held: scalar sum held since the last refresh step.
-    """
-    return ops.where(refresh, ops.cast(fresh, ms.float32), ops.cast(held, ms.float32))
 
 
 def damped_diagonal_inverse(diagonal: Tensor, damping: Tensor) -> Tensor:

@@ -219,11 +219,6 @@ class THOR(nn.Optimizer, ThorStepVariants):
         kl_clip: trust region :math:`c`: every preconditioned update is scaled by
             :math:`\nu = \min(1, \sqrt{c / (\eta^2 \sum_l \langle F_l^{-1} g_l, g_l\rangle)})`
             (:func:`~ms_boost.thor.math.trust_region_scale`); None or 0 switch it off.
-        kl_clip_schedule: when the trust region's sum :math:`\sum_l \langle F_l^{-1} g_l, g_l\rangle` is computed:
-            ``"step"`` (default) every step; ``"refresh"`` on refresh steps only, held in between (Parameter
-            ``thor_trust_region_sum``), :math:`\nu` still from the current learning rate
-            (:func:`~ms_boost.thor.math.held_trust_region_sum`). Measured no cheaper than ``"step"`` and less robust
-            (docs/thor.md "Fourteenth round"): opt-in.
         stat_fraction: the layers compute the factor statistics on the first :math:`\lceil fN \rceil` samples of
             each batch of :math:`N` (Martens & Grosse's sub-batch statistics; :math:`G` keeps the per-sample
             normalisation, see :mod:`ms_boost.thor.math`), in (0, 1]; 1: the whole batch. An embedding's token
@@ -251,8 +246,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
                  params=None, block_size: int = DEFAULT_BLOCK_SIZE, distribute_inverses: bool = True,
                  kl_clip: Optional[float] = DEFAULT_KL_CLIP, pi_damping: bool = False,
                  max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS, refresh_threshold: Optional[float] = None,
-                 stat_fraction: float = 1.0, kl_clip_schedule: str = "step",
-                 source_network: Optional[nn.Cell] = None):
+                 stat_fraction: float = 1.0, source_network: Optional[nn.Cell] = None):
         if not isinstance(net, nn.Cell):
             raise TypeError(f"thor: net must be a mindspore.nn.Cell, got {type(net).__name__}.")
         if momentum is None:
@@ -267,7 +261,6 @@ class THOR(nn.Optimizer, ThorStepVariants):
             "use_nesterov": _rule("use_nesterov", use_nesterov),
             "enable_clip_grad": _rule("enable_clip_grad", enable_clip_grad),
             "kl_clip": _rule("kl_clip", kl_clip) or 0.0,  # None or 0: trust region off
-            "kl_clip_schedule": _rule("kl_clip_schedule", kl_clip_schedule),
             "refresh_threshold": _rule("refresh_threshold", refresh_threshold) or 0.0,  # None or 0: every layer
             "block_size": _rule("block_size", block_size),
             "stat_fraction": _rule("stat_fraction", stat_fraction),
@@ -314,11 +307,6 @@ class THOR(nn.Optimizer, ThorStepVariants):
         #  last skipped step (-1: none), consecutive skipped steps]
         self.step_health = Parameter(Tensor(np.array([0.0, 1.0, -1.0, 0.0], np.float32)), name="thor_step_health",
                                      requires_grad=False)
-        # the trust region's sum <F^-1 g, g> of the last applied refresh step, used by the steps between refreshes
-        self.hold_trust_region = self.kl_clip > 0.0 and self.n_layers > 0 and self.kl_clip_schedule == "refresh"
-        if self.hold_trust_region:
-            self.trust_region_sum = Parameter(Tensor(0.0, ms.float32), name="thor_trust_region_sum",
-                                              requires_grad=False)
         if self.refresh_threshold > 0.0:  # adaptive refresh: traces at each factor's last inversion, stable counts
             self.inverted_traces = Parameter(Tensor(np.zeros(2 * self.n_layers, np.float32)),
                                              name="thor_inverted_traces", requires_grad=False)
@@ -751,7 +739,6 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # with the host's answer known the refresh stays a device condition: the branch orders its reads of the
         # captured statistics after the backward pass that writes them (without it, a compiled refresh read
         # the output-gradient statistics of the previous capture).
-        refresh = False  # known on the host (the plain variant: False), else a device condition
         if self.static_refresh is None:
             refresh = ops.logical_or(ops.logical_or(ops.logical_not(self.thor_initialised), self.refresh_next),
                                      (step % self.frequency) == 0).all()
@@ -765,22 +752,12 @@ class THOR(nn.Optimizer, ThorStepVariants):
         new_grads = directions  # before the trust region: a NaN nu would blame every layer
         # per parameter a scalar that is non-finite when its preconditioned direction is (0 for other parameters):
         # <F^-1 g, g> with the trust region, else the direction's sum; it names the first bad layer of a skipped step
-        held_sum = None  # with kl_clip_schedule "refresh": the sum to hold after this step (None: nothing to write)
-        if self.kl_clip > 0.0 and self.n_layers > 0 and not self.hold_trust_region:
+        if self.kl_clip > 0.0 and self.n_layers > 0:
             summaries = self.hyper_map(kernels.preconditioned_dot, self.param_layer, directions, gradients)
             vg_sum = ops.addn(summaries)
             nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
         else:
             summaries = self.hyper_map(kernels.direction_sum, self.param_layer, directions)
-        if self.hold_trust_region:
-            # the sum <F^-1 g, g> computed on refresh steps only (the dot products compiled out of the plain variant),
-            # held in between; the same direction sums as without the trust region judge the update finite
-            vg_sum = self.trust_region_sum
-            if self.static_refresh is None:
-                fresh = ops.addn(self.hyper_map(kernels.preconditioned_dot, self.param_layer, directions, gradients))
-                vg_sum = thor_math.held_trust_region_sum(refresh, fresh, vg_sum)
-                held_sum = vg_sum
-            nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
         scale = self.kl_clip > 0.0 and self.n_layers > 0
         if self.enable_clip_grad and (scale or self.weight_decay > 0.0):  # trust-region scaling and decay in one map
             new_grads = self.hyper_map(ops.partial(kernels.scale_and_decay, scale, nu, self.weight_decay),
@@ -829,9 +806,6 @@ class THOR(nn.Optimizer, ThorStepVariants):
         success = ops.depend(success, self.assignadd(self.global_step,
                                                      self.global_step_increase_tensor * ops.cast(finite, ms.int32)))
         success = ops.depend(success, ops.assign(self.refresh_next, ops.logical_or(self.refresh_next, skipped)))
-        if held_sum is not None:  # a skipped step keeps the sum held before it (its own may be non-finite)
-            success = ops.depend(success, ops.assign(self.trust_region_sum,
-                                                     ops.where(finite, held_sum, self.trust_region_sum)))
         bad = self._first_bad_layer(summary_finite).reshape(1)
         # where, not a product with the mask: a NaN nu of a skipped step times 0 stays NaN
         keep = ops.where(finite, self._keep_on_success, self._keep_on_skip)

@@ -9,34 +9,12 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ms_boost.spec import Rule, int_rule, optional_rule
-from ms_boost.validation import (
-    BoostConfigError,
-    check_bool,
-    check_float,
-    check_float_or_list,
-    check_int_list,
-    short_repr,
-)
+from ms_boost.validation import check_bool, check_float, check_float_or_list, check_int_list
 
-__all__ = ["SECTION", "RULES", "check", "KL_CLIP_SCHEDULES"]
+__all__ = ["SECTION", "RULES", "check"]
 
 #: The section's name in the boost config (``thor.<key>`` in messages).
 SECTION = "thor"
-
-#: When the trust region's quadratic form :math:`\sum_l \langle F_l^{-1} g_l, g_l\rangle` is computed: ``"step"``
-#: every step; ``"refresh"`` on refresh steps only, held in between (docs/thor.md "Fourteenth round").
-KL_CLIP_SCHEDULES = ("step", "refresh")
-
-
-def _check_kl_clip_schedule(path: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"boost config {path} must be a str ({' or '.join(repr(v) for v in KL_CLIP_SCHEDULES)}), "
-                        f"got {short_repr(value)} ({type(value).__name__}).")
-    if value not in KL_CLIP_SCHEDULES:
-        raise BoostConfigError(f"boost config {path}={short_repr(value)} is not allowed; allowed: "
-                               f"{' or '.join(repr(v) for v in KL_CLIP_SCHEDULES)}.")
-    return value
-
 
 RULES: Dict[str, Rule] = {
     "damping": check_float_or_list,
@@ -49,7 +27,6 @@ RULES: Dict[str, Rule] = {
     "split_indices": optional_rule(lambda p, v: check_int_list(p, v, low=0)),
     "enable_clip_grad": check_bool,
     "kl_clip": optional_rule(lambda p, v: check_float(p, v, low=0.0)),
-    "kl_clip_schedule": _check_kl_clip_schedule,
     "refresh_threshold": optional_rule(lambda p, v: check_float(p, v, low=0.0)),
     "block_size": int_rule(low=1),
     # the fraction of each batch's samples the factor statistics use (1: the whole batch)

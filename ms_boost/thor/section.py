@@ -30,9 +30,6 @@ class ThorConfig(Section):
         split_indices: layer indices splitting the fused all-reduce of factors (0 is valid).
         enable_clip_grad: clip each preconditioned update tensor to norm 1.
         kl_clip: trust-region bound c of the preconditioned step (None or 0: off); see docs/thor.md.
-        kl_clip_schedule: when the trust region's quadratic form is computed: ``"step"`` every step, ``"refresh"``
-            on refresh steps only and held in between (its scale still follows the learning rate; measured no
-            cheaper and less robust, docs/thor.md "Fourteenth round").
         refresh_threshold: adaptive per-layer refresh: a layer's inverses are recomputed at a refresh only when
             the trace of one of its factors moved by more than this fraction since its last inversion (None or
             0: every layer at every refresh); see docs/thor.md.
@@ -52,7 +49,6 @@ class ThorConfig(Section):
     split_indices: Optional[Tuple[int, ...]] = None
     enable_clip_grad: bool = False
     kl_clip: Optional[float] = 1e-3
-    kl_clip_schedule: str = "step"
     refresh_threshold: Optional[float] = None
     block_size: int = DEFAULT_BLOCK_SIZE
     stat_fraction: float = 1.0

@@ -159,7 +159,7 @@ export.py build the boost plan. Keys the base does give there are still type-che
 OPTIONAL_SECTIONS: Dict[str, Dict[str, Any]] = {
     "thor": {"lr_init": 0.0, "lr_decay": 0.0, "lr_end_epoch": 0, "decay_epochs": 0, "damping_init": 0.0,
              "damping_decay": 0.0, "damping_epochs": 0, "frequency": 0, "split_indices": [0], "kl_clip": 0.0,
-             "block_size": 0, "stat_fraction": 0.0, "kl_clip_schedule": ""},
+             "block_size": 0, "stat_fraction": 0.0},
 }
 """Top-level sections a recipe may add although its base lacks them, each key with a value of its type
 (``optimizer: THOR`` needs ``thor``; see configs/resnet50_imagenet_thor.yaml)."""

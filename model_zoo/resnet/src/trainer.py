@@ -427,8 +427,7 @@ def build_optimizer(cfg: Config, net: nn.Cell, steps_per_epoch: int) -> nn.Optim
                     frequency=int(thor_cfg.frequency),
                     kl_clip=float(thor_cfg.kl_clip) if "kl_clip" in thor_cfg else 1e-3,
                     **({"block_size": int(thor_cfg.block_size)} if "block_size" in thor_cfg else {}),
-                    **({"stat_fraction": float(thor_cfg.stat_fraction)} if "stat_fraction" in thor_cfg else {}),
-                    **({"kl_clip_schedule": thor_cfg.kl_clip_schedule} if "kl_clip_schedule" in thor_cfg else {}))
+                    **({"stat_fraction": float(thor_cfg.stat_fraction)} if "stat_fraction" in thor_cfg else {}))
     groups = init_group_params(net, float(cfg.weight_decay))
     if cfg.optimizer == "SGD":
         return nn.SGD(groups, learning_rate=lr, loss_scale=opt_scale)
