@@ -89,11 +89,13 @@ def build(kind: str, args, seed: int, steps_per_epoch: int, blocks=(1, 1, 1, 1),
     parts = kind.split("_")
     frequency = int(parts[1])
     # thor_10_a0.1: adaptive refresh, threshold 0.1; thor_10_b64: block size 64; thor_10_s0.5: statistics on half
-    # of each batch (these combine: thor_10_a0.3_s0.5)
+    # of each batch; thor_10_k0: trust region off (k: its kl_clip) (these combine: thor_10_a0.3_s0.5)
     options = {part[0]: float(part[1:]) for part in parts[2:]}
     threshold = options.get("a")
     block_size = int(options.get("b", args.block_size))
     fraction = {"stat_fraction": options["s"]} if "s" in options else {}
+    if "k" in options:
+        fraction["kl_clip"] = options["k"]
     lr = Tensor(cosine(args.thor_lr, total))
     damping = Tensor(np.geomspace(args.damping, args.damping * 0.1, total).astype(np.float32))
     opt = thor(net, lr, damping, 0.9, args.weight_decay, frequency=frequency,

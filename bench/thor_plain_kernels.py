@@ -20,6 +20,7 @@ Usage::
     python bench/thor_plain_kernels.py --dense 0 4 --rounds 60
     python bench/thor_plain_kernels.py --profile thor:4 --out /tmp/prof_thor4
     python bench/thor_plain_kernels.py --dense 5 --block_sizes 32 64 --rounds 60
+    python bench/thor_plain_kernels.py --net bench --dense 5 --trust step off --rounds 60
 """
 from __future__ import annotations
 
@@ -47,14 +48,17 @@ def build(name: str, frequency: int):
 
     from ms_boost.thor import THOR
 
-    contender, block_size = "baseline", 64
+    contender, block_size, trust = "baseline", 64, "step"
     if name.startswith("thor:"):
         parts = name.split(":")
         THOR.dense_inverse_blocks = int(parts[1])  # read when the optimizer is built
         block_size = int(parts[2]) if len(parts) > 2 else 64
+        trust = parts[3] if len(parts) > 3 else "step"
         contender = "THOR"
     if NET["name"] == "bench":
-        return _build_bench(contender, frequency, block_size)
+        return _build_bench(contender, frequency, block_size, trust)
+    if trust != "step":
+        raise SystemExit("--trust: with --net bench only")
     from bench.bench_tta import RunSpec, _model, build_network
 
     ms.set_seed(0)
@@ -66,13 +70,14 @@ def build(name: str, frequency: int):
     return cell
 
 
-def _build_bench(contender: str, frequency: int, block_size: int = 64):
-    """bench_thor.py's step-time cell: the zoo's ResNet-18 width 16, 20 classes, its THOR settings."""
+def _build_bench(contender: str, frequency: int, block_size: int = 64, trust: str = "step"):
+    """bench_thor.py's step-time cell: the zoo's ResNet-18 width 16, 20 classes, its THOR settings (``trust``:
+    ``step``, the trust region every step, as thor()'s default; ``off``: kl_clip=0)."""
     from bench.bench_thor import build as build_bench
 
     args = argparse.Namespace(classes=20, width=16, epochs=8, momentum_lr=0.1, thor_lr=0.1, damping=0.3,
                               weight_decay=1e-4, block_size=block_size)
-    kind = "momentum" if contender == "baseline" else f"thor_{frequency}"
+    kind = "momentum" if contender == "baseline" else f"thor_{frequency}" + {"step": "", "off": "_k0"}[trust]
     cell = build_bench(kind, args, 0, 1000, (2, 2, 2, 2), 16)[2].train_network
     cell.set_train(True)
     return cell
@@ -109,11 +114,14 @@ def profile(name: str, out: str) -> None:
         print(f"  {op:28s} {counts[op]:6.1f} {times[op]:8.3f} ms")
 
 
-def alternate(dense: list, rounds: int, frequency: int, block_sizes: tuple = ()) -> None:
-    """CPU time per step of Momentum and THOR (one cell per dense setting and block size), called alternately."""
+def alternate(dense: list, rounds: int, frequency: int, block_sizes: tuple = (), trusts: tuple = ()) -> None:
+    """CPU time per step of Momentum and THOR (one cell per dense setting, block size and trust-region setting),
+    called alternately."""
     x, y = _batch()
     cells = {}
     thor_names = [f"thor:{d}:{b}" for d in dense for b in block_sizes] if block_sizes else [f"thor:{d}" for d in dense]
+    if trusts:
+        thor_names = [f"{n}{'' if n.count(':') > 1 else ':64'}:{t}" for n in thor_names for t in trusts]
     for name in ["momentum"] + thor_names:
         cell = build(name, frequency)
         start = time.process_time()
@@ -158,6 +166,9 @@ def main(argv=None) -> None:
                         help="THOR block sizes: one cell per dense setting and size (default: 64 only)")
     parser.add_argument("--net", choices=("tta", "bench"), default="tta",
                         help="tta: the page's gemm network; bench: bench_thor.py's step-time ResNet-18 width 16, 32 px")
+    parser.add_argument("--trust", nargs="*", default=[], choices=("step", "off"),
+                        help="with --net bench: one THOR cell per trust-region setting (step: thor()'s kl_clip, "
+                             "off: kl_clip=0)")
     args = parser.parse_args(argv)
     NET["name"] = args.net
     import mindspore as ms
@@ -167,7 +178,7 @@ def main(argv=None) -> None:
     if args.profile:
         profile(args.profile, args.out)
     else:
-        alternate(args.dense, args.rounds, args.frequency, tuple(args.block_sizes))
+        alternate(args.dense, args.rounds, args.frequency, tuple(args.block_sizes), tuple(args.trust))
 
 
 if __name__ == "__main__":
