@@ -730,3 +730,35 @@ def test_resume_with_another_rank_count_is_refused_even_with_steps_per_epoch_fix
             net = Net()
             assert restore_train_network(cfg, net, 2, lambda p, m: None)[0] == 2
             np.testing.assert_array_equal(net.w.asnumpy(), np.zeros(3, np.float32))
+
+
+def test_a_sigterm_the_blocked_main_thread_cannot_take_still_ends_the_script(tmp_path):
+    """Journeys, fourth round: a two-node job whose node-1 worker was killed ended on node 0 only when the collective
+    timed out (126 s, MS_CPU_COMM_OP_TIMEOUT 120), although the scheduler sent SIGTERM 10 s after the kill: the
+    Python handler waited for the main thread, blocked inside MindSpore. Here the main thread blocks in C (a mutex
+    locked twice, which no signal interrupts) and the SIGTERM still ends the script with 143 after STOP_GRACE."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import ctypes, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from model_zoo.resnet.src import device\n"
+        "device.STOP_GRACE = 0.5\n"
+        "def main():\n"
+        "    libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)\n"
+        "    libc.pthread_mutex_lock(mutex)\n"
+        "    print('blocked', flush=True)\n"
+        "    libc.pthread_mutex_lock(mutex)\n"
+        "device.run_script(main, 'x.py')\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "blocked\n"
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert "x.py: SIGTERM: the main thread did not stop within 0.5 s (blocked inside MindSpore" in err
