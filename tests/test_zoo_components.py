@@ -762,3 +762,23 @@ def test_a_sigterm_the_blocked_main_thread_cannot_take_still_ends_the_script(tmp
         proc.kill()
     assert proc.returncode == 143
     assert "x.py: SIGTERM: the main thread did not stop within 0.5 s (blocked inside MindSpore" in err
+
+
+def test_a_rollback_window_the_run_never_fills_is_said():
+    """Journeys, fourth round: `--lr_max 300 --divergence_action rollback` over 30 steps (window 50) took the loss
+    from 2.3 to 3e15 without a rollback and exited 0: the spike rule waits for a full window. A note says so."""
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import rollback_window_note
+
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    rollback = parse_config(["--divergence_action", "rollback"], recipe)
+    assert rollback_window_note(rollback, 30) == (
+        "note: divergence_window=50 is not below the 30 steps this run trains: the spike rule (a loss above "
+        "divergence_spike_factor=10 x the running median) judges losses only once 50 are recorded, so in this run only "
+        "a NaN/Inf loss or a non-finite value rolls back; give a smaller --divergence_window to judge spikes.")
+    assert rollback_window_note(rollback, 51) is None
+    assert rollback_window_note(parse_config([], recipe), 30) is None  # stop: no spike rule
+    assert rollback_window_note(parse_config(["--divergence_action", "rollback", "--divergence_spike_factor", "0"],
+                                             recipe), 30) is None
