@@ -183,7 +183,7 @@ msrun_launch() {
             rank=$((node_rank * local_num + i))
             echo "rank ${rank}: RANK_ID=${rank} LOCAL_RANK=${i} RANK_SIZE=${worker_num} NODE_RANK=${node_rank}" \
                  "MS_SCHED_HOST=${master_addr} MS_SCHED_PORT=${master_port} DEVICE_TARGET=${target}" \
-                 "$(print_env CUDA_VISIBLE_DEVICES) $(timeout_env "${target}")"
+                 "$(gpu_env "${target}")$(timeout_env "${target}")"
             echo "  cwd: ${run_dir}  log: ${log_dir}/worker_${rank}.log"
         done
         echo "cmd: $(quote_cmd "${cmd[@]}")"
@@ -210,6 +210,12 @@ collective_timeouts() {
         [ "${HCCL_CONNECT_TIMEOUT}" -le 7200 ] || die "HCCL_CONNECT_TIMEOUT must be <= 7200, got '${HCCL_CONNECT_TIMEOUT}'"
         require_int HCCL_EXEC_TIMEOUT "${HCCL_EXEC_TIMEOUT}" 1
     fi
+}
+
+# gpu_env TARGET: "CUDA_VISIBLE_DEVICES=value " for dry runs, only on GPU and only when it is set (unset, every GPU of
+# the node is visible; printing it empty would read as "no GPU at all", which is what an empty value means).
+gpu_env() {
+    if [ "$1" = "GPU" ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then echo "$(print_env CUDA_VISIBLE_DEVICES) "; fi
 }
 
 # timeout_env TARGET: the "NAME=value" pairs collective_timeouts set for TARGET, for dry runs.

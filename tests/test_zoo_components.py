@@ -730,3 +730,55 @@ def test_resume_with_another_rank_count_is_refused_even_with_steps_per_epoch_fix
             net = Net()
             assert restore_train_network(cfg, net, 2, lambda p, m: None)[0] == 2
             np.testing.assert_array_equal(net.w.asnumpy(), np.zeros(3, np.float32))
+
+
+def test_a_sigterm_the_blocked_main_thread_cannot_take_still_ends_the_script(tmp_path):
+    """Journeys, fourth round: a two-node job whose node-1 worker was killed ended on node 0 only when the collective
+    timed out (126 s, MS_CPU_COMM_OP_TIMEOUT 120), although the scheduler sent SIGTERM 10 s after the kill: the
+    Python handler waited for the main thread, blocked inside MindSpore. Here the main thread blocks in C (a mutex
+    locked twice, which no signal interrupts) and the SIGTERM still ends the script with 143 after STOP_GRACE."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import ctypes, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from model_zoo.resnet.src import device\n"
+        "device.STOP_GRACE = 0.5\n"
+        "def main():\n"
+        "    libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)\n"
+        "    libc.pthread_mutex_lock(mutex)\n"
+        "    print('blocked', flush=True)\n"
+        "    libc.pthread_mutex_lock(mutex)\n"
+        "device.run_script(main, 'x.py')\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "blocked\n"
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert "x.py: SIGTERM: the main thread did not stop within 0.5 s (blocked inside MindSpore" in err
+
+
+def test_a_rollback_window_the_run_never_fills_is_said():
+    """Journeys, fourth round: `--lr_max 300 --divergence_action rollback` over 30 steps (window 50) took the loss
+    from 2.3 to 3e15 without a rollback and exited 0: the spike rule waits for a full window. A note says so."""
+    from pathlib import Path
+
+    from model_zoo.resnet.src.config import parse_config
+    from model_zoo.resnet.src.trainer import rollback_window_note
+
+    recipe = Path(__file__).resolve().parents[1] / "model_zoo/resnet/configs/resnet50_imagenet_momentum.yaml"
+    rollback = parse_config(["--divergence_action", "rollback"], recipe)
+    assert rollback_window_note(rollback, 30) == (
+        "note: divergence_window=50 is not below the 30 steps this run trains: the spike rule (a loss above "
+        "divergence_spike_factor=10 x the running median) judges losses only once 50 are recorded, so in this run only "
+        "a NaN/Inf loss or a non-finite value rolls back; give a smaller --divergence_window to judge spikes.")
+    assert rollback_window_note(rollback, 51) is None
+    assert rollback_window_note(parse_config([], recipe), 30) is None  # stop: no spike rule
+    assert rollback_window_note(parse_config(["--divergence_action", "rollback", "--divergence_spike_factor", "0"],
+                                             recipe), 30) is None

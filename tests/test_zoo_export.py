@@ -225,7 +225,7 @@ def test_a_run_folder_given_as_the_checkpoint_is_its_newest_checkpoint(checkpoin
     zoo_export.main(["--device_target", "CPU", "--checkpoint_file_path", str(run_folder)])
     assert Path(str(seen["cfg"].checkpoint_file_path)) == Path(path)
     err = capsys.readouterr().err
-    assert f"export.py: checkpoint_file_path {str(run_folder)!r} is a run folder: evaluating its newest" in err
+    assert f"export.py: checkpoint_file_path {str(run_folder)!r} is a run folder: exporting its newest" in err
     assert "using the recipe the checkpoint was trained with" in err  # the recipe from the newest one's manifest
     empty = tmp_path / "empty_run"
     empty.mkdir()

@@ -97,7 +97,8 @@ def checkpoint_folder_resolved(argv: Sequence[str], prog: Optional[str]) -> List
                          f"checkpoint in {str(folder / checkpoint_dir)!r} or {str(folder)!r}; give a checkpoint file "
                          f"or a run's output folder.")
     if prog is not None:
-        print(f"{prog}: checkpoint_file_path {given!r} is a run folder: evaluating its newest checkpoint, {newest}",
+        verb = "exporting" if prog == "export.py" else "evaluating"
+        print(f"{prog}: checkpoint_file_path {given!r} is a run folder: {verb} its newest checkpoint, {newest}",
               file=sys.stderr, flush=True)
     out, skip = [], False
     for index, arg in enumerate(argv):

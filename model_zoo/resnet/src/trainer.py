@@ -634,6 +634,19 @@ def short_epoch_note(cfg: Config, steps_per_epoch: int) -> Optional[str]:
             f"an epoch of this data set has (per rank): each epoch trains {steps_per_epoch} steps.")
 
 
+def rollback_window_note(cfg: Config, steps: int) -> Optional[str]:
+    """The note when ``divergence_action: rollback`` judges spikes (``divergence_spike_factor`` > 0) but its window
+    is not below the ``steps`` this process trains: the spike rule waits for ``divergence_window`` losses, so in
+    such a run it never judges one (only NaN/Inf losses and non-finite values roll back), else None."""
+    window, factor = int(cfg.divergence_window), float(cfg.divergence_spike_factor)
+    if cfg.divergence_action != "rollback" or factor == 0 or window < steps:
+        return None
+    return (f"note: divergence_window={window} is not below the {steps} steps this run trains: the spike rule "
+            f"(a loss above divergence_spike_factor={factor:g} x the running median) judges losses only once "
+            f"{window} are recorded, so in this run only a NaN/Inf loss or a non-finite value rolls back; give a "
+            f"smaller --divergence_window to judge spikes.")
+
+
 def _say(run: RunInfo, text: str) -> None:
     if run.rank == 0:
         print(text, flush=True)
@@ -689,6 +702,9 @@ def train(cfg: Config) -> Dict[str, Any]:
     if resumed is not None:
         _say(run, f"resumed from {resumed} at step {step_offset} (epoch {initial_epoch + 1}, step "
                   f"{step_offset % steps_per_epoch + 1}); training to epoch {cfg.epoch_size}")
+    window_note = rollback_window_note(cfg, total_steps - step_offset)
+    if window_note:
+        _say(run, window_note)
     results: Dict[str, Any] = {"rank": run.rank, "rank_size": run.rank_size, "steps_per_epoch": steps_per_epoch,
                                "total_steps": total_steps, "initial_epoch": initial_epoch, "resumed_from": resumed,
                                "checkpoint_dir": os.path.join(cfg.output_path, cfg.checkpoint_dir)}
