@@ -26,6 +26,7 @@ from mindspore.train import Model as _MsModel
 
 from ms_boost.mindspore_api import cells_compile_cache
 from ms_boost.stages import OptimizerHooks, learning_rate_parameters
+from ms_boost.thor.call_sites import forward_calls
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_boost.thor.optimizer import THOR
 
@@ -148,11 +149,14 @@ def register_convertible(cls: type, as_type: type) -> None:
     _CONVERTERS[cls] = _CONVERTERS[as_type]
 
 
-def _skip_reason(cell: nn.Cell) -> str:
-    """Why a Dense/Conv2d/Embedding cannot be converted ('' if it can)."""
+def _skip_reason(cell: nn.Cell, calls: int = 1) -> str:
+    """Why a Dense/Conv2d/Embedding called ``calls`` times per forward pass cannot be converted ('' if it can)."""
     weight = cell.embedding_table if isinstance(cell, nn.Embedding) else cell.weight
     if not weight.requires_grad:
         return "frozen weight"
+    if calls > 1:
+        return (f"called {calls} times in one forward pass (shared weights): a THOR layer's factors hold the "
+                "statistics of one call, so it is trained by THOR's first-order update")
     if isinstance(cell, nn.Conv2d) and getattr(cell, "data_format", "NCHW") != "NCHW":
         return f"data_format {cell.data_format} (only NCHW)"
     return ""
@@ -167,6 +171,7 @@ class ConvertNetUtils:
 
     def __init__(self):
         self.report: list = []
+        self._calls: dict = {}
 
     def convert_to_thor_net(self, net: nn.Cell, factor_decay: float = 0.0) -> nn.Cell:
         """Return ``net`` with THOR layers, as a new network sharing all Parameters with ``net``.
@@ -190,6 +195,7 @@ class ConvertNetUtils:
         if not isinstance(net, nn.Cell):
             raise TypeError(f"convert_to_thor_net: net must be a mindspore.nn.Cell, got {type(net).__name__}.")
         self.report = []
+        self._calls = forward_calls(net)
         memo: dict = {}
         if type(net) in _CONVERTERS:
             converted = self._convert_leaf(net, "", factor_decay)
@@ -197,13 +203,17 @@ class ConvertNetUtils:
         else:
             result = self._convert(net, "", factor_decay, memo)
             for entry in self.report:
-                logger.info(f"thor: {entry.path}: {entry.source} -> {entry.target or 'kept (' + entry.reason + ')'}")
+                line = f"thor: {entry.path}: {entry.source} -> {entry.target or 'kept (' + entry.reason + ')'}"
+                if entry.reason.startswith("called "):  # THOR does not precondition it: say so where users look
+                    _log.warning(line)
+                else:
+                    logger.info(line)
         if result is net:
             return net
         return _unshared(result, {id(cell) for _, cell in net.cells_and_names()}, {})
 
     def _convert_leaf(self, cell: nn.Cell, path: str, factor_decay: float) -> Optional[nn.Cell]:
-        reason = _skip_reason(cell)
+        reason = _skip_reason(cell, self._calls.get(id(cell), 1))
         if reason:
             self.report.append(ConvertedLayer(path, type(cell).__name__, "", reason))
             return None

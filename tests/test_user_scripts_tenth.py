@@ -1,0 +1,122 @@
+"""Users' scripts, tenth round (docs/compatibility.md): network families -- recurrent nets, attention, grouped and
+1d/3d/transposed convolutions, norms other than BatchNorm, shared and frozen weights, several inputs and outputs,
+float16.
+
+Each test is a finding of such a script, reduced to its smallest form, against plain MindSpore or an independent
+reference.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+from mindspore import Tensor, nn, ops
+from mindspore.train import Model as MsModel
+
+from ms_boost import Model, thor
+from ms_boost.thor import ConvertNetUtils
+from ms_boost.thor.call_sites import forward_calls
+from tests.test_user_scripts import _StepLosses, ce
+
+
+class _SharedDense(nn.Cell):
+    """The tutorials' weight sharing: one Dense applied twice in a forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(16, 8)
+        self.shared = nn.Dense(8, 8)
+        self.out = nn.Dense(8, 4)
+
+    def construct(self, x):
+        h = ops.relu(self.fc1(x))
+        h = ops.relu(self.shared(h))
+        return self.out(ops.relu(self.shared(h)))
+
+
+def _seeded(net: nn.Cell, seed: int = 0) -> nn.Cell:
+    rng = np.random.RandomState(seed)
+    for p in net.trainable_params():
+        p.set_data(Tensor(rng.normal(0, 0.3, p.shape).astype(np.float32)))
+    return net
+
+
+def _data(n: int = 32):
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(n, 16)).astype(np.float32)
+    y = np.argmax(x @ rng.normal(size=(16, 4)), axis=1).astype(np.int32)
+    return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(16)
+
+
+def _thor(net):
+    return thor(net, Tensor(0.05, ms.float32), Tensor(0.03, ms.float32), 0.9, 1e-4, 1.0, 16, frequency=2)
+
+
+def test_thor_leaves_a_dense_called_twice_as_it_is(mode):
+    """THOR on a net that applies one ``nn.Dense`` twice (shared weights).
+
+    Before: Graph mode failed to compile ("Graph cycle exists": both calls write the layer's statistic buffers), and
+    PyNative trained with the input statistic of the second call paired with the output-gradient statistic of the
+    first, without a word. The converter now keeps such a layer as ``nn.Dense`` (THOR's first-order update trains
+    it), says why in its report and log, and converts the others; both modes train to the same numbers.
+    """
+    utils = ConvertNetUtils()
+    converted = utils.convert_to_thor_net(_seeded(_SharedDense()))
+    kept = {e.path: e.reason for e in utils.report if not e.target}
+    assert set(kept) == {"shared"} and "called 2 times in one forward pass" in kept["shared"]
+    assert type(converted.shared) is nn.Dense and type(converted.fc1).__name__ == "DenseThor"
+
+    net = _seeded(_SharedDense())
+    before = net.shared.weight.asnumpy().copy()
+    opt = _thor(net)
+    assert type(opt.thor_network.shared) is nn.Dense
+    losses = _StepLosses()
+    Model(net, ce(), opt).train(2, _data(), callbacks=[losses])
+    assert np.all(np.isfinite(losses.losses)) and len(losses.losses) == 4
+    assert not np.array_equal(net.shared.weight.asnumpy(), before)  # the shared layer trains
+    assert losses.losses[-1] < losses.losses[0]
+
+
+def test_forward_calls_counts_call_sites_loops_branches_helpers_and_shared_children():
+    """The static count behind the rule above, on the forms a forward pass calls a cell with."""
+
+    class Block(nn.Cell):
+        def __init__(self, fc):
+            super().__init__()
+            self.fc = fc
+            self.once = nn.Dense(4, 4)
+            self.branch = nn.Dense(4, 4)
+            self.looped = nn.Dense(4, 4)
+
+        def helper(self, x):
+            return self.fc(x)
+
+        def construct(self, x):
+            x = self.helper(self.once(x))
+            if x.shape[0] > 1:
+                x = self.branch(x)
+            else:
+                x = self.branch(x) * 2
+            for _ in range(3):
+                x = self.looped(x)
+            return x
+
+    class Top(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            fc = nn.Dense(4, 4)
+            self.block = Block(fc)
+            self.seq = nn.SequentialCell([fc, nn.ReLU()])
+            self.single = nn.Dense(4, 4)
+
+        def construct(self, x):
+            return self.single(self.seq(self.block(self.block(x))))
+
+    top = Top()
+    calls = forward_calls(top)
+    block = top.block
+    assert calls[id(block)] == 2
+    assert calls[id(block.once)] == 2 and calls[id(block.branch)] == 2  # two block calls, one branch each
+    assert calls[id(block.looped)] == 4  # a loop counts at least twice, per block call
+    assert calls[id(block.fc)] == 3  # twice through the helper of the block, once in the SequentialCell
+    assert calls[id(top.single)] == 1
