@@ -11,7 +11,6 @@ import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
 from mindspore import Tensor, nn, ops
-from mindspore.train import Model as MsModel
 
 from ms_boost import Model, thor
 from ms_boost.thor import ConvertNetUtils
