@@ -11,6 +11,7 @@ import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
 from mindspore import Tensor, nn, ops
+from mindspore.train import Model as MsModel
 
 from ms_boost import Model, thor
 from ms_boost.thor import ConvertNetUtils
@@ -119,3 +120,41 @@ def test_forward_calls_counts_call_sites_loops_branches_helpers_and_shared_child
     assert calls[id(block.looped)] == 4  # a loop counts at least twice, per block call
     assert calls[id(block.fc)] == 3  # twice through the helper of the block, once in the SequentialCell
     assert calls[id(top.single)] == 1
+
+
+class _DenseBN(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(16, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.fc2 = nn.Dense(32, 4)
+
+    def construct(self, x):
+        return self.fc2(ops.relu(self.bn(self.fc1(x))))
+
+
+def test_thor_on_a_float16_network_keeps_its_precision(mode):
+    """THOR on a network cast with ``net.to_float(ms.float16)`` (the tutorials' float16 training without amp).
+
+    Before: the THOR layers replacing the Dense layers were new cells without the cast flag, so in Graph mode a
+    float16 input met the float32 weight ("For 'MatMul', the type of 'x2' should be same as 'x1'"); PyNative ran them
+    in float32. The converted layers now carry the precision the original cells had; both modes train the same
+    (float16) numbers as MindSpore's Momentum on the first step, which no preconditioning has touched yet.
+    """
+    net = _seeded(_DenseBN()).to_float(ms.float16)
+    converted = ConvertNetUtils().convert_to_thor_net(net)
+    assert type(converted.fc1).__name__ == "DenseThor" and converted.fc1.get_flags().get("fp16") is True
+    assert converted.fc2.get_flags().get("fp16") is True
+
+    results = []
+    for use_thor in (False, True):
+        net = _seeded(_DenseBN()).to_float(ms.float16)
+        before = net.fc1.weight.asnumpy().copy()
+        opt = _thor(net) if use_thor else nn.Momentum(net.trainable_params(), 0.05, 0.9)
+        losses = _StepLosses()
+        (Model if use_thor else MsModel)(net, ce(), opt).train(3, _data(), callbacks=[losses])
+        results.append(losses.losses)
+        assert np.all(np.isfinite(losses.losses)) and not np.array_equal(net.fc1.weight.asnumpy(), before)
+    plain, with_thor = results
+    assert with_thor[0] == plain[0]  # the same float16 forward pass
+    assert min(with_thor[-2:]) < with_thor[0]

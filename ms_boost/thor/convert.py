@@ -121,6 +121,9 @@ def _embedding_to_thor(cell: nn.Embedding, factor_decay: float) -> EmbeddingThor
     return new
 
 
+#: the flags ``Cell.to_float`` sets (MindSpore casts a flagged cell's inputs to that type)
+_PRECISION_FLAGS = ("fp16", "fp32", "bf16")
+
 _CONVERTERS = {nn.Dense: _dense_to_thor, nn.Conv2d: _conv_to_thor, nn.Embedding: _embedding_to_thor}
 _BUILT_IN = tuple(_CONVERTERS)
 
@@ -219,6 +222,10 @@ class ConvertNetUtils:
             return None
         new = _CONVERTERS[type(cell)](cell, factor_decay)
         new.set_train(cell.training)
+        # the precision `cell.to_float(...)` set (amp casts the same way): its inputs stay cast as they were
+        precision = {k: v for k, v in cell.get_flags().items() if k in _PRECISION_FLAGS}
+        if precision:
+            new.add_flags_recursive(**precision)
         prefix = f"{path}." if path else ""
         for local, param in new.thor_parameters().items():
             param.name = prefix + local
