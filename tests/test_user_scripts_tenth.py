@@ -137,9 +137,9 @@ def test_thor_on_a_float16_network_keeps_its_precision(mode):
     """THOR on a network cast with ``net.to_float(ms.float16)`` (the tutorials' float16 training without amp).
 
     Before: the THOR layers replacing the Dense layers were new cells without the cast flag, so in Graph mode a
-    float16 input met the float32 weight ("For 'MatMul', the type of 'x2' should be same as 'x1'"); PyNative ran them
-    in float32. The converted layers now carry the precision the original cells had; both modes train the same
-    (float16) numbers as MindSpore's Momentum on the first step, which no preconditioning has touched yet.
+    float16 input met the float32 weight ("For 'MatMul', the type of 'x2' should be same as 'x1'"); PyNative ran (the
+    same numbers before and after). The converted layers now carry the precision the original cells had; in both
+    modes the first step's loss is MindSpore's (the same float16 forward pass) and training moves the weights.
     """
     net = _seeded(_DenseBN()).to_float(ms.float16)
     converted = ConvertNetUtils().convert_to_thor_net(net)
