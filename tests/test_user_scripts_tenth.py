@@ -158,3 +158,37 @@ def test_thor_on_a_float16_network_keeps_its_precision(mode):
     plain, with_thor = results
     assert with_thor[0] == plain[0]  # the same float16 forward pass
     assert min(with_thor[-2:]) < with_thor[0]
+
+
+class _OnlyShared(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Dense(16, 16)
+        self.out = nn.Dense(16, 4)
+        self.out.weight.requires_grad = False  # frozen: not converted either
+        self.out.bias.requires_grad = False
+
+    def construct(self, x):
+        return self.out(ops.relu(self.shared(ops.relu(self.shared(x)))))
+
+
+def test_thor_without_any_thor_layer_trains_as_momentum(mode):
+    """THOR on a network with nothing to convert (here: its one trainable Dense is called twice, the other frozen).
+
+    THOR warns that it reduces to Momentum, and ``Model`` then refused its own train cell ("holds a THOR optimizer but
+    does not call its THOR layers"): there are none to call. It now trains, as Momentum with THOR's rate and momentum.
+    """
+    results = []
+    for use_thor in (False, True):
+        net = _seeded(_OnlyShared())
+        for frozen in (net.out.weight, net.out.bias):
+            frozen.set_data(Tensor(np.random.RandomState(1).normal(0, 0.3, frozen.shape).astype(np.float32)))
+        params = net.trainable_params()
+        opt = _thor(net) if use_thor else nn.Momentum(params, 0.05, 0.9)
+        losses = _StepLosses()
+        (Model if use_thor else MsModel)(net, ce(), opt).train(2, _data(), callbacks=[losses])
+        results.append((losses.losses, [p.asnumpy() for p in params]))
+    (plain, plain_w), (with_thor, thor_w) = results
+    np.testing.assert_allclose(with_thor, plain, rtol=1e-4)  # float round-off: THOR orders its update otherwise
+    for a, b in zip(plain_w, thor_w):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)

@@ -449,12 +449,14 @@ def holds_thor_layers(network: nn.Cell, optimizer: THOR) -> bool:
 def check_thor_train_cell(train_cell: nn.Cell, optimizer: THOR) -> None:
     """A train step cell given to ``Model`` (no optimizer argument) that holds ``optimizer`` must train its layers.
 
+    A THOR without layers (a network with nothing to convert: THOR warns that it reduces to Momentum) passes.
+
     Raises:
         ValueError: ``train_cell`` does not call the THOR layers of ``optimizer.thor_network``: it would train
             without capturing any statistic, THOR preconditioning with factors that never change.
     """
-    if holds_thor_layers(train_cell, optimizer):
-        return
+    if not optimizer.thor_layers or holds_thor_layers(train_cell, optimizer):
+        return  # no THOR layer (THOR warned that it reduces to Momentum): nothing to capture
     raise ValueError(
         f"Model: the train cell {type(train_cell).__name__} holds a THOR optimizer but does not call its THOR "
         f"layers, so no curvature statistics would be captured: thor(net, ...) converts a copy of net "
