@@ -192,3 +192,48 @@ def test_thor_without_any_thor_layer_trains_as_momentum(mode):
     np.testing.assert_allclose(with_thor, plain, rtol=1e-4)  # float round-off: THOR orders its update otherwise
     for a, b in zip(plain_w, thor_w):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_thor_leaves_multihead_attentions_out_proj_as_it_is(mode):
+    """THOR on ``nn.TransformerEncoderLayer``: ``nn.MultiheadAttention`` computes with its ``out_proj`` Dense's weight
+    and never calls the Dense.
+
+    Before: ``out_proj`` became a THOR layer that no forward pass called, so its statistics stayed zero and THOR
+    preconditioned its gradient with the damping alone (its weights moved 4x as far as Momentum's in one epoch),
+    without a word. It is now kept as it is, with the reason in the report; the layers that are called convert.
+    """
+    class Encoder(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.fc = nn.Dense(16, 4)
+
+        def construct(self, x):
+            return self.fc(self.enc(x).mean(1))
+
+    class Outer(nn.Cell):  # a call into a child's child: the child counts as called
+        def __init__(self):
+            super().__init__()
+            self.inner = Encoder()
+
+        def construct(self, x):
+            return self.inner.fc(self.inner.enc(x).mean(1))
+
+    utils = ConvertNetUtils()
+    converted = utils.convert_to_thor_net(_seeded(Encoder()))
+    kept = {e.path: e.reason for e in utils.report if not e.target}
+    assert set(kept) == {"enc.self_attn.out_proj"} and kept["enc.self_attn.out_proj"].startswith("never called")
+    assert {e.path for e in utils.report if e.target} == {"enc.dense1", "enc.dense2", "fc"}
+    assert type(converted.enc.self_attn.out_proj) is nn.Dense
+    outer = ConvertNetUtils()
+    outer.convert_to_thor_net(Outer())
+    assert {e.path for e in outer.report if e.target} == {"inner.enc.dense1", "inner.enc.dense2", "inner.fc"}
+
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(32, 6, 16)).astype(np.float32)
+    y = (x[:, -1, 0] > 0).astype(np.int32)
+    net = _seeded(Encoder())
+    losses = _StepLosses()
+    Model(net, ce(), _thor(net)).train(1, ds.NumpySlicesDataset({"d": x, "l": y}, shuffle=False).batch(16),
+                                       callbacks=[losses])
+    assert np.all(np.isfinite(losses.losses)) and len(losses.losses) == 2

@@ -7,11 +7,12 @@ as they are; this module finds them.
 
 The count is static: for every cell, the call sites ``self.<child>(...)`` in its ``construct`` (and in the methods
 ``construct`` calls as ``self.<method>(...)``), where a call inside a ``for``/``while`` loop counts as at least two
-calls and of two ``if`` branches only the branch with more calls counts. A child the source does not call by name
-(a ``SequentialCell`` slot, a ``CellList`` entry iterated over, a cell whose class source cannot be read) counts as
-one call. A cell reached through several parents, or several names of one parent, adds up its calls along every
-path, each path multiplied by the calls of the cells above it. A call made through a local alias (``f = self.fc``)
-is not seen.
+calls and of two ``if`` branches only the branch with more calls counts. A child whose only uses are reads of its
+members (``self.out_proj.weight``: ``nn.MultiheadAttention`` computes with its ``out_proj`` Dense's Parameters and
+never calls it) counts no call. A child the source does not call by name otherwise (a ``SequentialCell`` slot, a
+``CellList`` entry iterated over, a cell whose class source cannot be read) counts as one call. A cell reached
+through several parents, or several names of one parent, adds up its calls along every path, each path multiplied by
+the calls of the cells above it. A call made through a local alias (``f = self.fc``) is not seen.
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ class _Sites:
     def __init__(self, cls: type):
         self.cls = cls
         self.inlining: Set[str] = set()
+        self.members: Set[str] = set()  # names read only as `self.<name>.<member>` (unless also in bare or called)
+        self.bare: Set[str] = set()
 
     def method(self, name: str) -> Optional[Dict[str, int]]:
         if name in self.inlining:  # recursion: counted once
@@ -100,9 +103,17 @@ class _Sites:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             return {}  # defined, not called here
         total: Dict[str, int] = {}
+        if isinstance(node, ast.Attribute):
+            if _is_self(node.value):  # `self.<name>` not called here: passed on, stored, ...
+                self.bare.add(node.attr)
+            elif isinstance(node.value, ast.Attribute) and _is_self(node.value.value):
+                self.members.add(node.value.attr)  # `self.<name>.<member>`: e.g. a child's weight read directly
+                return total
         if isinstance(node, ast.Call):
             func = node.func
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute) and _is_self(func.value.value):
+                self.bare.add(func.value.attr)  # `self.<name>.<member>(...)`: a call into the child, not counted
+            if isinstance(func, ast.Attribute) and _is_self(func.value):
                 inlined = self.method(func.attr) if inspect.isfunction(getattr(self.cls, func.attr, None)) else None
                 if inlined is not None:
                     _add(total, inlined)
@@ -116,10 +127,23 @@ class _Sites:
         return total
 
 
+def _is_self(node) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
 def _call_sites(cls: type) -> Optional[Dict[str, int]]:
-    """Calls per forward pass of each ``self.<name>`` in ``cls.construct`` (None: the source cannot be read)."""
+    """Calls per forward pass of each ``self.<name>`` in ``cls.construct`` (None: the source cannot be read).
+
+    A name whose only uses are reads of its members (``self.out_proj.weight``) counts 0 calls: the parent computes
+    with the child's Parameters itself.
+    """
     if cls not in _SITES_CACHE:
-        _SITES_CACHE[cls] = _Sites(cls).method("construct")
+        sites = _Sites(cls)
+        calls = sites.method("construct")
+        if calls is not None:
+            for name in sites.members - sites.bare - set(calls):
+                calls[name] = 0
+        _SITES_CACHE[cls] = calls
     return _SITES_CACHE[cls]
 
 
@@ -139,7 +163,7 @@ def forward_calls(network: nn.Cell) -> Dict[int, int]:
         for name, child in cell._cells.items():  # pylint: disable=protected-access
             if child is None:
                 continue
-            calls = times * max(1, (sites or {}).get(name, 1))
+            calls = times * (sites or {}).get(name, 1)
             counts[id(child)] = counts.get(id(child), 0) + calls
             visit(child, calls)
         on_path.discard(id(cell))

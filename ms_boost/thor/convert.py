@@ -157,6 +157,10 @@ def _skip_reason(cell: nn.Cell, calls: int = 1) -> str:
     weight = cell.embedding_table if isinstance(cell, nn.Embedding) else cell.weight
     if not weight.requires_grad:
         return "frozen weight"
+    if calls == 0:
+        return ("never called in the forward pass (its parent computes with its weight directly, as "
+                "nn.MultiheadAttention does with out_proj): THOR would capture no statistic for it, so it is trained "
+                "by THOR's first-order update")
     if calls > 1:
         return (f"called {calls} times in one forward pass (shared weights): a THOR layer's factors hold the "
                 "statistics of one call, so it is trained by THOR's first-order update")
@@ -207,7 +211,7 @@ class ConvertNetUtils:
             result = self._convert(net, "", factor_decay, memo)
             for entry in self.report:
                 line = f"thor: {entry.path}: {entry.source} -> {entry.target or 'kept (' + entry.reason + ')'}"
-                if entry.reason.startswith("called "):  # THOR does not precondition it: say so where users look
+                if entry.reason.startswith(("called ", "never called")):  # not preconditioned: say so where users look
                     _log.warning(line)
                 else:
                     logger.info(line)
