@@ -35,14 +35,13 @@ class Net(nn.Cell):
         self.block = Block()
         self.frozen = nn.Conv2d(4, 4, 1, has_bias=False)
         self.frozen.weight.requires_grad = False
-        self.head = nn.Dense(4 * 6 * 2, 5, activation="tanh")
+        self.head = nn.Dense(4 * 6 * 3, 5, activation="tanh")
         self.extra = MyDense(5, 5)
         self.emb = nn.Embedding(7, 5, padding_idx=0)
         self.flatten = nn.Flatten()
 
     def construct(self, x, ids):
-        h = self.block(self.frozen(self.stem(x)))
-        h = self.block(h)  # the same Block twice: shared weights stay shared
+        h = self.block(self.frozen(self.stem(x)))  # a block called twice: tests/test_user_scripts_tenth.py
         out = self.extra(self.head(self.flatten(h)))
         return out + self.emb(ids).mean(1)
 

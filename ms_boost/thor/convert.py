@@ -26,6 +26,7 @@ from mindspore.train import Model as _MsModel
 
 from ms_boost.mindspore_api import cells_compile_cache
 from ms_boost.stages import OptimizerHooks, learning_rate_parameters
+from ms_boost.thor.call_sites import forward_calls
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_boost.thor.optimizer import THOR
 
@@ -120,6 +121,9 @@ def _embedding_to_thor(cell: nn.Embedding, factor_decay: float) -> EmbeddingThor
     return new
 
 
+#: the flags ``Cell.to_float`` sets (MindSpore casts a flagged cell's inputs to that type)
+_PRECISION_FLAGS = ("fp16", "fp32", "bf16")
+
 _CONVERTERS = {nn.Dense: _dense_to_thor, nn.Conv2d: _conv_to_thor, nn.Embedding: _embedding_to_thor}
 _BUILT_IN = tuple(_CONVERTERS)
 
@@ -148,11 +152,18 @@ def register_convertible(cls: type, as_type: type) -> None:
     _CONVERTERS[cls] = _CONVERTERS[as_type]
 
 
-def _skip_reason(cell: nn.Cell) -> str:
-    """Why a Dense/Conv2d/Embedding cannot be converted ('' if it can)."""
+def _skip_reason(cell: nn.Cell, calls: int = 1) -> str:
+    """Why a Dense/Conv2d/Embedding called ``calls`` times per forward pass cannot be converted ('' if it can)."""
     weight = cell.embedding_table if isinstance(cell, nn.Embedding) else cell.weight
     if not weight.requires_grad:
         return "frozen weight"
+    if calls == 0:
+        return ("never called in the forward pass (its parent computes with its weight directly, as "
+                "nn.MultiheadAttention does with out_proj): THOR would capture no statistic for it, so it is trained "
+                "by THOR's first-order update")
+    if calls > 1:
+        return (f"called {calls} times in one forward pass (shared weights): a THOR layer's factors hold the "
+                "statistics of one call, so it is trained by THOR's first-order update")
     if isinstance(cell, nn.Conv2d) and getattr(cell, "data_format", "NCHW") != "NCHW":
         return f"data_format {cell.data_format} (only NCHW)"
     return ""
@@ -167,6 +178,7 @@ class ConvertNetUtils:
 
     def __init__(self):
         self.report: list = []
+        self._calls: dict = {}
 
     def convert_to_thor_net(self, net: nn.Cell, factor_decay: float = 0.0) -> nn.Cell:
         """Return ``net`` with THOR layers, as a new network sharing all Parameters with ``net``.
@@ -190,6 +202,7 @@ class ConvertNetUtils:
         if not isinstance(net, nn.Cell):
             raise TypeError(f"convert_to_thor_net: net must be a mindspore.nn.Cell, got {type(net).__name__}.")
         self.report = []
+        self._calls = forward_calls(net)
         memo: dict = {}
         if type(net) in _CONVERTERS:
             converted = self._convert_leaf(net, "", factor_decay)
@@ -197,18 +210,26 @@ class ConvertNetUtils:
         else:
             result = self._convert(net, "", factor_decay, memo)
             for entry in self.report:
-                logger.info(f"thor: {entry.path}: {entry.source} -> {entry.target or 'kept (' + entry.reason + ')'}")
+                line = f"thor: {entry.path}: {entry.source} -> {entry.target or 'kept (' + entry.reason + ')'}"
+                if entry.reason.startswith(("called ", "never called")):  # not preconditioned: say so where users look
+                    _log.warning(line)
+                else:
+                    logger.info(line)
         if result is net:
             return net
         return _unshared(result, {id(cell) for _, cell in net.cells_and_names()}, {})
 
     def _convert_leaf(self, cell: nn.Cell, path: str, factor_decay: float) -> Optional[nn.Cell]:
-        reason = _skip_reason(cell)
+        reason = _skip_reason(cell, self._calls.get(id(cell), 1))
         if reason:
             self.report.append(ConvertedLayer(path, type(cell).__name__, "", reason))
             return None
         new = _CONVERTERS[type(cell)](cell, factor_decay)
         new.set_train(cell.training)
+        # the precision `cell.to_float(...)` set (amp casts the same way): its inputs stay cast as they were
+        precision = {k: v for k, v in cell.get_flags().items() if k in _PRECISION_FLAGS}
+        if precision:
+            new.add_flags_recursive(**precision)
         prefix = f"{path}." if path else ""
         for local, param in new.thor_parameters().items():
             param.name = prefix + local
@@ -432,12 +453,14 @@ def holds_thor_layers(network: nn.Cell, optimizer: THOR) -> bool:
 def check_thor_train_cell(train_cell: nn.Cell, optimizer: THOR) -> None:
     """A train step cell given to ``Model`` (no optimizer argument) that holds ``optimizer`` must train its layers.
 
+    A THOR without layers (a network with nothing to convert: THOR warns that it reduces to Momentum) passes.
+
     Raises:
         ValueError: ``train_cell`` does not call the THOR layers of ``optimizer.thor_network``: it would train
             without capturing any statistic, THOR preconditioning with factors that never change.
     """
-    if holds_thor_layers(train_cell, optimizer):
-        return
+    if not optimizer.thor_layers or holds_thor_layers(train_cell, optimizer):
+        return  # no THOR layer (THOR warned that it reduces to Momentum): nothing to capture
     raise ValueError(
         f"Model: the train cell {type(train_cell).__name__} holds a THOR optimizer but does not call its THOR "
         f"layers, so no curvature statistics would be captured: thor(net, ...) converts a copy of net "
