@@ -268,15 +268,22 @@ def render(payload: dict) -> str:
              "process's (all threads).", "",
              f"Load average (1/5/15 min) before: {payload['load_before']}; after: {payload['load_after']}.", "",
              "| arm | pairs | steady step / fixed's: wall, median [min, max] | slower in (wall) | sign test p | CPU "
-             "ratio | slower in (CPU) | steady step ms (wall, median over pairs) |",
+             "ratio | slower in (CPU) | steady step ms (wall), median [min, max] over pairs |",
              "|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         wall, cpu = pair_ratios(payload, arm, "wall"), pair_ratios(payload, arm, "cpu")
         ms_ = [steady(p[arm]) for p in payload["pairs"] if p.get(arm) and steady(p[arm])]
+        spread = median_range([1e3 * v for v in ms_], digits=2)
+        if arm == "fixed":
+            lines.append(f"| fixed | {len(ms_)} | (the reference) | - | - | - | - | {spread} |")
+            continue
         lines.append(f"| {arm} | {len(wall)} | {median_range(wall, unit='x')} | {sum(r > 1 for r in wall)} of "
                      f"{len(wall)} | {sign_test(sum(r > 1 for r in wall), len(wall)):.3f} | "
-                     f"{median_range(cpu, unit='x')} | {sum(r > 1 for r in cpu)} of {len(cpu)} | "
-                     f"{1e3 * float(np.median(ms_)) if ms_ else float('nan'):.2f} |")
+                     f"{median_range(cpu, unit='x')} | {sum(r > 1 for r in cpu)} of {len(cpu)} | {spread} |")
+    runs = [p[a] for p in payload["pairs"] for a in arms if p.get(a) and not p[a].get("error")]
+    inside = [sum(e["gc_count"][g] for r in runs for e in r["epochs"][1:]) for g in range(3)]
+    lines += ["", f"Collections of Python's collector inside the steps of epochs 2.. over all {len(runs)} runs: "
+              f"generation 0: {inside[0]}, 1: {inside[1]}, 2: {inside[2]}."]
     lines += ["", "Per pair: steady step ms (wall / CPU), tracked objects after the trial (at `on_train_begin`), "
               "median over epochs 2.. of the collector's milliseconds inside the steps and gen-2 collections an "
               "epoch, RSS MiB and threads at the last epoch.", "",

@@ -47,7 +47,9 @@ def test_pairs_are_compared_with_the_fixed_run_of_the_same_pair_and_the_page_cou
     assert pair_ratios(payload, "auto") == pytest.approx([1.2, 1.4, 0.8])  # the failed pair is left out
     page = render(payload)
     assert "| auto | 3 | 1.200x [0.800, 1.400] | 2 of 3 | 1.000 |" in page
-    assert "| fixed | 3 | 1.000x [1.000, 1.000] | 0 of 3 |" in page
+    assert "| fixed | 4 | (the reference) |" in page and "| 5.00 [5.00, 5.00] |" in page
+    # 3 later epochs x 7 runs (4 fixed, 3 auto: the failed one has none) of [5, 1, 1] collections
+    assert "generation 0: 105, 1: 21, 2: 21." in page
     assert "3.0 ms, 1 gen2" in page  # the collector's 3 ms an epoch inside the steps, one gen-2 collection
     assert "failed" in page
 
