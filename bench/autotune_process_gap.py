@@ -66,14 +66,9 @@ PLANNED_EPOCHS = 20  # the long form's digits/gemm
 
 def process_state() -> Dict[str, float]:
     """Tracked objects, the collector's counts, resident memory (MiB) and threads of this process."""
-    rss = 0.0
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    threads = len(os.listdir("/proc/self/task")) if Path("/proc/self/task").is_dir() else 0
+    from bench.common import rss_and_threads  # (MindSpore's import, in the worker only)
+
+    rss, threads = rss_and_threads()
     return {"objects": float(len(gc.get_objects())), "count": list(gc.get_count()), "rss_mib": rss,
             "threads": float(threads), "frozen": float(gc.get_freeze_count())}
 

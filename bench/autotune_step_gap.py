@@ -40,14 +40,9 @@ def process_state() -> Dict[str, float]:
     """Live ``nn.Cell`` objects, threads and resident memory (MiB) of this process (Linux ``/proc``)."""
     from mindspore import nn
 
-    rss = 0.0
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    threads = len(os.listdir("/proc/self/task")) if Path("/proc/self/task").is_dir() else 0
+    from bench.common import rss_and_threads  # (MindSpore's import, in the worker only)
+
+    rss, threads = rss_and_threads()
     return {"cells": float(nn.Cell.total_instance_count), "threads": float(threads), "rss_mib": rss}
 
 

@@ -81,6 +81,19 @@ def environment() -> dict:
             "memory_gib": round(_memory_gib(), 1), "os": platform.platform(terse=True)}
 
 
+def rss_and_threads() -> tuple:
+    """This process's resident memory (MiB) and thread count, from Linux ``/proc`` (0 where it is not readable)."""
+    rss = 0.0
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    threads = len(os.listdir("/proc/self/task")) if Path("/proc/self/task").is_dir() else 0
+    return rss, threads
+
+
 def load_average() -> list:
     """1, 5 and 15 minute load averages (other jobs sharing the CPU)."""
     try:
