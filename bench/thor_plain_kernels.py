@@ -170,6 +170,9 @@ def main(argv=None) -> None:
                         help="with --net bench: one THOR cell per trust-region setting (step: thor()'s kl_clip, "
                              "off: kl_clip=0)")
     args = parser.parse_args(argv)
+    if not args.profile and (args.frequency < 1 or args.rounds < args.frequency):
+        parser.error(f"--rounds {args.rounds} must be at least --frequency {args.frequency} (>= 1): the timed rounds "
+                     f"must hold a refresh step of every THOR cell")
     NET["name"] = args.net
     import mindspore as ms
 
