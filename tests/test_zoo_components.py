@@ -743,15 +743,22 @@ def test_a_sigterm_the_blocked_main_thread_cannot_take_still_ends_the_script(tmp
 
     script = tmp_path / "stuck.py"
     script.write_text(
-        "import ctypes, sys\n"
+        "import ctypes, sys, threading, time\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
         "from model_zoo.resnet.src import device\n"
         "device.STOP_GRACE = 0.5\n"
+        "def say_blocked():\n"  # from another thread, once the main thread is inside the C call (it holds the GIL
+        "    while sys._current_frames()[main_id].f_lineno != BLOCK_LINE:\n"  # until then), and a while later
+        "        time.sleep(0.01)\n"
+        "    time.sleep(0.3)\n"
+        "    print('blocked', flush=True)\n"
         "def main():\n"
         "    libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)\n"
         "    libc.pthread_mutex_lock(mutex)\n"
-        "    print('blocked', flush=True)\n"
+        "    threading.Thread(target=say_blocked, daemon=True).start()\n"
         "    libc.pthread_mutex_lock(mutex)\n"
+        "main_id = threading.get_ident()\n"
+        "BLOCK_LINE = 14\n"
         "device.run_script(main, 'x.py')\n", encoding="utf-8")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
