@@ -503,10 +503,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def worker_result(command: List[str], env: Dict[str, str], tag: str = TAG) -> dict:
-    """Run a worker process (``command``) to its end; its result: the JSON of its stdout line tagged ``tag``."""
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    line = next(x for x in out.splitlines() if x.startswith(tag))
+def worker_result(command: List[str], env: Dict[str, str], tag: str = TAG, keep_failure: bool = False,
+                  cwd: Optional[str] = None) -> dict:
+    """Run a worker process (``command``) to its end; its result: the JSON of its stdout line tagged ``tag``.
+
+    A worker that exits non-zero raises (``subprocess.CalledProcessError``), one that prints no tagged line raises
+    ``StopIteration``; with ``keep_failure`` a worker without a tagged line gives ``{"error": "exit <status>: <the
+    output's end>"}`` instead, so that a page can show the failed run among the others.
+    """
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=not keep_failure, cwd=cwd)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith(tag)), None)
+    if line is None and keep_failure:
+        return {"error": f"exit {proc.returncode}: {(proc.stdout + proc.stderr)[-800:]}"}
+    if line is None:
+        raise StopIteration(f"no line tagged {tag!r} in the output of {command}")
     return json.loads(line[len(tag):])
 
 

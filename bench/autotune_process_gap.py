@@ -123,11 +123,14 @@ def before_train(model, train, actions: Sequence[str]) -> Dict[str, float]:
 
 
 def epoch_row(walls: Sequence[float], cpus: Sequence[float]) -> Optional[Dict[str, float]]:
-    """Median wall, median CPU and mean wall of an epoch's steps, its first left out (None: fewer than 2)."""
-    if len(walls) < 2:
+    """Median wall, median CPU (:func:`bench.autotune_step_gap.epoch_stats`) and mean wall of an epoch's steps, its
+    first left out (None: fewer than 2)."""
+    from bench.autotune_step_gap import epoch_stats
+
+    stats = epoch_stats(walls, cpus)
+    if stats is None:
         return None
-    return {"wall": float(np.median(walls[1:])), "cpu": float(np.median(cpus[1:])),
-            "mean": float(np.mean(walls[1:]))}
+    return {"wall": stats[0], "cpu": stats[1], "mean": float(np.mean(walls[1:]))}
 
 
 def run_arm(arm: str, seed: int, epochs: int, width: int = 4) -> dict:
@@ -238,7 +241,8 @@ def pair_ratios(payload: dict, arm: str, key: str = "wall", base: str = "fixed")
 
 
 def later(run: dict, what: str) -> float:
-    """Median over the later epochs of a per-epoch number (``gc2_ms``: gen-2 milliseconds; ``objects``, ...)."""
+    """Median over the later epochs of a per-epoch number (``gc_ms``: the collector's milliseconds inside the steps;
+    ``gc2``: gen-2 collections; ``objects``, ...)."""
     rows = run.get("epochs", [])[1:]
     if what == "gc_ms":
         values = [1e3 * sum(e["gc_seconds"]) for e in rows]
@@ -318,9 +322,7 @@ def main(argv=None) -> int:
         arm, seed = args.worker.split(":")
         print(TAG + json.dumps(run_arm(arm, int(seed), args.epochs)), flush=True)
         return 0
-    import subprocess
-
-    from bench.autotune_phases import finish
+    from bench.autotune_phases import finish, worker_result
     from bench.common import load_average
 
     command = "python bench/autotune_process_gap.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -333,10 +335,7 @@ def main(argv=None) -> int:
         pair: dict = {"seed": seed, "order": order, "load": load_average()}
         for arm in order:
             cmd = [sys.executable, __file__, f"--worker={arm}:{seed}", f"--epochs={args.epochs}"]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-            line = next((x for x in proc.stdout.splitlines() if x.startswith(TAG)), None)
-            pair[arm] = json.loads(line[len(TAG):]) if line else {
-                "error": f"exit {proc.returncode}: {(proc.stdout + proc.stderr)[-800:]}"}
+            pair[arm] = worker_result(cmd, env, tag=TAG, keep_failure=True, cwd=str(ROOT))
             run = pair[arm]
             print(f"[process gap] pair {i} {arm}: " + (run["error"] if run.get("error") else
                   f"steady {1e3 * (steady(run) or 0):.2f} ms, cpu {1e3 * (steady(run, 'cpu') or 0):.2f} ms"),
