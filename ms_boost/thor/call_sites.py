@@ -69,7 +69,7 @@ class _Sites:
     def method(self, name: str) -> Optional[Dict[str, int]]:
         if name in self.inlining:  # recursion: counted once
             return {}
-        tree = self._tree(name)
+        tree = _method_tree(self.cls, name)
         if tree is None:
             return None
         self.inlining.add(name)
@@ -77,9 +77,6 @@ class _Sites:
             return self.block(tree.body)
         finally:
             self.inlining.discard(name)
-
-    def _tree(self, name: str):
-        return _method_tree(self.cls, name)
 
     def block(self, statements) -> Dict[str, int]:
         total: Dict[str, int] = {}
