@@ -531,6 +531,8 @@ def main(argv=None) -> None:
     parser.add_argument("--kinds", nargs="*", default=None, help="e.g. momentum thor_10 (default: both)")
     parser.add_argument("--no_write", action="store_true", help="print only (hyper-parameter exploration)")
     parser.add_argument("--render", action="store_true", help="rewrite thor.md from the saved thor.json")
+    parser.add_argument("--device", choices=("CPU", "GPU"), default="CPU",
+                        help="device the steps run on (GPU: MindSpore's CUDA plugin, see scripts/gpu_check.sh)")
     args = parser.parse_args(argv)
     bad = [f for f in args.time_stat_fractions if not 0.0 < f <= 1.0]
     if bad:
@@ -544,7 +546,7 @@ def main(argv=None) -> None:
         write_results("thor", saved, text)
         return
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    ms.set_device(args.device)
     data = (make_images(args.classes, args.train_per_class, args.size, 0, 0),
             make_images(args.classes, args.val_per_class, args.size, 1, 0))
     conv = {}
