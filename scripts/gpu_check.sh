@@ -30,7 +30,7 @@ MindSpore or no CUDA 11.6 plugin, or the plugin has no code this GPU can run.
   --steps N      training steps per algorithm (default 3)
   --mode M       pynative (default) or graph
   --timeout S    seconds allowed to run_check and to the comparison, each (default 3600: on a GPU that compiles
-                 the plugin from PTX the first run takes more than 9 minutes, seen on an H200)
+                 the plugin from PTX the first run took more than 8.8 minutes on an H200)
   --wheels DIR   install from the wheels in DIR, with no package index (a machine without internet access;
                  fill DIR elsewhere with `pip download --no-deps -d DIR <the packages the dry run lists>`)
   --no-install   use the libraries already installed (step 2 skipped)
@@ -127,8 +127,8 @@ if [ -n "${CC}" ]; then
             jit*) echo "gpu_check: note: MindSpore's GPU kernels (${OPS##*/}: ${BUILT}) have no machine code for" \
                        "compute capability ${CC}: the driver compiles them from PTX when they are first used, all at" \
                        "once (the plugin's own CUDA 11.6 runtime loads every module), once per machine: seen on an" \
-                       "H200, more than 9 minutes before run_check's first operation; kept in CUDA_CACHE_PATH for" \
-                       "the next runs" ;;
+                       "H200, more than 8.8 minutes (three runs, the cache kept between them) without" \
+                       "run_check's first operation ending; what is compiled is kept in CUDA_CACHE_PATH" ;;
             *) echo "gpu_check: FAIL: MindSpore's GPU kernels (${OPS##*/}: ${BUILT}) have no code a GPU of compute" \
                     "capability ${CC} can run"
                exit 6 ;;
