@@ -171,6 +171,7 @@ msrun_launch() {
     local log_dir="${run_dir}/msrun_log"
     collective_timeouts "${target}"
     cpu_collective_timeout "${target}"
+    gpu_jit_cache "${target}"
     local cmd=("${MSRUN}" "--worker_num=${worker_num}" "--local_worker_num=${local_num}"
                "--master_addr=${master_addr}" "--master_port=${master_port}" "--node_rank=${node_rank}"
                "--log_dir=${log_dir}" "--join=True" "--cluster_time_out=${CLUSTER_TIME_OUT}"
@@ -212,10 +213,23 @@ collective_timeouts() {
     fi
 }
 
+# gpu_jit_cache TARGET: on GPU, the driver's cache of kernels compiled from PTX may hold 4 GiB (the most CUDA allows)
+# unless CUDA_CACHE_MAXSIZE is set: MindSpore 2.10's GPU kernels have no machine code for Hopper (9.0), and what the
+# driver compiles of them passed 319 MB on an H200 (docs/compatibility.md, "First run on a GPU"); a smaller cache
+# would compile them again, for minutes, at every job's start.
+gpu_jit_cache() {
+    if [ "$1" = "GPU" ]; then
+        export CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
+        require_int CUDA_CACHE_MAXSIZE "${CUDA_CACHE_MAXSIZE}" 0
+    fi
+}
+
 # gpu_env TARGET: "CUDA_VISIBLE_DEVICES=value " for dry runs, only on GPU and only when it is set (unset, every GPU of
-# the node is visible; printing it empty would read as "no GPU at all", which is what an empty value means).
+# the node is visible; printing it empty would read as "no GPU at all", which is what an empty value means), then
+# gpu_jit_cache's CUDA_CACHE_MAXSIZE.
 gpu_env() {
-    if [ "$1" = "GPU" ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then echo "$(print_env CUDA_VISIBLE_DEVICES) "; fi
+    if [ "$1" = "GPU" ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then echo -n "$(print_env CUDA_VISIBLE_DEVICES) "; fi
+    if [ "$1" = "GPU" ]; then echo "$(print_env CUDA_CACHE_MAXSIZE) "; fi
 }
 
 # timeout_env TARGET: the "NAME=value" pairs collective_timeouts set for TARGET, for dry runs.

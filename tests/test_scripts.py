@@ -177,6 +177,16 @@ def test_gpu_dry_run_prints_every_device(launcher, env, tmp_path):
         assert cmd.startswith("cmd: mpirun -n 4 --allow-run-as-root")
         assert [printed[r]["GPU"] for r in range(4)] == ["4", "5", "6", "7"]
     assert all(printed[r]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7" for r in range(4))
+    # the JIT cache large enough for MindSpore's GPU kernels compiled from PTX (Hopper), a user's value kept
+    assert all(printed[r]["CUDA_CACHE_MAXSIZE"] == "4294967296" for r in range(4))
+    if launcher == "mpirun":
+        assert "-x CUDA_CACHE_MAXSIZE" in cmd
+    own = run("run_distribute_train_gpu.sh", 2, "synthetic", "--launcher", launcher, "--dry-run", env=env,
+              cwd=tmp_path, extra_env={"CUDA_CACHE_MAXSIZE": "1073741824"})
+    assert own.returncode == 0 and ranks(own.stdout)[1]["CUDA_CACHE_MAXSIZE"] == "1073741824", own.stderr
+    bad = run("run_distribute_train_gpu.sh", 2, "synthetic", "--launcher", launcher, "--dry-run", env=env,
+              cwd=tmp_path, extra_env={"CUDA_CACHE_MAXSIZE": "4G"})
+    assert bad.returncode == 2 and "CUDA_CACHE_MAXSIZE must be an integer, got '4G'" in bad.stderr
     too_few = run("run_distribute_train_gpu.sh", 4, "synthetic", "--dry-run", env=env, cwd=tmp_path,
                   extra_env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert too_few.returncode == 2 and "lists fewer than 4 GPUs" in too_few.stderr
@@ -194,6 +204,7 @@ def test_multinode_dry_run_numbers_ranks_per_node(env, tmp_path):
         assert (f"--worker_num=8 --local_worker_num=4 --master_addr=10.0.0.1 --master_port=9123 "
                 f"--node_rank={node}") in cmd
         assert "--device_target GPU" in cmd
+        assert all(printed[r]["CUDA_CACHE_MAXSIZE"] == "4294967296" for r in printed)
 
 
 def test_stage_scripts_dry_run(env, tmp_path):
