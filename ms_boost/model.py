@@ -34,7 +34,7 @@ from mindspore import Tensor, nn
 from mindspore.train import Model as _MsModel
 from mindspore.train.loss_scale_manager import LossScaleManager
 
-from ms_boost import comm
+from ms_boost import comm, gpu_code
 from ms_boost.autotune import (
     AutotuneReport,
     CellTrialRun,
@@ -442,6 +442,8 @@ class Model(_MsModel):
         if self._auto_config is not None and self.autotune_report is None:
             per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
             self.autotune(train_dataset, max(1, int(epoch) - int(initial_epoch)), steps_per_epoch=per_epoch)
+        # a GPU MindSpore's kernels have no machine code for (Hopper): said once, before the first step's long JIT
+        gpu_code.warn_if_compiled_from_ptx(str(ms.get_context("device_target")), int(ms.get_context("device_id")))
         self._compile_if_replaced()
         if not self._plan_logged:
             self._plan_logged = True

@@ -6,7 +6,6 @@ import importlib.util
 import math
 import os
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +28,6 @@ def _module():
 
 
 gpu_check = _module()
-_archs_spec = importlib.util.spec_from_file_location("fatbin_archs", ROOT / "scripts" / "fatbin_archs.py")
-gpu_check_archs = importlib.util.module_from_spec(_archs_spec)
-_archs_spec.loader.exec_module(gpu_check_archs)
 
 
 def run(*args, tmp_path: Path, **env):
@@ -195,62 +191,6 @@ def test_a_run_check_that_outlasts_the_timeout_fails_with_exit_4(tmp_path):
     assert done.returncode == 4, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1].startswith(
         "gpu_check: FAIL: mindspore.run_check() on GPU did not finish in 2 s (--timeout)")
-
-
-def _elf_with_fatbin(containers) -> bytes:
-    """A minimal 64-bit ELF image whose one ``.nv_fatbin`` section holds ``containers``: lists of ``(kind, arch,
-    payload bytes)``, 8 zero bytes of padding between containers."""
-    body = b""
-    for entries in containers:
-        content = b""
-        for kind, arch, payload in entries:
-            header = bytearray(64)
-            struct.pack_into("<HHIQ", header, 0, kind, 0x101, 64, len(payload))
-            struct.pack_into("<I", header, 28, arch)
-            content += bytes(header) + payload
-        body += struct.pack("<IHHQ", gpu_check_archs.FATBIN_MAGIC, 1, 16, len(content)) + content + bytes(8)
-    names = b"\0.nv_fatbin\0.shstrtab\0"
-    data_at = 64
-    names_at = data_at + len(body)
-    headers_at = names_at + len(names)
-    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
-    elf = ident + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, headers_at, 0, 64, 0, 0, 64, 3, 2)
-    sections = [struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                struct.pack("<IIQQQQIIQQ", 1, 1, 2, 0, data_at, len(body), 0, 0, 8, 0),
-                struct.pack("<IIQQQQIIQQ", 12, 3, 0, 0, names_at, len(names), 0, 0, 1, 0)]
-    return elf + body + names + b"".join(sections)
-
-
-def test_fatbin_archs_reads_sass_and_ptx_and_says_how_a_gpu_runs_them(tmp_path):
-    library = tmp_path / "libfake.so"
-    library.write_bytes(_elf_with_fatbin([[(2, 70, b"s" * 40), (2, 80, b"t" * 24), (1, 86, b"p" * 16)],
-                                          [(2, 61, b"u" * 8), (1, 60, b"q" * 32)]]))
-    found = gpu_check_archs.archs(library)
-    assert found == {"sass": [61, 70, 80], "ptx": [60, 86]}
-    # SASS runs on its own major with a minor not below its own; else the newest PTX not above the GPU, else nothing
-    assert [gpu_check_archs.verdict(found, cc) for cc in ("8.0", "8.6", "7.5", "6.1", "9.0", "6.0", "5.2")] == [
-        "native", "native", "native", "native", "jit compute_86", "jit compute_60", "none"]
-    assert gpu_check_archs.verdict({"sass": [86], "ptx": []}, "8.0") == "none"  # sm_86 code needs 8.6 or more
-    cli = subprocess.run([sys.executable, str(ROOT / "scripts" / "fatbin_archs.py"), str(library),
-                          "--compute-capability", "9.0"], capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 0 and cli.stdout.splitlines() == ["sass sm_61 sm_70 sm_80; ptx compute_60 compute_86",
-                                                               "jit compute_86"], cli.stderr
-    for bad in (tmp_path / "text.txt", tmp_path / "empty.so"):
-        bad.write_bytes(b"not an ELF file" if bad.suffix == ".txt" else b"")
-        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fatbin_archs.py"), str(bad)],
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 2 and f"fatbin_archs: {bad}:" in done.stderr
-    wrong = subprocess.run([sys.executable, str(ROOT / "scripts" / "fatbin_archs.py"), str(library),
-                            "--compute-capability", "nine"], capture_output=True, text=True, timeout=60)
-    assert wrong.returncode == 2 and "--compute-capability must look like 9.0, got 'nine'" in wrong.stderr
-
-
-def test_the_wheels_gpu_kernels_are_built_for_sm_60_to_sm_80_and_ptx_6_0_and_8_6():
-    # what the note on Hopper GPUs says about MindSpore 2.10's plugin (a new wheel that adds sm_90 code fails here)
-    import mindspore
-
-    ops = Path(mindspore.__file__).parent / "lib" / "plugin" / "gpu" / "libcuda_ops.so.11"
-    assert gpu_check_archs.archs(ops) == {"sass": [60, 61, 70, 75, 80], "ptx": [60, 86]}
 
 
 def test_compare_numbers():
