@@ -305,6 +305,17 @@ class Model(_MsModel):
         self._memory_key = None  # the train network's Parameter addresses when it last trained (replaced_memory)
         self.autotune_report: Optional[AutotuneReport] = None
         self._auto_config = None
+        auto_on_train_cell = False
+        if isinstance(boost_level, str) and boost_level == AUTO_LEVEL and optimizer is None \
+                and isinstance(network, nn.Cell) and _holds_optimizer(network):
+            # Model(train_step_cell, boost_level="auto"): nothing to choose, the cell trains itself (as at O1/O2,
+            # and as mindspore.train.Model): said, and trained as it is
+            split_auto_config(boost_config_dict)  # a bad dict is still refused
+            logger.warning("Model: boost_level='auto' is not applied: the network holds its own optimizer (a train "
+                           "step cell) and Model got none, so it trains as it is. To boost it, give Model the "
+                           "backbone, loss_fn and optimizer.")
+            auto_on_train_cell = True
+            boost_level, boost_config_dict = "O0", None
         if isinstance(boost_level, str) and boost_level == AUTO_LEVEL:
             split_auto_config(boost_config_dict)  # checked now, before anything is built
             if not _first_order(optimizer):
@@ -316,7 +327,8 @@ class Model(_MsModel):
             boost_level, boost_config_dict = "O0", None  # until the trial has picked
         self.boost = AutoBoost(boost_level, boost_config_dict)
         self._plan_logged = False
-        self._train_cell_given = False  # set when the network is a train step cell of its own (no boost applied)
+        # set when the network is a train step cell of its own (no boost applied)
+        self._train_cell_given = auto_on_train_cell
         super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,
                          eval_indexes=eval_indexes, amp_level=amp_level, boost_level=boost_level, **kwargs)
 
