@@ -191,7 +191,7 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
     def graceful_exit_vote(self, loss):
         """``loss``, after the ranks' exit requests are agreed into ``graceful_exit`` (several ranks only)."""
         if self.use_graceful_exit and self.exit_votes.active:
-            agreed = ops.reduce_all(ops.equal(self.exit_votes(self.init_param), self.exit_quorum))
+            agreed = ops.all(ops.equal(self.exit_votes(self.init_param), self.exit_quorum))
             loss = ops.depend(loss, ops.assign(self.exit_param, agreed))
         return loss
 
