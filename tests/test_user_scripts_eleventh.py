@@ -222,3 +222,14 @@ def test_warns_when_the_scripts_optimizer_moved_after_model_rebuilt_it(mode):
     assert losses == ref_losses
     for name in ref_w:
         np.testing.assert_array_equal(w[name], ref_w[name])
+
+
+@pytest.mark.parametrize("learning_rate", [[], np.zeros(0, np.float32), Tensor(np.zeros(0, np.float32)), [[0.05]]])
+def test_thor_refuses_an_empty_or_nested_per_step_learning_rate_by_name(learning_rate):
+    """``thor(net, [], ...)`` (a schedule list left empty) failed at the first step with MindSpore's "For 'Gather',
+    the 'input_indices' should be in the range [0, 0)", a nested list with "The object is not callable"; both are
+    now refused when ``thor`` is called, naming the value and what is allowed."""
+    from ms_boost import thor
+
+    with pytest.raises(TypeError, match=r"thor: learning_rate=.* is not allowed; allowed: .*non-empty per-step"):
+        thor(_net(), learning_rate, 0.03, 0.9, 1e-4, 1.0, 16, frequency=2)
