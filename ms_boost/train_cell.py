@@ -186,12 +186,14 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
             self.exit_param = Parameter(Tensor(False, ms.bool_), name="graceful_exit")
             self.init_param = Parameter(Tensor([0], ms.int32), name="graceful_init")
             self.exit_votes = comm.AllReduce("sum", enabled=self.topology.data_parallel)
-            self.exit_quorum = Tensor([self.exit_votes.size if self.exit_votes.active else 1], ms.int32)
+            # float32: MindSpore's CPU AllReduce has no int32 kernel (nn.TrainOneStepCell's int32 vote fails there)
+            self.exit_quorum = Tensor([self.exit_votes.size if self.exit_votes.active else 1], ms.float32)
 
     def graceful_exit_vote(self, loss):
         """``loss``, after the ranks' exit requests are agreed into ``graceful_exit`` (several ranks only)."""
         if self.use_graceful_exit and self.exit_votes.active:
-            agreed = ops.all(ops.equal(self.exit_votes(self.init_param), self.exit_quorum))
+            votes = self.exit_votes(ops.cast(self.init_param, ms.float32))
+            agreed = ops.all(ops.equal(votes, self.exit_quorum))
             loss = ops.depend(loss, ops.assign(self.exit_param, agreed))
         return loss
 
