@@ -233,3 +233,14 @@ def test_thor_refuses_an_empty_or_nested_per_step_learning_rate_by_name(learning
 
     with pytest.raises(TypeError, match=r"thor: learning_rate=.* is not allowed; allowed: .*non-empty per-step"):
         thor(_net(), learning_rate, 0.03, 0.9, 1e-4, 1.0, 16, frequency=2)
+
+
+def test_a_numpy_bool_switch_is_a_bool():
+    """``{"boost": {"mode": "manual", "less_bn": np.bool_(False)}}`` (a switch computed with numpy) was refused with
+    "must be a bool (True/False), got False (bool_)", where numpy ints pass as ints; it now counts as the bool it is."""
+    from ms_boost import AutoBoost
+
+    plan = AutoBoost("O1", {"boost": {"mode": "manual", "less_bn": np.bool_(False), "grad_accumulation": np.True_}})
+    assert plan.boost_config["less_bn"] is False and plan.boost_config["grad_accumulation"] is True
+    with pytest.raises(TypeError, match=r"boost\.less_bn must be a bool \(True/False\), got 1 \(int\)"):
+        AutoBoost("O1", {"boost": {"mode": "manual", "less_bn": 1}})
