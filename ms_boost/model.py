@@ -340,8 +340,8 @@ class Model(_MsModel):
         super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,
                          eval_indexes=eval_indexes, amp_level=amp_level, boost_level=boost_level, **kwargs)
         # the script's optimizer's step when the plan rebuilt it (LessBN, freezing): see _warn_if_user_optimizer_moved
-        self._rebuilt_at_step = (_optimizer_step(optimizer) if optimizer is not None and self._optimizer is not optimizer
-                                 else None)
+        rebuilt = optimizer is not None and self._optimizer is not optimizer
+        self._rebuilt_at_step = _optimizer_step(optimizer) if rebuilt else None
 
     # -- construction hooks of mindspore.train.Model ------------------------------------------------
     def _build_boost_network(self, kwargs):
