@@ -102,7 +102,7 @@ def _default_decay_filter(param) -> bool:
     return True
 
 
-_LR_ALLOWED = ("a float >= 0, a non-empty per-step array (list, numpy array or 1-D Tensor of floats) or a "
+_LR_ALLOWED = ("a float >= 0, a per-step array (a non-empty list, numpy array or 1-D Tensor of floats) or a "
                "LearningRateSchedule")
 
 
