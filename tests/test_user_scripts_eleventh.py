@@ -232,7 +232,7 @@ def test_thor_refuses_an_empty_or_nested_per_step_learning_rate_by_name(learning
     now refused when ``thor`` is called, naming the value and what is allowed."""
     from ms_boost import thor
 
-    with pytest.raises(TypeError, match=r"thor: learning_rate=.* is not allowed; allowed: .*per-step array \(a non-empty list"):
+    with pytest.raises(TypeError, match=r"thor: learning_rate=.* is not allowed; allowed: .*\(a non-empty list"):
         thor(_net(), learning_rate, 0.03, 0.9, 1e-4, 1.0, 16, frequency=2)
 
 
