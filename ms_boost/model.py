@@ -246,6 +246,14 @@ def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, option
     return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
+def _optimizer_step(optimizer) -> Optional[int]:
+    """The optimizer's ``global_step`` (the updates it made, or loaded from a checkpoint), None when it has none."""
+    step = getattr(optimizer, "global_step", None)
+    if not isinstance(step, Tensor):
+        return None
+    return int(step.asnumpy().reshape(-1)[0])
+
+
 def _holds_optimizer(network) -> bool:
     """Whether ``network`` contains an optimizer: a train step cell (``nn.TrainOneStepCell`` and the like)."""
     return bool(optimizers_in(network))
@@ -305,6 +313,17 @@ class Model(_MsModel):
         self._memory_key = None  # the train network's Parameter addresses when it last trained (replaced_memory)
         self.autotune_report: Optional[AutotuneReport] = None
         self._auto_config = None
+        auto_on_train_cell = False
+        if isinstance(boost_level, str) and boost_level == AUTO_LEVEL and optimizer is None \
+                and isinstance(network, nn.Cell) and _holds_optimizer(network):
+            # Model(train_step_cell, boost_level="auto"): nothing to choose, the cell trains itself (as at O1/O2,
+            # and as mindspore.train.Model): said, and trained as it is
+            split_auto_config(boost_config_dict)  # a bad dict is still refused
+            logger.warning("Model: boost_level='auto' is not applied: the network holds its own optimizer (a train "
+                           "step cell) and Model got none, so it trains as it is. To boost it, give Model the "
+                           "backbone, loss_fn and optimizer.")
+            auto_on_train_cell = True
+            boost_level, boost_config_dict = "O0", None
         if isinstance(boost_level, str) and boost_level == AUTO_LEVEL:
             split_auto_config(boost_config_dict)  # checked now, before anything is built
             if not _first_order(optimizer):
@@ -316,9 +335,13 @@ class Model(_MsModel):
             boost_level, boost_config_dict = "O0", None  # until the trial has picked
         self.boost = AutoBoost(boost_level, boost_config_dict)
         self._plan_logged = False
-        self._train_cell_given = False  # set when the network is a train step cell of its own (no boost applied)
+        # set when the network is a train step cell of its own (no boost applied)
+        self._train_cell_given = auto_on_train_cell
         super().__init__(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, eval_network=eval_network,
                          eval_indexes=eval_indexes, amp_level=amp_level, boost_level=boost_level, **kwargs)
+        # the script's optimizer's step when the plan rebuilt it (LessBN, freezing): see _warn_if_user_optimizer_moved
+        rebuilt = optimizer is not None and self._optimizer is not optimizer
+        self._rebuilt_at_step = _optimizer_step(optimizer) if rebuilt else None
 
     # -- construction hooks of mindspore.train.Model ------------------------------------------------
     def _build_boost_network(self, kwargs):
@@ -450,6 +473,7 @@ class Model(_MsModel):
             if comm.get_rank() == 0:
                 logger.info("%s", self._plan_text())
         self._warn_about_data(train_dataset)
+        self._warn_if_user_optimizer_moved()
         extra = optimizer_hooks(self._optimizer).callbacks() if self._optimizer is not None else []
         first = []
         if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
@@ -501,6 +525,27 @@ class Model(_MsModel):
             text = spec.warn_data(self.boost.section(spec.name), data)
             if text:
                 warnings.warn(f"ms_boost: {text}", UserWarning, stacklevel=4)
+
+    def _warn_if_user_optimizer_moved(self) -> None:
+        """Say when the optimizer given to Model changed its step after the plan rebuilt it.
+
+        A plan that rebuilds the optimizer (LessBN, gradient freezing) starts the rebuilt ones from the script's
+        optimizer's state when Model is built; a script that then steps that optimizer itself (a functional loop, a
+        train cell of its own) or loads a checkpoint into it changes state the Model does not train with. Said once
+        per change, naming both steps.
+        """
+        if self._rebuilt_at_step is None:
+            return
+        now = _optimizer_step(self._user_optimizer)
+        if now is None or now == self._rebuilt_at_step:
+            return
+        warnings.warn(f"ms_boost: the optimizer given to Model is at global_step {now}, but boost_level "
+                      f"{self.boost.level!r} rebuilt it (plan: {', '.join(self._enabled())}) when Model was built, at "
+                      f"global_step {self._rebuilt_at_step}: Model trains the rebuilt optimizer "
+                      f"(model.train_network.optimizer), which does not see the steps or checkpoint the script gave "
+                      f"its own optimizer since (its momenta, its step for a learning-rate schedule). Build the Model "
+                      f"after those steps, or load a checkpoint into model.train_network.", UserWarning, stacklevel=4)
+        self._rebuilt_at_step = now
 
     def _compile_if_replaced(self) -> None:
         """Compile the train step again when a Parameter got new memory since it last trained.

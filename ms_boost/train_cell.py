@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import warnings
 from typing import Any, Optional, Union
 
@@ -168,6 +169,33 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         self.enable_adasum = bool(self.boost.boost_config.get("adasum") and self.topology.data_parallel
                                   and self.topology.num_servers > 1)
         self.enable_dim_reduce = bool(self.boost.boost_config.get("dim_reduce"))
+        self._graceful_exit_parameters()
+
+    def _graceful_exit_parameters(self) -> None:
+        """MindSpore's graceful exit: with ``MS_ENABLE_GRACEFUL_EXIT=1`` the train cell holds two flags.
+
+        ``mindspore.train.OnRequestExit`` finds them by name in the train network: on the exit request (its signal
+        or its ``config_file``) it sets ``graceful_init`` to 1 (and, on one process, ``graceful_exit`` to True)
+        before a step; after the step, ``graceful_exit`` True makes it save a checkpoint and stop training. Across
+        data-parallel ranks the step sets ``graceful_exit`` to whether every rank asked (a sum of ``graceful_init``
+        equal to the rank count), as ``nn.TrainOneStepCell`` does, so the ranks stop at the same step. Without the
+        variable: no flags, as MindSpore's cell.
+        """
+        self.use_graceful_exit = os.environ.get("MS_ENABLE_GRACEFUL_EXIT") == "1"
+        if self.use_graceful_exit:
+            self.exit_param = Parameter(Tensor(False, ms.bool_), name="graceful_exit")
+            self.init_param = Parameter(Tensor([0], ms.int32), name="graceful_init")
+            self.exit_votes = comm.AllReduce("sum", enabled=self.topology.data_parallel)
+            # float32: MindSpore's CPU AllReduce has no int32 kernel (nn.TrainOneStepCell's int32 vote fails there)
+            self.exit_quorum = Tensor([self.exit_votes.size if self.exit_votes.active else 1], ms.float32)
+
+    def graceful_exit_vote(self, loss):
+        """``loss``, after the ranks' exit requests are agreed into ``graceful_exit`` (several ranks only)."""
+        if self.use_graceful_exit and self.exit_votes.active:
+            votes = self.exit_votes(ops.cast(self.init_param, ms.float32))
+            agreed = ops.all(ops.equal(votes, self.exit_quorum))
+            loss = ops.depend(loss, ops.assign(self.exit_param, agreed))
+        return loss
 
     def __call__(self, *args, **kwargs):
         """Run the step; ask the update chain first which gradients this step reads and which variant it runs.
@@ -253,7 +281,7 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
         loss, grads = self.loss_and_grads(inputs, self.sens_tensor)
         grads = self.reducer(grads)
         loss = ops.depend(loss, self.update(loss, grads, *inputs))
-        return loss
+        return self.graceful_exit_vote(loss)
 
     # -- upstream's per-algorithm entry points (mindspore.boost.BoostTrainOneStepCell) ----------------------
     # Upstream's construct branches into these; here one pipeline built in __init__ runs every enabled stage,
@@ -363,4 +391,5 @@ class BoostTrainOneStepWithLossScaleCell(BoostTrainOneStepCell):
             loss = ops.depend(loss, self.update(loss, grads, *inputs))
         elif self.has_buffers:
             loss = ops.depend(loss, _hyper_map(_copy_into, self.buffers, self.buffer_shadows))
+        loss = self.graceful_exit_vote(loss)
         return loss, overflow, self.loss_scaler.current_scale(scaling_sens, overflow)

@@ -66,7 +66,9 @@ def _fmt(number) -> str:
 
 
 def check_bool(path: str, value: Any) -> bool:
-    """``value`` if it is a bool (``True``/``False``; 1 and 0 are not accepted)."""
+    """``value`` if it is a bool: ``True``/``False`` or numpy's ``np.bool_`` (as numpy ints pass); not 1 or 0."""
+    if isinstance(value, np.bool_):  # e.g. a value read from a numpy array or a comparison: "got True (bool_)" before
+        value = bool(value)
     if not isinstance(value, bool):
         raise TypeError(f"boost config {path} must be a bool (True/False), got {short_repr(value)} "
                         f"({_type_name(value)}).")

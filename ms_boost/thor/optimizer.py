@@ -102,26 +102,32 @@ def _default_decay_filter(param) -> bool:
     return True
 
 
-_LR_ALLOWED = "a float >= 0, a per-step array (list, numpy array or 1-D Tensor of floats) or a LearningRateSchedule"
+_LR_ALLOWED = ("a float >= 0, a per-step array (a non-empty list, numpy array or 1-D Tensor of floats) or a "
+               "LearningRateSchedule")
 
 
 def _check_learning_rate(learning_rate) -> None:
     """Refuse a learning rate MindSpore's optimizer would take apart with a bare error.
 
-    A str is iterated character by character: "could not convert string to float: '.'".
+    A str is iterated character by character: "could not convert string to float: '.'"; an empty array failed at the
+    first step ("For 'Gather', the 'input_indices' should be in the range [0, 0)"), a nested list with "The object is
+    not callable".
     """
-    if isinstance(learning_rate, (Tensor, LearningRateSchedule)):
+    if isinstance(learning_rate, LearningRateSchedule):
         return
     if isinstance(learning_rate, bool) or isinstance(learning_rate, (str, bytes)):
         bad = True
     elif isinstance(learning_rate, numbers.Real):
         bad = False
+    elif isinstance(learning_rate, Tensor):  # MindSpore refuses more than one dimension itself, not an empty one
+        bad = len(learning_rate.shape) == 1 and learning_rate.shape[0] == 0
     else:
         try:
-            kind = np.asarray(learning_rate).dtype.kind
+            values = np.asarray(learning_rate)
+            kind = values.dtype.kind
         except (TypeError, ValueError):
-            kind = "O"
-        bad = kind not in "fiu"
+            values, kind = None, "O"
+        bad = kind not in "fiu" or values is None or values.ndim > 1 or values.size == 0
     if bad:
         raise TypeError(f"thor: learning_rate={learning_rate!r} ({type(learning_rate).__name__}) is not allowed; "
                         f"allowed: {_LR_ALLOWED}.")
