@@ -789,3 +789,39 @@ def test_a_rollback_window_the_run_never_fills_is_said():
     assert rollback_window_note(parse_config([], recipe), 30) is None  # stop: no spike rule
     assert rollback_window_note(parse_config(["--divergence_action", "rollback", "--divergence_spike_factor", "0"],
                                              recipe), 30) is None
+
+
+def test_resume_keeps_the_runs_own_graceful_exit_flags(tmp_path, monkeypatch):
+    """Users' scripts, eleventh round: with ``MS_ENABLE_GRACEFUL_EXIT=1`` the train cell holds OnRequestExit's two
+    flags. ``--resume`` must not restore them: a checkpoint written without the variable lacks them (the resume was
+    refused as "lacks 2 Parameter(s)"), and one written at an exit request holds ``graceful_exit`` True (the resumed
+    run would stop after its first step)."""
+    import json
+
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, nn
+
+    from model_zoo.resnet.src.run_state import MANIFEST_KEY, restore_train_network, run_control_parameter_names
+    from ms_boost import BoostTrainOneStepCell
+
+    monkeypatch.setenv("MS_ENABLE_GRACEFUL_EXIT", "1")
+    dense = nn.Dense(3, 1)
+    dense.weight.name, dense.bias.name = "w", "b"
+    cell = BoostTrainOneStepCell(nn.WithLossCell(dense, nn.MSELoss()),
+                                 nn.SGD(dense.trainable_params(), learning_rate=0.1))
+    assert run_control_parameter_names(cell) == {"graceful_exit", "graceful_init"}
+    path = tmp_path / "resnet-1_2.ckpt"
+    cfg = _ResumeCfg(resume=str(path), checkpoint_dir="checkpoint", checkpoint_prefix="resnet", epoch_size=2,
+                     batch_size=8)
+    saved = {p.name: p.asnumpy() for p in cell.get_parameters() if p.name not in ("graceful_exit", "graceful_init")}
+    saved["w"] = np.full((1, 3), 0.5, np.float32)
+    for flags in ({}, {"graceful_exit": np.array(True), "graceful_init": np.array([1], np.int32)}):
+        ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in {**saved, **flags}.items()], str(path),
+                           append_dict={MANIFEST_KEY: json.dumps({"global_step": 2, "steps_per_epoch": 2,
+                                                                  "config": {"batch_size": 8}})})
+        assert restore_train_network(cfg, cell, 2, lambda p, m: None)[0] == 2
+        np.testing.assert_array_equal(dense.weight.asnumpy(), np.full((1, 3), 0.5, np.float32))
+        assert not bool(cell.exit_param.asnumpy()) and int(cell.init_param.asnumpy()[0]) == 0
+    monkeypatch.delenv("MS_ENABLE_GRACEFUL_EXIT")
+    assert run_control_parameter_names(nn.Dense(2, 2)) == set()

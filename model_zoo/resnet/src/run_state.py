@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn
+from mindspore import Parameter, nn
 from mindspore.train import Callback
 
 from model_zoo.resnet.src.callbacks import loss_value
@@ -341,7 +341,7 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
     if step >= int(cfg.epoch_size) * steps_per_epoch:
         raise ValueError(f"resume: checkpoint {str(path)!r} is at step {step}, the end of epoch_size "
                          f"{cfg.epoch_size} x {steps_per_epoch} steps or later; raise --epoch_size to train further.")
-    schedules = schedule_parameter_names(network)
+    schedules = schedule_parameter_names(network) | run_control_parameter_names(network)
     wanted = {p.name: p for p in network.get_parameters() if p.name not in schedules}
     saved_config = manifest.get("config") or {}
     changed = sorted(key for key, value in saved_config.items()
@@ -363,7 +363,8 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
     if mismatched:
         raise ValueError(f"resume: checkpoint {str(path)!r} does not fit this run's train network: "
                          f"{mismatched[:3]} (network vs checkpoint).")
-    # the schedules keep this run's values (given as their own Parameters, so none is reported as not loaded); THOR
+    # the schedules and the exit flags keep this run's values (given as their own Parameters, so none is reported as
+    # not loaded); THOR
     # inverses of another block size are left out (the optimizer then refreshes them at its first step)
     ms.load_param_into_net(network, {**{name: entries[name] for name in wanted if name in entries},
                                      **{p.name: p for p in network.get_parameters() if p.name in schedules}},
@@ -387,6 +388,19 @@ def schedule_parameter_names(network: nn.Cell) -> set:
     step counter.
     """
     return {p.name for _, cell in network.cells_and_names() for p in optimizer_hooks(cell).schedule_parameters()}
+
+
+def run_control_parameter_names(network: nn.Cell) -> set:
+    """Names of the train cell's graceful-exit flags (``graceful_exit``, ``graceful_init``), where it has them.
+
+    With ``MS_ENABLE_GRACEFUL_EXIT=1`` the train cell (ms_boost's, as MindSpore's ``nn.TrainOneStepCell``) holds two
+    flags that ``mindspore.train.OnRequestExit`` sets on an exit request. They steer this run, not the model:
+    ``--resume`` never restores them. A checkpoint written at an exit request holds ``graceful_exit`` True, which
+    would end the resumed run after its first step; one written without the variable has no flags, which a run
+    resumed with it set would report as missing.
+    """
+    flags = (getattr(network, "exit_param", None), getattr(network, "init_param", None))
+    return {flag.name for flag in flags if isinstance(flag, Parameter)}
 
 
 DIVERGENCE_KEYS = ("action", "spike_factor", "window", "max_rollbacks", "lr_factor", "damping_factor",
