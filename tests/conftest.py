@@ -124,8 +124,10 @@ HEAVY_FIRST = [
     "test_loss_scale.py", "test_resume.py", "test_grad_freeze.py", "test_dim_reduce_msrun.py", "test_zoo_recipes.py",
     "test_zoo_export.py", "test_grad_accumulation.py",
     # the files above 5 CPU-s that ran last, alphabetically, before (2026-11-28: 40, 28, 26, 24, 23, 22, 11, 10, 8, 7,
-    # 6, 6, 5 CPU-s): before the light ones now, so that a worker's last file is a short one
-    "test_thor_checkpoint.py", "test_user_scripts_tenth.py", "test_user_scripts_sixth.py", "test_user_scripts.py",
+    # 6, 6, 5 CPU-s; with the eleventh round's users' scripts and test_gpu_code, 12-20 s each): before the light ones
+    # now, so that a worker's last file is a short one
+    "test_thor_checkpoint.py", "test_user_scripts_tenth.py", "test_user_scripts_eleventh.py", "test_gpu_code.py",
+    "test_user_scripts_sixth.py", "test_user_scripts.py",
     "test_user_scripts_eighth.py", "test_autotune.py", "test_user_scripts_fourth.py", "test_overflow_step.py",
     "test_grad_process.py", "test_zoo_real_data.py", "test_cpu_gemm_conv.py", "test_compile_cache.py",
     "test_zoo_conv.py",
