@@ -364,8 +364,8 @@ def restore_train_network(cfg: Any, network: nn.Cell, steps_per_epoch: int,
         raise ValueError(f"resume: checkpoint {str(path)!r} does not fit this run's train network: "
                          f"{mismatched[:3]} (network vs checkpoint).")
     # the schedules and the exit flags keep this run's values (given as their own Parameters, so none is reported as
-    # not loaded); THOR
-    # inverses of another block size are left out (the optimizer then refreshes them at its first step)
+    # not loaded); THOR inverses of another block size are left out (the optimizer then refreshes them at its first
+    # step)
     ms.load_param_into_net(network, {**{name: entries[name] for name in wanted if name in entries},
                                      **{p.name: p for p in network.get_parameters() if p.name in schedules}},
                            strict_load=True)
