@@ -190,6 +190,39 @@ def with_loss(network: nn.Cell, loss_fn: nn.Cell, cast_model_type, use_private: 
     return nn.WithLossCell(network, loss_fn)
 
 
+def _graph_executor():
+    """MindSpore's cell graph executor (``_cell_graph_executor``), or None if absent.
+
+    Looked up as :func:`cells_compile_cache` is.
+    """
+    for module in ("mindspore.graph.api", "mindspore.common.api"):
+        try:
+            api = importlib.import_module(module)
+        except ImportError:
+            continue
+        executor = getattr(api, "_cell_graph_executor", None)
+        if executor is not None and callable(getattr(executor, "has_compiled", None)):
+            return executor
+    return None
+
+
+_EXECUTOR: list = []  # [the executor or None], looked up once
+
+
+def graph_compiled(cell, phase: str) -> bool:
+    """Whether ``cell``'s graph of the full ``phase`` is compiled and kept (so a call runs it without compiling).
+
+    False when it cannot be told (a MindSpore without the executor's ``has_compiled``).
+    """
+    if not _EXECUTOR:
+        _EXECUTOR.append(_graph_executor())
+    executor = _EXECUTOR[0]
+    cache = getattr(cell, "compile_cache", None)
+    if executor is None or not isinstance(cache, set) or phase not in cache:
+        return False
+    return bool(executor.has_compiled(phase))
+
+
 def cells_compile_cache() -> Optional[dict]:
     """MindSpore's ``id(cell) -> compile cache`` registry (``cells_compile_cache``), or None if absent.
 

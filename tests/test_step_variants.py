@@ -15,7 +15,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ms_boost import BoostTrainOneStepCell
 from ms_boost.stages import StageHooks, UpdateStage, plan_graph_variant
 from ms_boost.thor import thor
-from tests.helpers.nets import MLP
+from tests.helpers.nets import MLP, make_net
 from tests.test_thor_model import assert_equals_numpy_thor, ce, record_phases
 from tests.test_thor_optimizer import _mlp_data
 
@@ -131,5 +131,59 @@ def test_a_plan_that_fails_half_way_still_ends_the_step_of_every_stage():
         with pytest.raises(ValueError, match="_Narrowing.plan_graph_step"):
             cell(Tensor(np.ones((4, 3), np.float32)), Tensor(np.zeros((4, 2), np.float32)))
         assert phases == [] and stage.ended == 1 and stage.static is None and cell.phase == "train"
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_a_compiled_step_does_not_walk_the_network_again(monkeypatch):
+    """Graph mode: MindSpore sets the compile phase on every sub-cell before each call of a cell, compiled or not.
+    ms_boost's train cell walks its tree only when the phase is new or not compiled (the first step, a new input
+    shape), and then reaches each cell of the network once (the loss wrapper holds the network without registering
+    it a second time); a compiled step walks nothing, also after the network was compiled for a prediction in
+    between. The steps equal MindSpore's ``nn.TrainOneStepCell``'s bit for bit."""
+    set_calls = []
+    original = nn.Cell.compile_phase
+
+    def counting(self, value):
+        set_calls.append(id(self))
+        original.fset(self, value)
+
+    monkeypatch.setattr(nn.Cell, "compile_phase", property(original.fget, counting))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((8, 3, 8, 8)).astype(np.float32)
+        y = rng.integers(0, 4, 8).astype(np.int32)
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        nets = [make_net(seed=7), make_net(seed=7)]
+        opts = [nn.Momentum(net.trainable_params(), 0.1, 0.9) for net in nets]
+        cells = [BoostTrainOneStepCell(nn.WithLossCell(nets[0], loss), opts[0]).set_train(),
+                 nn.TrainOneStepCell(nn.WithLossCell(nets[1], loss), opts[1]).set_train()]
+        tree = {id(c) for _, c in cells[0].cells_and_names()}
+        walks, losses = [], [[], []]
+
+        def step(xb, yb):
+            for k, cell in enumerate(cells):
+                set_calls.clear()
+                losses[k].append(cell(Tensor(xb), Tensor(yb)).asnumpy())
+                if k == 0:
+                    walks.append(list(set_calls))
+
+        step(x, y)
+        step(x, y)
+        nets[0].set_train(False)
+        nets[0](Tensor(x)).asnumpy()  # the network compiled for prediction: its cells get that phase
+        nets[0].set_train(True)
+        step(x, y)
+        step(x[:4], y[:4])  # a new input shape: a new phase, compiled
+        step(x[:4], y[:4])
+        first, compiled, after_predict, new_shape, compiled_again = walks
+        assert set(first) == tree and set(new_shape) == tree, "a new phase is set on every cell of the tree"
+        network = [id(c) for _, c in cells[0].network.cells_and_names()]  # the loss network and its cells
+        assert sorted(i for i in first if i in network) == sorted(network), "each of the network's cells once"
+        assert compiled == [] and after_predict == [] and compiled_again == []
+        np.testing.assert_array_equal(np.array(losses[0]), np.array(losses[1]))
+        for mine, theirs in zip(nets[0].trainable_params(), nets[1].trainable_params()):
+            np.testing.assert_array_equal(mine.asnumpy(), theirs.asnumpy())
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)

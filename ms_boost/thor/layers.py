@@ -426,9 +426,11 @@ class ThorLayer(nn.Cell):
 
         Never: the capture cells and the output-gradient hook are left out of the graph altogether.
         """
-        self.capturing = value is not False
-        self.a_capture.static = value
-        self.g_capture.static = value
+        # plain attributes, set around every Graph-mode step: written past Cell.__setattr__ (which ends in the same
+        # object.__setattr__ for a bool or None after testing for Parameters, Cells and buffers)
+        object.__setattr__(self, "capturing", value is not False)
+        object.__setattr__(self.a_capture, "static", value)
+        object.__setattr__(self.g_capture, "static", value)
 
     def hook_output(self, y):
         """``y`` with the output-gradient capture hooked on: flag-tested, or unconditional in the capturing variant."""
