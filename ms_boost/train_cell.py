@@ -241,8 +241,10 @@ class BoostTrainOneStepCell(nn.Cell, PlansStepVariants):
     def compile_phase(self, value):
         # MindSpore sets the phase on every sub-cell before every call, compiled or not (a walk of the whole tree
         # through Cell.__setattr__: ~0.2-0.6 ms of host time a step on a small ResNet, more than the rest of the
-        # call's Python). Unchanged and already compiled, nothing is compiled, so nothing reads the sub-cells' phase.
-        if value == self._compile_phase and graph_compiled(self, value):
+        # call's Python). Only a compile reads the sub-cells' phase: a phase whose graph is compiled (every step
+        # after the first of each variant) is set on this cell alone.
+        if graph_compiled(self, value):
+            object.__setattr__(self, "_compile_phase", value)
             return
         nn.Cell.compile_phase.fset(self, value)
 
