@@ -24,7 +24,7 @@ from mindspore import Parameter, nn
 from mindspore import log as logger
 from mindspore.train import Model as _MsModel
 
-from ms_boost.mindspore_api import cells_compile_cache
+from ms_boost.mindspore_api import cells_compile_cache, copy_recompute
 from ms_boost.stages import OptimizerHooks, learning_rate_parameters
 from ms_boost.thor.call_sites import forward_calls
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
@@ -71,6 +71,7 @@ def _shallow_copy_cell(cell: nn.Cell) -> nn.Cell:
     registry = cells_compile_cache()
     if registry is not None:  # as Cell.__init__ does, so ms_memory_recycle also frees the copy's graphs
         registry[id(new)] = new.compile_cache
+    copy_recompute(new, cell)  # PyNative's recompute wrapper calls the original's construct: one of the copy's own
     return new
 
 

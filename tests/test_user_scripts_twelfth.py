@@ -1,0 +1,82 @@
+"""Users' scripts, twelfth round (docs/compatibility.md): dynamic shapes, recomputation, MindRecord data, the profiler
+and jit settings, padded batches, optimizers of the script's own, mixed-precision forms.
+
+Each test is a finding of such a script, reduced to its smallest form, against plain MindSpore.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from ms_boost import Model
+from ms_boost.thor import thor
+from tests.test_user_scripts import _StepLosses, ce
+
+
+def _arrays(n: int = 32):
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    y = np.argmax(x @ rng.normal(size=(8, 3)), axis=1).astype(np.int32)
+    return x, y
+
+
+def _data(n: int = 32):
+    x, y = _arrays(n)
+    return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(16)
+
+
+class _Block(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.act = nn.ReLU()
+
+    def construct(self, x):
+        return self.act(self.bn(self.fc(x)))
+
+
+class _RecomputedNet(nn.Cell):
+    """A block (Dense-BN-ReLU) with ``recompute(**options)`` (None: not recomputed), then a Dense head."""
+
+    def __init__(self, options):
+        super().__init__()
+        self.block = _Block()
+        self.head = nn.Dense(8, 3)
+        if options is not None:
+            self.block.recompute(**options)
+        rng = np.random.RandomState(0)
+        for p in self.trainable_params():
+            if "gamma" not in p.name and "beta" not in p.name:
+                p.set_data(Tensor(rng.normal(0, 0.3, p.shape).astype(np.float32)))
+
+    def construct(self, x):
+        return self.head(self.block(x))
+
+
+def test_thor_on_a_recomputed_block_trains_what_it_trains_without_recomputation():
+    """``block.recompute()`` (gradient checkpointing), then ``thor(net, ...)`` + ``Model``: in PyNative mode the
+    block's THOR copy kept the original block's recompute wrapper, which calls the original's ``construct``: the
+    original Dense (no statistics captured) and BatchNorm in the original's evaluation mode (the first loss was the
+    moving-statistics loss, 2.09 against 1.57 on the tutorial-like script). Recomputation changes no number: the
+    losses and the captured statistics are those of the net without it (MindSpore's own Model: the same), for both
+    forms of the wrapper (``use_reentrant`` True: a child Cell; False: a closure)."""
+    def train(recompute):
+        net = _RecomputedNet(recompute)
+        opt = thor(net, 0.05, 0.03, 0.9, 1e-4, 1.0, 16, frequency=1)
+        losses = _StepLosses()
+        model = Model(net, ce(), opt)
+        model.train(1, _data(32), callbacks=[losses], dataset_sink_mode=False)
+        stats = {p.name: p.asnumpy() for p in model.train_network.get_parameters() if "_batch" in p.name}
+        return losses.losses, stats
+
+    plain_losses, plain_stats = train(None)
+    for options in ({}, {"use_reentrant": False}):
+        losses, stats = train(options)
+        assert losses == plain_losses, options
+        assert sorted(stats) == sorted(plain_stats) and stats
+        for name, value in stats.items():
+            np.testing.assert_array_equal(value, plain_stats[name], err_msg=f"{name} {options}")
