@@ -80,3 +80,14 @@ def test_thor_on_a_recomputed_block_trains_what_it_trains_without_recomputation(
         assert sorted(stats) == sorted(plain_stats) and stats
         for name, value in stats.items():
             np.testing.assert_array_equal(value, plain_stats[name], err_msg=f"{name} {options}")
+
+
+def test_lars_around_thor_is_refused_saying_why():
+    """``nn.LARS(thor(net, ...))``: MindSpore's LARS reads the wrapped optimizer's recorded ``init_params`` and
+    failed with the bare "The 'THOR' object has no attribute 'init_params'" (upstream's THOR the same). The message
+    now says that THOR cannot be wrapped and what to give instead; reading the attribute with a default (as the
+    optimizer rebuild does) still gets the default."""
+    opt = thor(nn.Dense(4, 2), 0.05, 0.03, 0.9)
+    with pytest.raises(AttributeError, match=r"cannot be wrapped by an optimizer wrapper such as nn\.LARS"):
+        nn.LARS(opt)
+    assert getattr(opt, "init_params", None) is None
