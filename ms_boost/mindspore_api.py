@@ -208,7 +208,11 @@ def cells_compile_cache() -> Optional[dict]:
 
 
 def copy_recompute(new: nn.Cell, original: nn.Cell) -> None:
-    """Give ``new``, a shallow copy of ``original``, a recompute wrapper of its own when ``original.recompute()`` ran.
+    """Give ``new`` (a shallow copy of ``original``, or the cell replacing it) ``original``'s recomputation.
+
+    A cell inside a recomputed parent (the private ``_has_config_recompute`` set, no wrapper of its own) is marked
+    as the parent's ``recompute()`` marks its children (``Cell._recompute(False, True)``: Graph mode recomputes
+    its operators); a copy has the mark already.
 
     ``Cell.recompute()`` stores in the private ``_recompute_cell`` a wrapper of the cell's bound ``construct``,
     which PyNative mode calls instead of ``construct``; a copy sharing it would run the original's children (not
@@ -223,6 +227,8 @@ def copy_recompute(new: nn.Cell, original: nn.Cell) -> None:
     """
     wrapper = getattr(original, "_recompute_cell", None)
     if wrapper is None:
+        if getattr(original, "_has_config_recompute", False) and not getattr(new, "_has_config_recompute", False):
+            new._recompute(False, True)  # pylint: disable=protected-access  # as a recomputed parent marks a child
         return
     if isinstance(wrapper, nn.Cell):
         options = {"use_reentrant": True}

@@ -40,7 +40,7 @@ class _Block(nn.Cell):
 
 
 class _RecomputedNet(nn.Cell):
-    """A block (Dense-BN-ReLU) with ``recompute(**options)`` (None: not recomputed), then a Dense head."""
+    """A block (Dense-BN-ReLU), then a Dense head, both with ``recompute(**options)`` (None: not recomputed)."""
 
     def __init__(self, options):
         super().__init__()
@@ -48,6 +48,7 @@ class _RecomputedNet(nn.Cell):
         self.head = nn.Dense(8, 3)
         if options is not None:
             self.block.recompute(**options)
+            self.head.recompute(**options)
         rng = np.random.RandomState(0)
         for p in self.trainable_params():
             if "gamma" not in p.name and "beta" not in p.name:
@@ -91,3 +92,18 @@ def test_lars_around_thor_is_refused_saying_why():
     with pytest.raises(AttributeError, match=r"cannot be wrapped by an optimizer wrapper such as nn\.LARS"):
         nn.LARS(opt)
     assert getattr(opt, "init_params", None) is None
+
+
+def test_thor_layers_keep_the_recomputation_set_on_the_cells_they_replace():
+    """**Silent**: THOR's new layers dropped the recomputation the script set: ``dense.recompute()`` on a Dense that
+    THOR converts (PyNative: no recompute wrapper; Graph: no recompute scope), and a Dense inside a recomputed block
+    (Graph mode recomputes a block's operators by the marks ``recompute()`` puts on its children). The THOR layer
+    now carries them as the replaced cell did; the numbers do not change (the test above, and the script's runs in
+    both modes)."""
+    net = _RecomputedNet({})
+    opt = thor(net, 0.05, 0.03, 0.9)
+    head, inner = opt.thor_network.head, opt.thor_network.block.fc
+    assert type(head).__name__ == "DenseThor" and type(inner).__name__ == "DenseThor"
+    assert head._recompute_cell is not None and head._recompute_cell.net.function.__self__ is head
+    for layer in (head, inner):
+        assert layer._has_config_recompute and layer._scope.startswith("recompute_")

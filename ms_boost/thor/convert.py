@@ -231,6 +231,7 @@ class ConvertNetUtils:
         precision = {k: v for k, v in cell.get_flags().items() if k in _PRECISION_FLAGS}
         if precision:
             new.add_flags_recursive(**precision)
+        copy_recompute(new, cell)  # the recomputation the script set on the layer or on a block around it
         prefix = f"{path}." if path else ""
         for local, param in new.thor_parameters().items():
             param.name = prefix + local
