@@ -207,7 +207,7 @@ def cells_compile_cache() -> Optional[dict]:
     return None
 
 
-def copy_recompute(new: nn.Cell, original: nn.Cell) -> None:
+def copy_recompute(new: nn.Cell, original: nn.Cell, early_stop: Optional[bool] = None) -> None:
     """Give ``new`` (a shallow copy of ``original``, or the cell replacing it) ``original``'s recomputation.
 
     A cell inside a recomputed parent (the private ``_has_config_recompute`` set, no wrapper of its own) is marked
@@ -221,6 +221,11 @@ def copy_recompute(new: nn.Cell, original: nn.Cell) -> None:
     ``_cells``), ``False`` a closure (an attribute) over ``output_recompute``, ``early_stop`` and ``context_fn``,
     read from it. Graph mode does not use the wrapper (it compiles ``construct`` with the recompute flags, shared
     by the copy).
+
+    Args:
+        new: the copy or the replacing cell.
+        original: the script's cell.
+        early_stop: for the non-reentrant form, ``early_stop`` to give ``new`` (None: the original's).
 
     Raises:
         TypeError: the wrapper has a form this release of MindSpore does not make (the message says what to do).
@@ -240,6 +245,8 @@ def copy_recompute(new: nn.Cell, original: nn.Cell) -> None:
                             f"this MindSpore release did not make, so a copy of the cell cannot recompute as it does; "
                             f"call recompute() on the cells after converting the network.")
         options = {"use_reentrant": False, **{key: free[key] for key in keys}}
+        if early_stop is not None:
+            options["early_stop"] = early_stop
     new.__dict__.pop("_recompute_cell", None)
     new._cells.pop("_recompute_cell", None)  # pylint: disable=protected-access
     object.__setattr__(new, "_recompute_cell", None)
