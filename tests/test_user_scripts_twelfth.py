@@ -5,11 +5,11 @@ Each test is a finding of such a script, reduced to its smallest form, against p
 """
 from __future__ import annotations
 
-import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
+from mindspore.train import Model as MsModel
 
 from ms_boost import Model
 from ms_boost.thor import thor
@@ -70,7 +70,7 @@ def test_thor_on_a_recomputed_block_trains_what_it_trains_without_recomputation(
         opt = thor(net, 0.05, 0.03, 0.9, 1e-4, 1.0, 16, frequency=1)
         losses = _StepLosses()
         model = Model(net, ce(), opt)
-        model.train(1, _data(32), callbacks=[losses], dataset_sink_mode=False)
+        model.train(1, _data(16), callbacks=[losses], dataset_sink_mode=False)  # one step, its statistics captured
         stats = {p.name: p.asnumpy() for p in model.train_network.get_parameters() if "_batch" in p.name}
         return losses.losses, stats
 
@@ -134,8 +134,6 @@ def test_freezing_keeps_each_parameter_groups_own_learning_rate(mode):
         losses = _StepLosses()
         model_class(net, ce(), opt, **kw).train(1, _data(48), callbacks=[losses], dataset_sink_mode=False)
         return losses.losses, {p.name: p.asnumpy() for p in net.trainable_params()}
-
-    from mindspore.train import Model as MsModel
 
     expected_losses, expected = train(MsModel)
     losses, got = train(Model, boost_level="O1", boost_config_dict=FREEZE_ALL)
