@@ -275,6 +275,9 @@ def _learning_rate_sources(old: nn.Optimizer, new: nn.Optimizer) -> dict:
             if out.get(id(param), source) is not source:  # one new rate over weights of two old rates: keep its own
                 source = None
             out[id(param)] = source
+    for weight in new.parameters:  # a rate only over weights old does not hold (an FN head's): its own, not by name
+        for param in _rate_parameters(new, weight):
+            out.setdefault(id(param), None)
     return out
 
 
