@@ -17,7 +17,8 @@ under ``MS_AMP_BY_REWRITE``) calls as they are instead of regenerating their sou
 private ``mindspore.rewrite.common.namespace._subtree_black_list`` (ignored where a release lacks it).
 
 Also :func:`cells_compile_cache`: MindSpore's registry of per-cell compile caches, which moved from
-``mindspore.common.api`` (2.7.x) to ``mindspore.graph.api`` (2.10); ``ms_boost.thor.convert`` needs it, and
+``mindspore.common.api`` (2.7.x) to ``mindspore.graph.api`` (2.10); ``ms_boost.thor.convert`` needs it;
+:func:`graph_compiled`, whether a cell's graph of a phase is compiled (the train cells' phase setter); and
 :func:`copy_recompute`, which gives a copied cell its own PyNative recompute wrapper (``Cell.recompute()``).
 
 ``use_private=True`` (default ``None``: automatic) selects the private helpers where the installed
@@ -36,7 +37,7 @@ from mindspore import nn, ops
 from mindspore.amp import DynamicLossScaleManager, auto_mixed_precision
 
 __all__ = ["AMP_LEVELS", "amp_level_config", "apply_amp_level", "cells_compile_cache", "copy_recompute",
-           "has_private_amp", "rewrite_leaves", "with_loss"]
+           "graph_compiled", "has_private_amp", "rewrite_leaves", "with_loss"]
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _LOW = (ms.float16, ms.bfloat16)
