@@ -9,6 +9,7 @@ after each use, so the pick's compiled step can serve the run; when that step tr
 """
 from __future__ import annotations
 
+import collections.abc
 import copy
 import logging
 import threading
@@ -40,6 +41,15 @@ def clone_for_trial(*objects: Any) -> Tuple[Any, ...]:
                 for value in vars(cell).values():
                     if isinstance(value, _SHARED_TYPES):
                         memo[id(value)] = value
+                # The arguments an optimizer recorded (``init_params``) may hold the iterator it was built from
+                # (the tutorials' ``filter(lambda p: p.requires_grad, net.get_parameters())``), which no copy can
+                # take (a generator) and which the optimizer's constructor consumed: shared as it is, exhausted;
+                # rebuilds then read the optimizer's own parameters (``grad_process.optimizer_params``).
+                recorded = getattr(cell, "init_params", None)
+                if isinstance(recorded, dict):
+                    for value in recorded.values():
+                        if isinstance(value, collections.abc.Iterator):
+                            memo[id(value)] = value
     try:
         return copy.deepcopy(tuple(objects), memo)
     except Exception as exc:  # noqa: BLE001 - re-raised with what could not be copied
