@@ -270,6 +270,22 @@ class _PendingAutotune(nn.Cell):
                            "model.autotune(dataset, epochs) first).")
 
 
+def _warn_if_optimizer_empty(optimizer) -> None:
+    """Say when the optimizer holds no weight to update (training would change nothing, silently).
+
+    MindSpore refuses an empty parameter list, but builds an empty optimizer from parameter groups whose ``params``
+    are iterators it consumed before storing them (``{"params": filter(...)}``), and its Model then trains nothing
+    without a word (thirteenth users' round).
+    """
+    params = getattr(optimizer, "parameters", None)
+    if optimizer is None or not isinstance(params, (tuple, list)) or len(params) > 0:
+        return
+    warnings.warn(f"ms_boost: the optimizer given to Model ({type(optimizer).__name__}) holds no parameters, so "
+                  f"training updates no weight. A parameter group whose 'params' is an iterator (filter(...), a "
+                  f"generator) is consumed before the optimizer stores it: pass a list, e.g. "
+                  f"{{'params': list(filter(...))}}.", UserWarning, stacklevel=3)
+
+
 class Model(_MsModel):
     """``mindspore.train.Model`` with ms_boost's boost pipeline.
 
@@ -307,6 +323,7 @@ class Model(_MsModel):
             if optimizer is None:  # Model(train_step_cell): the optimizers it holds check the cell (THOR's layers)
                 for inner in optimizers_in(network):
                     optimizer_hooks(inner).check_train_cell(network)
+        _warn_if_optimizer_empty(optimizer)
         self._user_optimizer = optimizer
         self._user_network = network
         self._trained_copies: Optional[CellTrialRun] = None

@@ -76,3 +76,25 @@ def test_auto_tries_its_candidates_on_a_frozen_backbone_optimizer_built_from_a_f
     params = {p.name: p.asnumpy() for p in net.get_parameters()}
     assert all(np.array_equal(params[name], value) for name, value in frozen.items())
     assert not np.array_equal(params["head.weight"], head)
+
+
+def test_an_optimizer_holding_no_parameters_is_said():
+    """41: parameter groups whose ``params`` are iterators give MindSpore's optimizer no parameters at all (its
+    constructor consumes them before storing them), and MindSpore's Model then trains nothing without a word. ms_boost's
+    Model says so and how to write the groups; the same groups as lists say nothing."""
+    import warnings
+
+    net = _FineTuneNet()
+
+    def groups(wrap):
+        return [{"params": wrap(p for p in net.trainable_params() if "head" not in p.name), "lr": 0.0},
+                {"params": wrap(p for p in net.trainable_params() if "head" in p.name)}]
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        empty = nn.Momentum(groups(iter), 0.1, 0.9)
+        assert len(empty.parameters) == 0  # MindSpore's own doing
+        Model(net, ce(), empty)
+        Model(net, ce(), nn.Momentum(groups(list), 0.1, 0.9))
+    said = [str(w.message) for w in seen if "holds no parameters" in str(w.message)]
+    assert len(said) == 1 and "Momentum" in said[0] and "list(filter(...))" in said[0], said
