@@ -15,12 +15,12 @@ from ms_boost.thor import math as thor_math
 __all__ = [
     "dot", "REDUCE_SUM", "scale_and_decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "set_flag",
     "masked_update", "momentum_apply", "nesterov_apply",
-    "pick_direction", "summary", "pick", "pick_flat", "field_0", "field_1", "field_2",
+    "pick_direction", "preconditioned_dot", "pick", "field_0", "field_1", "field_2",
     "field_3", "job_field", "fold_layer", "pi_shifts", "job_tiles", "job_shift", "prepare_batch",
     "cholesky_inverse", "eigen_inverse", "blocks_bad", "old_blocks", "keep_or_replace", "job_inverse", "precondition",
     "diagonal_inverse", "dense_inverse",
     "trace",
-    "MAP", "CONCAT",
+    "direction_sum", "MAP", "CONCAT",
 ]
 
 def dot(x, y):
@@ -42,6 +42,7 @@ momentum_apply = ops.MultitypeFuncGraph("thor_momentum_apply")
 nesterov_apply = ops.MultitypeFuncGraph("thor_nesterov_apply")
 MUL_NO_NAN = ops.MulNoNan()
 pick_direction = ops.MultitypeFuncGraph("thor_pick_direction")
+preconditioned_dot = ops.MultitypeFuncGraph("thor_preconditioned_dot")
 
 
 pick = ops.MultitypeFuncGraph("thor_pick")
@@ -65,7 +66,7 @@ diagonal_inverse = ops.MultitypeFuncGraph("thor_diagonal_inverse")
 precondition = ops.MultitypeFuncGraph("thor_precondition")
 dense_inverse = ops.MultitypeFuncGraph("thor_dense_inverse")
 trace = ops.MultitypeFuncGraph("thor_trace")
-pick_flat = ops.MultitypeFuncGraph("thor_pick_flat")
+direction_sum = ops.MultitypeFuncGraph("thor_direction_sum")
 MAP = ops.Map()
 CONCAT = ops.Concat(0)
 
@@ -74,12 +75,6 @@ CONCAT = ops.Concat(0)
 def _pick_tuple(values, index):
     """``values[index]`` (mapped over indices)."""
     return values[index]
-
-
-@pick_flat.register("Tuple", "Number")
-def _pick_flat_tuple(values, index):
-    """``values[index]`` flattened to float32 (:func:`ms_boost.flat_buffers.flatten_tensors`'s part, in one call)."""
-    return ops.reshape(ops.cast(values[index], ms.float32), (-1,))
 
 
 # One extractor per field, not ``ops.partial(field, index)``: mapping such a partial over a tuple of records gave
@@ -271,16 +266,11 @@ def _dense_inverse_tensor(a_inverses, g_inverses, token, dense, layer, slot, dim
     return ops.assign(dense, thor_math.dense_block_diagonal(blocks, dim))
 
 
-@precondition.register("Tuple", "Tuple", "Bool", "Bool", "Number", "Number", "Number", "Number", "Tuple", "Tensor",
-                       "Tensor")
-def _precondition_tensor(gradients, dense_inverses, dot_summary, embedding, weight_index, bias_index, groups, g_dim,
-                         dense, a_inverse, g_inverse):
-    """``(weight direction, bias direction or None, weight summary, bias summary or None)`` of one THOR layer.
+@precondition.register("Tuple", "Tuple", "Bool", "Number", "Number", "Number", "Number", "Tuple", "Tensor", "Tensor")
+def _precondition_tensor(gradients, dense_inverses, embedding, weight_index, bias_index, groups, g_dim, dense,
+                         a_inverse, g_inverse):
+    """``(weight direction, bias direction or None)`` of one THOR layer after THOR preconditioning.
 
-    The directions after THOR preconditioning; the summaries are the per-parameter scalars the step judges and scales
-    by (:func:`summary`: with ``dot_summary`` the trust region's :math:`\langle F^{-1} g, g\rangle`, else the
-    direction's sum), computed here where the direction and its gradient are at hand, so that the step needs no call
-    per parameter for them (parameters outside THOR layers have none to compute).
     ``dense``: per factor (A, G) the index of its written-out block-diagonal inverse in ``dense_inverses`` (one
     product instead of the blocks' pad, tiling and slicing), -1 to use the stored blocks.
     """
@@ -290,29 +280,17 @@ def _precondition_tensor(gradients, dense_inverses, dot_summary, embedding, weig
         g_inverse = dense_inverses[dense[1]]
     grad = gradients[weight_index]
     if embedding:
-        direction = thor_math.embedding_precondition(grad, a_inverse, g_inverse)
-        return direction, None, summary(direction, grad, dot_summary), None
+        return thor_math.embedding_precondition(grad, a_inverse, g_inverse), None
     shape = grad.shape
     matrix = grad.reshape(groups, g_dim, -1)
     if bias_index < 0:
-        direction = thor_math.kronecker_precondition(matrix, g_inverse, a_inverse).reshape(shape)
-        return direction, None, summary(direction, grad, dot_summary), None
+        return thor_math.kronecker_precondition(matrix, g_inverse, a_inverse).reshape(shape), None
     bias_grad = gradients[bias_index]
     matrix = ops.concat((matrix, bias_grad.reshape(groups, g_dim, 1)), axis=-1)
     out = thor_math.kronecker_precondition(matrix, g_inverse, a_inverse)
     width = out.shape[-1] - 1
-    direction = thor_math.narrow(out, 2, 0, width).reshape(shape)
-    bias_direction = thor_math.narrow(out, 2, width, 1).reshape(bias_grad.shape)
-    return (direction, bias_direction, summary(direction, grad, dot_summary),
-            summary(bias_direction, bias_grad, dot_summary))
-
-
-def summary(direction, grad, dot_summary: bool):
-    r"""A THOR parameter's scalar summary (float32): :math:`\langle F^{-1} g, g\rangle` (``dot_summary``) or the
-    direction's sum; inf/NaN in the direction (or, for the product, the gradient) make it non-finite."""
-    if dot_summary:
-        return dot(direction, grad).reshape(())
-    return REDUCE_SUM(ops.cast(direction, ms.float32), ())
+    return (thor_math.narrow(out, 2, 0, width).reshape(shape),
+            thor_math.narrow(out, 2, width, 1).reshape(bias_grad.shape))
 
 
 @pick_direction.register("Tuple", "Tuple", "Number", "Number", "Number")
@@ -321,6 +299,14 @@ def _pick_direction_tensor(preconditioned, gradients, layer, slot, position):
     if layer < 0:
         return gradients[position]
     return preconditioned[layer][slot]
+
+
+@preconditioned_dot.register("Number", "Tensor", "Tensor")
+def _preconditioned_dot_tensor(layer, direction, grad):
+    r""":math:`\langle F^{-1} g, g\rangle` of a parameter preconditioned by THOR layer ``layer`` (0 when -1)."""
+    if layer >= 0:
+        return dot(direction, grad).reshape(())
+    return ops.zeros((), ms.float32)
 
 
 @scale_and_decay.register("Bool", "Tensor", "Number", "Number", "Bool", "Tensor", "Tensor")
@@ -396,3 +382,11 @@ def _trace_tuple(folds, layer, slot, dim):
     Summed over groups (and blocks); a diagonal's sum.
     """
     return REDUCE_SUM(thor_math.factor_trace(ops.cast(folds[layer][slot], ms.float32), dim), ())
+
+
+@direction_sum.register("Number", "Tensor")
+def _direction_sum_tensor(layer, direction):
+    """Sum of a THOR layer's direction (float32 scalar; inf/NaN in it make it non-finite); 0 for other parameters."""
+    if layer >= 0:
+        return REDUCE_SUM(ops.cast(direction, ms.float32), ())
+    return ops.zeros((), ms.float32)

@@ -40,6 +40,7 @@ from mindspore import log as logger
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_boost import comm
+from ms_boost.flat_buffers import flatten_tensors
 from ms_boost.thor import kernels
 from ms_boost.thor import math as thor_math
 from ms_boost.thor.assignment import DEFAULT_BLOCK_SIZE, LayerFactors, inverse_layout, plan_inversions
@@ -317,11 +318,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
                                              name="thor_inverted_traces", requires_grad=False)
             self.stable_refreshes = Parameter(Tensor(np.zeros(self.n_layers, np.float32)),
                                               name="thor_stable_refreshes", requires_grad=False)
-        # per parameter of a THOR layer, in parameter order: its layer, the field of its summary in the layer's
-        # preconditioning record (2: weight, 3: bias), and the layer's index as a float (the first bad layer)
-        self.summary_layer = tuple(layer for layer in self.param_layer if layer >= 0)
-        self.summary_field = tuple(2 + slot for layer, slot in zip(self.param_layer, self.param_slot) if layer >= 0)
-        self._param_layer_numbers = Tensor(np.array([float(layer) for layer in self.summary_layer], np.float32))
+        # per parameter: the index of the THOR layer it belongs to; n_layers for the others (never blamed)
+        self._param_layer_numbers = Tensor(np.array([float(self.n_layers) if layer < 0 else float(layer)
+                                                     for layer in self.param_layer], np.float32))
         # the parameters outside THOR layers: their updates are checked for inf/NaN directly (the THOR layers'
         # through their per-parameter summaries)
         self.other_positions = tuple(i for i, layer in enumerate(self.param_layer) if layer < 0)
@@ -754,21 +753,18 @@ class THOR(nn.Optimizer, ThorStepVariants):
         lr = self.get_lr()
         # Per-parameter work is mapped with HyperMap over tuples: a Python loop over ResNet-50's 161
         # parameters unrolls into nested calls deeper than Graph mode's call-depth limit.
-        preconditioned = self._preconditioned(gradients)
-        directions = self._pick_directions(preconditioned, gradients)
+        directions = self.directions(gradients)
         nu = ops.ones((), ms.float32)
         new_grads = directions  # before the trust region: a NaN nu would blame every layer
+        # per parameter a scalar that is non-finite when its preconditioned direction is (0 for other parameters):
+        # <F^-1 g, g> with the trust region, else the direction's sum; it names the first bad layer of a skipped step
+        if self.kl_clip > 0.0 and self.n_layers > 0:
+            summaries = self.hyper_map(kernels.preconditioned_dot, self.param_layer, directions, gradients)
+            vg_sum = ops.addn(summaries)
+            nu = thor_math.trust_region_scale(vg_sum, lr, self.kl_clip)
+        else:
+            summaries = self.hyper_map(kernels.direction_sum, self.param_layer, directions)
         scale = self.kl_clip > 0.0 and self.n_layers > 0
-        # per parameter of a THOR layer a scalar that is non-finite when its preconditioned direction is: <F^-1 g, g>
-        # with the trust region, else the direction's sum (computed with the direction, kernels.precondition); it
-        # names the first bad layer of a skipped step. The other parameters have none (their summary was an exact 0,
-        # which added nothing to the sum and never blamed a layer)
-        summaries = ()
-        if self.n_layers > 0:
-            summaries = kernels.MAP(ops.partial(kernels.job_field, preconditioned), self.summary_layer,
-                                    self.summary_field)
-        if scale:
-            nu = thor_math.trust_region_scale(ops.addn(summaries), lr, self.kl_clip)
         if self.enable_clip_grad and (scale or self.weight_decay > 0.0):  # trust-region scaling and decay in one map
             new_grads = self.hyper_map(ops.partial(kernels.scale_and_decay, scale, nu, self.weight_decay),
                                        self.param_layer, self.step_decay_flags, params, directions)
@@ -779,14 +775,11 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # others by one check over them concatenated (their gradients, or with clipping their updates; a non-finite
         # weight makes the forward pass and so every gradient non-finite): an isfinite over every update cost 0.035x
         # a Momentum step (docs/thor.md "What the plain step's pieces cost")
-        finite = ops.isfinite(nu)
-        summary_finite = None
-        if self.n_layers > 0:
-            summary_finite = ops.isfinite(ops.stack(summaries))
-            finite = ops.logical_and(_REDUCE_ALL(summary_finite, ()), finite)
-        if self.other_positions:  # flattened as picked: one call per parameter
-            others = kernels.MAP(ops.partial(kernels.pick_flat, new_grads), self.other_positions)
-            finite = ops.logical_and(finite, thor_math.all_finite(ops.concat(others)))
+        summary_finite = ops.isfinite(ops.stack(summaries))
+        finite = ops.logical_and(_REDUCE_ALL(summary_finite, ()), ops.isfinite(nu))
+        if self.other_positions:
+            others = kernels.MAP(ops.partial(kernels.pick, new_grads), self.other_positions)
+            finite = ops.logical_and(finite, thor_math.all_finite(flatten_tensors(others)))
         # No branch on ``finite`` (a device switch cost about 0.2x a Momentum step): a skipped step runs the same
         # update with learning rate 0, momentum 1 and zero gradients, which leaves every weight and moment bit
         # for bit as it was (v = 1 v + 0, w = w - 0 v); the step counter, flags and health follow ``finite``.
@@ -835,27 +828,18 @@ class THOR(nn.Optimizer, ThorStepVariants):
         The products take a factor's written-out inverse only where the host checked it against its blocks before
         the step (``use_dense_inverses``), else the blocks.
         """
-        return self._pick_directions(self._preconditioned(gradients), gradients)
-
-    def _preconditioned(self, gradients):
-        """Per THOR layer ``(weight direction, bias direction or None, weight summary, bias summary or None)``
-        (:func:`~ms_boost.thor.kernels.precondition`; the summaries are the step's per-parameter scalars)."""
         layer_dense = self.layer_dense if self.use_dense_inverses else self._blocks_only
-        return kernels.MAP(ops.partial(kernels.precondition, gradients, self.dense_inverses, self.kl_clip > 0.0),
-                           self.layer_embedding, self.weight_index, self.bias_index, self.layer_groups,
-                           self.g_dims, layer_dense, self.a_inverses, self.g_inverses)
-
-    def _pick_directions(self, preconditioned, gradients):
-        """Per parameter its direction from ``preconditioned`` (parameters of THOR layers) or its gradient."""
+        preconditioned = kernels.MAP(ops.partial(kernels.precondition, gradients, self.dense_inverses),
+                                     self.layer_embedding, self.weight_index, self.bias_index, self.layer_groups,
+                                     self.g_dims, layer_dense, self.a_inverses, self.g_inverses)
         return self.hyper_map(ops.partial(kernels.pick_direction, preconditioned, gradients), self.param_layer,
                               self.param_slot, self.param_position)
 
     def _first_bad_layer(self, summary_finite):
         """Index (float) of the first THOR layer whose update holds inf/NaN; -1 if none does.
 
-        ``summary_finite``: per parameter of a THOR layer whether its scalar summary is finite (the summary is
-        non-finite when the preconditioned direction is): one reduction, not a finite test per layer. None without
-        THOR layers.
+        ``summary_finite``: per parameter whether its scalar summary is finite (the summary is non-finite when the
+        preconditioned direction is): one reduction, not a finite test per layer.
         """
         if self.n_layers == 0:
             return ops.zeros((), ms.float32) - 1.0
