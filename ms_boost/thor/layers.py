@@ -51,6 +51,12 @@ _conv_pads = constexpr(conv_pads)
 _stat_count = constexpr(stat_sample_count)
 
 
+@constexpr
+def _leading_one(shape: tuple) -> tuple:
+    """``(1,) + shape`` (static; a ``constexpr``, see ``ms_boost.thor.math``'s note on shape arithmetic)."""
+    return (1,) + tuple(shape)
+
+
 def _pair(value, name: str, cls: str) -> tuple:
     """An int or a pair of positive ints -> a pair (kernel size, stride, dilation)."""
     pair = (value, value) if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
@@ -126,7 +132,7 @@ def _input_statistic(spec: tuple, x):
         rows = ops.cast(x.reshape(-1, x.shape[-1]), ms.float32)  # ops.cast: compiles faster than astype
         if spec[1]:
             rows = append_ones(rows)
-        return block_input_factor(rows.reshape((1,) + rows.shape), block)
+        return block_input_factor(rows.reshape(_leading_one(rows.shape)), block)
     _, pad_mode, padding, kernel_size, stride, dilation, group, bias, _, _ = spec  # conv
     pads = _conv_pads(pad_mode, padding, x.shape[2:], kernel_size, stride, dilation)
     rows = im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
