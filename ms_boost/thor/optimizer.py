@@ -752,7 +752,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # the output-gradient statistics of the previous capture).
         if self.static_refresh is None:
             refresh = ops.logical_or(ops.logical_or(ops.logical_not(self.thor_initialised), self.refresh_next),
-                                     (step % self.frequency) == 0).all()
+                                     _REDUCE_ALL((step % self.frequency) == 0, ()))
             if refresh:
                 gradients = ops.depend(gradients, self._refresh(self.damping(step), gradients))
         lr = self.get_lr()
@@ -812,7 +812,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         skipped = ops.logical_not(finite)
         # the next step captures on schedule; after a skipped one it captures statistics again (they show where
         # inf/NaN appear) and refreshes the inverses (a corrupted inverse would otherwise be reused)
-        capture = ops.logical_or(skipped, (((step + 1) % self.frequency) == 0).all())
+        capture = ops.logical_or(skipped, _REDUCE_ALL(((step + 1) % self.frequency) == 0, ()))
         success = ops.depend(success, self.hyper_map(ops.partial(kernels.set_flag, capture), self.capture_flags))
         success = ops.depend(success, self.assignadd(self.global_step,
                                                      self.global_step_increase_tensor * ops.cast(finite, ms.int32)))
