@@ -229,14 +229,19 @@ def carry_optimizer_state(old: nn.Optimizer, new: nn.Optimizer) -> int:
     (not a weight, not shared with ``old``) takes the value of ``old``'s of the same name, shape and dtype
     (``moments.fc1.weight``, ``global_step``, ``beta1_power``); the rest keep their initial values.
 
+    A learning-rate Parameter is matched by the weights it drives instead (``get_lr_parameter``): per-group rates
+    are named by group index (``learning_rate_group_0``), and a rebuild over some of the weights numbers its groups
+    afresh, so by name one group took another's rate (twelfth users' round, fix 39).
+
     Returns:
         how many Parameters were copied.
     """
     weights = {id(p) for p in old.parameters} | {id(p) for p in new.parameters}
     mine = {p.name: p for p in old.get_parameters() if id(p) not in weights}
+    rates = _learning_rate_sources(old, new)
     copied = 0
     for param in new.get_parameters():
-        source = mine.get(param.name)
+        source = rates[id(param)] if id(param) in rates else mine.get(param.name)
         if id(param) in weights or source is None or source is param:
             continue
         if source.shape != param.shape or source.dtype != param.dtype:
@@ -244,6 +249,36 @@ def carry_optimizer_state(old: nn.Optimizer, new: nn.Optimizer) -> int:
         param.set_data(Tensor(source.asnumpy(), source.dtype))
         copied += 1
     return copied
+
+
+def _rate_parameters(opt: nn.Optimizer, weight: Parameter) -> list:
+    """The Parameters holding ``weight``'s learning rate in ``opt`` (none for a schedule without Parameters)."""
+    try:
+        rate = opt.get_lr_parameter(weight)
+    except (TypeError, ValueError, AttributeError):  # not one of its weights, or no such method
+        return []
+    if isinstance(rate, Parameter):
+        return [rate]
+    return list(rate.get_parameters()) if isinstance(rate, nn.Cell) else []
+
+
+def _learning_rate_sources(old: nn.Optimizer, new: nn.Optimizer) -> dict:
+    """``id(new's learning-rate Parameter) -> old's`` for the same weight (None: nothing of old's matches)."""
+    old_ids = {id(p) for p in old.parameters}
+    out: dict = {}
+    for weight in new.parameters:
+        if id(weight) not in old_ids:
+            continue
+        mine, theirs = _rate_parameters(new, weight), _rate_parameters(old, weight)
+        for index, param in enumerate(mine):
+            source = theirs[index] if len(theirs) == len(mine) else None
+            if out.get(id(param), source) is not source:  # one new rate over weights of two old rates: keep its own
+                source = None
+            out[id(param)] = source
+    for weight in new.parameters:  # a rate only over weights old does not hold (an FN head's): its own, not by name
+        for param in _rate_parameters(new, weight):
+            out.setdefault(id(param), None)
+    return out
 
 
 def plain_decay_groups(opt: nn.Optimizer, params: Sequence[Parameter]):

@@ -17,7 +17,9 @@ under ``MS_AMP_BY_REWRITE``) calls as they are instead of regenerating their sou
 private ``mindspore.rewrite.common.namespace._subtree_black_list`` (ignored where a release lacks it).
 
 Also :func:`cells_compile_cache`: MindSpore's registry of per-cell compile caches, which moved from
-``mindspore.common.api`` (2.7.x) to ``mindspore.graph.api`` (2.10); ``ms_boost.thor.convert`` needs it.
+``mindspore.common.api`` (2.7.x) to ``mindspore.graph.api`` (2.10); ``ms_boost.thor.convert`` needs it;
+:func:`graph_compiled`, whether a cell's graph of a phase is compiled (the train cells' phase setter); and
+:func:`copy_recompute`, which gives a copied cell its own PyNative recompute wrapper (``Cell.recompute()``).
 
 ``use_private=True`` (default ``None``: automatic) selects the private helpers where the installed
 MindSpore still has them with the expected signature, so results are identical to upstream's
@@ -34,8 +36,8 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.amp import DynamicLossScaleManager, auto_mixed_precision
 
-__all__ = ["AMP_LEVELS", "amp_level_config", "apply_amp_level", "cells_compile_cache", "has_private_amp",
-           "rewrite_leaves", "with_loss"]
+__all__ = ["AMP_LEVELS", "amp_level_config", "apply_amp_level", "cells_compile_cache", "copy_recompute",
+           "graph_compiled", "has_private_amp", "rewrite_leaves", "with_loss"]
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _LOW = (ms.float16, ms.bfloat16)
@@ -237,3 +239,49 @@ def cells_compile_cache() -> Optional[dict]:
         if isinstance(registry, dict):
             return registry
     return None
+
+
+def copy_recompute(new: nn.Cell, original: nn.Cell, early_stop: Optional[bool] = None) -> None:
+    """Give ``new`` (a shallow copy of ``original``, or the cell replacing it) ``original``'s recomputation.
+
+    A cell inside a recomputed parent (the private ``_has_config_recompute`` set, no wrapper of its own) is marked
+    as the parent's ``recompute()`` marks its children (``Cell._recompute(False, True)``: Graph mode recomputes
+    its operators); a copy has the mark already.
+
+    ``Cell.recompute()`` stores in the private ``_recompute_cell`` a wrapper of the cell's bound ``construct``,
+    which PyNative mode calls instead of ``construct``; a copy sharing it would run the original's children (not
+    the copy's) and in the original's training mode. The wrapper is built again through the public
+    ``new.recompute(...)`` with the original's options: ``use_reentrant=True`` stores a Cell (a child in
+    ``_cells``), ``False`` a closure (an attribute) over ``output_recompute``, ``early_stop`` and ``context_fn``,
+    read from it. Graph mode does not use the wrapper (it compiles ``construct`` with the recompute flags, shared
+    by the copy).
+
+    Args:
+        new: the copy or the replacing cell.
+        original: the script's cell.
+        early_stop: for the non-reentrant form, ``early_stop`` to give ``new`` (None: the original's).
+
+    Raises:
+        TypeError: the wrapper has a form this release of MindSpore does not make (the message says what to do).
+    """
+    wrapper = getattr(original, "_recompute_cell", None)
+    if wrapper is None:
+        if getattr(original, "_has_config_recompute", False) and not getattr(new, "_has_config_recompute", False):
+            new._recompute(False, True)  # pylint: disable=protected-access  # as a recomputed parent marks a child
+        return
+    if isinstance(wrapper, nn.Cell):
+        options = {"use_reentrant": True}
+    else:
+        free = inspect.getclosurevars(wrapper).nonlocals if inspect.isfunction(wrapper) else {}
+        keys = ("output_recompute", "early_stop", "context_fn")
+        if not all(key in free for key in keys):
+            raise TypeError(f"{type(original).__name__}.recompute(): its wrapper ({type(wrapper).__name__}) has a form "
+                            f"this MindSpore release did not make, so a copy of the cell cannot recompute as it does; "
+                            f"call recompute() on the cells after converting the network.")
+        options = {"use_reentrant": False, **{key: free[key] for key in keys}}
+        if early_stop is not None:
+            options["early_stop"] = early_stop
+    new.__dict__.pop("_recompute_cell", None)
+    new._cells.pop("_recompute_cell", None)  # pylint: disable=protected-access
+    object.__setattr__(new, "_recompute_cell", None)
+    new.recompute(**options)

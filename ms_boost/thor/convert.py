@@ -24,7 +24,7 @@ from mindspore import Parameter, nn
 from mindspore import log as logger
 from mindspore.train import Model as _MsModel
 
-from ms_boost.mindspore_api import cells_compile_cache
+from ms_boost.mindspore_api import cells_compile_cache, copy_recompute
 from ms_boost.stages import OptimizerHooks, learning_rate_parameters
 from ms_boost.thor.call_sites import forward_calls
 from ms_boost.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
@@ -56,7 +56,12 @@ class ConvertedLayer:
 def _shallow_copy_cell(cell: nn.Cell) -> nn.Cell:
     """A new Cell object of the same class sharing everything with ``cell`` except its own child/parameter tables.
 
-    Compilation caches are not shared (a copy is compiled on its own), Parameters and primitives are.
+    Compilation caches are not shared (a copy is compiled on its own), Parameters and primitives are. A cell the
+    script recomputes (``cell.recompute(...)``) gets a PyNative recompute wrapper of its own (the shared one would
+    call the original's ``construct``). The non-reentrant form (``use_reentrant=False``) gets ``early_stop=False``
+    here and on THOR layers: its early stop ends the recomputation by raising inside the forward pass, and when that
+    lands in a THOR layer's output-gradient hook (a Cell call) MindSpore 2.10's PyNative executor fails ("Stack
+    input_args_info_stack_ is empty"); without it the whole forward is recomputed, with the same numbers.
     """
     new = copy.copy(cell)  # Cell.__setstate__ adopts the *same* __dict__: give the copy its own
     state = dict(cell.__dict__)
@@ -71,6 +76,7 @@ def _shallow_copy_cell(cell: nn.Cell) -> nn.Cell:
     registry = cells_compile_cache()
     if registry is not None:  # as Cell.__init__ does, so ms_memory_recycle also frees the copy's graphs
         registry[id(new)] = new.compile_cache
+    copy_recompute(new, cell, early_stop=False)  # PyNative's recompute wrapper calls the original's construct
     return new
 
 
@@ -230,6 +236,7 @@ class ConvertNetUtils:
         precision = {k: v for k, v in cell.get_flags().items() if k in _PRECISION_FLAGS}
         if precision:
             new.add_flags_recursive(**precision)
+        copy_recompute(new, cell, early_stop=False)  # the recomputation set on the layer or on a block around it
         prefix = f"{path}." if path else ""
         for local, param in new.thor_parameters().items():
             param.name = prefix + local

@@ -520,6 +520,16 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # the new inverses are assigned inside the per-job map unless they first travel through a broadcast
         self.assign_in_map = not self.broadcast_ranks
 
+    def __getattr__(self, name):
+        if name == "init_params":  # read by the wrappers' @opt_init_args_register (nn.LARS): say why, not just "no"
+            raise AttributeError(
+                "THOR has no 'init_params': it cannot be wrapped by an optimizer wrapper such as nn.LARS(thor(...)) "
+                "(the wrapper would rescale each layer's gradient by its own trust ratio before THOR preconditions "
+                "it with its curvature factors, and train THOR's step through the wrapper, which ms_boost's Model "
+                "does not do). Give the THOR optimizer itself to Model, or wrap a first-order optimizer "
+                "(nn.LARS(nn.Momentum(...))).")
+        return super().__getattr__(name)
+
     # ------------------------------------------------------------------ public helpers
     @property
     def thor_network(self) -> nn.Cell:
