@@ -47,8 +47,25 @@ from ms_boost.thor.math import (
 
 __all__ = ["CaptureGate", "DenseThor", "Conv2dThor", "EmbeddingThor", "ThorLayer"]
 
-_conv_pads = constexpr(conv_pads)
 _stat_count = constexpr(stat_sample_count)
+
+
+@constexpr
+def _conv_pads(pad_mode, padding, shape: tuple, kernel_size, stride, dilation) -> tuple:
+    """:func:`~ms_boost.thor.math.conv_pads` for an ``(N, C, H, W)`` input of static ``shape``."""
+    return conv_pads(pad_mode, padding, tuple(shape[2:]), kernel_size, stride, dilation)
+
+
+@constexpr
+def _last_replaced(shape: tuple, last: int) -> tuple:
+    """``shape`` with its last entry replaced by ``last`` (static)."""
+    return tuple(shape[:-1]) + (last,)
+
+
+@constexpr
+def _leading_one(shape: tuple) -> tuple:
+    """``(1,) + shape`` (static; a ``constexpr``, see ``ms_boost.thor.math``'s note on shape arithmetic)."""
+    return (1,) + tuple(shape)
 
 
 def _pair(value, name: str, cls: str) -> tuple:
@@ -126,9 +143,9 @@ def _input_statistic(spec: tuple, x):
         rows = ops.cast(x.reshape(-1, x.shape[-1]), ms.float32)  # ops.cast: compiles faster than astype
         if spec[1]:
             rows = append_ones(rows)
-        return block_input_factor(rows.reshape((1,) + rows.shape), block)
+        return block_input_factor(rows.reshape(_leading_one(rows.shape)), block)
     _, pad_mode, padding, kernel_size, stride, dilation, group, bias, _, _ = spec  # conv
-    pads = _conv_pads(pad_mode, padding, x.shape[2:], kernel_size, stride, dilation)
+    pads = _conv_pads(pad_mode, padding, x.shape, kernel_size, stride, dilation)
     rows = im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
     rows = split_groups(rows, group)
     if bias:
@@ -502,7 +519,7 @@ class DenseThor(ThorLayer):
         if self.has_bias:
             y = self.bias_add(y, self.bias)
         if len(x_shape) != 2:
-            y = y.reshape(x_shape[:-1] + (self.out_channels,))
+            y = y.reshape(_last_replaced(x_shape, self.out_channels))
         if self.training and self.capturing:
             y = self.hook_output(y)
         if self.activation_flag:

@@ -54,6 +54,7 @@ from typing import Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor, ops
+from mindspore.ops.primitive import constexpr
 from mindspore.scipy.linalg import solve_triangular
 
 from ms_boost.gemm_conv import unfold_columns
@@ -92,11 +93,56 @@ _REDUCE_SUM = ops.ReduceSum(keep_dims=False)
 _SLICE = ops.Slice()
 _CONCAT_LAST = ops.Concat(-1)
 
+# Static shape arithmetic is computed by ``constexpr`` helpers: in Graph mode, MindSpore 2.10 type-infers
+# tuple slicing, concatenation and repetition (``shape[:-1] + (1,)``, ``(0,) * k``) and the builtins ``int``,
+# ``float``, ``max`` through its graph machinery, about 10-20 ms per call site and shape, while a ``constexpr``
+# function runs once as Python (40 call sites of ``narrow``'s bounds: +0.3-0.5 CPU-s inline, nothing measurable
+# as ``constexpr``; docs/thor.md "Compile time, seventh round"). The values are the same Python ints and tuples.
+
+
+@constexpr
+def _last2_perm(rank: int) -> tuple:
+    """The permutation swapping the last two of ``rank`` axes."""
+    return tuple(range(rank - 2)) + (rank - 1, rank - 2)
+
+
+@constexpr
+def _last2_paddings(rank: int, rows: int, cols: int) -> tuple:
+    """``Pad``'s paddings adding ``rows`` rows and ``cols`` columns at the end of the last two of ``rank`` axes."""
+    return ((0, 0),) * (rank - 2) + ((0, rows), (0, cols))
+
+
+@constexpr
+def _narrow_bounds(shape: tuple, axis: int, start: int, count: int) -> tuple:
+    """``(begin, size)`` of ``Slice`` for :func:`narrow`."""
+    begin = (0,) * axis + (start,) + (0,) * (len(shape) - axis - 1)
+    return begin, tuple(shape[:axis]) + (count,) + tuple(shape[axis + 1:])
+
+
+@constexpr
+def _last_replaced(shape: tuple, last: int) -> tuple:
+    """``shape`` with its last entry replaced by ``last``."""
+    return tuple(shape[:-1]) + (last,)
+
+
+@constexpr
+def _leading_one(shape: tuple) -> tuple:
+    """``(1,) + shape``."""
+    return (1,) + tuple(shape)
+
+
+@constexpr
+def _as_float(value) -> float:
+    """``float(value)`` of a static number."""
+    return float(value)
+
+
+_static_block_layout = constexpr(block_layout)
+
 
 def _transpose_last2(x: Tensor) -> Tensor:
     """``x`` with its last two axes swapped (``Transpose`` with a static permutation; see the compile-time note)."""
-    rank = x.ndim
-    return _TRANSPOSE(x, tuple(range(rank - 2)) + (rank - 1, rank - 2))
+    return _TRANSPOSE(x, _last2_perm(x.ndim))
 
 
 def _eye(n: int) -> Tensor:
@@ -106,7 +152,7 @@ def _eye(n: int) -> Tensor:
 
 def _pad_last2(x: Tensor, rows: int, cols: int) -> Tensor:
     """Zero-pad ``x`` with ``rows`` rows and ``cols`` columns at the end of its last two axes."""
-    return ops.Pad(((0, 0),) * (x.ndim - 2) + ((0, rows), (0, cols)))(x)
+    return ops.Pad(_last2_paddings(x.ndim, rows, cols))(x)
 
 
 def narrow(x: Tensor, axis: int, start: int, count: int) -> Tensor:
@@ -114,9 +160,8 @@ def narrow(x: Tensor, axis: int, start: int, count: int) -> Tensor:
 
     One ``Slice`` with static bounds (tensor indexing compiles several times slower in Graph mode).
     """
-    shape = x.shape
-    begin = (0,) * axis + (start,) + (0,) * (len(shape) - axis - 1)
-    return _SLICE(x, begin, shape[:axis] + (count,) + shape[axis + 1:])
+    begin, size = _narrow_bounds(x.shape, axis, start, count)
+    return _SLICE(x, begin, size)
 
 
 def conv_pads(pad_mode: str, padding, in_hw: Sequence[int], kernel_size: Sequence[int],
@@ -177,7 +222,7 @@ def split_groups(rows: Tensor, groups: int) -> Tensor:
 
 def append_ones(rows: Tensor) -> Tensor:
     r"""Append a constant-1 column to ``(..., R, d)`` rows: :math:`\tilde a = [a; 1]`, the bias input."""
-    ones = ops.ones(rows.shape[:-1] + (1,), rows.dtype)
+    ones = ops.ones(_last_replaced(rows.shape, 1), rows.dtype)
     return _CONCAT_LAST((rows, ones))
 
 
@@ -228,7 +273,7 @@ def block_gram(rows: Tensor, block_size: int, scale) -> Tensor:
     :math:`R\,d^2` multiply-adds.
     """
     groups, count, dim = rows.shape
-    n_blocks, block = block_layout(dim, block_size)
+    n_blocks, block = _static_block_layout(dim, block_size)
     if n_blocks == 1:
         return ops.matmul(_transpose_last2(rows), rows) * scale
     tail = dim - (n_blocks - 1) * block
@@ -261,7 +306,7 @@ def block_output_factor(rows: Tensor, n_samples: int, loss_scale: Tensor, block_
     """
     rows = ops.cast(rows, ms.float32) / ops.cast(loss_scale, ms.float32)
     if stat_samples == 0 or stat_samples == n_samples:
-        return block_gram(rows, block_size, float(n_samples))
+        return block_gram(rows, block_size, _as_float(n_samples))
     return block_gram(rows, block_size, float(n_samples) * float(n_samples) / float(stat_samples))
 
 
@@ -338,7 +383,7 @@ def diagonal_blocks(factor: Tensor, block_size: int) -> Tensor:
 def diagonal_tiles(factor: Tensor, block_size: int) -> Tensor:
     """:func:`diagonal_blocks` before the symmetrisation (a caller batching many factors symmetrises once)."""
     groups, dim = factor.shape[0], factor.shape[-1]
-    n_blocks, block = block_layout(dim, block_size)
+    n_blocks, block = _static_block_layout(dim, block_size)
     padded = n_blocks * block
     if padded != dim:
         extra = padded - dim
@@ -598,7 +643,7 @@ def embedding_precondition(grad: Tensor, a_inverse_diagonal: Tensor, g_inverse: 
     acts on the left and the output factor (``(1, n_b, b, b)`` blocks) on the right.
     """
     scaled = grad * a_inverse_diagonal.reshape(-1, 1)
-    return block_diag_right(scaled.reshape((1,) + scaled.shape), g_inverse).reshape(grad.shape)
+    return block_diag_right(scaled.reshape(_leading_one(scaled.shape)), g_inverse).reshape(grad.shape)
 
 
 def clip_by_norm(x: Tensor, max_norm: float) -> Tensor:

@@ -55,6 +55,7 @@ _log = logging.getLogger("ms_boost")
 _REDUCE_ANY = ops.ReduceAny(keep_dims=False)
 _REDUCE_MIN = ops.ReduceMin(keep_dims=False)
 _REDUCE_ALL = ops.ReduceAll(keep_dims=False)
+_INF = float("inf")
 
 __all__ = ["THOR", "ThorGuard", "ThorNonFiniteError", "DEFAULT_KL_CLIP"]
 
@@ -324,6 +325,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # the parameters outside THOR layers: their updates are checked for inf/NaN directly (the THOR layers'
         # through their per-parameter summaries)
         self.other_positions = tuple(i for i, layer in enumerate(self.param_layer) if layer < 0)
+        # a Python float, not float(n_layers) in the step: the builtin costs a call to compile in Graph mode
+        self._n_layers_float = float(self.n_layers)
         # weight decay per parameter as the step applies it (none at all when weight_decay is 0)
         self.step_decay_flags = self.decay_flags if self.weight_decay > 0.0 else (False,) * len(self.decay_flags)
         self._keep_on_success = Tensor(np.array([1.0, 0.0, 1.0, 0.0], np.float32))
@@ -510,6 +513,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # per job: its index in diagonal_specs (-1: not a diagonal factor this rank inverts)
         self.job_diagonal = tuple(self.diagonal_specs.index(spec) if spec[0] == 1 else -1 for spec in plan.job_specs)
         self.job_layer = tuple(j // 2 for j in range(2 * self.n_layers))
+        self._a_jobs = tuple(range(0, 2 * self.n_layers, 2))  # the input factors' jobs, the output factors'
+        self._g_jobs = tuple(range(1, 2 * self.n_layers, 2))
         self.job_slot = tuple(j % 2 for j in range(2 * self.n_layers))
         self.layer_embedding = tuple(kind == "embedding" for kind in self.layer_kind)
         # the new inverses are assigned inside the per-job map unless they first travel through a broadcast
@@ -618,8 +623,8 @@ class THOR(nn.Optimizer, ThorStepVariants):
             for j in range(2 * self.n_layers):
                 k, offset = self.reduce_slot[j]
                 reduced += (thor_math.narrow(flats[k], 0, offset, self.factor_sizes[j]).reshape(self.factor_shapes[j]),)
-            a_source = hyper_map(ops.partial(kernels.pick, reduced), tuple(range(0, 2 * self.n_layers, 2)))
-            g_source = hyper_map(ops.partial(kernels.pick, reduced), tuple(range(1, 2 * self.n_layers, 2)))
+            a_source = hyper_map(ops.partial(kernels.pick, reduced), self._a_jobs)
+            g_source = hyper_map(ops.partial(kernels.pick, reduced), self._g_jobs)
         folds = hyper_map(ops.partial(kernels.fold_layer, self.thor_initialised, self.a_factors, self.g_factors),
                           self.factor_slot, self.factor_decay, a_source, g_source)
         token = ops.depend(token, folds)  # the running averages' writes
@@ -718,7 +723,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         last = self.inverted_traces
         never = last <= 0.0
         change = ops.abs(traces / ops.where(never, ops.ones_like(last), last) - 1.0)
-        change = ops.where(never, ops.ones_like(change) * float("inf"), change)
+        change = ops.where(never, ops.ones_like(change) * _INF, change)
         moved = _REDUCE_ANY(change.reshape(self.n_layers, 2) > self.refresh_threshold, 1)
         use = ops.logical_and(ok_vector, moved)
         stable = ops.cast(ops.logical_and(ok_vector, ops.logical_not(moved)), ms.float32)
@@ -757,7 +762,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         # the output-gradient statistics of the previous capture).
         if self.static_refresh is None:
             refresh = ops.logical_or(ops.logical_or(ops.logical_not(self.thor_initialised), self.refresh_next),
-                                     (step % self.frequency) == 0).all()
+                                     _REDUCE_ALL((step % self.frequency) == 0, ()))
             if refresh:
                 gradients = ops.depend(gradients, self._refresh(self.damping(step), gradients))
         lr = self.get_lr()
@@ -817,7 +822,7 @@ class THOR(nn.Optimizer, ThorStepVariants):
         skipped = ops.logical_not(finite)
         # the next step captures on schedule; after a skipped one it captures statistics again (they show where
         # inf/NaN appear) and refreshes the inverses (a corrupted inverse would otherwise be reused)
-        capture = ops.logical_or(skipped, (((step + 1) % self.frequency) == 0).all())
+        capture = ops.logical_or(skipped, _REDUCE_ALL(((step + 1) % self.frequency) == 0, ()))
         success = ops.depend(success, self.hyper_map(ops.partial(kernels.set_flag, capture), self.capture_flags))
         success = ops.depend(success, self.assignadd(self.global_step,
                                                      self.global_step_increase_tensor * ops.cast(finite, ms.int32)))
@@ -853,9 +858,9 @@ class THOR(nn.Optimizer, ThorStepVariants):
         """
         if self.n_layers == 0:
             return ops.zeros((), ms.float32) - 1.0
-        index = ops.where(summary_finite, float(self.n_layers), self._param_layer_numbers)
+        index = ops.where(summary_finite, self._n_layers_float, self._param_layer_numbers)
         first = _REDUCE_MIN(index, ())
-        return ops.where(first >= float(self.n_layers), ops.zeros((), ms.float32) - 1.0, first)
+        return ops.where(first >= self._n_layers_float, ops.zeros((), ms.float32) - 1.0, first)
 
     def _dense_source(self, k: int) -> Parameter:
         """The block inverse written out by ``dense_inverses[k]``."""
