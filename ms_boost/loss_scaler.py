@@ -36,9 +36,13 @@ __all__ = ["LossScaler", "FixedLossScaler", "DynamicLossScaler", "GroupLossScale
 _non_finite = ops.MultitypeFuncGraph("non_finite")
 
 
+_REDUCE_ALL = ops.ReduceAll(keep_dims=False)
+
+
 @_non_finite.register("Tensor")
 def _non_finite_tensor(g):
-    return ops.cast(ops.logical_not(ops.isfinite(g).all()), ms.float32)
+    # the primitive over every axis, not Tensor.all(): the method costs more to compile at each gradient's shape
+    return ops.cast(ops.logical_not(_REDUCE_ALL(ops.isfinite(g), ())), ms.float32)
 
 
 _hyper_map = ops.HyperMap()

@@ -53,6 +53,8 @@ from mindspore.common import dtype as mstype
 from ms_boost import comm
 from ms_boost.validation import BoostConfigError
 
+_REDUCE_ALL = ops.ReduceAll(keep_dims=False)  # the primitive: cheaper to compile than Tensor.all()
+
 __all__ = [
     "GroupLossScaleManager", "is_group_manager", "require_group_manager", "group_scale_update",
 ]
@@ -252,7 +254,7 @@ class GroupLossScaleManager(nn.Cell):
         for k in range(len(grads)):
             grad = grads[k]
             unscaled = unscaled + (grad / used[self._weight_group[k]].astype(grad.dtype),)  # not * (1 / s): subnormal
-            nonfinite = nonfinite + (ops.logical_not(ops.isfinite(grad).all()).astype(mstype.float32),)
+            nonfinite = nonfinite + (ops.logical_not(_REDUCE_ALL(ops.isfinite(grad), ())).astype(mstype.float32),)
         flags = ()
         for i in range(self.loss_scale_number):
             flag = ops.zeros((), mstype.float32)
