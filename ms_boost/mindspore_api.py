@@ -192,20 +192,25 @@ def with_loss(network: nn.Cell, loss_fn: nn.Cell, cast_model_type, use_private: 
     return nn.WithLossCell(network, loss_fn)
 
 
-def _graph_executor():
-    """MindSpore's cell graph executor (``_cell_graph_executor``), or None if absent.
+def _graph_api_attribute(name: str, accept) -> Any:
+    """``name`` of MindSpore's graph API module when ``accept(value)``, else None.
 
-    Looked up as :func:`cells_compile_cache` is.
+    Looked up in ``mindspore.graph.api`` (MindSpore 2.10), then ``mindspore.common.api`` (2.7.x).
     """
     for module in ("mindspore.graph.api", "mindspore.common.api"):
         try:
             api = importlib.import_module(module)
         except ImportError:
             continue
-        executor = getattr(api, "_cell_graph_executor", None)
-        if executor is not None and callable(getattr(executor, "has_compiled", None)):
-            return executor
+        value = getattr(api, name, None)
+        if value is not None and accept(value):
+            return value
     return None
+
+
+def _graph_executor():
+    """MindSpore's cell graph executor (``_cell_graph_executor``), or None if absent."""
+    return _graph_api_attribute("_cell_graph_executor", lambda e: callable(getattr(e, "has_compiled", None)))
 
 
 _EXECUTOR: list = []  # [the executor or None], looked up once
@@ -230,15 +235,7 @@ def cells_compile_cache() -> Optional[dict]:
 
     Looked up in ``mindspore.graph.api`` (MindSpore 2.10), then ``mindspore.common.api`` (2.7.x).
     """
-    for module in ("mindspore.graph.api", "mindspore.common.api"):
-        try:
-            api = importlib.import_module(module)
-        except ImportError:
-            continue
-        registry = getattr(api, "cells_compile_cache", None)
-        if isinstance(registry, dict):
-            return registry
-    return None
+    return _graph_api_attribute("cells_compile_cache", lambda r: isinstance(r, dict))
 
 
 def copy_recompute(new: nn.Cell, original: nn.Cell, early_stop: Optional[bool] = None) -> None:

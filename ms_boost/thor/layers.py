@@ -39,6 +39,8 @@ from ms_boost.thor.math import (
     block_output_factor,
     conv_pads,
     im2col,
+    last_replaced,
+    leading_one,
     leading_samples,
     split_groups,
     stat_sample_count,
@@ -54,18 +56,6 @@ _stat_count = constexpr(stat_sample_count)
 def _conv_pads(pad_mode, padding, shape: tuple, kernel_size, stride, dilation) -> tuple:
     """:func:`~ms_boost.thor.math.conv_pads` for an ``(N, C, H, W)`` input of static ``shape``."""
     return conv_pads(pad_mode, padding, tuple(shape[2:]), kernel_size, stride, dilation)
-
-
-@constexpr
-def _last_replaced(shape: tuple, last: int) -> tuple:
-    """``shape`` with its last entry replaced by ``last`` (static)."""
-    return tuple(shape[:-1]) + (last,)
-
-
-@constexpr
-def _leading_one(shape: tuple) -> tuple:
-    """``(1,) + shape`` (static; a ``constexpr``, see ``ms_boost.thor.math``'s note on shape arithmetic)."""
-    return (1,) + tuple(shape)
 
 
 def _pair(value, name: str, cls: str) -> tuple:
@@ -143,7 +133,7 @@ def _input_statistic(spec: tuple, x):
         rows = ops.cast(x.reshape(-1, x.shape[-1]), ms.float32)  # ops.cast: compiles faster than astype
         if spec[1]:
             rows = append_ones(rows)
-        return block_input_factor(rows.reshape(_leading_one(rows.shape)), block)
+        return block_input_factor(rows.reshape(leading_one(rows.shape)), block)
     _, pad_mode, padding, kernel_size, stride, dilation, group, bias, _, _ = spec  # conv
     pads = _conv_pads(pad_mode, padding, x.shape, kernel_size, stride, dilation)
     rows = im2col(ops.cast(x, ms.float32), kernel_size, stride, dilation, pads)
@@ -519,7 +509,7 @@ class DenseThor(ThorLayer):
         if self.has_bias:
             y = self.bias_add(y, self.bias)
         if len(x_shape) != 2:
-            y = y.reshape(_last_replaced(x_shape, self.out_channels))
+            y = y.reshape(last_replaced(x_shape, self.out_channels))
         if self.training and self.capturing:
             y = self.hook_output(y)
         if self.activation_flag:

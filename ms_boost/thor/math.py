@@ -69,7 +69,7 @@ __all__ = [
     "all_finite", "blocks_finite", "pi_damping", "cholesky_safe", "cholesky_block_inverse",
     "clamped_eigen_block_inverse",
     "trust_region_scale", "damped_blocks", "guarded_block_inverse", "narrow", "any_true", "stat_sample_count",
-    "leading_samples",
+    "leading_samples", "last_replaced", "leading_one",
 ]
 
 #: A damped block :math:`B + s I` is inverted through Cholesky only when :math:`s \ge \tau \max_i B_{ii}`
@@ -120,14 +120,14 @@ def _narrow_bounds(shape: tuple, axis: int, start: int, count: int) -> tuple:
 
 
 @constexpr
-def _last_replaced(shape: tuple, last: int) -> tuple:
-    """``shape`` with its last entry replaced by ``last``."""
+def last_replaced(shape: tuple, last: int) -> tuple:
+    """``shape`` with its last entry replaced by ``last`` (static: a ``constexpr``, see the note above)."""
     return tuple(shape[:-1]) + (last,)
 
 
 @constexpr
-def _leading_one(shape: tuple) -> tuple:
-    """``(1,) + shape``."""
+def leading_one(shape: tuple) -> tuple:
+    """``(1,) + shape`` (static: a ``constexpr``, see the note above)."""
     return (1,) + tuple(shape)
 
 
@@ -222,7 +222,7 @@ def split_groups(rows: Tensor, groups: int) -> Tensor:
 
 def append_ones(rows: Tensor) -> Tensor:
     r"""Append a constant-1 column to ``(..., R, d)`` rows: :math:`\tilde a = [a; 1]`, the bias input."""
-    ones = ops.ones(_last_replaced(rows.shape, 1), rows.dtype)
+    ones = ops.ones(last_replaced(rows.shape, 1), rows.dtype)
     return _CONCAT_LAST((rows, ones))
 
 
@@ -643,7 +643,7 @@ def embedding_precondition(grad: Tensor, a_inverse_diagonal: Tensor, g_inverse: 
     acts on the left and the output factor (``(1, n_b, b, b)`` blocks) on the right.
     """
     scaled = grad * a_inverse_diagonal.reshape(-1, 1)
-    return block_diag_right(scaled.reshape(_leading_one(scaled.shape)), g_inverse).reshape(grad.shape)
+    return block_diag_right(scaled.reshape(leading_one(scaled.shape)), g_inverse).reshape(grad.shape)
 
 
 def clip_by_norm(x: Tensor, max_norm: float) -> Tensor:
