@@ -74,12 +74,12 @@ def measure(rounds: int, root: Path = ROOT, warmup: int = 12) -> dict:
 
 def summary(times: dict) -> dict:
     """Medians per cell, and the wall time over MindSpore's cell's paired round by round."""
-    base = np.array(times["mindspore"]["wall_ms"])
-    out = {}
-    for name, t in times.items():
-        out[name] = {"main_ms": float(np.median(t["main_ms"])), "wall_ms": float(np.median(t["wall_ms"])),
-                     "wall_vs_mindspore": float(np.median(np.array(t["wall_ms"]) / base))}
-    return out
+    from bench.common import paired_ratio
+
+    walls = {name: t["wall_ms"] for name, t in times.items()}
+    return {name: {"main_ms": float(np.median(t["main_ms"])), "wall_ms": float(np.median(t["wall_ms"])),
+                   "wall_vs_mindspore": paired_ratio(walls, name, "mindspore")["median"]}
+            for name, t in times.items()}
 
 
 def markdown(runs: list, command: str, load_before: list) -> str:

@@ -28,6 +28,7 @@ MindSpore still has them with the expected signature, so results are identical t
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 from typing import Any, Iterator, Optional, Sequence
@@ -208,12 +209,10 @@ def _graph_api_attribute(name: str, accept) -> Any:
     return None
 
 
+@functools.cache
 def _graph_executor():
-    """MindSpore's cell graph executor (``_cell_graph_executor``), or None if absent."""
+    """MindSpore's cell graph executor (``_cell_graph_executor``), or None if absent; looked up once."""
     return _graph_api_attribute("_cell_graph_executor", lambda e: callable(getattr(e, "has_compiled", None)))
-
-
-_EXECUTOR: list = []  # [the executor or None], looked up once
 
 
 def graph_compiled(cell, phase: str) -> bool:
@@ -221,9 +220,7 @@ def graph_compiled(cell, phase: str) -> bool:
 
     False when it cannot be told (a MindSpore without the executor's ``has_compiled``).
     """
-    if not _EXECUTOR:
-        _EXECUTOR.append(_graph_executor())
-    executor = _EXECUTOR[0]
+    executor = _graph_executor()
     cache = getattr(cell, "compile_cache", None)
     if executor is None or not isinstance(cache, set) or phase not in cache:
         return False

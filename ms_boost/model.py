@@ -278,7 +278,7 @@ def _warn_if_optimizer_empty(optimizer) -> None:
     without a word (thirteenth users' round).
     """
     params = getattr(optimizer, "parameters", None)
-    if optimizer is None or not isinstance(params, (tuple, list)) or len(params) > 0:
+    if not isinstance(params, (tuple, list)) or len(params) > 0:  # None too: no optimizer
         return
     warnings.warn(f"ms_boost: the optimizer given to Model ({type(optimizer).__name__}) holds no parameters, so "
                   f"training updates no weight. A parameter group whose 'params' is an iterator (filter(...), a "
