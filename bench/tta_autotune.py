@@ -26,6 +26,11 @@ at width 4; generated/gemm: 20 classes, 3,000 images, 10 epochs), each set so th
 target late in the run, where the 10% goal is decidable: the two MNIST cells took 10.6 minutes for 3 seeds idle
 (targets in 8-11 s), the four 15.8 minutes (idle, measured).
 
+``--repeats R`` runs each seed's paired round R times in a row (every run in its own process, the order rotated by
+one more place each time) and takes, per contender and seed, its median run (:func:`median_repeat`): the same plan
+in two processes of this machine runs 20-40% apart (docs/autotune.md), which one run per seed leaves in each seed's
+figure; the page lists every run's time. R times the time (3: about 37 minutes for ``--long`` idle).
+
 ``--from tta`` instead runs only the auto contender beside an existing ``bench/results/tta.json`` (its cells, lr,
 epochs and seeds; ``--rerun`` names contenders to run again beside it); ``python -m bench tta`` measures it with
 the others.
@@ -76,12 +81,8 @@ def wall_to_target(cell: dict, contender: str) -> Dict[int, Optional[float]]:
     """Per seed: training seconds until the end of the first epoch at or above the cell's target, **compile (and
     for the auto contender its trial) included**: the sum of the raw epoch times, computed here from the curves
     for every contender alike (None: not reached or failed)."""
-    out = {}
-    for seed, run in (cell["curves"].get(contender) or {}).items():
-        hit = None if run.get("error") else next(
-            (i for i, acc in enumerate(run["accuracy"]) if acc >= cell["target"]), None)
-        out[int(seed)] = None if hit is None else float(np.sum(run["epoch_seconds"][:hit + 1]))
-    return out
+    runs = cell["curves"].get(contender) or {}
+    return {int(seed): time_to_target(run, cell["target"]) for seed, run in runs.items()}
 
 
 def autotune_goals(cell: dict) -> List[str]:
@@ -351,16 +352,52 @@ def contenders_of(cell: Cell, full: bool) -> List[str]:
     return names + (["THOR"] if full else []) + [AUTO]
 
 
+def time_to_target(run: dict, target: float) -> Optional[float]:
+    """One run's training seconds until the end of its first epoch at or above ``target``, compile (and trial)
+    included (None: not reached, or the run failed)."""
+    if run.get("error"):
+        return None
+    hit = next((i for i, acc in enumerate(run["accuracy"]) if acc >= target), None)
+    return None if hit is None else float(np.sum(run["epoch_seconds"][:hit + 1]))
+
+
+def median_repeat(runs: Sequence[dict], target: float) -> dict:
+    """Of the repeats of one (contender, seed), the run whose time to ``target`` is the median -- a real run, so its
+    every figure (epochs, steps, trial, pick) stays its own.
+
+    A repeat that did not reach the target (or failed) counts as infinitely slow; with an even count the lower of the
+    two middle runs (the faster; the same rule for every contender); equal times ranked in launch order.
+    """
+    if not runs:
+        raise ValueError("runs is empty: a (contender, seed) needs at least one run.")
+    times = [time_to_target(run, target) for run in runs]
+    ranked = sorted(range(len(runs)), key=lambda i: (math.inf if times[i] is None else times[i], i))
+    return runs[ranked[(len(runs) - 1) // 2]]
+
+
+def o0_target(repeats: Dict[str, List[dict]]) -> float:
+    """A cell's target: ms_boost O0's median final accuracy over the seeds minus 1 point (each seed's final the
+    median over its repeats: they train the same computation, so they agree), 1.0 while none finished."""
+    finals = [float(np.median([r["accuracy"][-1] for r in runs if r.get("accuracy")]))
+              for runs in repeats.values() if any(r.get("accuracy") for r in runs)]
+    return float(np.median(finals)) - 0.01 if finals else 1.0
+
+
 def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, timeout: int,
                    payload: dict, save: Optional[Callable[[dict], None]] = None,
-                   contenders: Sequence[str] = ()) -> dict:
+                   contenders: Sequence[str] = (), repeats: int = 1) -> dict:
     """Run every contender of ``cells`` seed by seed in turn into ``payload`` (target: O0's median final accuracy
     minus 1 point over the seeds run so far); ``save(payload)`` after each seed, so an interrupted run keeps what
     it measured. Each seed's contenders run one after the other (paired), the order rotated by one place each seed
     (:func:`bench.bench_tta.paired_order`: seed 0 in :func:`contenders_of`'s order, O0 first and auto last; seed 1
     from the second, O0 last; ...), so that no contender always runs first or last; ``payload["cells"][key]
     ["order"]`` keeps each seed's order. ``contenders``: only these of each cell's (O0 always: the target is its
-    final accuracy)."""
+    final accuracy). ``repeats``: each seed's paired round runs that many times in a row (every run in a process of
+    its own); the seed's figure of a contender is then its median run (:func:`median_repeat`), every run kept under
+    ``payload["cells"][key]["repeats"]``: one process's speed (20-40% apart for the same plan on this machine) no
+    longer decides a seed."""
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1 (runs of each contender per seed).")
     from bench.bench_tta import RunSpec, launch, paired_order
 
     payload.setdefault("form", "full" if full else "quick")
@@ -371,23 +408,58 @@ def run_standalone(cells: Sequence[Cell], seeds: Sequence[int], full: bool, time
         sizes = {"train_images": image_count(Path(root) / "train"), "val_images": image_count(Path(root) / "val"),
                  "classes": cell.classes, "width": cell.width}
         names = [n for n in contenders_of(cell, full) if not contenders or n in contenders or n == "ms_boost O0"]
-        runs: Dict[str, dict] = {name: {} for name in names}
+        every: Dict[str, Dict[str, List[dict]]] = {name: {} for name in names}
         order: Dict[str, List[str]] = {}
         for seed, names_now in paired_order(names, seeds):
             order[str(seed)] = names_now
-            for name in names_now:
-                spec = RunSpec(dataset=cell.dataset, net=cell.net, contender=name,
-                               lr=0.05 if name == "THOR" else cell.lr, seed=seed, epochs=cell.epochs,
-                               image_size=IMAGE_SIZE, mode="graph", width=cell.width)
-                print(f"[tta autotune] {cell.key} {name} seed {seed}", flush=True)
-                runs[name][str(seed)] = launch(spec, root, timeout)
-            finals = [r["accuracy"][-1] for r in runs["ms_boost O0"].values() if r.get("accuracy")]
-            payload["cells"][cell.key] = {"target": float(np.median(finals)) - 0.01 if finals else 1.0,
-                                          "curves": runs, "baseline_lr": cell.lr, "epochs": cell.epochs,
-                                          "seeds_run": len(runs["ms_boost O0"]), "order": dict(order), **sizes}
+            # each repeat's round rotated by one more place, so that no contender always runs first within a seed
+            for repeat, (_, names_round) in enumerate(paired_order(names_now, range(repeats))):
+                for name in names_round:
+                    spec = RunSpec(dataset=cell.dataset, net=cell.net, contender=name,
+                                   lr=0.05 if name == "THOR" else cell.lr, seed=seed, epochs=cell.epochs,
+                                   image_size=IMAGE_SIZE, mode="graph", width=cell.width)
+                    print(f"[tta autotune] {cell.key} {name} seed {seed}"
+                          + (f" repeat {repeat + 1}/{repeats}" if repeats > 1 else ""), flush=True)
+                    every[name].setdefault(str(seed), []).append(launch(spec, root, timeout))
+            target = o0_target(every["ms_boost O0"])
+            runs = {name: {seed: median_repeat(reps, target) for seed, reps in by_seed.items()}
+                    for name, by_seed in every.items()}
+            payload["cells"][cell.key] = {"target": target, "curves": runs, "baseline_lr": cell.lr,
+                                          "epochs": cell.epochs, "seeds_run": len(runs["ms_boost O0"]),
+                                          "order": dict(order), **sizes}
+            if repeats > 1:
+                payload["cells"][cell.key]["repeats"] = every
             if save is not None:
                 save(payload)
+    payload["repeats"] = repeats
     return payload
+
+
+def repeat_lines(payload: dict) -> List[str]:
+    """With repeats: per cell and contender, every run's time to target per seed (the median run's in bold), so the
+    page shows how far one process's figure moves."""
+    cells = {key: cell for key, cell in payload["cells"].items() if cell.get("repeats")}
+    if not cells:
+        return []
+    lines = ["## Repeats: every run's time to target (s), compile and trial included", "",
+             f"Each seed's paired round ran {payload.get('repeats')} times in a row, every run in its own process; a "
+             "seed's figure above is its median run (**bold**; with an even count the faster middle one), `-` = not "
+             "reached.", "", "| cell | contender | " + " | ".join(f"seed {s}" for s in payload.get("seeds", [])) + " |",
+             "|---|---|" + "---|" * len(payload.get("seeds", []))]
+    for key, cell in cells.items():
+        for name, by_seed in cell["repeats"].items():
+            row = []
+            for seed in payload.get("seeds", []):
+                reps = by_seed.get(str(seed), [])
+                chosen = median_repeat(reps, cell["target"]) if reps else None
+                texts = []
+                for run in reps:
+                    took = time_to_target(run, cell["target"])
+                    text = "-" if took is None else f"{took:.1f}"
+                    texts.append(f"**{text}**" if run is chosen else text)
+                row.append(", ".join(texts))
+            lines.append(f"| {key} | {name} | " + " | ".join(row) + " |")
+    return lines + [""]
 
 
 def pick_lines(cell: dict) -> List[str]:
@@ -579,6 +651,10 @@ def render_standalone(payload: dict) -> str:
     if missing or short:
         lines += [f"**Partial run**: not measured: {', '.join(missing) or 'none'}; fewer seeds than planned: "
                   f"{', '.join(short) or 'none'} (the runner writes the page after every seed).", ""]
+    if payload.get("repeats", 1) > 1:
+        lines += [f"**Repeats**: every seed's paired round ran {payload['repeats']} times (each run a process of its "
+                  "own, the order rotated by one more place each time); each seed's time of a contender is its median "
+                  "run's (every run in the last section).", ""]
     lines += summary_table(payload) + [""] + paired_table(payload) + [""]
     lines += gap_summary(payload)
     lines += autotune_section(payload)
@@ -586,7 +662,7 @@ def render_standalone(payload: dict) -> str:
         picked = pick_lines(cell)
         if picked:
             lines += [f"- **{key}**, auto against its pick's fixed run: " + "; ".join(picked) + "."]
-    lines += ["", "## Every contender", ""] + _contender_table(payload) + [""]
+    lines += ["", "## Every contender", ""] + _contender_table(payload) + [""] + repeat_lines(payload)
     lines += page_footer(command, payload.get("load_before", []))
     return "\n".join(lines)
 
@@ -609,6 +685,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", default=[],
                         help="seeds, space- or comma-separated (default 0 1 2; the quick form takes about 2.6 min "
                              "a seed on an idle 2-core machine: 8 min for 3 seeds, 13 min for 5)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every contender per seed (each in its own process; a seed's figure is its "
+                             "median run): 3 takes the process-to-process spread out of each seed's figure, at 3x "
+                             "the time")
     parser.add_argument("--from", dest="source", default="",
                         help="instead: run only the auto contender beside an existing tta payload (a results stem, "
                              "e.g. tta, or a JSON path)")
@@ -633,6 +713,8 @@ def main(argv=None) -> int:
         unknown = sorted(set(only) - {c.key for c in planned})
         if unknown:
             raise ValueError(f"--cells {unknown} not in the {form} form; allowed: {[c.key for c in planned]}.")
+        if args.repeats < 1:
+            raise ValueError(f"--repeats {args.repeats} must be >= 1 (runs of each contender per seed).")
         if args.epochs < 0 or args.epochs == 1:
             raise ValueError(f"--epochs {args.epochs} must be >= 2 (a target needs epochs to reach it), or 0 for the "
                              "form's own.")
@@ -649,6 +731,7 @@ def main(argv=None) -> int:
              f" --epochs {args.epochs}" if args.epochs else "",
              f" --contenders '{args.contenders}'" if chosen else "",
              f" --seeds {' '.join(str(s) for s in seeds)}" if tuple(seeds) != SEEDS else "",
+             f" --repeats {args.repeats}" if args.repeats != 1 else "",
              f" --out {args.out}" if args.out != default_out else ""])
         payload = {"load_before": load_average(), "cells": {}, "command": command, "form": form}
 
@@ -656,7 +739,7 @@ def main(argv=None) -> int:
             partial.update(load_after=load_average(), seconds=time.time() - start)
             write_results(args.out, partial, render_standalone(partial))
 
-        payload = run_standalone(cells, seeds, args.full, args.timeout, payload, save, chosen)
+        payload = run_standalone(cells, seeds, args.full, args.timeout, payload, save, chosen, args.repeats)
         payload.update(load_after=load_average(), seconds=time.time() - start)
     page = _render_from(payload) if payload.get("autotune_source") else render_standalone(payload)
     write_results(args.out, payload, page)

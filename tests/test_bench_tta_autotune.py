@@ -492,3 +492,51 @@ def test_the_o1_ablation_variants_are_the_plans_their_names_say(name, switches, 
     if fn_gc is not None:
         assert (boost.less_bn.fn_flag, boost.less_bn.gc_flag) == fn_gc
     assert (epochs_to([0.2, 0.5, 0.9], 0.5), epochs_to([0.2], 0.5)) == (2, None)
+
+
+def test_repeats_run_each_seeds_round_again_rotated_and_take_each_seeds_median_run(monkeypatch):
+    import bench.bench_tta as tta
+    import bench.tta_autotune as auto_mod
+    from bench.tta_autotune import Cell, median_repeat, render_standalone, run_standalone
+
+    # per (contender, seed): the times of the repeats' first epoch in launch order (second epoch 1 s, target at it)
+    first_epochs = {("ms_boost O0", 0): [5.0, 2.0, 3.0], ("ms_boost O1", 0): [4.0, 4.0, 9.0],
+                    (AUTO, 0): [6.0, 1.0, 2.0]}
+    calls = []
+
+    def launch(spec, root, timeout):
+        calls.append((spec.contender, spec.seed))
+        key = (spec.contender, spec.seed)
+        first = first_epochs[key][sum(1 for c in calls if c == key) - 1]
+        extra = {"trial_seconds": 0.5, "autotune_pick": "O0"} if spec.contender == AUTO else {}
+        accuracy = [0.5, 0.8] if (spec.contender, first) == ("ms_boost O1", 9.0) else [0.5, 0.95]
+        return _run(accuracy, [first, 1.0], **extra)
+
+    monkeypatch.setattr(tta, "launch", launch)
+    monkeypatch.setattr(auto_mod, "data_root", lambda dataset, train=None, classes=10: "unused")
+    payload = run_standalone([Cell("digits", "gemm", 2)], [0], False, 10, {"cells": {}}, repeats=3)
+    names = ["ms_boost O0", "ms_boost O1", AUTO]
+    # three rounds of seed 0, each rotated by one more place
+    assert [c for c, _ in calls] == names + names[1:] + names[:1] + names[2:] + names[:2]
+    cell = payload["cells"]["digits/gemm"]
+    assert cell["target"] == 0.94 and payload["repeats"] == 3
+    assert [len(cell["repeats"][n]["0"]) for n in names] == [3, 3, 3]
+    # the median run by time to target: O0 6, 3, 4 s -> 4 s; O1 5, 5, never -> 5 s (ties ranked in launch order);
+    # auto 7, 2, 3 -> 3 s
+    assert auto_mod.wall_to_target(cell, "ms_boost O0") == {0: 4.0}
+    assert auto_mod.wall_to_target(cell, "ms_boost O1") == {0: 5.0}
+    assert cell["curves"]["ms_boost O1"]["0"] is cell["repeats"]["ms_boost O1"]["0"][1]
+    assert auto_mod.wall_to_target(cell, AUTO) == {0: 3.0}
+    page = render_standalone(payload)
+    assert "every seed's paired round ran 3 times" in page
+    assert "| digits/gemm | ms_boost O0 | 6.0, 3.0, **4.0** |" in page
+    assert "| digits/gemm | ms_boost O1 | 5.0, **5.0**, - |" in page
+    assert render_standalone(json.loads(json.dumps(payload))) == page  # --render_only from the JSON: the same page
+    # an even count takes the faster middle run; a failed run counts as never reaching the target
+    runs = [_run([0.95], [t]) for t in (4.0, 2.0)] + [dict(_run([], []), error="crashed")]
+    assert median_repeat(runs[:2], 0.9)["epoch_seconds"] == [2.0]
+    assert median_repeat(runs, 0.9)["epoch_seconds"] == [4.0]
+    with pytest.raises(ValueError, match="repeats=0 must be >= 1"):
+        run_standalone([Cell("digits", "gemm", 2)], [0], False, 10, {"cells": {}}, repeats=0)
+    with pytest.raises(ValueError, match="--repeats 0 must be >= 1"):
+        auto_mod.main(["--cells", "digits/gemm", "--repeats", "0"])
