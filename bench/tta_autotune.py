@@ -112,6 +112,12 @@ def autotune_goals(cell: dict) -> List[str]:
         lines.append("slower than O0 by at most the trial's cost on every seed: "
                      f"{'**met**' if ok else 'not met'} (" + ", ".join(
                          f"seed {s}: {over[s]:+.1f} s vs trial {trials[s]:.1f} s" for s in sorted(over)) + ")")
+    o0_t, trial_t = median_time(o0), _median(trials.values())
+    if auto_t is not None and o0_t is not None and trial_t is not None:
+        ok = auto_t <= o0_t + trial_t + 1e-9
+        lines.append(f"slower than O0 by at most the trial's cost, medians over the seeds: "
+                     f"{'**met**' if ok else 'not met'} (auto {auto_t:.1f} s against O0 {o0_t:.1f} s + trial "
+                     f"{trial_t:.1f} s: {auto_t - o0_t:+.1f} s)")
     picks = {int(s): r.get("autotune_pick") for s, r in runs.items() if not r.get("error")}
     if picks:
         lines.append("picked: " + ", ".join(f"seed {s}: {picks[s]}" for s in sorted(picks))
@@ -552,7 +558,8 @@ def summary_table(payload: dict) -> List[str]:
         best = min(fixed, key=fixed.get) if fixed else None
         goals = autotune_goals(cell)
         within = next(("met" if "**met**" in g else "not met" for g in goals if g.startswith("time to target")), "-")
-        slack = next(("met" if "**met**" in g else "not met" for g in goals if g.startswith("slower than O0")), "-")
+        slack = next(("met" if "**met**" in g else "not met" for g in goals if g.startswith("slower than O0")
+                      and "every seed" in g), "-")
         picks = sorted({str(r.get("autotune_pick")) for r in cell["curves"][AUTO].values() if not r.get("error")})
 
         def fmt(t: Optional[float]) -> str:
@@ -605,7 +612,9 @@ def render_standalone(payload: dict) -> str:
     cells = payload["cells"]
     verdicts = [autotune_goals(c) for c in cells.values()]
     met1 = sum(any(g.startswith("time to target") and "**met**" in g for g in v) for v in verdicts)
-    met2 = sum(any(g.startswith("slower than O0") and "**met**" in g for g in v) for v in verdicts)
+    met2 = sum(any(g.startswith("slower than O0") and "every seed: **met**" in g for g in v) for v in verdicts)
+    met3 = sum(any(g.startswith("slower than O0") and "medians over the seeds: **met**" in g for g in v)
+               for v in verdicts)
     paired = {exclude: [goal for goal in (paired_goal(c, exclude) for c in cells.values()) if goal]
               for exclude in (False, True)}
     form = payload.get("form", "quick")
@@ -633,7 +642,9 @@ def render_standalone(payload: dict) -> str:
              f"- auto within {WITHIN:.0%} of the best fixed contender's time to target (medians over the seeds): "
              f"**{met1} of {len(cells)} cells**.",
              f"- auto never slower than O0 by more than its trial's cost (per seed; the cost is the trial's wall "
-             f"time minus the pick's compile, which the run reuses): **{met2} of {len(cells)} cells**.",
+             f"time minus the pick's compile, which the run reuses): **{met2} of {len(cells)} cells**; by the "
+             f"medians over the seeds (the issue's \"median over 3 seeds\": auto's median time to target at most O0's "
+             f"plus the median trial cost): **{met3} of {len(cells)} cells**.",
              f"- **Paired** (beside the issue's statistic, not instead of it): per seed, auto's time to target over "
              f"the best fixed contender's on the same seed (both reached; the seed's runs share the machine's "
              f"conditions), its median within {WITHIN:.0%}: **{sum(m for _, m in paired[False])} of "
