@@ -246,6 +246,17 @@ def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, option
     return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
+def _sunk_steps_per_epoch(dataset_sink_mode: bool, sink_size: int) -> Optional[int]:
+    """The steps of one epoch when MindSpore's Model sinks ``sink_size`` steps an epoch; None: the data set's size.
+
+    MindSpore 2.10's Model does not sink on CPU: there it trains the whole data set each epoch whatever ``sink_size``
+    says (``cb_params.batch_num`` still reports ``sink_size``).
+    """
+    if not dataset_sink_mode or sink_size <= 0 or str(ms.get_context("device_target")) == "CPU":
+        return None
+    return int(sink_size)
+
+
 def _optimizer_step(optimizer) -> Optional[int]:
     """The optimizer's ``global_step`` (the updates it made, or loaded from a checkpoint), None when it has none."""
     step = getattr(optimizer, "global_step", None)
@@ -480,7 +491,7 @@ class Model(_MsModel):
             loss-scale cell a :class:`~ms_boost.overflow_watch.SkippedStepsWatch`).
         """
         if self._auto_config is not None and self.autotune_report is None:
-            per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
+            per_epoch = _sunk_steps_per_epoch(dataset_sink_mode, sink_size)
             self.autotune(train_dataset, max(1, int(epoch) - int(initial_epoch)), steps_per_epoch=per_epoch)
         # a GPU MindSpore's kernels have no machine code for (Hopper): said once, before the first step's long JIT
         gpu_code.warn_if_compiled_from_ptx(str(ms.get_context("device_target")), int(ms.get_context("device_id")))
