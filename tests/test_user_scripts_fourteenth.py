@@ -45,3 +45,17 @@ def test_auto_plans_the_steps_mindspore_trains_when_sink_size_is_given_on_cpu(mo
                 dataset_sink_mode=True, sink_size=2)
     assert len(steps) == 12  # MindSpore's doing: 6 batches an epoch, sink_size not applied on CPU
     assert model.autotune_report.planned_steps == len(steps)
+
+
+def test_gradient_freezing_is_told_the_steps_mindspore_trains_when_sink_size_is_given_on_cpu(mode):
+    """The same for gradient freezing, which reads the run's length when training begins (to choose one graph per
+    train set only for long runs): it took ``epoch_num * batch_num`` from MindSpore's callback parameters, and on CPU
+    ``batch_num`` says ``sink_size`` while each epoch trains the whole data set."""
+    steps = []
+    net = _Net()
+    model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), boost_level="O1",
+                  boost_config_dict={"boost": {"mode": "manual", "grad_freeze": True}})
+    model.train(2, _data(), callbacks=[LambdaCallback(on_train_step_end=lambda rc: steps.append(1))],
+                dataset_sink_mode=True, sink_size=2)
+    assert len(steps) == 12
+    assert model.train_network.optimizer.planned_steps == len(steps)
