@@ -509,7 +509,7 @@ class Model(_MsModel):
             # MindSpore's Model trains through nn.TrainOneStepCell the script's callbacks get the loss alone, as there
             first.append(SkippedStepsWatch(loss_only=self._fixed_scale_without_drop()))
         if self._branches_on_device():  # a callback's set_data between two steps: compile the step again
-            extra.append(MemoryWatch(self._train_network))
+            extra.append(MemoryWatch(self._train_network, compiled=self._memory_key is not None))
         if extra or first:  # THOR: its guard, which stops a run that stays non-finite; the skipped-steps watch
             if callbacks is None:
                 callbacks = []

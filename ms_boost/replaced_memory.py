@@ -20,7 +20,8 @@ with such branches (gradient accumulation's update; the loss-scale cell's skip o
 rate, so the change was silently lost. For those steps ``Model`` adds a :class:`MemoryWatch`, which compares the
 addresses before each Graph-mode step (on the host: 0.16 ms a step for 503 Parameters, median of 7 x 100 checks at
 load 4.2 on 2 cores; 1.7 ms with :func:`memory_key`'s names, which only the log reads) and compiles the step again
-when one changed.
+when one changed. For a model that has trained, the first step of the next ``train`` / ``fit`` is compared with the
+memory at its start, as a callback's ``on_train_begin`` may load a checkpoint (MindSpore's ``BackupAndRestore``).
 """
 from __future__ import annotations
 
@@ -80,13 +81,19 @@ class MemoryWatch(Callback):
 
     Args:
         network: the train network.
+        compiled: whether its step has been compiled on the Parameters' present memory (a model that has trained):
+            then the first step is compared with the memory now, so that a callback replacing memory before it
+            (``BackupAndRestore`` and other ``on_train_begin`` loads) compiles the step again too.
     """
 
-    def __init__(self, network: nn.Cell):
+    def __init__(self, network: nn.Cell, compiled: bool = False):
         super().__init__()
         self.network = network
         self.params: Optional[list] = None  # the network's Parameters, listed at the first step
         self.addresses: Optional[Tuple[int, ...]] = None
+        if compiled:
+            self.params = list(network.get_parameters())
+            self.addresses = tuple(param.data_ptr() for param in self.params)
 
     def on_train_step_begin(self, run_context):
         """Compare the addresses with the previous step's; compile again when any changed."""

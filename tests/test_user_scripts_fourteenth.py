@@ -59,3 +59,61 @@ def test_gradient_freezing_is_told_the_steps_mindspore_trains_when_sink_size_is_
                 dataset_sink_mode=True, sink_size=2)
     assert len(steps) == 12
     assert model.train_network.optimizer.planned_steps == len(steps)
+
+
+def _resume_with_backup(model, tmp_path):
+    """MindSpore's ``BackupAndRestore`` in one process: train with it, train on without it, then train again with it,
+    which loads the backup into the train network in ``on_train_begin`` (after the Model has trained)."""
+    from mindspore.train import BackupAndRestore
+
+    model.train(2, _data(), callbacks=[BackupAndRestore(str(tmp_path), delete_checkpoint=False)])
+    model.train(1, _data())  # the weights move past the backup
+    model.train(1, _data(), callbacks=[BackupAndRestore(str(tmp_path), delete_checkpoint=False)])
+
+
+def _params(net):
+    return {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+
+
+def test_a_backup_restored_when_training_begins_is_trained_from_with_a_loss_scale_manager(mode, tmp_path):
+    """``BackupAndRestore`` loads its checkpoint into the train network when ``train`` begins. With a loss-scale
+    manager (the step skips an overflowing update under a device-side branch) the Graph-mode step compiled by the
+    earlier ``train`` kept the memory it was compiled with, so the restored optimizer state was mixed with the old one
+    (weights off MindSpore's by up to 0.02 after one epoch): ms_boost recompiled for memory replaced before ``train``
+    began or between two steps, not in between. Compared with MindSpore's Model on the same calls (the fixed scale
+    with the optimizer's ``loss_scale``, which MindSpore runs on CPU), in each mode."""
+    import mindspore as ms
+    from mindspore.train import Model as MsModel
+
+    results = []
+    for make in (MsModel, Model):
+        ms.set_seed(1)
+        net = _Net()
+        model = make(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=128.0),
+                     loss_scale_manager=ms.FixedLossScaleManager(128, drop_overflow_update=False))
+        _resume_with_backup(model, tmp_path / make.__module__)
+        results.append(_params(net))
+    assert results[0].keys() == results[1].keys()
+    for name, value in results[0].items():
+        np.testing.assert_array_equal(results[1][name], value, err_msg=name)
+
+
+def test_a_backup_restored_when_training_begins_is_trained_from_with_gradient_accumulation(mode, tmp_path):
+    """The same with gradient accumulation (its update runs under a device-side branch): resumed from the backup of
+    epoch 2, one more epoch equals three epochs straight (the accumulators are in the backup)."""
+    import mindspore as ms
+
+    acc = {"boost": {"mode": "manual", "grad_accumulation": True}, "grad_accumulation": {"grad_accumulation_step": 2}}
+    results = []
+    for resumed in (False, True):
+        ms.set_seed(1)
+        net = _Net()
+        model = Model(net, ce(), nn.Momentum(net.trainable_params(), 0.05, 0.9), boost_level="O1",
+                      boost_config_dict=acc)
+        if resumed:
+            _resume_with_backup(model, tmp_path)
+        else:
+            model.train(3, _data())
+        results.append(_params(net))
+    for name, value in results[0].items():
+        np.testing.assert_array_equal(results[1][name], value, err_msg=name)
