@@ -565,7 +565,7 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
 
 
 def _says(args, name: str, default):
-    """``args.<name>`` of MindSpore's callback parameters (which raise KeyError for a name they lack), or ``default``."""
+    """``args.<name>`` of MindSpore's callback parameters (they raise KeyError for a name they lack), or ``default``."""
     try:
         return getattr(args, name)
     except (AttributeError, KeyError):
