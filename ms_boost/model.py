@@ -339,6 +339,7 @@ class Model(_MsModel):
         self._user_network = network
         self._trained_copies: Optional[CellTrialRun] = None
         self._memory_key = None  # the train network's Parameter addresses when it last trained (replaced_memory)
+        self._memory_watch: Optional[MemoryWatch] = None  # the running train/fit's watch, when its step has branches
         self.autotune_report: Optional[AutotuneReport] = None
         self._auto_config = None
         auto_on_train_cell = False
@@ -509,7 +510,8 @@ class Model(_MsModel):
             # MindSpore's Model trains through nn.TrainOneStepCell the script's callbacks get the loss alone, as there
             first.append(SkippedStepsWatch(loss_only=self._fixed_scale_without_drop()))
         if self._branches_on_device():  # a callback's set_data between two steps: compile the step again
-            extra.append(MemoryWatch(self._train_network, compiled=self._memory_key is not None))
+            self._memory_watch = MemoryWatch(self._train_network, compiled=self._memory_key is not None)
+            extra.append(self._memory_watch)
         if extra or first:  # THOR: its guard, which stops a run that stays non-finite; the skipped-steps watch
             if callbacks is None:
                 callbacks = []
@@ -588,7 +590,11 @@ class Model(_MsModel):
             compile_again_for(self._train_network, replaced, "since it last trained (e.g. load_param_into_net")
 
     def _end_training(self) -> None:
-        self._memory_key = memory_key(self._train_network)
+        # the memory the step last ran on: a callback may replace memory after the last step (EarlyStopping's
+        # restore_best_weights), which the next train/fit must then compile on
+        watch, self._memory_watch = self._memory_watch, None
+        ran_on = watch.last_step_key() if watch is not None else None
+        self._memory_key = ran_on if ran_on is not None else memory_key(self._train_network)
         if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
             self._trained_copies.sync_to(self._user_network, self._user_optimizer)
 
