@@ -91,9 +91,9 @@ class MemoryWatch(Callback):
     def __init__(self, network: nn.Cell, compiled: bool = False):
         super().__init__()
         self.network = network
-        self.params: Optional[list] = None  # the network's Parameters, listed at the first step
+        self.params: Optional[list] = None  # the network's Parameters, listed at the first step (or now: compiled)
         self.addresses: Optional[Tuple[int, ...]] = None
-        if compiled:
+        if compiled and ms.get_context("mode") == ms.GRAPH_MODE:
             self.params = list(network.get_parameters())
             self.addresses = tuple(param.data_ptr() for param in self.params)
 
