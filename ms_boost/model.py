@@ -246,6 +246,17 @@ def _run_trial(network, loss_fn, optimizer, amp_level: str, kwargs: dict, option
     return run_trials(build, ctx, options, trial, holdout, started=started)
 
 
+def _sunk_steps_per_epoch(dataset_sink_mode: bool, sink_size: int) -> Optional[int]:
+    """The steps of one epoch when MindSpore's Model sinks ``sink_size`` steps an epoch; None: the data set's size.
+
+    MindSpore 2.10's Model does not sink on CPU: there it trains the whole data set each epoch whatever ``sink_size``
+    says (``cb_params.batch_num`` still reports ``sink_size``).
+    """
+    if not dataset_sink_mode or sink_size <= 0 or str(ms.get_context("device_target")) == "CPU":
+        return None
+    return int(sink_size)
+
+
 def _optimizer_step(optimizer) -> Optional[int]:
     """The optimizer's ``global_step`` (the updates it made, or loaded from a checkpoint), None when it has none."""
     step = getattr(optimizer, "global_step", None)
@@ -328,6 +339,7 @@ class Model(_MsModel):
         self._user_network = network
         self._trained_copies: Optional[CellTrialRun] = None
         self._memory_key = None  # the train network's Parameter addresses when it last trained (replaced_memory)
+        self._memory_watch: Optional[MemoryWatch] = None  # the running train/fit's watch, when its step has branches
         self.autotune_report: Optional[AutotuneReport] = None
         self._auto_config = None
         auto_on_train_cell = False
@@ -480,7 +492,7 @@ class Model(_MsModel):
             loss-scale cell a :class:`~ms_boost.overflow_watch.SkippedStepsWatch`).
         """
         if self._auto_config is not None and self.autotune_report is None:
-            per_epoch = sink_size if dataset_sink_mode and sink_size > 0 else None
+            per_epoch = _sunk_steps_per_epoch(dataset_sink_mode, sink_size)
             self.autotune(train_dataset, max(1, int(epoch) - int(initial_epoch)), steps_per_epoch=per_epoch)
         # a GPU MindSpore's kernels have no machine code for (Hopper): said once, before the first step's long JIT
         gpu_code.warn_if_compiled_from_ptx(str(ms.get_context("device_target")), int(ms.get_context("device_id")))
@@ -498,7 +510,8 @@ class Model(_MsModel):
             # MindSpore's Model trains through nn.TrainOneStepCell the script's callbacks get the loss alone, as there
             first.append(SkippedStepsWatch(loss_only=self._fixed_scale_without_drop()))
         if self._branches_on_device():  # a callback's set_data between two steps: compile the step again
-            extra.append(MemoryWatch(self._train_network))
+            self._memory_watch = MemoryWatch(self._train_network, compiled=self._memory_key is not None)
+            extra.append(self._memory_watch)
         if extra or first:  # THOR: its guard, which stops a run that stays non-finite; the skipped-steps watch
             if callbacks is None:
                 callbacks = []
@@ -577,7 +590,11 @@ class Model(_MsModel):
             compile_again_for(self._train_network, replaced, "since it last trained (e.g. load_param_into_net")
 
     def _end_training(self) -> None:
-        self._memory_key = memory_key(self._train_network)
+        # the memory the step last ran on: a callback may replace memory after the last step (EarlyStopping's
+        # restore_best_weights), which the next train/fit must then compile on
+        watch, self._memory_watch = self._memory_watch, None
+        ran_on = watch.last_step_key() if watch is not None else None
+        self._memory_key = ran_on if ran_on is not None else memory_key(self._train_network)
         if self._trained_copies is not None:  # the autotune pick trained copies: the user's objects get the values
             self._trained_copies.sync_to(self._user_network, self._user_optimizer)
 

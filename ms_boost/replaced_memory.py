@@ -20,7 +20,10 @@ with such branches (gradient accumulation's update; the loss-scale cell's skip o
 rate, so the change was silently lost. For those steps ``Model`` adds a :class:`MemoryWatch`, which compares the
 addresses before each Graph-mode step (on the host: 0.16 ms a step for 503 Parameters, median of 7 x 100 checks at
 load 4.2 on 2 cores; 1.7 ms with :func:`memory_key`'s names, which only the log reads) and compiles the step again
-when one changed.
+when one changed. For a model that has trained, the first step of the next ``train`` / ``fit`` is compared with the
+memory at its start, as a callback's ``on_train_begin`` may load a checkpoint (MindSpore's ``BackupAndRestore``); and
+``Model`` keeps the memory the last step ran on, not the memory when training ends, since a callback may replace it
+after that step (``EarlyStopping(restore_best_weights=True)``).
 """
 from __future__ import annotations
 
@@ -80,13 +83,19 @@ class MemoryWatch(Callback):
 
     Args:
         network: the train network.
+        compiled: whether its step has been compiled on the Parameters' present memory (a model that has trained):
+            then the first step is compared with the memory now, so that a callback replacing memory before it
+            (``BackupAndRestore`` and other ``on_train_begin`` loads) compiles the step again too.
     """
 
-    def __init__(self, network: nn.Cell):
+    def __init__(self, network: nn.Cell, compiled: bool = False):
         super().__init__()
         self.network = network
-        self.params: Optional[list] = None  # the network's Parameters, listed at the first step
+        self.params: Optional[list] = None  # the network's Parameters, listed at the first step (or now: compiled)
         self.addresses: Optional[Tuple[int, ...]] = None
+        if compiled and ms.get_context("mode") == ms.GRAPH_MODE:
+            self.params = list(network.get_parameters())
+            self.addresses = tuple(param.data_ptr() for param in self.params)
 
     def on_train_step_begin(self, run_context):
         """Compare the addresses with the previous step's; compile again when any changed."""
@@ -100,3 +109,13 @@ class MemoryWatch(Callback):
             return
         replaced = [param.name for param, old, new in zip(self.params, before, addresses) if old != new]
         compile_again_for(self.network, replaced, "between two steps (set_data")
+
+    def last_step_key(self) -> Optional[Tuple[Tuple[str, int], ...]]:
+        """:func:`memory_key` of the memory the last Graph-mode step ran on (None before one ran).
+
+        ``Model`` keeps it as the memory its step was compiled on, so that memory replaced after the last step (by
+        ``EarlyStopping(restore_best_weights=True)`` when training ends) compiles the step of the next ``train``.
+        """
+        if self.params is None or self.addresses is None:
+            return None
+        return tuple((param.name, address) for param, address in zip(self.params, self.addresses))

@@ -564,6 +564,14 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         return ops.depend(done, applied)
 
 
+def _says(args, name: str, default):
+    """``args.<name>`` of MindSpore's callback parameters (they raise KeyError for a name they lack), or ``default``."""
+    try:
+        return getattr(args, name)
+    except (AttributeError, KeyError):
+        return default
+
+
 class _RunLength(Callback):
     """Sets :attr:`FreezeOpt.planned_steps` when ``Model.train`` begins (the epochs it trains x an epoch's steps)."""
 
@@ -574,10 +582,14 @@ class _RunLength(Callback):
     def on_train_begin(self, run_context):
         """Record the run's length."""
         args = run_context.original_args()
-        # MindSpore sets epoch_num to the epochs this call trains (after initial_epoch), batch_num to an epoch's steps;
-        # its callback parameters raise KeyError for a name they lack
+        # MindSpore sets epoch_num to the epochs this call trains (after initial_epoch), batch_num to sink_size when
+        # one is given, but an epoch is the whole data set when it does not sink (always on CPU, where batch_num
+        # still says sink_size); its callback parameters raise KeyError for a name they lack
         try:
-            self.freeze_opt.planned_steps = int(args.epoch_num) * int(args.batch_num)
+            per_epoch = int(args.batch_num)
+            if not _says(args, "dataset_sink_mode", True):
+                per_epoch = int(args.train_dataset.get_dataset_size())
+            self.freeze_opt.planned_steps = int(args.epoch_num) * per_epoch
         except (AttributeError, KeyError, TypeError, ValueError):
             self.freeze_opt.planned_steps = None
 
