@@ -205,8 +205,9 @@ def test_thor_leaves_multihead_attentions_out_proj_as_it_is():
     PyNative mode only (both modes until 2026-11-28): the finding is the converter's choice, read from the source
     before anything runs, the same in either mode; the Graph-mode half compiled the encoder's THOR step (~8 CPU-s)
     to show two finite losses, and THOR's Dense layers on 3-d inputs (the encoder's) are checked against numpy in
-    both modes by tests/test_thor_layers.py::test_dense_three_dim_input_and_activation, a THOR training through
-    ``Model`` in Graph mode by tests/test_thor_model.py::test_tutorial_model_call_trains_thor_without_convert_and_takes_frequency.
+    both modes by tests/test_thor_layers.py ``test_dense_three_dim_input_and_activation``, a THOR training through
+    ``Model`` in both modes by tests/test_thor_model.py
+    ``test_tutorial_model_call_trains_thor_without_convert_and_takes_frequency``.
     """
     class Encoder(nn.Cell):
         def __init__(self):
