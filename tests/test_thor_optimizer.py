@@ -324,15 +324,24 @@ def _conv_emb_run(seed_data, **kwargs) -> dict:
 def test_stat_fraction_one_is_the_whole_batch_bit_for_bit(mode):
     """The default (1: the whole batch) and a fraction whose ceil(f N) is N (0.9 of 4 samples: the layers' capture
     specs change, their statistics must not) train bit-identically (weights, moments, factors, inverses); 0.5 (2 of 4
-    samples) changes the factors. The layers follow the optimizer's fraction."""
-    runs = {f: _conv_emb_run(3, **({} if f is None else {"stat_fraction": f})) for f in (None, 0.9, 0.5)}
+    samples) changes the factors. The layers follow the optimizer's fraction.
+
+    The 0.5 training runs in PyNative mode only, after the default one in the same process: there THOR's compiled
+    statistics are cached per capture spec, so a cache that ignored the fraction would hand 0.5 the whole-batch
+    graph. In Graph mode each training compiles its own step from the layers' cells, whose sub-batch statistics are
+    checked against numpy in both modes (tests/test_thor_layers.py ``test_sub_batch_statistics_*``); there the 0.9
+    run checks the fraction on the layers and the unchanged training (one THOR compile fewer than before)."""
+    fractions = (None, 0.9, 0.5) if mode == "pynative" else (None, 0.9)
+    runs = {f: _conv_emb_run(3, **({} if f is None else {"stat_fraction": f})) for f in fractions}
     assert runs[None]["opt"].stat_fraction == 1.0
     assert all(layer.stat_fraction == 0.9 for layer in runs[0.9]["opt"].thor_layers)
-    assert all(layer.stat_fraction == 0.5 for layer in runs[0.5]["opt"].thor_layers)
     for got, want in zip(runs[0.9]["values"], runs[None]["values"]):
         np.testing.assert_array_equal(got, want)
-    conv = runs[0.5]["opt"].thor_layers[0]
-    assert not np.allclose(conv.matrix_a_batch.asnumpy(), runs[None]["opt"].thor_layers[0].matrix_a_batch.asnumpy())
+    if 0.5 in runs:
+        assert all(layer.stat_fraction == 0.5 for layer in runs[0.5]["opt"].thor_layers)
+        conv = runs[0.5]["opt"].thor_layers[0]
+        assert not np.allclose(conv.matrix_a_batch.asnumpy(),
+                               runs[None]["opt"].thor_layers[0].matrix_a_batch.asnumpy())
 
 
 def test_wide_factors_are_captured_as_their_diagonal_blocks_and_old_checkpoints_are_refused(mode):

@@ -142,7 +142,7 @@ def test_thor_with_amp_o2_leaves_the_trained_net_callable_and_exportable(mode, t
     np.testing.assert_allclose(exported, out, rtol=1e-6, atol=1e-6)
 
 
-def test_thor_on_a_loss_network_and_in_a_train_cell_as_the_tutorial_form(mode):
+def test_thor_on_a_loss_network_and_in_a_train_cell_as_the_tutorial_form():
     """THOR given to Model in the other forms of the tutorials, against the THOR tutorial's form (``thor(net)`` +
     ``Model(net, loss_fn, opt)``), bit for bit.
 
@@ -154,6 +154,14 @@ def test_thor_on_a_loss_network_and_in_a_train_cell_as_the_tutorial_form(mode):
       capturing nothing (preconditioning with factors that never change), silently. Model (and ms_boost's own
       ``BoostTrainOneStepCell`` built by hand) now refuses it naming the way out; the cell built on
       ``opt.thor_network`` trains as the tutorial form.
+
+    PyNative mode only (both modes until 2026-11-28): both findings are which cells and network Model takes, decided
+    in Python before anything is compiled, the same in either mode. The Graph-mode half compiled three THOR steps
+    (~9 CPU-s) of cells whose Graph-mode THOR training is checked against numpy elsewhere: ms_boost's train cell
+    through ``Model`` in both modes (tests/test_thor_model.py
+    ``test_tutorial_model_call_trains_thor_without_convert_and_takes_frequency``) and MindSpore's
+    ``TrainOneStepCell`` around THOR (tests/test_thor_model.py
+    ``test_step_variants_chosen_on_the_host_match_numpy[mindspore_cell_wrapped]``).
     """
     x, y = _dense_data(32)
     net = _dense_net()
