@@ -29,7 +29,7 @@ target late in the run, where the 10% goal is decidable: the two MNIST cells too
 ``--repeats R`` runs each seed's paired round R times in a row (every run in its own process, the order rotated by
 one more place each time) and takes, per contender and seed, its median run (:func:`median_repeat`): the same plan
 in two processes of this machine runs 20-40% apart (docs/autotune.md), which one run per seed leaves in each seed's
-figure; the page lists every run's time. R times the time (3: about 37 minutes for ``--long`` idle).
+figure; the page lists every run's time. R times the time (3: 32 minutes for ``--long`` idle, measured).
 
 ``--from tta`` instead runs only the auto contender beside an existing ``bench/results/tta.json`` (its cells, lr,
 epochs and seeds; ``--rerun`` names contenders to run again beside it); ``python -m bench tta`` measures it with
@@ -118,6 +118,15 @@ def autotune_goals(cell: dict) -> List[str]:
         lines.append(f"slower than O0 by at most the trial's cost, medians over the seeds: "
                      f"{'**met**' if ok else 'not met'} (auto {auto_t:.1f} s against O0 {o0_t:.1f} s + trial "
                      f"{trial_t:.1f} s: {auto_t - o0_t:+.1f} s)")
+    # the plainest reading of "its trial cost": the seconds the run spent in its trial (the pick's compile included,
+    # which the run then reuses: what a user waits for before the first epoch's steps)
+    walls = {int(s): r["trial_seconds"] for s, r in runs.items() if not r.get("error") and "trial_seconds" in r}
+    within = {s: over[s] for s in over if s in walls}
+    if within:
+        ok = all(within[s] <= walls[s] + 1e-9 for s in within)
+        lines.append("slower than O0 by at most the trial's wall time on every seed: "
+                     f"{'**met**' if ok else 'not met'} (" + ", ".join(
+                         f"seed {s}: {within[s]:+.1f} s vs trial {walls[s]:.1f} s" for s in sorted(within)) + ")")
     picks = {int(s): r.get("autotune_pick") for s, r in runs.items() if not r.get("error")}
     if picks:
         lines.append("picked: " + ", ".join(f"seed {s}: {picks[s]}" for s in sorted(picks))
@@ -558,8 +567,8 @@ def summary_table(payload: dict) -> List[str]:
         best = min(fixed, key=fixed.get) if fixed else None
         goals = autotune_goals(cell)
         within = next(("met" if "**met**" in g else "not met" for g in goals if g.startswith("time to target")), "-")
-        slack = next(("met" if "**met**" in g else "not met" for g in goals if g.startswith("slower than O0")
-                      and "every seed" in g), "-")
+        slack = next(("met" if "**met**" in g else "not met" for g in goals
+                      if g.startswith("slower than O0 by at most the trial's cost on every seed")), "-")
         picks = sorted({str(r.get("autotune_pick")) for r in cell["curves"][AUTO].values() if not r.get("error")})
 
         def fmt(t: Optional[float]) -> str:
@@ -612,8 +621,11 @@ def render_standalone(payload: dict) -> str:
     cells = payload["cells"]
     verdicts = [autotune_goals(c) for c in cells.values()]
     met1 = sum(any(g.startswith("time to target") and "**met**" in g for g in v) for v in verdicts)
-    met2 = sum(any(g.startswith("slower than O0") and "every seed: **met**" in g for g in v) for v in verdicts)
+    met2 = sum(any(g.startswith("slower than O0 by at most the trial's cost on every seed: **met**") for g in v)
+               for v in verdicts)
     met3 = sum(any(g.startswith("slower than O0") and "medians over the seeds: **met**" in g for g in v)
+               for v in verdicts)
+    met4 = sum(any(g.startswith("slower than O0 by at most the trial's wall time") and "**met**" in g for g in v)
                for v in verdicts)
     paired = {exclude: [goal for goal in (paired_goal(c, exclude) for c in cells.values()) if goal]
               for exclude in (False, True)}
@@ -644,7 +656,9 @@ def render_standalone(payload: dict) -> str:
              f"- auto never slower than O0 by more than its trial's cost (per seed; the cost is the trial's wall "
              f"time minus the pick's compile, which the run reuses): **{met2} of {len(cells)} cells**; by the "
              f"medians over the seeds (the issue's \"median over 3 seeds\": auto's median time to target at most O0's "
-             f"plus the median trial cost): **{met3} of {len(cells)} cells**.",
+             f"plus the median trial cost): **{met3} of {len(cells)} cells**; with the trial's whole wall time as its "
+             f"cost (per seed; what the run waits for before its first epoch, the pick's compile included): **{met4} "
+             f"of {len(cells)} cells**.",
              f"- **Paired** (beside the issue's statistic, not instead of it): per seed, auto's time to target over "
              f"the best fixed contender's on the same seed (both reached; the seed's runs share the machine's "
              f"conditions), its median within {WITHIN:.0%}: **{sum(m for _, m in paired[False])} of "

@@ -37,7 +37,9 @@ def test_auto_within_ten_percent_of_the_best_and_at_most_its_trial_slower_than_o
     # the "median over 3 seeds" reading: median auto 12.05 s <= median O0 12 s + median trial 1.25 s
     assert lines[2] == ("slower than O0 by at most the trial's cost, medians over the seeds: **met** (auto 12.1 s "
                         "against O0 12.0 s + trial 1.2 s: +0.1 s)")
-    assert lines[3] == "picked: seed 0: O0, seed 1: THOR; trial 1.2 s (median)"
+    assert lines[3] == ("slower than O0 by at most the trial's wall time on every seed: **met** (seed 0: +0.0 s vs "
+                        "trial 1.5 s, seed 1: +0.1 s vs trial 1.0 s)")
+    assert lines[4] == "picked: seed 0: O0, seed 1: THOR; trial 1.2 s (median)"
 
 
 def test_auto_slower_than_o0_by_more_than_its_trial_is_not_met():
@@ -559,7 +561,11 @@ def test_the_trial_cost_goal_read_per_seed_and_by_the_medians_over_the_seeds_can
     assert lines[1].startswith("slower than O0 by at most the trial's cost on every seed: not met (seed 0: +0.1 s")
     assert lines[2] == ("slower than O0 by at most the trial's cost, medians over the seeds: **met** (auto 10.1 s "
                         "against O0 10.0 s + trial 0.5 s: +0.1 s)")
+    # with the trial's whole wall time (2 s, its compile included) as the cost, every seed is within it
+    assert lines[3] == ("slower than O0 by at most the trial's wall time on every seed: **met** (seed 0: +0.1 s vs "
+                        "trial 2.0 s, seed 1: +2.0 s vs trial 2.0 s, seed 2: -0.1 s vs trial 2.0 s)")
     assert summary_table({"cells": {"digits/gemm": cell}})[2].endswith("| not met | O0 |")  # the per-seed column
     page = render_standalone({"cells": {"digits/gemm": cell}, "seeds": [0, 1, 2]})
     assert "which the run reuses): **0 of 1 cells**; by the medians over the seeds" in page
-    assert "plus the median trial cost): **1 of 1 cells**." in page
+    assert "plus the median trial cost): **1 of 1 cells**; with the trial's whole wall time" in page
+    assert "the pick's compile included): **1 of 1 cells**." in page
