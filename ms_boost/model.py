@@ -31,6 +31,7 @@ from typing import Optional
 
 import mindspore as ms
 from mindspore import Tensor, nn
+from mindspore.train import Callback
 from mindspore.train import Model as _MsModel
 from mindspore.train.loss_scale_manager import LossScaleManager
 
@@ -297,6 +298,18 @@ def _warn_if_optimizer_empty(optimizer) -> None:
                   f"{{'params': list(filter(...))}}.", UserWarning, stacklevel=3)
 
 
+class _ShowOptimizer(Callback):
+    """Hands MindSpore's callbacks ``optimizer`` as ``cb_params.optimizer`` (set when training begins)."""
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self.optimizer = optimizer
+
+    def on_train_begin(self, run_context):
+        """Replace the callback parameters' optimizer with the one to show."""
+        run_context.original_args().optimizer = self.optimizer
+
+
 class Model(_MsModel):
     """``mindspore.train.Model`` with ms_boost's boost pipeline.
 
@@ -505,6 +518,9 @@ class Model(_MsModel):
         self._warn_if_user_optimizer_moved()
         extra = optimizer_hooks(self._optimizer).callbacks() if self._optimizer is not None else []
         first = []
+        shown = optimizer_hooks(self._optimizer).callback_optimizer() if self._optimizer is not None else None
+        if shown is not None:  # first, so that every other callback gets it (SummaryCollector needs an nn.Optimizer)
+            first.append(_ShowOptimizer(shown))
         if isinstance(self._train_network, BoostTrainOneStepWithLossScaleCell):
             # says when every step overflows (a run that trains nothing); first, so that with a fixed scale that
             # MindSpore's Model trains through nn.TrainOneStepCell the script's callbacks get the loss alone, as there

@@ -37,7 +37,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 __all__ = ["StageHooks", "UpdateStage", "OptimizerUpdate", "stage_chain", "runs_as_python", "scale_gradients",
            "unscale_gradients", "plan_graph_variant", "phase_suffix", "PlansStepVariants", "OptimizerHooks",
-           "register_optimizer_hooks",
+           "register_optimizer_hooks", "OptimizerView", "optimizer_view",
            "optimizer_hooks", "learning_rate_parameters", "optimizers_in"]
 
 
@@ -311,6 +311,14 @@ class OptimizerHooks:
         """
         return ()
 
+    def callback_optimizer(self) -> Optional[nn.Optimizer]:
+        """What MindSpore's callbacks get as ``cb_params.optimizer`` when this optimizer trains (None: itself).
+
+        An optimizer that is no ``nn.Optimizer`` (gradient freezing's) answers an :class:`OptimizerView` of itself:
+        MindSpore's ``SummaryCollector`` reads the learning rate and the weights only from an ``nn.Optimizer``.
+        """
+        return None
+
     def damping_parameters(self) -> Optional[Sequence[Parameter]]:
         """The Parameters holding the optimizer's damping, which a divergence rollback may raise.
 
@@ -338,6 +346,89 @@ class _PlainOptimizerHooks(OptimizerHooks):
 
     def optimizer_name(self) -> str:
         return type(self.optimizer).__name__
+
+
+def _viewed_method(name: str) -> Callable[..., Any]:
+    """A method of :class:`OptimizerView` calling the viewed optimizer's method ``name``."""
+    def method(self, *args, **kwargs):
+        return getattr(self.viewed, name)(*args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = f"The viewed optimizer's ``{name}``."
+    return method
+
+
+class OptimizerView(nn.Optimizer):
+    """An optimizer that is no ``nn.Optimizer``, shown to MindSpore's callbacks as one (``cb_params.optimizer``).
+
+    Not part of any network (no Parameter of its own, nothing compiled, no checkpoint entry): its ``parameters``
+    and ``learning_rate`` are the viewed optimizer's own objects (the weights it trains, the Parameter its steps
+    read, so a rate callback's ``assign`` changes the rate that trains); every other public attribute is read from
+    and written to the viewed optimizer, and calling the view steps it. :func:`optimizer_view` names the view's class
+    after the optimizer the script gave (what ``SummaryCollector``'s lineage records as the optimizer).
+    """
+
+    def __init__(self, optimizer: Any):  # pylint: disable=super-init-not-called
+        object.__setattr__(self, "_viewed", optimizer)
+        nn.Cell.__init__(self, auto_prefix=False)  # nn.Optimizer's own would build a learning rate and a step
+        object.__setattr__(self, "_view_ready", True)  # from now on public attributes are the viewed optimizer's
+
+    @property
+    def viewed(self) -> Any:
+        """The optimizer this view shows."""
+        return self.__dict__["_viewed"]
+
+    @property
+    def parameters(self):
+        """The viewed optimizer's ``parameters`` (the weights it trains, in its gradients' order)."""
+        return self.viewed.parameters
+
+    @property
+    def learning_rate(self):
+        """The viewed optimizer's ``learning_rate`` (the very Parameter its steps read)."""
+        return self.viewed.learning_rate
+
+    def __getattr__(self, name: str) -> Any:
+        # the Cell's own state (never the viewed cell's graphs or parameters), and what Cell.__init__ probes
+        if name.startswith("_") or "_view_ready" not in self.__dict__:
+            return super().__getattr__(name)
+        return getattr(self.viewed, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_view_ready" in self.__dict__ and not name.startswith("_"):
+            setattr(self.viewed, name, value)
+            return
+        super().__setattr__(name, value)
+
+    def get_lr(self):
+        """The viewed optimizer's ``get_lr()``."""
+        return self.viewed.get_lr()
+
+    # a Cell's parameter and cell walks are the viewed optimizer's (ms.save_checkpoint of the view saves its state)
+    parameters_and_names = _viewed_method("parameters_and_names")
+    get_parameters = _viewed_method("get_parameters")
+    trainable_params = _viewed_method("trainable_params")
+    untrainable_params = _viewed_method("untrainable_params")
+    parameters_dict = _viewed_method("parameters_dict")
+    cells_and_names = _viewed_method("cells_and_names")
+    name_cells = _viewed_method("name_cells")
+
+    def __call__(self, *args, **kwargs):
+        """Step the viewed optimizer."""
+        return self.viewed(*args, **kwargs)
+
+    def construct(self, *inputs):
+        """Step the viewed optimizer (a view is never compiled: :meth:`__call__` calls the viewed one)."""
+        return self.viewed(*inputs)
+
+
+_VIEW_CLASSES: Dict[str, type] = {}
+
+
+def optimizer_view(optimizer: Any, name: str) -> OptimizerView:
+    """An :class:`OptimizerView` of ``optimizer`` whose class is named ``name`` (e.g. ``"Momentum"``)."""
+    if name not in _VIEW_CLASSES:
+        _VIEW_CLASSES[name] = type(name, (OptimizerView,), {"__module__": __name__, "__doc__": OptimizerView.__doc__})
+    return _VIEW_CLASSES[name](optimizer)
 
 
 def learning_rate_parameters(optimizer: Any) -> Tuple[Parameter, ...]:

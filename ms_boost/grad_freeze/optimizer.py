@@ -25,7 +25,7 @@ from mindspore.train import Callback
 
 from ms_boost.grad_freeze.schedule import MAX_TOTAL_STEPS, FreezeSchedule, _ArraySchedule
 from ms_boost.grad_process import OptimizerProcess, optimizer_params
-from ms_boost.stages import OptimizerHooks, StageHooks, runs_as_python
+from ms_boost.stages import OptimizerHooks, OptimizerView, StageHooks, optimizer_view, runs_as_python
 
 __all__ = ["FreezeOpt", "DEVICE_TABLE_MAX", "AUTO_VARIANTS_MIN_STEPS"]
 
@@ -417,6 +417,15 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
     def callbacks(self) -> List[Any]:
         """:class:`~ms_boost.stages.OptimizerHooks`: a callback telling this optimizer the run's length."""
         return [_RunLength(self)]
+
+    def callback_optimizer(self) -> OptimizerView:
+        """:class:`~ms_boost.stages.OptimizerHooks`: MindSpore's callbacks see this optimizer as an ``nn.Optimizer``.
+
+        ``SummaryCollector`` then records the learning rate (:attr:`learning_rate`) and the weights' histograms
+        (:attr:`parameters`) as for the script's optimizer; the view is not part of the train network (no checkpoint
+        entry, the compiled step unchanged); its class is named after the script's optimizer.
+        """
+        return optimizer_view(self, self.opt_class.__name__)
 
     def end_step(self) -> None:
         """Forget the train set :meth:`plan_step` or :meth:`plan_graph_step` chose (called after the step)."""
