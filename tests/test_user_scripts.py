@@ -55,10 +55,12 @@ def _dense_net(seed: int = 0) -> _DenseBN:
     return net
 
 
-def _dense_data(n: int = 64, seed: int = 0):
+def _dense_data(n: int = 64, seed: int = 0, features: int = 16, classes: int = 4):
+    """``(x, y)``: ``n`` normal rows of ``features`` floats, labelled by the argmax of a random linear map to
+    ``classes`` (the users' scripts' learnable data; the same arrays for the same arguments)."""
     rng = np.random.RandomState(seed)
-    x = rng.normal(size=(n, 16)).astype(np.float32)
-    y = np.argmax(x @ rng.normal(size=(16, 4)), axis=1).astype(np.int32)
+    x = rng.normal(size=(n, features)).astype(np.float32)
+    y = np.argmax(x @ rng.normal(size=(features, classes)), axis=1).astype(np.int32)
     return x, y
 
 

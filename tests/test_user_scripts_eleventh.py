@@ -18,7 +18,7 @@ from mindspore.train import Model as MsModel
 
 from ms_boost import BoostTrainOneStepCell, Model
 from tests.helpers.loopback import run_ranks
-from tests.test_user_scripts import _StepLosses, ce
+from tests.test_user_scripts import _dense_data, _StepLosses, ce
 
 # LessBN without FN head and gradient centralization: on this net (no residual addition) it only rebuilds the
 # optimizer, so every number is MindSpore's (the fourth round's plan)
@@ -37,15 +37,8 @@ def _net(seed: int = 0) -> nn.Cell:
     return net
 
 
-def _arrays(n: int = 64):
-    rng = np.random.RandomState(0)
-    x = rng.normal(size=(n, 16)).astype(np.float32)
-    y = np.argmax(x @ rng.normal(size=(16, 4)), axis=1).astype(np.int32)
-    return x, y
-
-
 def _data(n: int = 64):
-    x, y = _arrays(n)
+    x, y = _dense_data(n)
     return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(16)
 
 
@@ -116,7 +109,7 @@ def test_graceful_exit_is_agreed_by_every_data_parallel_rank(monkeypatch):
     """Over data-parallel ranks the step sets ``graceful_exit`` only once every rank asked (``graceful_init`` 1),
     as ``nn.TrainOneStepCell``: the ranks stop at the same step (loopback world of 2 ranks, PyNative)."""
     monkeypatch.setenv("MS_ENABLE_GRACEFUL_EXIT", "1")
-    x, y = _arrays(8)
+    x, y = _dense_data(8)
 
     def rank_fn(rank):
         net = _net()

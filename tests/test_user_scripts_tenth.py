@@ -16,7 +16,7 @@ from mindspore.train import Model as MsModel
 from ms_boost import Model, thor
 from ms_boost.thor import ConvertNetUtils
 from ms_boost.thor.call_sites import forward_calls
-from tests.test_user_scripts import _StepLosses, ce
+from tests.test_user_scripts import _dense_data, _StepLosses, ce
 
 
 class _SharedDense(nn.Cell):
@@ -42,9 +42,7 @@ def _seeded(net: nn.Cell, seed: int = 0) -> nn.Cell:
 
 
 def _data(n: int = 32):
-    rng = np.random.RandomState(0)
-    x = rng.normal(size=(n, 16)).astype(np.float32)
-    y = np.argmax(x @ rng.normal(size=(16, 4)), axis=1).astype(np.int32)
+    x, y = _dense_data(n)
     return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(16)
 
 

@@ -11,7 +11,7 @@ from mindspore import nn
 
 from ms_boost import Model
 from ms_boost.autotune.cells import clone_for_trial
-from tests.test_user_scripts import ce
+from tests.test_user_scripts import _dense_data, ce
 
 
 class _FineTuneNet(nn.Cell):
@@ -37,9 +37,7 @@ def _frozen_backbone():
 
 
 def _data(n: int = 32):
-    rng = np.random.RandomState(0)
-    x = rng.normal(size=(n, 8)).astype(np.float32)
-    y = np.argmax(x @ rng.normal(size=(8, 3)), axis=1).astype(np.int32)
+    x, y = _dense_data(n, features=8, classes=3)
     return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(8)
 
 

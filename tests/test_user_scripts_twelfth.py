@@ -13,18 +13,11 @@ from mindspore.train import Model as MsModel
 
 from ms_boost import Model
 from ms_boost.thor import thor
-from tests.test_user_scripts import _StepLosses, ce
-
-
-def _arrays(n: int = 32):
-    rng = np.random.RandomState(0)
-    x = rng.normal(size=(n, 8)).astype(np.float32)
-    y = np.argmax(x @ rng.normal(size=(8, 3)), axis=1).astype(np.int32)
-    return x, y
+from tests.test_user_scripts import _dense_data, _StepLosses, ce
 
 
 def _data(n: int = 32):
-    x, y = _arrays(n)
+    x, y = _dense_data(n, features=8, classes=3)
     return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(16)
 
 
