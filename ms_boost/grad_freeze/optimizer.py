@@ -23,6 +23,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.train import Callback
 
+from ms_boost.divergence import callback_mark
 from ms_boost.grad_freeze.schedule import MAX_TOTAL_STEPS, FreezeSchedule, _ArraySchedule
 from ms_boost.grad_process import OptimizerProcess, optimizer_params
 from ms_boost.stages import OptimizerHooks, OptimizerView, StageHooks, optimizer_view, runs_as_python
@@ -573,14 +574,6 @@ class FreezeOpt(nn.Cell, StageHooks, OptimizerHooks):
         return ops.depend(done, applied)
 
 
-def _says(args, name: str, default):
-    """``args.<name>`` of MindSpore's callback parameters (they raise KeyError for a name they lack), or ``default``."""
-    try:
-        return getattr(args, name)
-    except (AttributeError, KeyError):
-        return default
-
-
 class _RunLength(Callback):
     """Sets :attr:`FreezeOpt.planned_steps` when ``Model.train`` begins (the epochs it trains x an epoch's steps)."""
 
@@ -596,7 +589,7 @@ class _RunLength(Callback):
         # still says sink_size); its callback parameters raise KeyError for a name they lack
         try:
             per_epoch = int(args.batch_num)
-            if not _says(args, "dataset_sink_mode", True):
+            if callback_mark(args, "dataset_sink_mode") is False:
                 per_epoch = int(args.train_dataset.get_dataset_size())
             self.freeze_opt.planned_steps = int(args.epoch_num) * per_epoch
         except (AttributeError, KeyError, TypeError, ValueError):
